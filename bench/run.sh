@@ -1,0 +1,387 @@
+#!/usr/bin/env bash
+# bench/run.sh: the gateway load test of issue 7, in one command.
+#
+# Brings up PostgreSQL (scripts/pg.sh), seeds 1,000,000 users into the
+# database `bloomgate_bench` (and 10,000,000 into `bloomgate_bench10m` for the
+# preload measurement), builds the release binaries, installs wrk and nginx
+# if missing, then runs every workload against every system on 127.0.0.1:
+#
+#   bloomgate    the gateway with the shipped config/bloomgate.toml
+#   bare         examples/bare_axum.rs: fixed body, the HTTP stack's ceiling
+#   nginx        nginx proxy_cache in front of bloomgate with filter and
+#                cache disabled
+#   unprotected  that filter/cache-disabled bloomgate hit directly
+#
+# and writes bench/results/ (raw numbers), the `## Gateway load test` section
+# of BENCHMARKS.md and bench/results/loadtest.svg.
+#
+# Environment (defaults in brackets):
+#   DURATION [10s]      measured time per cell; DURATION=30s for a longer run
+#   WARMUP [3s]         unmeasured load before each cell
+#   CONNECTIONS [64]    wrk connections
+#   THREADS [2]         wrk threads
+#   SEED [42]           RNG seed of the key generators
+#   SYSTEMS, WORKLOADS  subsets, e.g. SYSTEMS="bloomgate bare" WORKLOADS=hot
+#   FLUSH_WAIT [11]     seconds to wait for Postgres to publish the
+#                       backends' table statistics (PG flushes an idle
+#                       backend's pending counters within 10 s)
+#   BENCH_10M [1]       0 skips the 10M-key preload (seeding it the first
+#                       time takes a few minutes)
+#   PRELOAD_REPS [3]    gateway start-ups / COPY runs per preload size
+#   NO_REPORT [0]       1: measure only, leave BENCHMARKS.md and the chart alone
+#   MERGE [0]           1: keep bench/results rows of systems not in SYSTEMS
+#   SKIP_PRELOAD [0]    1: keep bench/results/preload.tsv, skip the preload runs
+#   KEEP_WORK [0]       1: keep the scratch directory (logs, key logs)
+#   QUIET_MAX [20]      seconds to wait, before each cell, for the rest of the
+#   QUIET_CORES [0.3]   machine to use under QUIET_CORES cores (2-core box)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+DURATION=${DURATION:-10s}
+WARMUP=${WARMUP:-3s}
+CONNECTIONS=${CONNECTIONS:-64}
+THREADS=${THREADS:-2}
+SEED=${SEED:-42}
+SYSTEMS=${SYSTEMS:-"bare bloomgate unprotected nginx"}
+WORKLOADS=${WORKLOADS:-"attack hot cold mixed"}
+FLUSH_WAIT=${FLUSH_WAIT:-11}
+BENCH_10M=${BENCH_10M:-1}
+PRELOAD_REPS=${PRELOAD_REPS:-3}
+NO_REPORT=${NO_REPORT:-0}
+KEEP_WORK=${KEEP_WORK:-0}
+QUIET_MAX=${QUIET_MAX:-20}
+QUIET_CORES=${QUIET_CORES:-0.3}
+USERS=1000000
+CONFIG=config/bloomgate.toml
+
+PORT_GW=18080 PORT_BARE=18081 PORT_RAW=18082 PORT_NGINX=18083 PORT_PRELOAD=18084
+RESULTS=bench/results
+WORK=$(mktemp -d /tmp/bloomgate-bench.XXXXXX)
+BIN=target/release/bloomgate
+BARE=target/release/examples/bare_axum
+TCK=$(getconf CLK_TCK)
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# --- processes we start, stopped on exit -----------------------------------
+PIDS=()
+stop_pid() {
+  local pid=$1 i
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  rm -rf /dev/shm/bloomgate-bench-nginx-cache.$$
+  if [ "$KEEP_WORK" = 1 ]; then log "scratch kept in $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- prerequisites -----------------------------------------------------------
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  log "installing $*"
+  $sudo apt-get update -qq >&2 || true
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >&2
+}
+command -v wrk >/dev/null || apt_install wrk
+command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || apt_install nginx
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+
+for port in $PORT_GW $PORT_BARE $PORT_RAW $PORT_NGINX $PORT_PRELOAD; do
+  if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
+    log "port $port is in use; bench/run.sh needs 127.0.0.1:18080-18084"; exit 1
+  fi
+done
+
+# shellcheck source=../scripts/pg.sh
+. scripts/pg.sh
+ensure_postgres
+psql_db() { local db=$1; shift; psql "$PG_BASE_URL/$db" -X -v ON_ERROR_STOP=1 -Atq "$@"; }
+ensure_db() {
+  if ! psql_db postgres -c "SELECT 1 FROM pg_database WHERE datname = '$1'" | grep -q 1; then
+    psql_db postgres -c "CREATE DATABASE \"$1\""
+  fi
+}
+
+log "building release binaries"
+cargo build --release --bin bloomgate --example bare_axum >&2
+
+# Seeding is idempotent; triggers are off for the seeding session only (they
+# would queue a NOTIFY per inserted row for nobody).
+seed() {
+  local db=$1 users=$2 articles=$3
+  ensure_db "$db"
+  local have
+  have=$(psql_db "$db" -c "SELECT count(*) FROM users" 2>/dev/null || echo 0)
+  if [ "$have" -ge "$users" ] 2>/dev/null; then
+    log "$db: $have users already seeded"
+    return 0
+  fi
+  log "seeding $db with $users users (once)"
+  DATABASE_URL="$PG_BASE_URL/$db?options=-c%20session_replication_role%3Dreplica" \
+    "$BIN" seed --config "$CONFIG" --users "$users" --articles "$articles" >&2
+  psql_db "$db" -c "VACUUM ANALYZE users" >&2
+}
+BENCH_DB=bloomgate_bench
+seed "$BENCH_DB" "$USERS" 10000
+BENCH_URL="$PG_BASE_URL/$BENCH_DB"
+if [ "$BENCH_10M" = 1 ]; then seed bloomgate_bench10m 10000000 0; fi
+
+# --- measuring helpers -------------------------------------------------------
+wait_ready() { # URL PID NAME
+  local i
+  for i in $(seq 1 1200); do
+    if ! kill -0 "$2" 2>/dev/null; then
+      log "$3 exited during start-up:"; tail -n 20 "$WORK/$3.log" >&2; return 1
+    fi
+    curl -sf -o /dev/null "$1" && return 0
+    sleep 0.05
+  done
+  log "$3 not ready after 60 s"; return 1
+}
+start_gateway() { # NAME PORT DB [VAR=VALUE...]
+  local name=$1 port=$2 db=$3; shift 3
+  env "$@" DATABASE_URL="$PG_BASE_URL/$db" BLOOMGATE_SERVER__LISTEN="127.0.0.1:$port" \
+    BLOOMGATE_LOG__FORMAT=json RUST_LOG=info \
+    "$BIN" serve --config "$CONFIG" >"$WORK/$name.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  wait_ready "http://127.0.0.1:$port/readyz" "$pid" "$name" || exit 1
+  STARTED_PID=$pid
+}
+start_bare() {
+  "$BARE" --listen "127.0.0.1:$PORT_BARE" >"$WORK/bare.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  wait_ready "http://127.0.0.1:$PORT_BARE/readyz" "$pid" bare || exit 1
+  STARTED_PID=$pid
+}
+start_nginx() { # UPSTREAM_PORT
+  local dir=$WORK/nginx cache=/dev/shm/bloomgate-bench-nginx-cache.$$
+  [ -d /dev/shm ] || cache=$WORK/nginx-cache
+  rm -rf "$dir" "$cache"; mkdir -p "$dir" "$cache"
+  sed -e "s|@DIR@|$dir|g" -e "s|@CACHE@|$cache|g" -e "s|@LISTEN@|127.0.0.1:$PORT_NGINX|g" \
+    -e "s|@UPSTREAM@|127.0.0.1:$1|g" bench/nginx.conf.template >"$dir/nginx.conf"
+  "$NGINX" -t -q -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" >&2
+  "$NGINX" -p "$dir" -e "$dir/error.log" -c "$dir/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log" 2>&1 &
+  local pid=$!
+  PIDS+=("$pid")
+  local i
+  for i in $(seq 1 100); do
+    [ -n "$(pgrep -P "$pid" || true)" ] && curl -s -o /dev/null "http://127.0.0.1:$PORT_NGINX/readyz" && break
+    sleep 0.05
+  done
+  STARTED_PID=$pid
+}
+# A process and its children (nginx workers).
+with_children() { local p; for p in "$@"; do echo "$p"; pgrep -P "$p" || true; done; }
+cpu_ticks() { # PID... -> utime + stime, in ticks
+  local p t=0 s
+  for p in $(with_children "$@"); do
+    s=$(cut -d')' -f2 "/proc/$p/stat" 2>/dev/null) || continue
+    t=$((t + $(echo "$s" | awk '{print $12 + $13}')))
+  done
+  echo "$t"
+}
+reset_peak_rss() { local p; for p in $(with_children "$@"); do echo 5 >"/proc/$p/clear_refs" 2>/dev/null || true; done; }
+peak_rss_kb() { # sum of VmHWM over the processes
+  local p t=0 v
+  for p in $(with_children "$@"); do
+    v=$(awk '/^VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+    t=$((t + ${v:-0}))
+  done
+  echo "$t"
+}
+# CPU of the Postgres backends serving the gateways' pools (application_name
+# bloomgate), per backend so that one opening or closing mid-window does not
+# skew the sum: PG_CPU0 is a snapshot "pid ticks" per line.
+pg_gateway_pids() {
+  psql_db "$BENCH_DB" -c "SELECT pid FROM pg_stat_activity WHERE datname = '$BENCH_DB' AND application_name = 'bloomgate'" 2>/dev/null || true
+}
+pg_cpu_snapshot() { local p; for p in $(pg_gateway_pids); do echo "$p $(cpu_ticks "$p")"; done; }
+pg_cpu_delta() { # SNAPSHOT -> ticks used since, by the backends alive now
+  local snap=$1 p t=0 now was
+  for p in $(pg_gateway_pids); do
+    now=$(cpu_ticks "$p")
+    was=$(echo "$snap" | awk -v p="$p" '$1 == p {print $2}')
+    t=$((t + now - ${was:-0}))
+  done
+  echo "$t"
+}
+# Row lookups on users: the gateway's only query against that table.
+db_queries() {
+  psql_db "$BENCH_DB" -c "SELECT pg_stat_force_next_flush()" >/dev/null 2>&1 || true
+  psql_db "$BENCH_DB" -c "SELECT coalesce(idx_scan, 0) + coalesce(seq_scan, 0) FROM pg_stat_user_tables WHERE relname = 'users'"
+}
+# Wait (up to QUIET_MAX seconds) until the rest of the machine is idle: the
+# box has 2 cores, and anything else running (a compiler, a test suite) would
+# be measured as the systems' slowness. Idle means under QUIET_CORES busy.
+wait_quiet() {
+  local waited=0 h0 h1 busy
+  while :; do
+    h0=$(host_busy_ticks); sleep 1; h1=$(host_busy_ticks)
+    busy=$(echo "$h0 $h1 $TCK" | awk '{printf "%.2f", ($2 - $1) / $3}')
+    if awk -v b="$busy" -v q="$QUIET_CORES" 'BEGIN {exit !(b <= q)}'; then return 0; fi
+    waited=$((waited + 1))
+    if [ "$waited" -ge "$QUIET_MAX" ]; then
+      log "  warning: machine still busy ($busy cores) after ${QUIET_MAX}s; measuring anyway"
+      return 0
+    fi
+    [ $((waited % 10)) -eq 1 ] && log "  waiting for the machine to go idle ($busy cores busy)"
+  done
+}
+host_busy_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+kv() { echo "$1" | tr ' ' '\n' | awk -F= -v k="$2" '$1 == k {print $2}'; }
+secs() { echo "$1" | awk '{ if ($0 ~ /ms$/) print $0 / 1000; else if ($0 ~ /m$/) print $0 * 60; else print $0 + 0 }'; }
+
+CELLS=$RESULTS/cells.tsv
+mkdir -p "$RESULTS"
+OLD_CELLS=""
+if [ "${MERGE:-0}" = 1 ] && [ -s "$CELLS" ]; then OLD_CELLS=$(tail -n +2 "$CELLS"); fi
+printf 'system\tworkload\trequests\tduration_s\trps\tp50_us\tp99_us\tp999_us\tmax_us\tsocket_errors\tbad_status\tdb_queries\tdistinct_keys\tserver_cpu_s\tpeak_rss_kb\tpg_cpu_s\twrk_cpu_s\thost_busy_s\n' >"$CELLS"
+# MERGE=1: keep the previous run's rows for the systems not measured now.
+if [ -n "$OLD_CELLS" ]; then
+  echo "$OLD_CELLS" | awk -F'\t' -v keep=" $SYSTEMS " 'index(keep, " " $1 " ") == 0' >>"$CELLS"
+fi
+
+run_cell() { # SYSTEM WORKLOAD URL USES_DB PID...
+  local sys=$1 wl=$2 url=$3 uses_db=$4; shift 4
+  local pids=("$@")
+  wait_quiet
+  log "cell $sys/$wl: warm-up $WARMUP"
+  wrk -t"$THREADS" -c"$CONNECTIONS" -d"$WARMUP" -s bench/keys.lua "$url" -- "$wl" $((SEED + 1000)) >"$WORK/$sys.$wl.warm" 2>&1
+  if [ "$uses_db" = 1 ]; then sleep "$FLUSH_WAIT"; fi
+  local q0 q1 c0 c1 pg0 pg1 h0 h1 out
+  q0=$(db_queries); pg0=$(pg_cpu_snapshot); c0=$(cpu_ticks "${pids[@]}")
+  reset_peak_rss "${pids[@]}"
+  rm -f "$WORK/keys."*
+  h0=$(host_busy_ticks)
+  log "cell $sys/$wl: measuring $DURATION"
+  local TIMEFORMAT='%U %S'
+  { time wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency -s bench/keys.lua "$url" -- "$wl" "$SEED" "$WORK/keys" \
+      >"$WORK/$sys.$wl.wrk" 2>&1; } 2>"$WORK/$sys.$wl.time"
+  h1=$(host_busy_ticks); c1=$(cpu_ticks "${pids[@]}"); pg1=$(pg_cpu_delta "$pg0")
+  local rss; rss=$(peak_rss_kb "${pids[@]}")
+  if [ "$uses_db" = 1 ]; then sleep "$FLUSH_WAIT"; fi
+  q1=$(db_queries)
+  out=$(grep '^RESULT' "$WORK/$sys.$wl.wrk" || { cat "$WORK/$sys.$wl.wrk" >&2; exit 1; })
+  local distinct; distinct=$(cat "$WORK/keys."* | sort -u | wc -l)
+  local sockerr=$(( $(kv "$out" connect) + $(kv "$out" read) + $(kv "$out" write) + $(kv "$out" timeout) ))
+  local wrkcpu; wrkcpu=$(awk '{print $1 + $2}' "$WORK/$sys.$wl.time")
+  printf '%s\t%s\t%s\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%.2f\t%.2f\t%.2f\n' \
+    "$sys" "$wl" "$(kv "$out" requests)" "$(echo "$(kv "$out" duration_us)" | awk '{print $1/1e6}')" \
+    "$(kv "$out" rps)" "$(kv "$out" p50_us)" "$(kv "$out" p99_us)" "$(kv "$out" p999_us)" "$(kv "$out" max_us)" \
+    "$sockerr" "$(kv "$out" bad)" "$((q1 - q0))" "$distinct" \
+    "$(echo "$c0 $c1 $TCK" | awk '{print ($2 - $1) / $3}')" "$rss" \
+    "$(echo "$pg1 $TCK" | awk '{print $1 / $2}')" "$wrkcpu" \
+    "$(echo "$h0 $h1 $TCK" | awk '{print ($2 - $1) / $3}')" >>"$CELLS"
+  log "  $(tail -n 1 "$CELLS" | cut -f3,5-8,10-13 | tr '\t' ' ') (requests rps p50 p99 p99.9 sockerr bad dbq distinct)"
+}
+
+# --- the load test -----------------------------------------------------------
+BEGAN=$(date +%s)
+for sys in $SYSTEMS; do
+  case $sys in
+    bare)
+      start_bare; pids=("$STARTED_PID"); url=http://127.0.0.1:$PORT_BARE; uses_db=0 ;;
+    bloomgate)
+      start_gateway bloomgate "$PORT_GW" "$BENCH_DB"; pids=("$STARTED_PID")
+      url=http://127.0.0.1:$PORT_GW; uses_db=1 ;;
+    unprotected)
+      start_gateway unprotected "$PORT_RAW" "$BENCH_DB" BLOOMGATE_FILTER__ENABLED=false BLOOMGATE_CACHE__ENABLED=false
+      pids=("$STARTED_PID"); url=http://127.0.0.1:$PORT_RAW; uses_db=1 ;;
+    nginx)
+      start_gateway nginx-backend "$PORT_RAW" "$BENCH_DB" BLOOMGATE_FILTER__ENABLED=false BLOOMGATE_CACHE__ENABLED=false
+      backend=$STARTED_PID
+      start_nginx "$PORT_RAW"; pids=("$STARTED_PID" "$backend")
+      url=http://127.0.0.1:$PORT_NGINX; uses_db=1 ;;
+    *) log "unknown system $sys"; exit 2 ;;
+  esac
+  # Check the key paths answer as expected before measuring.
+  for probe in 500000 1500000000; do
+    code=$(curl -s -o /dev/null -w '%{http_code}' "$url/users/$probe")
+    log "$sys: GET /users/$probe -> $code $(curl -s -D - -o /dev/null "$url/users/$probe" | grep -i '^cache-status' | tr -d '\r' || true)"
+  done
+  for wl in $WORKLOADS; do run_cell "$sys" "$wl" "$url" "$uses_db" "${pids[@]}"; done
+  for p in "${pids[@]}"; do stop_pid "$p"; done
+done
+LOAD_SECS=$(( $(date +%s) - BEGAN ))
+
+# --- preload: filter build vs the raw COPY of the keys -----------------------
+PRELOAD=$RESULTS/preload.tsv
+if [ "${SKIP_PRELOAD:-0}" = 1 ] && [ -s "$RESULTS/preload.tsv" ]; then
+  log "SKIP_PRELOAD=1: keeping $RESULTS/preload.tsv"
+  PRELOAD=$WORK/preload.tsv.unused
+fi
+printf 'keys_db\tmode\trep\tkeys\tfilter_kind\tbuild_ms\tready_ms\tpeak_rss_kb\tcopy_ms\n' >"$PRELOAD"
+now_ms() { date +%s%3N; }
+copy_ms() { # DB
+  local t0 t1
+  t0=$(now_ms)
+  psql_db "$1" -c "COPY (SELECT id FROM users) TO STDOUT" >/dev/null
+  t1=$(now_ms); echo $((t1 - t0))
+}
+preload() { # DB MODE REP
+  local db=$1 mode=$2 rep=$3 t0 t1 pid line extra=()
+  case $mode in
+    off) extra=(BLOOMGATE_FILTER__ENABLED=false) ;;
+    auto) ;;
+    *) extra=(BLOOMGATE_FILTER__MODE="$mode") ;;
+  esac
+  t0=$(now_ms)
+  start_gateway "preload-$db-$mode" "$PORT_PRELOAD" "$db" "${extra[@]}" BLOOMGATE_CACHE__ENABLED=false
+  t1=$(now_ms); pid=$STARTED_PID
+  local rss; rss=$(peak_rss_kb "$pid")
+  line=$(grep '"filter built"' "$WORK/preload-$db-$mode.log" | grep '"resource":"users"' | tail -n 1 || true)
+  local keys ms kind
+  keys=$(echo "$line" | grep -o '"keys":[0-9]*' | cut -d: -f2 || true)
+  ms=$(echo "$line" | grep -o '"duration_ms":[0-9]*' | cut -d: -f2 || true)
+  kind=$(echo "$line" | grep -o '"kind":"[a-z]*"' | cut -d'"' -f4 || true)
+  stop_pid "$pid"
+  local cms; cms=$(copy_ms "$db")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$db" "$mode" "$rep" "${keys:-0}" "${kind:--}" "${ms:-0}" \
+    "$((t1 - t0))" "$rss" "$cms" >>"$PRELOAD"
+  log "preload $db/$mode #$rep: $(tail -n 1 "$PRELOAD" | cut -f4- | tr '\t' ' ') (keys kind build_ms ready_ms rss_kb copy_ms)"
+}
+preload_dbs=("$BENCH_DB")
+if [ "$BENCH_10M" = 1 ]; then preload_dbs+=(bloomgate_bench10m); fi
+[ "$PRELOAD" = "$RESULTS/preload.tsv" ] || preload_dbs=()
+for db in ${preload_dbs[@]+"${preload_dbs[@]}"}; do
+  copy_ms "$db" >/dev/null # warm the cache: both sides read the same pages
+  preload "$db" off 1       # the gateway's memory without any filter
+  for rep in $(seq 1 "$PRELOAD_REPS"); do
+    for mode in auto bloom; do preload "$db" "$mode" "$rep"; done
+  done
+done
+
+# --- report ------------------------------------------------------------------
+cat >"$RESULTS/env.txt" <<EOF
+date=$(date -u +%Y-%m-%dT%H:%MZ)
+command=$( [ "$DURATION" = 10s ] || printf 'DURATION=%s ' "$DURATION" )bench/run.sh
+duration=$DURATION
+warmup=$WARMUP
+connections=$CONNECTIONS
+threads=$THREADS
+seed=$SEED
+nproc=$(nproc)
+cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
+memory_gb=$(awk '/MemTotal/ {printf "%.0f", $2 / 1048576}' /proc/meminfo)
+kernel=$(uname -r)
+postgres=$(psql_db postgres -c "SHOW server_version" | awk '{print $1}')
+wrk=$(wrk -v 2>&1 | head -n 1 | awk '{print $2}')
+nginx=$("$NGINX" -v 2>&1 | awk -F/ '{print $2}')
+git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src Cargo.toml config 2>/dev/null || echo +dirty)
+load_test_seconds=$LOAD_SECS
+EOF
+if [ "$NO_REPORT" != 1 ]; then
+  python3 bench/report.py --results "$RESULTS" --benchmarks BENCHMARKS.md --svg "$RESULTS/loadtest.svg"
+fi
+log "done: $RESULTS/cells.tsv, $RESULTS/preload.tsv$( [ "$NO_REPORT" = 1 ] || echo ', BENCHMARKS.md, bench/results/loadtest.svg')"

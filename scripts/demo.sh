@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs the gateway on demo data: starts PostgreSQL if none is running,
+# creates the `bloomgate` database, migrates, seeds (idempotent) and serves
+# on http://127.0.0.1:8080 with config/bloomgate.toml.
+#   USERS=1000000 ARTICLES=100000 scripts/demo.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/pg.sh
+ensure_postgres
+db=${BLOOMGATE_DB:-bloomgate}
+if ! psql "$PG_BASE_URL/postgres" -Atqc "SELECT 1 FROM pg_database WHERE datname = '$db'" | grep -q 1; then
+  psql "$PG_BASE_URL/postgres" -qc "CREATE DATABASE \"$db\""
+fi
+export DATABASE_URL="$PG_BASE_URL/$db"
+cargo build --release --bin bloomgate
+./target/release/bloomgate seed --users "${USERS:-1000000}" --articles "${ARTICLES:-100000}"
+exec ./target/release/bloomgate serve "$@"

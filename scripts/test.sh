@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs the test suite against a real PostgreSQL (started if none is running).
+# Each test creates its own database and drops it afterwards.
+# Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/pg.sh
+ensure_postgres
+# The status-page test drives a headless Chromium.
+if [ -z "${BLOOMGATE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+  echo "test.sh: installing chromium for the status-page test" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >&2
+fi
+export BLOOMGATE_TEST_DATABASE_URL="$PG_BASE_URL/postgres"
+echo "test.sh: using $BLOOMGATE_TEST_DATABASE_URL" >&2
+exec cargo test "$@"

@@ -1,0 +1,518 @@
+//! The row cache: moka in front of a loader closure.
+//!
+//! Guarantees:
+//! - **One load per key at a time.** Concurrent misses for one key wait on a
+//!   single loader call (moka's `or_try_insert_with`); the others are reported
+//!   as `collapsed`.
+//! - **Loads outlive their callers.** The load runs in the caller's task, but
+//!   if the caller goes away mid-load (a client disconnects) the unfinished
+//!   load is handed to the runtime to complete: the query is not cancelled,
+//!   the waiters behind it are answered, the row still lands in the cache.
+//!   (Running every load in a spawned task would do the same at the price of
+//!   two cross-thread wake-ups per miss, measured at about a fifth of the
+//!   miss path's CPU.)
+//! - **Errors are shared, never cached.** A failed load reaches every waiter
+//!   and the next request tries again.
+//! - **An invalidation is never undone by a load.** A load that was running
+//!   when its key was invalidated may have read the old row (or "absent"); it
+//!   still answers its waiters, but whatever it stored is removed again. Loads
+//!   in flight are tracked per key for exactly this.
+//! - **Absent rows are remembered separately.** "No such row" goes into a
+//!   second, smaller cache with a short TTL, so a flood of absent keys (filter
+//!   false positives, deleted rows) cannot evict real rows.
+//!
+//! The cache knows nothing of the database: the caller passes the loader.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use moka::future::Cache;
+
+use crate::config::CacheConfig;
+
+/// A cached row: its JSON body, serialised once, and the body's ETag.
+#[derive(Debug)]
+pub struct Row {
+    pub body: Bytes,
+    /// The entity tag, quoted (`"0123456789abcdef"`): a hash of the body,
+    /// so equal bodies give equal tags on every replica. Formatted once, when
+    /// the row is loaded, not on every hit.
+    pub etag: Bytes,
+}
+
+impl Row {
+    pub fn new(body: Bytes) -> Self {
+        // SipHash with fixed keys: deterministic, and an ETag needs no secret.
+        let mut h = std::hash::DefaultHasher::new();
+        body.hash(&mut h);
+        Self {
+            etag: Bytes::from(format!("\"{:016x}\"", h.finish())),
+            body,
+        }
+    }
+}
+
+/// How a lookup was answered, for the `Cache-Status` header and metrics.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Served from the row cache.
+    Hit(Arc<Row>),
+    /// A recent load found no row; answered from the negative cache.
+    NegativeHit,
+    /// Loaded now. `collapsed`: another request's load answered this one.
+    Loaded { row: Arc<Row>, collapsed: bool },
+    /// Loaded now and not found; remembered as a negative entry.
+    Absent { collapsed: bool },
+    /// The cache is disabled: loaded straight through, nothing stored.
+    Bypassed(Option<Arc<Row>>),
+}
+
+/// Why a lookup failed. Holds the loader's error, shared by every waiter.
+#[derive(Debug)]
+pub enum CacheError<E> {
+    Load(Arc<Miss<E>>),
+}
+
+impl<E> CacheError<E> {
+    /// The loader's error, if that is what failed.
+    pub fn source(&self) -> Option<&E> {
+        match self {
+            CacheError::Load(m) => match &**m {
+                Miss::Failed(e) => Some(e),
+                Miss::Absent => None,
+            },
+        }
+    }
+}
+
+/// What a load that produced no row produced instead. `Absent` travels as an
+/// error inside moka only so that it is not stored in the row cache.
+#[derive(Debug)]
+pub enum Miss<E> {
+    Absent,
+    Failed(E),
+}
+
+/// Row cache and negative cache for one resource.
+pub struct RowCache<K> {
+    rows: Option<Cache<K, Arc<Row>>>,
+    negative: Option<Cache<K, ()>>,
+    /// Keys being loaded, and whether each was invalidated meanwhile. Touched
+    /// only on misses and invalidations, never on hits.
+    inflight: Arc<Mutex<HashMap<K, bool>>>,
+}
+
+impl<K> RowCache<K>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    pub fn new(cfg: &CacheConfig) -> Self {
+        if !cfg.enabled {
+            return Self {
+                rows: None,
+                negative: None,
+                inflight: Arc::default(),
+            };
+        }
+        let rows = Cache::builder()
+            .max_capacity(cfg.max_entries)
+            .time_to_live(cfg.ttl)
+            .build();
+        let negative = (!cfg.negative_ttl.is_zero() && cfg.negative_max_entries > 0).then(|| {
+            Cache::builder()
+                .max_capacity(cfg.negative_max_entries)
+                .time_to_live(cfg.negative_ttl)
+                .build()
+        });
+        Self {
+            rows: Some(rows),
+            negative,
+            inflight: Arc::default(),
+        }
+    }
+
+    /// Answers `key` from the caches, or runs `load` (once, however many
+    /// callers are waiting) and caches what it returns: `Some(body)` as a
+    /// row, `None` as a negative entry, an error not at all.
+    pub async fn get_or_load<F, Fut, E>(&self, key: K, load: F) -> Result<Outcome, CacheError<E>>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+    {
+        let Some(rows) = &self.rows else {
+            return match load().await {
+                Ok(row) => Ok(Outcome::Bypassed(row.map(|b| Arc::new(Row::new(b))))),
+                Err(e) => Err(CacheError::Load(Arc::new(Miss::Failed(e)))),
+            };
+        };
+        if let Some(row) = rows.get(&key).await {
+            return Ok(Outcome::Hit(row));
+        }
+        if let Some(neg) = &self.negative
+            && neg.contains_key(&key)
+        {
+            return Ok(Outcome::NegativeHit);
+        }
+
+        let rows = rows.clone();
+        let negative = self.negative.clone();
+        let inflight = self.inflight.clone();
+        let load_and_store = async move {
+            // Only the caller whose closure moka runs sets this: the rest
+            // were collapsed onto its load.
+            let ran = Arc::new(AtomicBool::new(false));
+            let ran_in_load = ran.clone();
+            let inflight_in_load = inflight.clone();
+            let key_in_load = key.clone();
+            let result = rows
+                .entry(key.clone())
+                .or_try_insert_with(async move {
+                    ran_in_load.store(true, Ordering::Relaxed);
+                    // Registered before the query starts: an invalidation
+                    // from here on may concern a row the query already read.
+                    lock(&inflight_in_load).insert(key_in_load, false);
+                    match load().await {
+                        Ok(Some(body)) => Ok(Arc::new(Row::new(body))),
+                        Ok(None) => Err(Miss::Absent),
+                        Err(e) => Err(Miss::Failed(e)),
+                    }
+                })
+                .await;
+            let collapsed = !ran.load(Ordering::Relaxed);
+            let outcome = match result {
+                Ok(entry) => Ok(Outcome::Loaded {
+                    row: entry.into_value(),
+                    collapsed,
+                }),
+                Err(miss) => match &*miss {
+                    Miss::Absent => {
+                        if !collapsed && let Some(neg) = &negative {
+                            neg.insert(key.clone(), ()).await;
+                        }
+                        Ok(Outcome::Absent { collapsed })
+                    }
+                    Miss::Failed(_) => Err(CacheError::Load(miss)),
+                },
+            };
+            if !collapsed {
+                // What was stored is in the cache now, so any invalidation
+                // after this point removes it by itself; one that came during
+                // the load is applied here.
+                let dirty = lock(&inflight).remove(&key).unwrap_or(false);
+                if dirty {
+                    rows.invalidate(&key).await;
+                    if let Some(neg) = &negative {
+                        neg.invalidate(&key).await;
+                    }
+                }
+            }
+            outcome
+        };
+        DetachOnDrop::new(load_and_store).await
+    }
+
+    /// Forgets `key` in both caches, including what a load running right now
+    /// for it would store.
+    pub async fn invalidate(&self, key: &K) {
+        if let Some(dirty) = lock(&self.inflight).get_mut(key) {
+            *dirty = true;
+        }
+        if let Some(rows) = &self.rows {
+            rows.invalidate(key).await;
+        }
+        if let Some(neg) = &self.negative {
+            neg.invalidate(key).await;
+        }
+    }
+
+    /// Forgets everything.
+    pub fn clear(&self) {
+        if let Some(rows) = &self.rows {
+            rows.invalidate_all();
+        }
+        if let Some(neg) = &self.negative {
+            neg.invalidate_all();
+        }
+    }
+
+    /// Applies moka's pending bookkeeping, so the counts below are current
+    /// (for scrapes; the request path never needs it).
+    pub async fn sync(&self) {
+        if let Some(rows) = &self.rows {
+            rows.run_pending_tasks().await;
+        }
+        if let Some(neg) = &self.negative {
+            neg.run_pending_tasks().await;
+        }
+    }
+
+    /// Weighted size of the row cache (one per row: rows are not weighed).
+    pub fn weighted_size(&self) -> u64 {
+        self.rows.as_ref().map_or(0, |c| c.weighted_size())
+    }
+
+    /// (rows, negative entries) currently held; approximate, as moka's are.
+    pub fn entry_counts(&self) -> (u64, u64) {
+        (
+            self.rows.as_ref().map_or(0, |c| c.entry_count()),
+            self.negative.as_ref().map_or(0, |c| c.entry_count()),
+        )
+    }
+}
+
+/// A future that, if dropped before it completes, is spawned onto the
+/// current runtime to finish there instead of being cancelled.
+struct DetachOnDrop<F: Future<Output = T> + Send + 'static, T: Send + 'static> {
+    fut: Option<std::pin::Pin<Box<F>>>,
+}
+
+impl<F: Future<Output = T> + Send + 'static, T: Send + 'static> DetachOnDrop<F, T> {
+    fn new(fut: F) -> Self {
+        Self {
+            fut: Some(Box::pin(fut)),
+        }
+    }
+}
+
+impl<F: Future<Output = T> + Send + 'static, T: Send + 'static> Future for DetachOnDrop<F, T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        let fut = self.fut.as_mut().expect("polled after completion");
+        let out = std::task::ready!(fut.as_mut().poll(cx));
+        self.fut = None;
+        std::task::Poll::Ready(out)
+    }
+}
+
+impl<F: Future<Output = T> + Send + 'static, T: Send + 'static> Drop for DetachOnDrop<F, T> {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            rt.spawn(async move {
+                fut.await;
+            });
+        }
+    }
+}
+
+fn lock<K>(m: &Mutex<HashMap<K, bool>>) -> std::sync::MutexGuard<'_, HashMap<K, bool>> {
+    // A panic while holding this lock cannot leave the map inconsistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    fn cfg() -> CacheConfig {
+        CacheConfig {
+            enabled: true,
+            max_entries: 100,
+            ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(60),
+            negative_max_entries: 100,
+        }
+    }
+
+    type Loads = Arc<AtomicUsize>;
+    type LoadFuture =
+        std::pin::Pin<Box<dyn Future<Output = Result<Option<Bytes>, &'static str>> + Send>>;
+
+    fn loader(
+        loads: &Loads,
+        result: Result<Option<&'static str>, &'static str>,
+        delay_ms: u64,
+    ) -> impl FnOnce() -> LoadFuture + Send + 'static {
+        let loads = loads.clone();
+        move || {
+            Box::pin(async move {
+                loads.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                result.map(|o| o.map(|s: &'static str| Bytes::from_static(s.as_bytes())))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn miss_then_hit() {
+        let c = RowCache::new(&cfg());
+        let loads = Loads::default();
+        let o = c
+            .get_or_load(1, loader(&loads, Ok(Some("a")), 0))
+            .await
+            .unwrap();
+        assert!(matches!(
+            o,
+            Outcome::Loaded {
+                collapsed: false,
+                ..
+            }
+        ));
+        let o = c
+            .get_or_load(1, loader(&loads, Ok(Some("b")), 0))
+            .await
+            .unwrap();
+        match o {
+            Outcome::Hit(r) => assert_eq!(&r.body[..], b"a"),
+            o => panic!("{o:?}"),
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn absent_is_cached_negatively_and_separately() {
+        let c = RowCache::new(&cfg());
+        let loads = Loads::default();
+        let o = c.get_or_load(7, loader(&loads, Ok(None), 0)).await.unwrap();
+        assert!(matches!(o, Outcome::Absent { collapsed: false }));
+        let o = c
+            .get_or_load(7, loader(&loads, Ok(Some("x")), 0))
+            .await
+            .unwrap();
+        assert!(matches!(o, Outcome::NegativeHit));
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        c.invalidate(&7).await;
+        let o = c
+            .get_or_load(7, loader(&loads, Ok(Some("x")), 0))
+            .await
+            .unwrap();
+        assert!(matches!(o, Outcome::Loaded { .. }));
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_make_one_load() {
+        let c = Arc::new(RowCache::new(&cfg()));
+        let loads = Loads::default();
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let c = c.clone();
+            let l = loader(&loads, Ok(Some("row")), 50);
+            tasks.push(tokio::spawn(async move { c.get_or_load(3, l).await }));
+        }
+        let mut collapsed = 0;
+        for t in tasks {
+            match t.await.unwrap().unwrap() {
+                Outcome::Loaded {
+                    collapsed: true, ..
+                } => collapsed += 1,
+                Outcome::Loaded { .. } | Outcome::Hit(_) => {}
+                o => panic!("{o:?}"),
+            }
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        assert!(collapsed >= 1);
+    }
+
+    #[tokio::test]
+    async fn errors_reach_every_waiter_and_are_not_cached() {
+        let c = Arc::new(RowCache::new(&cfg()));
+        let loads = Loads::default();
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let c = c.clone();
+            let l = loader(&loads, Err("db down"), 30);
+            tasks.push(tokio::spawn(async move { c.get_or_load(5, l).await }));
+        }
+        for t in tasks {
+            let e = t.await.unwrap().unwrap_err();
+            assert_eq!(e.source(), Some(&"db down"));
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        let o = c
+            .get_or_load(5, loader(&loads, Ok(Some("ok")), 0))
+            .await
+            .unwrap();
+        assert!(matches!(o, Outcome::Loaded { .. }));
+        assert_eq!(loads.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_caller_does_not_cancel_the_load() {
+        let c = Arc::new(RowCache::new(&cfg()));
+        let loads = Loads::default();
+        let first = {
+            let c = c.clone();
+            let l = loader(&loads, Ok(Some("row")), 100);
+            tokio::spawn(async move { c.get_or_load(9, l).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        first.abort();
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let o = c
+            .get_or_load(9, loader(&loads, Ok(Some("other")), 0))
+            .await
+            .unwrap();
+        match o {
+            Outcome::Hit(r) => assert_eq!(&r.body[..], b"row"),
+            o => panic!("the abandoned load should have been cached: {o:?}"),
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_invalidation_during_a_load_is_not_undone() {
+        for found in [true, false] {
+            let c = Arc::new(RowCache::new(&cfg()));
+            let loads = Loads::default();
+            let old = if found { Ok(Some("old")) } else { Ok(None) };
+            let slow = {
+                let c = c.clone();
+                let l = loader(&loads, old, 100);
+                tokio::spawn(async move { c.get_or_load(4, l).await })
+            };
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            // The row changes while the load that read the old one runs.
+            c.invalidate(&4).await;
+            let _ = slow.await.unwrap().unwrap();
+            let o = c
+                .get_or_load(4, loader(&loads, Ok(Some("new")), 0))
+                .await
+                .unwrap();
+            match o {
+                Outcome::Loaded { row, .. } => assert_eq!(&row.body[..], b"new"),
+                o => panic!("stale entry survived the invalidation ({found}): {o:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn disabled_cache_loads_every_time() {
+        let c = RowCache::new(&CacheConfig {
+            enabled: false,
+            ..cfg()
+        });
+        let loads = Loads::default();
+        for _ in 0..3 {
+            let o = c
+                .get_or_load(1, loader(&loads, Ok(Some("a")), 0))
+                .await
+                .unwrap();
+            assert!(matches!(o, Outcome::Bypassed(Some(_))));
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn etag_depends_on_body() {
+        assert_eq!(
+            Row::new(Bytes::from("a")).etag,
+            Row::new(Bytes::from("a")).etag
+        );
+        assert_ne!(
+            Row::new(Bytes::from("a")).etag,
+            Row::new(Bytes::from("b")).etag
+        );
+    }
+}

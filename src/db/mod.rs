@@ -1,0 +1,261 @@
+//! The database: a connection pool and the only two things bloomgate asks of
+//! Postgres, "this row as JSON" and "every key of this table".
+//!
+//! SQL text is built once per resource from validated identifiers (see
+//! [`Queries`]) and every value is a bind parameter. Every query made is
+//! counted, so tests can prove that a request did not reach the database.
+
+pub mod copy;
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Encode, PgPool, Postgres, Type};
+
+use crate::config::DatabaseConfig;
+use copy::{CopyError, CopyParser};
+
+/// Migrations embedded in the binary.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error(transparent)]
+    Sqlx(#[from] sqlx::Error),
+    #[error("key stream: {0}")]
+    Copy(#[from] CopyError),
+}
+
+/// The pool plus counters.
+pub struct Db {
+    pool: PgPool,
+    queries: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The SQL for one resource, built from identifiers that config validation
+/// has already restricted to `[A-Za-z_][A-Za-z0-9_]*` and quoted here anyway.
+#[derive(Clone, Debug)]
+pub struct Queries {
+    /// One row as a JSON object, or no row; `$1` is the key. Shared: every
+    /// cache load holds a reference.
+    pub row: Arc<str>,
+    /// Exact row count, for sizing the filter.
+    pub count: String,
+    /// Every non-NULL key in binary COPY format.
+    pub keys: String,
+}
+
+impl Queries {
+    pub fn new(table: &str, key_column: &str, key_type: &str, columns: &[String]) -> Self {
+        let table = table.split('.').map(quote).collect::<Vec<_>>().join(".");
+        let key = quote(key_column);
+        let cols = columns
+            .iter()
+            .map(|c| quote(c))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Self {
+            row: Arc::from(format!(
+                "SELECT row_to_json(t)::text FROM (SELECT {cols} FROM {table} WHERE {key} = $1::{key_type} LIMIT 1) t"
+            )),
+            count: format!("SELECT count({key}) FROM {table}"),
+            keys: format!(
+                // The cast makes the wire format the key type's, whatever the
+                // column's own type (int4, varchar, ...).
+                "COPY (SELECT {key}::{key_type} FROM {table} WHERE {key} IS NOT NULL) TO STDOUT (FORMAT binary)"
+            ),
+        }
+    }
+}
+
+fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+impl Db {
+    /// A lazy pool: nothing connects until the first query, so start-up does
+    /// not fail while the database is still coming up.
+    pub fn connect_lazy(cfg: &DatabaseConfig) -> Result<Self, sqlx::Error> {
+        let timeout_ms = cfg.statement_timeout.as_millis().to_string();
+        let opts = PgConnectOptions::from_str(&cfg.url)?
+            .application_name("bloomgate")
+            .options([("statement_timeout", timeout_ms.as_str())]);
+        let pool = PgPoolOptions::new()
+            .max_connections(cfg.pool_size)
+            .acquire_timeout(cfg.acquire_timeout)
+            .connect_lazy_with(opts);
+        Ok(Self::from_pool(pool))
+    }
+
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self {
+            pool,
+            queries: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+        }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Queries sent so far (row fetches and key scans).
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
+    }
+
+    /// Queries that failed so far.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    fn count<T, E>(&self, r: Result<T, E>) -> Result<T, E> {
+        if r.is_err() {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    /// Waits until the database answers, retrying with capped exponential
+    /// backoff; logs each failure (without the URL, which may hold a password).
+    pub async fn wait_until_reachable(&self) {
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 1u32;
+        loop {
+            match sqlx::query("SELECT 1").execute(&self.pool).await {
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(attempt, retry_in = ?delay, error = %e, "database not reachable yet");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    pub async fn migrate(&self) -> Result<(), sqlx::migrate::MigrateError> {
+        MIGRATOR.run(&self.pool).await
+    }
+
+    /// Creates (or replaces) the `bloomgate_notify` function and its triggers
+    /// on `table`, so key changes are announced. `table` and `key_column` are
+    /// identifiers validated by the config.
+    pub async fn install_triggers(&self, table: &str, key_column: &str) -> Result<(), DbError> {
+        const FUNCTION: &str = include_str!("../../migrations/20260101000001_notify_function.sql");
+        let table = table.split('.').map(quote).collect::<Vec<_>>().join(".");
+        // One simple-protocol query: Postgres runs it as one transaction.
+        let sql = format!(
+            "{FUNCTION};
+             CREATE OR REPLACE TRIGGER bloomgate_notify AFTER INSERT OR UPDATE OR DELETE ON {table}
+                 FOR EACH ROW EXECUTE FUNCTION bloomgate_notify('{key_column}');
+             CREATE OR REPLACE TRIGGER bloomgate_notify_truncate AFTER TRUNCATE ON {table}
+                 FOR EACH STATEMENT EXECUTE FUNCTION bloomgate_notify('{key_column}');"
+        );
+        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// The row for `key` as JSON text, or `None` when there is no such row.
+    pub async fn fetch_json<K>(&self, sql: &str, key: K) -> Result<Option<Bytes>, DbError>
+    where
+        K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Send + 'static,
+    {
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        let r = sqlx::query_scalar::<_, String>(sql)
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await;
+        Ok(self.count(r)?.map(Bytes::from))
+    }
+
+    /// Streams every key of a table through `add`, after telling `start` how
+    /// many there are. Count and keys come from one REPEATABLE READ snapshot,
+    /// and the scan is exempt from `statement_timeout` (a large table takes a
+    /// while). Memory stays constant: keys are handed over chunk by chunk.
+    pub async fn scan_keys<S>(
+        &self,
+        q: &Queries,
+        start: impl FnOnce(u64) -> S,
+        mut add: impl FnMut(&mut S, &[u8]),
+    ) -> Result<(S, u64), DbError> {
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        let r = self.scan_keys_inner(q, start, &mut add).await;
+        self.count(r)
+    }
+
+    async fn scan_keys_inner<S>(
+        &self,
+        q: &Queries,
+        start: impl FnOnce(u64) -> S,
+        add: &mut impl FnMut(&mut S, &[u8]),
+    ) -> Result<(S, u64), DbError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("SET LOCAL statement_timeout = 0")
+            .execute(&mut *tx)
+            .await?;
+        let count: i64 = sqlx::query_scalar(&q.count).fetch_one(&mut *tx).await?;
+        let mut sink = start(count.max(0) as u64);
+
+        let began = Instant::now();
+        let mut last_log = began;
+        let mut parser = CopyParser::default();
+        let mut keys = 0u64;
+        {
+            let mut stream = tx.copy_out_raw(&q.keys).await?;
+            while let Some(chunk) = stream.try_next().await? {
+                parser.feed(&chunk, |k| {
+                    add(&mut sink, k);
+                    keys += 1;
+                })?;
+                if last_log.elapsed() >= Duration::from_secs(5) {
+                    last_log = Instant::now();
+                    let secs = began.elapsed().as_secs_f64();
+                    tracing::info!(
+                        rows = keys,
+                        of = count,
+                        rows_per_sec = (keys as f64 / secs) as u64,
+                        elapsed = ?began.elapsed(),
+                        "streaming keys"
+                    );
+                }
+            }
+        }
+        parser.finish()?;
+        tx.commit().await?;
+        Ok((sink, keys))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_quote_identifiers_and_bind_the_key() {
+        let q = Queries::new(
+            "public.users",
+            "id",
+            "bigint",
+            &["id".into(), "name".into()],
+        );
+        assert_eq!(
+            &*q.row,
+            r#"SELECT row_to_json(t)::text FROM (SELECT "id", "name" FROM "public"."users" WHERE "id" = $1::bigint LIMIT 1) t"#
+        );
+        assert!(
+            q.keys
+                .starts_with(r#"COPY (SELECT "id"::bigint FROM "public"."users""#)
+        );
+        assert!(q.keys.ends_with("(FORMAT binary)"));
+    }
+}

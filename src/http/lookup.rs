@@ -1,0 +1,180 @@
+//! `GET {route}`: one key of one resource.
+//!
+//! Parse, then filter, then cache, then database: a key that does not parse
+//! cannot exist, and a key the filter rejects is answered without any storage
+//! work. Every response carries RFC 9211 `Cache-Status` saying which of those
+//! steps answered it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use metrics::Histogram;
+
+use super::response::{CACHE_STATUS, json_bytes};
+use crate::cache::{Outcome, Row};
+use crate::error::Error;
+use crate::metrics::outcome;
+use crate::resource::{Lookup, Resource};
+
+/// What a route needs, prepared once.
+pub struct Route {
+    pub resource: Arc<Resource>,
+    pub max_key_length: usize,
+    /// Which `/`-separated segment of the path is the key. The key is read
+    /// from the raw path rather than from axum's path parameters, which come
+    /// percent-decoded already: decoding is ours to do, strictly and once.
+    pub key_segment: usize,
+    /// The 404 body, the same for every absent key.
+    pub not_found: Bytes,
+    /// Latency by outcome, indexed as `metrics::OUTCOMES`.
+    pub latency: Vec<Histogram>,
+}
+
+impl Route {
+    pub fn new(resource: Arc<Resource>, max_key_length: usize, latency: Vec<Histogram>) -> Self {
+        let not_found = serde_json::json!({
+            "error": "not_found",
+            "message": format!("no {} with this key", resource.name()),
+        })
+        .to_string();
+        let key_segment = resource
+            .config
+            .route
+            .split('/')
+            .position(|s| s.starts_with('{'))
+            .expect("config validation guarantees one {param} segment");
+        Self {
+            resource,
+            max_key_length,
+            key_segment,
+            not_found: Bytes::from(not_found),
+            latency,
+        }
+    }
+}
+
+pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
+    let began = Instant::now();
+    let (resp, outcome) = match answer(&route, req.uri(), req.headers()).await {
+        Ok(answered) => answered,
+        Err(e) => {
+            let outcome = match e {
+                Error::BadKey(_) => outcome::BAD_REQUEST,
+                Error::NotReady => outcome::NOT_READY,
+                _ => outcome::UNAVAILABLE,
+            };
+            (e.into_response(), outcome)
+        }
+    };
+    route.latency[outcome].record(began.elapsed().as_secs_f64());
+    resp
+}
+
+async fn answer(route: &Route, uri: &Uri, headers: &HeaderMap) -> Result<(Response, usize), Error> {
+    // The router matched this route, so the path has the key segment.
+    let raw = uri
+        .path()
+        .split('/')
+        .nth(route.key_segment)
+        .ok_or_else(|| Error::Internal("matched path without a key segment".into()))?;
+    let key = route.resource.parse_key(raw, route.max_key_length)?;
+    let lookup = route.resource.lookup(key).await?;
+    Ok(match lookup {
+        Lookup::Filtered => (
+            not_found(route, "bloomgate; detail=filter-absent"),
+            outcome::FILTERED,
+        ),
+        Lookup::Cached(o) => match o {
+            Outcome::Hit(row) => (found(&row, headers, "bloomgate; hit"), outcome::HIT),
+            Outcome::Loaded {
+                row,
+                collapsed: false,
+            } => (
+                found(&row, headers, "bloomgate; fwd=miss; stored"),
+                outcome::MISS,
+            ),
+            Outcome::Loaded {
+                row,
+                collapsed: true,
+            } => (
+                found(&row, headers, "bloomgate; fwd=miss; collapsed"),
+                outcome::COLLAPSED,
+            ),
+            Outcome::Bypassed(Some(row)) => {
+                (found(&row, headers, "bloomgate; fwd=bypass"), outcome::MISS)
+            }
+            Outcome::NegativeHit => (
+                not_found(route, "bloomgate; hit; detail=negative"),
+                outcome::NEGATIVE_HIT,
+            ),
+            Outcome::Absent { collapsed: false } => (
+                not_found(route, "bloomgate; fwd=miss; stored; detail=negative"),
+                outcome::MISS,
+            ),
+            Outcome::Absent { collapsed: true } => (
+                not_found(route, "bloomgate; fwd=miss; collapsed; detail=negative"),
+                outcome::COLLAPSED,
+            ),
+            Outcome::Bypassed(None) => (not_found(route, "bloomgate; fwd=bypass"), outcome::MISS),
+        },
+    })
+}
+
+fn not_found(route: &Route, cache_status: &'static str) -> Response {
+    let mut resp = json_bytes(StatusCode::NOT_FOUND, route.not_found.clone());
+    resp.headers_mut()
+        .insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
+    resp
+}
+
+fn found(row: &Row, headers: &HeaderMap, cache_status: &'static str) -> Response {
+    let etag = HeaderValue::from_maybe_shared(row.etag.clone())
+        .expect("hex digits and quotes are a valid header value");
+    let mut resp = if if_none_match(headers, &etag) {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        json_bytes(StatusCode::OK, row.body.clone())
+    };
+    let h = resp.headers_mut();
+    h.insert(header::ETAG, etag);
+    h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
+    resp
+}
+
+/// RFC 9110 §13.1.2: weak comparison against every tag in every
+/// `If-None-Match` header, or `*`.
+fn if_none_match(headers: &HeaderMap, etag: &HeaderValue) -> bool {
+    let ours = etag.as_bytes();
+    headers
+        .get_all(header::IF_NONE_MATCH)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag).as_bytes() == ours)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn if_none_match_compares_weakly_across_lists() {
+        let etag = HeaderValue::from_static("\"abc\"");
+        let mut h = HeaderMap::new();
+        assert!(!if_none_match(&h, &etag));
+        h.insert(
+            header::IF_NONE_MATCH,
+            HeaderValue::from_static("\"x\", W/\"abc\""),
+        );
+        assert!(if_none_match(&h, &etag));
+        h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"abcd\""));
+        assert!(!if_none_match(&h, &etag));
+        h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));
+        assert!(if_none_match(&h, &etag));
+    }
+}

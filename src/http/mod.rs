@@ -1,0 +1,174 @@
+//! The HTTP surface: `app` builds the public router every caller (the
+//! server, the tests) uses; [`admin::app`] the admin one.
+//!
+//! Public routes: one `GET` per configured resource, `/healthz` (the process
+//! is alive), `/readyz` (every filter is built) and `/openapi.json`. Routes
+//! and their OpenAPI entries are registered together (utoipa-axum), so the
+//! document lists exactly what is served.
+//!
+//! Middleware, outermost first: request id, tracing, a 413 for requests
+//! declaring a body over `max_body_bytes`, then the error handler for the
+//! layers below it: timeout (504), load shedding (503 when the concurrency
+//! limit is reached, rather than queueing without bound), concurrency limit.
+//! The stack wraps the whole router as one service: `Router::layer` would
+//! wrap each route separately and give every route its own concurrency
+//! limit.
+
+pub mod admin;
+mod limit;
+mod lookup;
+pub mod openapi;
+pub mod response;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::body::Body;
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::State;
+use axum::http::{HeaderValue, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{BoxError, Router};
+use bytes::Bytes;
+use tower::ServiceBuilder;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tracing::Level;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::Error;
+use crate::gateway::Gateway;
+use lookup::Route;
+use response::{json_bytes, json_error};
+
+/// The public router for `gateway`.
+pub fn app(gateway: Arc<Gateway>) -> Router {
+    let (router, doc) = public_routes(&gateway).split_for_parts();
+    let doc = Bytes::from(
+        openapi::document(doc, &gateway)
+            .to_json()
+            .unwrap_or_default(),
+    );
+    let router = router.route(
+        "/openapi.json",
+        get(move || async move { json_bytes(StatusCode::OK, doc.clone()) }),
+    );
+    with_middleware(
+        router.fallback(no_route).with_state(gateway.clone()),
+        &gateway,
+    )
+}
+
+/// Every public route with its OpenAPI entry, except `/openapi.json` itself
+/// (which `openapi::document` adds to the document).
+pub fn public_routes(gateway: &Arc<Gateway>) -> OpenApiRouter<Arc<Gateway>> {
+    let server = &gateway.config.server;
+    let mut router = OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz));
+    for resource in &gateway.resources {
+        let latency = gateway.metrics.latency_histograms(resource.name());
+        let route = Arc::new(Route::new(resource.clone(), server.max_key_length, latency));
+        router = router.route(
+            &resource.config.route,
+            // The whole request, by value: the `HeaderMap` and `Uri`
+            // extractors would copy every header for every lookup.
+            get(move |req: Request<Body>| lookup::handle(route.clone(), req)),
+        );
+    }
+    router
+}
+
+/// The one middleware stack, shared by the public and admin routers.
+pub fn with_middleware(router: Router, gateway: &Arc<Gateway>) -> Router {
+    let server = &gateway.config.server;
+    let gw = gateway.clone();
+    let router = router.method_not_allowed_fallback(method_not_allowed);
+    let service = ServiceBuilder::new()
+        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request<_>| {
+                    let id = req
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default();
+                    tracing::debug_span!("request", method = %req.method(), path = %req.uri().path(), id)
+                })
+                .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
+        )
+        .layer(PropagateRequestIdLayer::x_request_id())
+        .layer(limit::BodyLimitLayer {
+            max: server.max_body_bytes,
+        })
+        .layer(HandleErrorLayer::new(move |err: BoxError| {
+            let gw = gw.clone();
+            async move { middleware_error(&gw, err) }
+        }))
+        .timeout(server.request_timeout)
+        .load_shed()
+        .concurrency_limit(server.max_concurrency)
+        .service(router);
+    Router::new().fallback_service(service)
+}
+
+async fn method_not_allowed() -> Response {
+    json_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method; see Allow",
+    )
+}
+
+fn middleware_error(gw: &Gateway, err: BoxError) -> Response {
+    if err.is::<tower::timeout::error::Elapsed>() {
+        gw.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+        Error::Timeout.into_response()
+    } else if err.is::<tower::load_shed::error::Overloaded>() {
+        gw.stats.shed.fetch_add(1, Ordering::Relaxed);
+        Error::Overloaded.into_response()
+    } else {
+        Error::Internal(err.to_string()).into_response()
+    }
+}
+
+/// Liveness: 200 while the process runs.
+#[utoipa::path(get, path = "/healthz", tag = "health",
+    responses((status = 200, description = "The process is alive", body = openapi::StatusBody)))]
+async fn healthz() -> Response {
+    json_bytes(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#))
+}
+
+/// Readiness: 200 once every resource's filter is built, 503 before.
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "Every filter is built", body = openapi::StatusBody),
+        (status = 503, description = "Still loading; `loading` names the resources", body = openapi::StatusBody),
+    ))]
+async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
+    let pending: Vec<&str> = gw
+        .resources
+        .iter()
+        .filter(|r| !r.is_ready())
+        .map(|r| r.name())
+        .collect();
+    if pending.is_empty() {
+        json_bytes(StatusCode::OK, Bytes::from_static(br#"{"status":"ready"}"#))
+    } else {
+        let body = serde_json::json!({ "status": "starting", "loading": pending });
+        let mut resp = json_bytes(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Bytes::from(body.to_string()),
+        );
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        resp
+    }
+}
+
+async fn no_route() -> Response {
+    json_error(StatusCode::NOT_FOUND, "no_route", "no such route")
+}

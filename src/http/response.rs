@@ -1,0 +1,67 @@
+//! The one mapping from [`Error`] to an HTTP response, and the JSON bodies.
+//!
+//! Bodies are `{"error": <code>, "message": <text>}`. Messages come from
+//! `Error`'s `Display`, which never carries SQL, database text or secrets.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+
+use crate::error::Error;
+
+pub const CACHE_STATUS: &str = "cache-status";
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+
+impl Error {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Error::BadKey(_) => StatusCode::BAD_REQUEST,
+            Error::NotReady | Error::Unavailable(_) | Error::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Error::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// RFC 9211 `Cache-Status` for a request that ended in this error.
+    fn cache_status(&self) -> &'static str {
+        match self {
+            Error::BadKey(_) => "bloomgate; detail=malformed-key",
+            Error::NotReady => "bloomgate; detail=not-ready",
+            Error::Unavailable(_) => "bloomgate; fwd=miss; detail=database-unavailable",
+            Error::Overloaded => "bloomgate; detail=overloaded",
+            Error::Timeout => "bloomgate; detail=timeout",
+            Error::Internal(_) => "bloomgate; detail=internal",
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        if let Error::Internal(detail) = &self {
+            tracing::error!(%detail, "internal error");
+        }
+        let status = self.status();
+        let mut resp = json_error(status, self.code(), &self.to_string());
+        let h = resp.headers_mut();
+        h.insert(CACHE_STATUS, HeaderValue::from_static(self.cache_status()));
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// A JSON error body.
+pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "error": code, "message": message }).to_string();
+    json_bytes(status, Bytes::from(body))
+}
+
+/// A response with a prepared JSON body.
+pub fn json_bytes(status: StatusCode, body: Bytes) -> Response {
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(header::CONTENT_TYPE, JSON);
+    resp
+}

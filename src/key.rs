@@ -1,0 +1,338 @@
+//! Keys: the typed value a request asks for.
+//!
+//! A key arrives as one raw (still percent-encoded) path segment and is parsed
+//! for its resource's [`KeyType`] before anything else happens. A key that
+//! does not parse cannot exist in the table, so it is answered 400 without
+//! touching the filter, the cache or the database.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::filter::Item;
+
+/// The SQL type of a resource's key column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyType {
+    /// `bigint` (`int8`); `integer` and `smallint` columns work too, since
+    /// every value they hold is a valid `bigint`.
+    Bigint,
+    /// `uuid`, written hyphenated or as 32 hex digits, any case.
+    Uuid,
+    /// `text` / `varchar`: any UTF-8 string without control characters.
+    Text,
+}
+
+impl KeyType {
+    /// The SQL type the key parameter is cast to in queries.
+    pub fn sql_type(self) -> &'static str {
+        match self {
+            KeyType::Bigint => "bigint",
+            KeyType::Uuid => "uuid",
+            KeyType::Text => "text",
+        }
+    }
+}
+
+/// A parsed key. Cheap to clone: text is shared.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum Key {
+    Int(i64),
+    Uuid(Uuid),
+    Text(Arc<str>),
+}
+
+impl Key {
+    /// The bytes the membership filter stores for this key. They must match
+    /// what [`item_from_column`] yields for the same value streamed out of
+    /// Postgres, or the filter would report false negatives.
+    pub fn item(&self) -> Item<'_> {
+        match self {
+            Key::Int(v) => Item::Int(*v),
+            Key::Uuid(u) => Item::Bytes(u.as_bytes()),
+            Key::Text(s) => Item::Bytes(s.as_bytes()),
+        }
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Key::Int(v) => write!(f, "{v}"),
+            Key::Uuid(u) => write!(f, "{u}"),
+            Key::Text(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+/// Converts one column value in Postgres' binary COPY format into the item
+/// the filter stores. Returns `None` for a value that cannot be a valid key of
+/// this type (wrong width, invalid UTF-8); such a value could never be asked
+/// for either, because [`parse`] would reject it.
+pub fn item_from_column(ty: KeyType, raw: &[u8]) -> Option<Item<'_>> {
+    match ty {
+        KeyType::Bigint => match raw.len() {
+            8 => Some(Item::Int(i64::from_be_bytes(raw.try_into().ok()?))),
+            4 => Some(Item::Int(i32::from_be_bytes(raw.try_into().ok()?).into())),
+            2 => Some(Item::Int(i16::from_be_bytes(raw.try_into().ok()?).into())),
+            _ => None,
+        },
+        KeyType::Uuid => (raw.len() == 16).then_some(Item::Bytes(raw)),
+        KeyType::Text => std::str::from_utf8(raw).ok().map(|_| Item::Bytes(raw)),
+    }
+}
+
+/// Parses a key as Postgres prints it (`::text`), as notifications carry
+/// it: no percent-decoding, no length limit (the row exists whatever its
+/// length). `None` if it does not fit the type.
+pub fn from_db_text(text: &str, ty: KeyType) -> Option<Key> {
+    match ty {
+        KeyType::Bigint => text.parse().ok().map(Key::Int),
+        KeyType::Uuid => Uuid::try_parse(text).ok().map(Key::Uuid),
+        KeyType::Text => Some(Key::Text(Arc::from(text))),
+    }
+}
+
+/// Why a key was refused. The message is safe to show to a client.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("key is empty")]
+    Empty,
+    #[error("key is longer than {max} bytes")]
+    TooLong { max: usize },
+    #[error("key has invalid percent-encoding")]
+    BadPercentEncoding,
+    #[error("key is not valid UTF-8")]
+    NotUtf8,
+    #[error("key contains control characters")]
+    ControlCharacter,
+    #[error("key is not an integer")]
+    NotAnInteger,
+    #[error("key is out of range for a 64-bit integer")]
+    OutOfRange,
+    #[error("key is not a valid UUID")]
+    NotAUuid,
+}
+
+/// Parses one raw path segment as a key of type `ty`.
+///
+/// `max_len` bounds the decoded key in bytes; it is checked on the raw segment
+/// first (a percent-escape decodes to one byte from three) so an overlong
+/// segment is refused before any decoding work.
+pub fn parse(raw: &str, ty: KeyType, max_len: usize) -> Result<Key, KeyError> {
+    if raw.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if raw.len() > max_len.saturating_mul(3) {
+        return Err(KeyError::TooLong { max: max_len });
+    }
+    let decoded = percent_decode_strict(raw)?;
+    if decoded.len() > max_len {
+        return Err(KeyError::TooLong { max: max_len });
+    }
+    let text = std::str::from_utf8(&decoded).map_err(|_| KeyError::NotUtf8)?;
+    if text.chars().any(char::is_control) {
+        return Err(KeyError::ControlCharacter);
+    }
+    match ty {
+        KeyType::Bigint => parse_int(text).map(Key::Int),
+        KeyType::Uuid => parse_uuid(text).map(Key::Uuid),
+        KeyType::Text => Ok(Key::Text(Arc::from(text))),
+    }
+}
+
+fn parse_int(s: &str) -> Result<i64, KeyError> {
+    let digits = s.strip_prefix('-').unwrap_or(s);
+    // `i64::from_str` also takes a leading '+'; a key is a plain decimal.
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(KeyError::NotAnInteger);
+    }
+    s.parse::<i64>().map_err(|_| KeyError::OutOfRange)
+}
+
+fn parse_uuid(s: &str) -> Result<Uuid, KeyError> {
+    // Only the two forms people put in URLs: hyphenated and 32 hex digits.
+    if s.len() != 36 && s.len() != 32 {
+        return Err(KeyError::NotAUuid);
+    }
+    Uuid::try_parse(s).map_err(|_| KeyError::NotAUuid)
+}
+
+/// Percent-decoding that refuses a `%` not followed by two hex digits,
+/// rather than passing it through as the lenient decoders do.
+fn percent_decode_strict(raw: &str) -> Result<std::borrow::Cow<'_, [u8]>, KeyError> {
+    let bytes = raw.as_bytes();
+    if !bytes.contains(&b'%') {
+        return Ok(std::borrow::Cow::Borrowed(bytes));
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hi = bytes.get(i + 1).and_then(|b| (*b as char).to_digit(16));
+            let lo = bytes.get(i + 2).and_then(|b| (*b as char).to_digit(16));
+            match (hi, lo) {
+                (Some(hi), Some(lo)) => out.push((hi * 16 + lo) as u8),
+                _ => return Err(KeyError::BadPercentEncoding),
+            }
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Ok(std::borrow::Cow::Owned(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MAX: usize = 64;
+
+    #[test]
+    fn integers() {
+        assert_eq!(parse("42", KeyType::Bigint, MAX), Ok(Key::Int(42)));
+        assert_eq!(parse("-7", KeyType::Bigint, MAX), Ok(Key::Int(-7)));
+        assert_eq!(
+            parse("9223372036854775807", KeyType::Bigint, MAX),
+            Ok(Key::Int(i64::MAX))
+        );
+        for bad in ["abc", "+1", "1.5", "1e3", " 1", "-", "0x10", "١"] {
+            assert_eq!(
+                parse(bad, KeyType::Bigint, MAX),
+                Err(KeyError::NotAnInteger),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            parse("9223372036854775808", KeyType::Bigint, MAX),
+            Err(KeyError::OutOfRange)
+        );
+    }
+
+    #[test]
+    fn uuids() {
+        let u = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+        let want = Key::Uuid(Uuid::parse_str(u).unwrap());
+        assert_eq!(parse(u, KeyType::Uuid, MAX), Ok(want.clone()));
+        assert_eq!(
+            parse(&u.replace('-', "").to_uppercase(), KeyType::Uuid, MAX),
+            Ok(want)
+        );
+        for bad in ["67e55044", "{67e55044-10b1-426f-9247-bb680e5fe0c8}", "zz"] {
+            assert_eq!(parse(bad, KeyType::Uuid, MAX), Err(KeyError::NotAUuid));
+        }
+    }
+
+    #[test]
+    fn encoding_and_limits() {
+        assert_eq!(
+            parse("a%20b", KeyType::Text, MAX),
+            Ok(Key::Text(Arc::from("a b")))
+        );
+        assert_eq!(
+            parse("a%2", KeyType::Text, MAX),
+            Err(KeyError::BadPercentEncoding)
+        );
+        assert_eq!(
+            parse("%zz", KeyType::Text, MAX),
+            Err(KeyError::BadPercentEncoding)
+        );
+        assert_eq!(parse("%ff", KeyType::Text, MAX), Err(KeyError::NotUtf8));
+        assert_eq!(
+            parse("a%00b", KeyType::Text, MAX),
+            Err(KeyError::ControlCharacter)
+        );
+        assert_eq!(
+            parse("%0A", KeyType::Bigint, MAX),
+            Err(KeyError::ControlCharacter)
+        );
+        assert_eq!(parse("", KeyType::Text, MAX), Err(KeyError::Empty));
+        assert_eq!(
+            parse(&"x".repeat(MAX + 1), KeyType::Text, MAX),
+            Err(KeyError::TooLong { max: MAX })
+        );
+        assert_eq!(
+            parse(&"%41".repeat(MAX + 1), KeyType::Text, MAX),
+            Err(KeyError::TooLong { max: MAX })
+        );
+        assert!(parse(&"x".repeat(MAX), KeyType::Text, MAX).is_ok());
+    }
+
+    #[test]
+    fn column_bytes_match_parsed_keys() {
+        // The filter is filled from COPY bytes and queried with parsed keys:
+        // both sides must produce the same item or every lookup is a miss.
+        let k = parse("123456789", KeyType::Bigint, MAX).unwrap();
+        let col = 123456789i64.to_be_bytes();
+        assert!(same(
+            k.item(),
+            item_from_column(KeyType::Bigint, &col).unwrap()
+        ));
+        let col4 = 123456789i32.to_be_bytes();
+        assert!(same(
+            k.item(),
+            item_from_column(KeyType::Bigint, &col4).unwrap()
+        ));
+        let u = Uuid::new_v4();
+        let k = parse(&u.to_string(), KeyType::Uuid, MAX).unwrap();
+        assert!(same(
+            k.item(),
+            item_from_column(KeyType::Uuid, u.as_bytes()).unwrap()
+        ));
+        assert!(item_from_column(KeyType::Uuid, &[0; 15]).is_none());
+        assert!(item_from_column(KeyType::Text, &[0xff]).is_none());
+    }
+
+    #[test]
+    fn database_text_is_taken_literally() {
+        assert_eq!(from_db_text("-5", KeyType::Bigint), Some(Key::Int(-5)));
+        assert_eq!(from_db_text("x", KeyType::Bigint), None);
+        assert_eq!(
+            from_db_text("a%20b", KeyType::Text),
+            Some(Key::Text(Arc::from("a%20b")))
+        );
+        let u = Uuid::new_v4();
+        assert_eq!(
+            from_db_text(&u.to_string(), KeyType::Uuid),
+            Some(Key::Uuid(u))
+        );
+    }
+
+    fn same(a: Item<'_>, b: Item<'_>) -> bool {
+        match (a, b) {
+            (Item::Int(x), Item::Int(y)) => x == y,
+            (Item::Bytes(x), Item::Bytes(y)) => x == y,
+            _ => false,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_i64_round_trips(v: i64) {
+            prop_assert_eq!(parse(&v.to_string(), KeyType::Bigint, MAX), Ok(Key::Int(v)));
+        }
+
+        #[test]
+        fn encoded_text_round_trips(s in "[^\\p{Cc}]{1,20}") {
+            let enc = percent_encoding::utf8_percent_encode(&s, percent_encoding::NON_ALPHANUMERIC).to_string();
+            prop_assert_eq!(parse(&enc, KeyType::Text, 256), Ok(Key::Text(Arc::from(s.as_str()))));
+        }
+
+        #[test]
+        fn never_panics(s in "\\PC{0,80}", ty in prop_oneof![Just(KeyType::Bigint), Just(KeyType::Uuid), Just(KeyType::Text)]) {
+            let _ = parse(&s, ty, MAX);
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! # bloomgate
+//!
+//! An HTTP caching gateway in front of PostgreSQL that keeps requests for
+//! keys that do not exist ("cache penetration") away from the database: every
+//! valid key of each resource is held in a keyed Bloom filter (or an exact
+//! bitmap for dense integer ids), and a key the filter rejects is answered
+//! 404 without any cache or database work.
+//!
+//! # Layout
+//!
+//! A request flows one way, `http → key → filter → cache → db`; lower
+//! modules never import higher ones.
+//!
+//! - [`http`]: the router ([`http::app`]), middleware, and the one mapping
+//!   from [`error::Error`] to status codes.
+//! - [`resource`]: one table served by key; puts the request path together
+//!   (parse, filter, cache, database) and rebuilds its filter without losing
+//!   live inserts.
+//! - [`key`]: parsing a path segment into a typed [`key::Key`].
+//! - [`filter`]: the membership filter ([`filter::KeySet`]): a cache-line
+//!   blocked Bloom filter on secret-keyed HighwayHash, or an exact roaring
+//!   bitmap. No I/O.
+//! - [`cache`]: moka row cache and negative cache around a loader closure;
+//!   knows nothing of the database.
+//! - [`db`]: the pool, the row query, and streaming keys with binary COPY.
+//! - [`gateway`]: the database plus all resources, and start-up.
+//! - [`listener`]: `LISTEN bloomgate`: applies the key changes the triggers
+//!   announce (new keys into the filter, stale rows out of the cache), and
+//!   rebuilds after any reconnect.
+//! - [`metrics`]: the Prometheus exposition, one recorder per gateway.
+//! - [`budget`]: a token bucket (database checks above the high-water mark).
+//! - [`server`]: binding, background start-up, graceful shutdown.
+//! - [`config`]: the TOML file and environment, read once into typed structs.
+//! - [`error`]: the error type of the request path.
+//! - [`seed`]: demo data. [`telemetry`]: logging.
+//!
+//! # Request flow
+//!
+//! 1. The router matches `GET {route}`; the raw path segment is parsed for the
+//!    resource's key type. Malformed: 400.
+//! 2. The filter is asked. Absent: 404 (`Cache-Status: bloomgate;
+//!    detail=filter-absent`), nothing else touched.
+//! 3. The cache is asked. A row: 200; a recent "no such row": 404.
+//! 4. On a miss one query per key runs, however many requests wait on it, in
+//!    a task that survives clients disconnecting. Found rows and absences are
+//!    cached; database errors are not (503 with `Retry-After`).
+
+pub mod budget;
+pub mod cache;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod filter;
+pub mod gateway;
+pub mod http;
+pub mod key;
+pub mod listener;
+pub mod metrics;
+pub mod resource;
+pub mod seed;
+pub mod server;
+pub mod telemetry;

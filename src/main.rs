@@ -1,0 +1,115 @@
+//! The `bloomgate` command: parse arguments, load the config, hand over to
+//! the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use bloomgate::config::{self, Config};
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "A caching gateway that keeps absent keys away from PostgreSQL"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Print the effective config (file + environment), secrets redacted.
+    CheckConfig {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Apply the embedded migrations.
+    Migrate {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Create the key-change notification triggers on every resource table.
+    InstallTriggers {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Insert demo rows (idempotent): users 1..=N and M articles.
+    Seed {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+        #[arg(long, default_value_t = 100_000)]
+        users: u64,
+        #[arg(long, default_value_t = 10_000)]
+        articles: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bloomgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
+    match command {
+        Command::Serve { config } => {
+            let config = Config::load(&config)?;
+            bloomgate::telemetry::init(&config.log);
+            bloomgate::server::run(config, bloomgate::server::shutdown_signal()).await?;
+        }
+        Command::CheckConfig { config } => {
+            print!("{}", Config::load(&config)?.to_redacted_toml());
+        }
+        Command::Migrate { config } => {
+            let config = Config::load(&config)?;
+            let db = bloomgate::db::Db::connect_lazy(&config.database)?;
+            db.migrate().await?;
+            println!("migrations applied");
+        }
+        Command::InstallTriggers { config } => {
+            let config = Config::load(&config)?;
+            let db = bloomgate::db::Db::connect_lazy(&config.database)?;
+            let mut failed = 0;
+            for r in config.resolved() {
+                match db.install_triggers(&r.table, &r.key_column).await {
+                    Ok(()) => println!("{}: triggers installed on {}", r.name, r.table),
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("{}: cannot install triggers on {}: {e}", r.name, r.table);
+                    }
+                }
+            }
+            if failed > 0 {
+                return Err(format!("{failed} resource(s) without triggers; for a view, create them on its base table with bloomgate_notify('<key column>', '<view name>')").into());
+            }
+        }
+        Command::Seed {
+            config,
+            users,
+            articles,
+        } => {
+            let config = Config::load(&config)?;
+            let db = bloomgate::db::Db::connect_lazy(&config.database)?;
+            db.migrate().await?;
+            let r = bloomgate::seed::seed(db.pool(), users, articles).await?;
+            println!(
+                "seeded: {} users and {} articles inserted (asked for {users} and {articles}; rows already present are kept) in {:.1?}",
+                r.users_inserted, r.articles_inserted, r.elapsed
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! Prometheus metrics.
+//!
+//! Each gateway owns its recorder (not the process-global one), so two
+//! gateways in one process, as in the tests, keep separate numbers. Counters
+//! are the gateway's own atomics, copied into the recorder when scraped;
+//! only request latency is recorded on the request path, into histogram
+//! handles registered once per resource and outcome.
+
+use std::sync::atomic::Ordering;
+use std::time::SystemTime;
+
+use metrics::{Histogram, Label};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+
+use crate::gateway::Gateway;
+
+/// Indexes into [`OUTCOMES`].
+pub mod outcome {
+    pub const FILTERED: usize = 0;
+    pub const HIT: usize = 1;
+    pub const NEGATIVE_HIT: usize = 2;
+    pub const MISS: usize = 3;
+    pub const COLLAPSED: usize = 4;
+    pub const BAD_REQUEST: usize = 5;
+    pub const UNAVAILABLE: usize = 6;
+    pub const NOT_READY: usize = 7;
+}
+
+/// Request outcomes, the `outcome` label of request metrics.
+pub const OUTCOMES: [&str; 8] = [
+    "filtered",
+    "hit",
+    "negative_hit",
+    "miss",
+    "collapsed",
+    "bad_request",
+    "unavailable",
+    "not_ready",
+];
+
+const LATENCY: &str = "bloomgate_request_duration_seconds";
+const BUCKETS: [f64; 15] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 5.0,
+];
+
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(LATENCY.into()), &BUCKETS)
+            .expect("the bucket list is not empty")
+            .build_recorder();
+        let m = Self { recorder };
+        m.with(describe);
+        m
+    }
+}
+
+impl Metrics {
+    fn with<T>(&self, f: impl FnOnce() -> T) -> T {
+        metrics::with_local_recorder(&self.recorder, f)
+    }
+
+    /// One latency histogram per outcome, in [`OUTCOMES`] order.
+    pub fn latency_histograms(&self, resource: &str) -> Vec<Histogram> {
+        self.with(|| {
+            OUTCOMES
+                .iter()
+                .map(|o| {
+                    metrics::histogram!(LATENCY, "resource" => resource.to_string(), "outcome" => *o)
+                })
+                .collect()
+        })
+    }
+
+    /// Folds recorded latencies into their buckets. The exporter keeps raw
+    /// samples until then, so without scrapes (the admin listener is off by
+    /// default) memory would grow with every request; the gateway runs this
+    /// every few seconds.
+    pub fn upkeep(&self) {
+        self.recorder.handle().run_upkeep();
+    }
+
+    /// The exposition text: the gateway's counters as of now, plus the
+    /// latency histograms.
+    pub fn render(&self, gw: &Gateway) -> String {
+        self.with(|| snapshot(gw));
+        self.recorder.handle().render()
+    }
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "bloomgate_requests_total",
+        "Lookups by resource and outcome."
+    );
+    describe_histogram!(LATENCY, "Lookup latency by resource and outcome.");
+    describe_counter!(
+        "bloomgate_db_queries_total",
+        "Queries sent to Postgres (row loads and key scans)."
+    );
+    describe_counter!("bloomgate_db_errors_total", "Queries that failed.");
+    describe_counter!(
+        "bloomgate_filter_false_positives_observed_total",
+        "Keys the filter passed that Postgres did not have."
+    );
+    describe_gauge!(
+        "bloomgate_cache_entries",
+        "Cached rows (kind=row) and negative entries (kind=negative)."
+    );
+    describe_gauge!(
+        "bloomgate_cache_weighted_size",
+        "Weighted size of the row cache."
+    );
+    describe_gauge!("bloomgate_filter_bits", "Size of the filter in bits.");
+    describe_gauge!(
+        "bloomgate_filter_hashes",
+        "Bits set per key (0 for an exact set)."
+    );
+    describe_gauge!(
+        "bloomgate_filter_keys",
+        "Keys inserted into the live filter."
+    );
+    describe_gauge!("bloomgate_filter_fill_ratio", "Set bits / bits.");
+    describe_gauge!(
+        "bloomgate_filter_estimated_fp_rate",
+        "False-positive rate estimated from the fill ratio."
+    );
+    describe_gauge!("bloomgate_filter_age_seconds", "Age of the live filter.");
+    describe_gauge!("bloomgate_filter_generation", "Swaps so far.");
+    describe_counter!("bloomgate_rebuilds_total", "Successful filter builds.");
+    describe_counter!(
+        "bloomgate_rebuild_failures_total",
+        "Failed rebuilds (the old filter stayed)."
+    );
+    describe_counter!(
+        "bloomgate_rebuild_refused_total",
+        "Rebuilds refused by the shrink guard."
+    );
+    describe_gauge!(
+        "bloomgate_rebuild_duration_seconds",
+        "Duration of the latest build."
+    );
+    describe_counter!(
+        "bloomgate_live_inserts_total",
+        "Keys added to the live filter from notifications."
+    );
+    describe_counter!(
+        "bloomgate_notifications_total",
+        "Key-change notifications received."
+    );
+    describe_gauge!(
+        "bloomgate_notification_lag_seconds",
+        "Trigger to receipt, latest notification."
+    );
+    describe_counter!(
+        "bloomgate_listener_reconnects_total",
+        "Listener reconnects (each followed by rebuilds)."
+    );
+    describe_counter!(
+        "bloomgate_requests_shed_total",
+        "Requests refused at the concurrency limit."
+    );
+    describe_counter!(
+        "bloomgate_requests_timed_out_total",
+        "Requests past request_timeout."
+    );
+}
+
+fn snapshot(gw: &Gateway) {
+    use metrics::{counter, gauge};
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    counter!("bloomgate_db_queries_total").absolute(gw.db.queries());
+    counter!("bloomgate_db_errors_total").absolute(gw.db.errors());
+    let g = &gw.stats;
+    counter!("bloomgate_notifications_total").absolute(load(&g.notifications));
+    counter!("bloomgate_listener_reconnects_total").absolute(load(&g.listener_reconnects));
+    counter!("bloomgate_requests_shed_total").absolute(load(&g.shed));
+    counter!("bloomgate_requests_timed_out_total").absolute(load(&g.timeouts));
+    gauge!("bloomgate_notification_lag_seconds")
+        .set(load(&g.last_notification_lag_us) as f64 / 1e6);
+
+    for r in &gw.resources {
+        let name = r.name().to_string();
+        let s = &r.stats;
+        let by_outcome = s.by_outcome();
+        for (outcome, value) in OUTCOMES.iter().zip(by_outcome) {
+            counter!("bloomgate_requests_total", "resource" => name.clone(), "outcome" => *outcome)
+                .absolute(value);
+        }
+        let labels = [Label::new("resource", name.clone())];
+        let c = |n: &'static str, v: u64| counter!(n, labels.iter()).absolute(v);
+        c(
+            "bloomgate_filter_false_positives_observed_total",
+            load(&s.observed_absent),
+        );
+        c("bloomgate_rebuilds_total", load(&s.rebuilds));
+        c(
+            "bloomgate_rebuild_failures_total",
+            load(&s.rebuild_failures),
+        );
+        c("bloomgate_rebuild_refused_total", load(&s.refused_swaps));
+        c("bloomgate_live_inserts_total", load(&s.live_inserts));
+        let (rows, negative) = r.cache_entries();
+        gauge!("bloomgate_cache_entries", "resource" => name.clone(), "kind" => "row")
+            .set(rows as f64);
+        gauge!("bloomgate_cache_entries", "resource" => name.clone(), "kind" => "negative")
+            .set(negative as f64);
+        let gset = |n: &'static str, v: f64| gauge!(n, labels.iter()).set(v);
+        gset(
+            "bloomgate_cache_weighted_size",
+            r.cache_weighted_size() as f64,
+        );
+        gset("bloomgate_filter_generation", r.generation() as f64);
+        if let Some(f) = r.filter_stats() {
+            gset("bloomgate_filter_bits", f.bits as f64);
+            gset("bloomgate_filter_hashes", f64::from(f.hashes));
+            gset("bloomgate_filter_keys", f.keys as f64);
+            gset("bloomgate_filter_fill_ratio", f.fill_ratio);
+            gset("bloomgate_filter_estimated_fp_rate", f.estimated_fp_rate);
+        }
+        if let Some(b) = r.last_build() {
+            gset(
+                "bloomgate_rebuild_duration_seconds",
+                b.duration_ms as f64 / 1e3,
+            );
+            let age = SystemTime::now()
+                .duration_since(b.built_at)
+                .unwrap_or_default();
+            gset("bloomgate_filter_age_seconds", age.as_secs_f64());
+        }
+    }
+}

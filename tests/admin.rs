@@ -1,0 +1,375 @@
+//! Metrics, the admin API and the OpenAPI document.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use bloomgate::gateway::Gateway;
+use common::*;
+
+const TOKEN: &str = "s3cret-admin-token-for-tests";
+
+async fn admin(gw: &Arc<Gateway>, method: Method, path: &str, token: Option<&str>) -> Resp {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    send(
+        bloomgate::http::admin::app(gw.clone(), TOKEN),
+        req.body(Body::empty()).unwrap(),
+    )
+    .await
+}
+
+/// The value of one sample line `name{labels} value` in the exposition.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+            if n != name {
+                return None;
+            }
+            let got: BTreeSet<(String, String)> = rest
+                .trim_end_matches('}')
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+                .collect();
+            let want: BTreeSet<(String, String)> = labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            (got == want).then(|| value.parse().unwrap())
+        })
+}
+
+#[tokio::test]
+async fn metrics_follow_a_known_sequence_of_requests() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    db.exec("DELETE FROM users WHERE id = 9").await;
+    for path in [
+        "/users/1",
+        "/users/1",
+        "/users/1",
+        "/users/12345",
+        "/users/abc",
+        "/users/9",
+        "/users/9",
+    ] {
+        get(&gw, path).await;
+    }
+    let m = admin(&gw, Method::GET, "/metrics", Some(TOKEN)).await;
+    assert_eq!(m.status, StatusCode::OK);
+    assert!(m.header("content-type").starts_with("text/plain"));
+    let text = String::from_utf8(m.body.to_vec()).unwrap();
+    let req = |o: &str| {
+        sample(
+            &text,
+            "bloomgate_requests_total",
+            &[("resource", "users"), ("outcome", o)],
+        )
+    };
+    assert_eq!(req("miss"), Some(2.0), "{text}");
+    assert_eq!(req("hit"), Some(2.0));
+    assert_eq!(req("filtered"), Some(1.0));
+    assert_eq!(req("bad_request"), Some(1.0));
+    assert_eq!(req("negative_hit"), Some(1.0));
+    assert_eq!(req("unavailable"), Some(0.0));
+    let users = [("resource", "users")];
+    assert_eq!(
+        sample(
+            &text,
+            "bloomgate_filter_false_positives_observed_total",
+            &users
+        ),
+        Some(1.0)
+    );
+    assert_eq!(sample(&text, "bloomgate_filter_keys", &users), Some(10.0));
+    assert_eq!(
+        sample(&text, "bloomgate_filter_hashes", &users),
+        Some(0.0),
+        "dense ids: exact set"
+    );
+    assert_eq!(sample(&text, "bloomgate_rebuilds_total", &users), Some(1.0));
+    assert_eq!(
+        sample(
+            &text,
+            "bloomgate_cache_entries",
+            &[("resource", "users"), ("kind", "row")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "bloomgate_request_duration_seconds_count",
+            &[("resource", "users"), ("outcome", "hit")]
+        ),
+        Some(2.0)
+    );
+    // Scans plus exactly two row loads.
+    let q = sample(&text, "bloomgate_db_queries_total", &[]).unwrap();
+    assert_eq!(q as u64, queries(&gw));
+    // A second scrape sees the next request.
+    get(&gw, "/users/12346").await;
+    let text = String::from_utf8(
+        admin(&gw, Method::GET, "/metrics", Some(TOKEN))
+            .await
+            .body
+            .to_vec(),
+    )
+    .unwrap();
+    assert_eq!(
+        sample(
+            &text,
+            "bloomgate_requests_total",
+            &[("resource", "users"), ("outcome", "filtered")]
+        ),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn without_the_right_token_nothing_is_shown_or_changed() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    get(&gw, "/users/1").await;
+    let users = gw.resource("users").unwrap().clone();
+    let gen0 = users.generation();
+    for token in [
+        None,
+        Some("wrong"),
+        Some(&TOKEN[..TOKEN.len() - 1]),
+        Some("s3cret-admin-token-for-testsX"),
+    ] {
+        for (method, path) in [
+            (Method::GET, "/metrics"),
+            (Method::GET, "/admin/resources"),
+            (Method::GET, "/admin/stats"),
+            (Method::POST, "/admin/resources/users/rebuild?force=true"),
+            (Method::DELETE, "/admin/resources/users/cache/1"),
+            (Method::POST, "/admin/resources/users/cache/clear"),
+        ] {
+            let r = admin(&gw, method.clone(), path, token).await;
+            assert_eq!(
+                r.status,
+                StatusCode::UNAUTHORIZED,
+                "{method} {path} with {token:?}"
+            );
+            assert_eq!(
+                r.header("www-authenticate"),
+                "Bearer realm=\"bloomgate-admin\""
+            );
+            assert_eq!(r.json()["error"], "unauthorized");
+        }
+    }
+    assert_eq!(users.generation(), gen0);
+    assert_eq!(
+        get(&gw, "/users/1").await.header("cache-status"),
+        "bloomgate; hit"
+    );
+    // The page itself is static and public; its data is not.
+    let page = admin(&gw, Method::GET, "/admin/", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    assert!(page.header("content-type").starts_with("text/html"));
+    // The admin API is not on the public router.
+    for path in ["/metrics", "/admin/", "/admin/resources"] {
+        assert_eq!(get(&gw, path).await.json()["error"], "no_route", "{path}");
+    }
+}
+
+#[tokio::test]
+async fn admin_endpoints_act() {
+    let db = TestDb::new().await;
+    db.seed_users(100).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    let users = gw.resource("users").unwrap().clone();
+
+    let list = admin(&gw, Method::GET, "/admin/resources", Some(TOKEN))
+        .await
+        .json();
+    let names: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["users", "articles"]);
+    assert_eq!(list[0]["filter"]["kind"], "exact");
+    assert_eq!(list[0]["filter"]["keys"], 100);
+
+    let gen0 = users.generation();
+    let r = admin(
+        &gw,
+        Method::POST,
+        "/admin/resources/users/rebuild",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.json()["generation"], gen0 + 1);
+    assert_eq!(users.generation(), gen0 + 1);
+
+    db.exec("DELETE FROM users WHERE id > 10").await;
+    let r = admin(
+        &gw,
+        Method::POST,
+        "/admin/resources/users/rebuild",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.json()["message"].as_str().unwrap().contains("force"));
+    let r = admin(
+        &gw,
+        Method::POST,
+        "/admin/resources/users/rebuild?force=true",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json()["keys"].clone()),
+        (StatusCode::OK, 10.into())
+    );
+
+    // Purge one key: its next request is a miss again.
+    assert_eq!(
+        get(&gw, "/users/2").await.header("cache-status"),
+        "bloomgate; fwd=miss; stored"
+    );
+    assert_eq!(
+        get(&gw, "/users/2").await.header("cache-status"),
+        "bloomgate; hit"
+    );
+    let r = admin(
+        &gw,
+        Method::DELETE,
+        "/admin/resources/users/cache/2",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        get(&gw, "/users/2").await.header("cache-status"),
+        "bloomgate; fwd=miss; stored"
+    );
+    let r = admin(
+        &gw,
+        Method::DELETE,
+        "/admin/resources/users/cache/abc",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+
+    // Clear: everything is a miss again.
+    get(&gw, "/users/3").await;
+    let r = admin(
+        &gw,
+        Method::POST,
+        "/admin/resources/users/cache/clear",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    for id in [2, 3] {
+        assert_eq!(
+            get(&gw, &format!("/users/{id}"))
+                .await
+                .header("cache-status"),
+            "bloomgate; fwd=miss; stored"
+        );
+    }
+
+    for (method, path) in [
+        (Method::POST, "/admin/resources/nope/rebuild"),
+        (Method::DELETE, "/admin/resources/nope/cache/1"),
+        (Method::POST, "/admin/resources/nope/cache/clear"),
+    ] {
+        let r = admin(&gw, method, path, Some(TOKEN)).await;
+        assert_eq!(
+            (r.status, r.json()["error"].clone()),
+            (StatusCode::NOT_FOUND, "no_resource".into())
+        );
+    }
+    let stats = admin(&gw, Method::GET, "/admin/stats", Some(TOKEN))
+        .await
+        .json();
+    assert!(stats["time_ms"].as_u64().unwrap() > 0);
+    assert_eq!(stats["resources"][0]["requests"]["hit"], 1);
+}
+
+#[tokio::test]
+async fn the_openapi_document_matches_the_routers() {
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    let r = get(&gw, "/openapi.json").await;
+    assert_eq!(r.status, StatusCode::OK);
+    // It parses as an OpenAPI 3.1 document.
+    let doc: utoipa::openapi::OpenApi = serde_json::from_slice(&r.body).unwrap();
+    let json = r.json();
+    assert!(json["openapi"].as_str().unwrap().starts_with("3.1"));
+    let paths: BTreeSet<String> = doc.paths.paths.keys().cloned().collect();
+    let expected: BTreeSet<String> = [
+        "/healthz",
+        "/readyz",
+        "/openapi.json",
+        "/users/{id}",
+        "/articles/{id}",
+        "/metrics",
+        "/admin/resources",
+        "/admin/stats",
+        "/admin/resources/{name}/rebuild",
+        "/admin/resources/{name}/cache/{key}",
+        "/admin/resources/{name}/cache/clear",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(paths, expected);
+
+    // Every documented operation is served (no fallback, no 405), on the
+    // listener it belongs to, and every operation documents its responses.
+    for (path, item) in &json["paths"].as_object().unwrap().clone() {
+        let concrete = path
+            .replace("{id}", "1")
+            .replace("{name}", "users")
+            .replace("{key}", "1");
+        for (method, op) in item.as_object().unwrap() {
+            assert!(
+                !op["responses"].as_object().unwrap().is_empty(),
+                "{method} {path}"
+            );
+            let method: Method = method.to_uppercase().parse().unwrap();
+            let r = if path.starts_with("/admin") || path == "/metrics" {
+                admin(&gw, method.clone(), &concrete, Some(TOKEN)).await
+            } else {
+                let req = Request::builder()
+                    .method(method.clone())
+                    .uri(&concrete)
+                    .body(Body::empty())
+                    .unwrap();
+                get_with(&gw, req).await
+            };
+            assert_ne!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            if r.status == StatusCode::NOT_FOUND && !r.body.is_empty() {
+                assert_ne!(
+                    r.json()["error"],
+                    "no_route",
+                    "{method} {path} is documented but not served"
+                );
+            }
+        }
+    }
+    assert!(json["components"]["securitySchemes"]["bearer"].is_object());
+}

@@ -1,0 +1,117 @@
+//! The `bloomgate` binary: config errors stop it with a message naming the
+//! file, key and problem; `check-config` redacts secrets.
+
+use std::process::Command;
+
+fn bloomgate(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_bloomgate"));
+    cmd.args(args).env_remove("DATABASE_URL");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write_config(dir: &std::path::Path, text: &str) -> String {
+    let path = dir.join("bloomgate.toml");
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+const RESOURCE: &str = r#"
+[[resource]]
+name = "users"
+route = "/users/{id}"
+table = "users"
+key_column = "id"
+key_type = "bigint"
+columns = ["id", "name"]
+"#;
+
+#[test]
+fn check_config_prints_the_effective_config_with_secrets_redacted() {
+    let dir = tempdir();
+    let path = write_config(
+        &dir,
+        &format!("[database]\nurl = \"postgres://app:hunter2@db/x\"\n{RESOURCE}"),
+    );
+    let (ok, out, err) = bloomgate(
+        &["check-config", "--config", &path],
+        &[("BLOOMGATE_SERVER__LISTEN", "0.0.0.0:9000")],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("listen = \"0.0.0.0:9000\""), "{out}");
+    assert!(out.contains("postgres://app:***@db/x"), "{out}");
+    assert!(!out.contains("hunter2") && !err.contains("hunter2"));
+}
+
+#[test]
+fn the_shipped_config_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/bloomgate.toml");
+    let (ok, out, err) = bloomgate(&["check-config", "--config", path], &[]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("/users/{id}") && out.contains("/articles/{id}"),
+        "{out}"
+    );
+}
+
+#[test]
+fn bad_configs_fail_naming_file_key_and_problem() {
+    let dir = tempdir();
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            &format!("[server]\nlisten = 8080\n{RESOURCE}"),
+            &["server.listen", "bloomgate.toml"],
+        ),
+        (
+            &format!("[cache]\nttl_seconds = 3\n{RESOURCE}"),
+            &["ttl_seconds"],
+        ),
+        (
+            &RESOURCE.replace("\"users\"\nkey", "\"users;drop\"\nkey"),
+            &["resource[0].table", "not a valid SQL identifier"],
+        ),
+        (
+            &format!("[filter]\nfalse_positive_rate = 2.0\n{RESOURCE}"),
+            &["filter.false_positive_rate", "not in (0, 1)"],
+        ),
+    ];
+    for (text, needles) in cases {
+        let path = write_config(&dir, text);
+        for command in ["check-config", "serve"] {
+            let (ok, _, err) = bloomgate(&[command, "--config", &path], &[]);
+            assert!(!ok, "{command} accepted:\n{text}");
+            for n in needles {
+                assert!(err.contains(n), "{command}: {err:?} lacks {n:?}");
+            }
+        }
+    }
+    let (ok, _, err) = bloomgate(&["serve", "--config", "/no/such/file.toml"], &[]);
+    assert!(!ok && err.contains("/no/such/file.toml"), "{err}");
+    let path = write_config(&dir, RESOURCE);
+    let (ok, _, err) = bloomgate(
+        &["serve", "--config", &path],
+        &[("BLOOMGATE_SERVER__LISTEN", "nowhere")],
+    );
+    let lower = err.to_lowercase();
+    assert!(
+        !ok && lower.contains("server.listen") && err.contains("BLOOMGATE_"),
+        "{err}"
+    );
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "bloomgate-cli-{}-{:x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -1,0 +1,379 @@
+//! Shared test support: a fresh Postgres database per test, a gateway built
+//! on it, requests through the router, and a TCP proxy that can cut the
+//! database off.
+//!
+//! The server comes from `BLOOMGATE_TEST_DATABASE_URL` (set by
+//! `scripts/test.sh`, which starts one if needed), defaulting to the local
+//! `postgres://postgres@127.0.0.1:5432/postgres`.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use bloomgate::config::Config;
+use bloomgate::gateway::Gateway;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Executor, PgPool};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+pub fn admin_url() -> String {
+    std::env::var("BLOOMGATE_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A resource served from the `slow_users` view (see `add_slow_view`).
+pub const SLOW: &str = r#"
+    [[resource]]
+    name = "slow"
+    route = "/slow/{id}"
+    table = "slow_users"
+    key_column = "id"
+    key_type = "bigint"
+    columns = ["id", "name"]
+"#;
+
+/// A database that exists for one test and is dropped with this value.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl TestDb {
+    /// Creates an empty database with the migrations applied.
+    pub async fn new() -> Self {
+        let name = format!(
+            "bloomgate_test_{}_{}_{:x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        );
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&admin_url())
+            .await
+            .expect("cannot reach the test Postgres: run the tests with scripts/test.sh");
+        admin
+            .execute(format!("CREATE DATABASE \"{name}\"").as_str())
+            .await
+            .unwrap();
+        admin.close().await;
+        let url = db_url(&name);
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .unwrap();
+        bloomgate::db::MIGRATOR.run(&pool).await.unwrap();
+        Self { name, url, pool }
+    }
+
+    /// Users 1..=n with deterministic emails.
+    pub async fn seed_users(&self, n: i64) {
+        sqlx::query(
+            "INSERT INTO users (id, email, name) SELECT g, 'u' || g || '@example.com', 'User ' || g
+             FROM generate_series(1, $1::bigint) g",
+        )
+        .bind(n)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        self.pool.execute(sql).await.unwrap();
+    }
+
+    /// Adds `slow_users`: a view of `users` whose row lookups sleep for
+    /// `test_delay.seconds` (0 until set), for slow-database tests.
+    pub async fn add_slow_view(&self) {
+        self.exec(
+            "CREATE TABLE test_delay (seconds float8 NOT NULL);
+             INSERT INTO test_delay VALUES (0);
+             CREATE FUNCTION test_pause() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+             BEGIN PERFORM pg_sleep((SELECT seconds FROM test_delay)); RETURN true; END $$;
+             CREATE VIEW slow_users AS SELECT * FROM users WHERE test_pause();",
+        )
+        .await;
+    }
+
+    pub async fn set_delay(&self, seconds: f64) {
+        sqlx::query("UPDATE test_delay SET seconds = $1")
+            .bind(seconds)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime, which cannot block on async
+        // work: do it on a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(admin) = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&admin_url())
+                    .await
+                {
+                    let _ = admin
+                        .execute(
+                            format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
+                        )
+                        .await;
+                    admin.close().await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The admin URL with its database replaced.
+pub fn db_url(name: &str) -> String {
+    let admin = admin_url();
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b.to_string(), format!("?{q}")),
+        None => (admin.clone(), String::new()),
+    };
+    let base = base.rsplit_once('/').map(|(b, _)| b.to_string()).unwrap();
+    format!("{base}/{name}{query}")
+}
+
+/// Host and port of the test server, for the proxy.
+pub fn db_addr() -> SocketAddr {
+    let opts = PgConnectOptions::from_str(&admin_url()).unwrap();
+    let host = match opts.get_host() {
+        "localhost" => "127.0.0.1",
+        h => h,
+    };
+    format!("{host}:{}", opts.get_port()).parse().unwrap()
+}
+
+/// The shipped resources (users: bigint, articles: uuid) plus `slow_users`,
+/// with `extra` TOML appended and the database URL pointed at `url`.
+pub fn config(url: &str, extra: &str) -> Config {
+    let text = format!(
+        r#"
+        [database]
+        url = "{url}"
+        pool_size = 8
+        acquire_timeout = "1s"
+        migrate = false
+        {extra}
+
+        [[resource]]
+        name = "users"
+        route = "/users/{{id}}"
+        table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "email", "name"]
+
+        [[resource]]
+        name = "articles"
+        route = "/articles/{{id}}"
+        table = "articles"
+        key_column = "id"
+        key_type = "uuid"
+        columns = ["id", "title"]
+        "#
+    );
+    Config::from_toml(&text).unwrap()
+}
+
+/// A gateway on `config` whose pool counts queries; not started.
+pub fn gateway(config: Config) -> Arc<Gateway> {
+    Gateway::new(config).unwrap()
+}
+
+/// A gateway on `config`, started (filters built).
+pub async fn started(config: Config) -> Arc<Gateway> {
+    let gw = gateway(config);
+    gw.start().await.unwrap();
+    gw
+}
+
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Resp {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap())
+            .unwrap_or_default()
+    }
+}
+
+/// One request through the router, no socket.
+pub async fn get(gw: &Arc<Gateway>, path: &str) -> Resp {
+    get_with(gw, Request::get(path).body(Body::empty()).unwrap()).await
+}
+
+pub async fn get_with(gw: &Arc<Gateway>, req: Request<Body>) -> Resp {
+    send(bloomgate::http::app(gw.clone()), req).await
+}
+
+/// One request through any router, the whole response collected.
+pub async fn send(app: axum::Router, req: Request<Body>) -> Resp {
+    let resp = app.oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    Resp {
+        status,
+        headers,
+        body,
+    }
+}
+
+pub fn queries(gw: &Gateway) -> u64 {
+    gw.db.queries()
+}
+
+/// A gateway served on a real socket by `server::serve`.
+pub struct Served {
+    pub addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), bloomgate::server::ServeError>>,
+}
+
+/// Serves `gw` (not yet started: `serve` starts it) on 127.0.0.1, with the
+/// admin listener if given, and returns once `/readyz` says 200.
+pub async fn serve_socket(gw: &Arc<Gateway>, admin: Option<bloomgate::server::Admin>) -> Served {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(bloomgate::server::serve(
+        gw.clone(),
+        listener,
+        admin,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let began = std::time::Instant::now();
+    let client = reqwest::Client::new();
+    while client
+        .get(format!("http://{addr}/readyz"))
+        .send()
+        .await
+        .ok()
+        .map(|r| r.status())
+        != Some(StatusCode::OK)
+    {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(20),
+            "never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Served { addr, stop, task }
+}
+
+impl Served {
+    /// Signals shutdown and waits for `serve` to return.
+    pub async fn shutdown(self) -> Result<(), bloomgate::server::ServeError> {
+        let _ = self.stop.send(());
+        tokio::time::timeout(std::time::Duration::from_secs(10), self.task)
+            .await
+            .expect("server did not stop")
+            .unwrap()
+    }
+}
+
+/// A TCP proxy to the test database that can be cut: existing connections
+/// are closed and new ones refused until restored.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    cut: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start() -> Self {
+        let upstream = db_addr();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, cut_rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                if *cut_rx.borrow() {
+                    drop(client);
+                    continue;
+                }
+                let mut cut_rx = cut_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut_rx.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        Self { addr, cut, task }
+    }
+
+    /// `url` rewritten to go through this proxy.
+    pub fn url(&self, db: &TestDb) -> String {
+        // postgres://[user[:pw]@]host[:port]/db[?query]: swap host and port.
+        let (scheme, rest) = db.url.split_once("://").unwrap();
+        let slash = rest.find('/').unwrap();
+        let (authority, path) = rest.split_at(slash);
+        let userinfo = authority.rsplit_once('@').map(|(u, _)| format!("{u}@"));
+        format!(
+            "{scheme}://{}127.0.0.1:{}{path}",
+            userinfo.unwrap_or_default(),
+            self.addr.port()
+        )
+    }
+
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    pub fn restore(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,403 @@
+//! Freshness: key changes announced by the triggers reach every replica, and
+//! no real key is ever rejected, across rebuilds and listener reconnects.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use bloomgate::gateway::Gateway;
+use bloomgate::key::Key;
+use common::*;
+use futures_util::StreamExt;
+
+/// Polls `path` until `done` holds for the response, or panics after 10 s
+/// (which only catches "never"; the latencies are measured, not asserted).
+async fn eventually(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) -> Duration {
+    let began = Instant::now();
+    loop {
+        let r = get(gw, path).await;
+        if done(&r) {
+            return began.elapsed();
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "{path} never became fresh: last {:?} {:?}",
+            r.status,
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn insert_user(db: &TestDb, id: i64) {
+    sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'n' || $1 || '@example.com', 'New ' || $1)")
+        .bind(id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_insert_is_servable_without_a_rebuild() {
+    let db = TestDb::new().await;
+    db.seed_users(100).await;
+    let gw = started(config(&db.url, "")).await;
+    let gen0 = gw.resource("users").unwrap().generation();
+    assert_eq!(
+        get(&gw, "/users/500").await.header("cache-status"),
+        "bloomgate; detail=filter-absent"
+    );
+    insert_user(&db, 500).await;
+    eventually(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
+    assert_eq!(get(&gw, "/users/500").await.json()["name"], "New 500");
+    assert_eq!(
+        gw.resource("users").unwrap().generation(),
+        gen0,
+        "served without a rebuild"
+    );
+    assert!(gw.stats.notifications.load(Ordering::Relaxed) >= 1);
+}
+
+#[tokio::test]
+async fn an_update_replaces_the_cached_row() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "")).await;
+    assert_eq!(get(&gw, "/users/3").await.json()["name"], "User 3");
+    assert_eq!(
+        get(&gw, "/users/3").await.header("cache-status"),
+        "bloomgate; hit"
+    );
+    db.exec("UPDATE users SET name = 'Changed' WHERE id = 3")
+        .await;
+    let took = eventually(&gw, "/users/3", |r| r.json()["name"] == "Changed").await;
+    println!("update visible after {took:?}");
+}
+
+#[tokio::test]
+async fn a_key_change_moves_the_row() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "")).await;
+    assert_eq!(get(&gw, "/users/4").await.status, StatusCode::OK);
+    db.exec("UPDATE users SET id = 4000 WHERE id = 4").await;
+    eventually(&gw, "/users/4000", |r| r.status == StatusCode::OK).await;
+    eventually(&gw, "/users/4", |r| r.status == StatusCode::NOT_FOUND).await;
+}
+
+#[tokio::test]
+async fn delete_then_reinsert() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "")).await;
+    assert_eq!(get(&gw, "/users/6").await.status, StatusCode::OK);
+    db.exec("DELETE FROM users WHERE id = 6").await;
+    eventually(&gw, "/users/6", |r| r.status == StatusCode::NOT_FOUND).await;
+    // Now a negative entry: the re-insert must drop it.
+    assert_eq!(
+        get(&gw, "/users/6").await.header("cache-status"),
+        "bloomgate; hit; detail=negative"
+    );
+    insert_user(&db, 6).await;
+    eventually(&gw, "/users/6", |r| r.status == StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn an_update_racing_a_slow_load_leaves_no_stale_entry() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    db.add_slow_view().await;
+    // Changes to users are announced for the view too.
+    db.exec(
+        "CREATE TRIGGER slow_notify AFTER INSERT OR UPDATE OR DELETE ON users
+         FOR EACH ROW EXECUTE FUNCTION bloomgate_notify('id', 'slow_users')",
+    )
+    .await;
+    let gw = started(config(&db.url, SLOW)).await;
+    db.set_delay(0.5).await;
+    // The load reads the old row, then sleeps in the view's WHERE clause.
+    let load = tokio::spawn({
+        let gw = gw.clone();
+        async move { get(&gw, "/slow/3").await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let n0 = gw.stats.notifications.load(Ordering::Relaxed);
+    db.exec("UPDATE users SET name = 'Fresh' WHERE id = 3")
+        .await;
+    let began = Instant::now();
+    while gw.stats.notifications.load(Ordering::Relaxed) < n0 + 2 {
+        assert!(began.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let old = load.await.unwrap();
+    assert_eq!(
+        old.json()["name"],
+        "User 3",
+        "the load read the row before the update"
+    );
+    db.set_delay(0.0).await;
+    let r = get(&gw, "/slow/3").await;
+    assert_eq!(
+        r.json()["name"],
+        "Fresh",
+        "the stale row stayed cached: {}",
+        r.header("cache-status")
+    );
+}
+
+#[tokio::test]
+async fn insert_storm_during_rebuilds_loses_no_key_on_either_replica() {
+    let db = TestDb::new().await;
+    db.seed_users(1000).await;
+    // Two replicas: an exact set (auto picks it for dense ids) and a Bloom
+    // filter, both rebuilding every 100 ms while 4 writers insert.
+    let exact = started(config(&db.url, "")).await;
+    let mut cfg = config(&db.url, "");
+    cfg.resources[0].filter.mode = Some(serde_json::from_value("bloom".into()).unwrap());
+    let bloom = started(cfg).await;
+    assert_eq!(exact.resources[0].filter_stats().unwrap().kind, "exact");
+    assert_eq!(bloom.resources[0].filter_stats().unwrap().kind, "bloom");
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut rebuilders = Vec::new();
+    for gw in [&exact, &bloom] {
+        let users = gw.resource("users").unwrap().clone();
+        let stop = stop.clone();
+        rebuilders.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                if users.rebuild(false).await.is_ok() {
+                    n += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            n
+        }));
+    }
+    let mut writers = Vec::new();
+    for w in 0..4i64 {
+        let pool = db.pool.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..5000i64 {
+                sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 's' || $1, 'S')")
+                    .bind(100_000 + w * 5000 + i)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut rebuilds = 0;
+    for r in rebuilders {
+        rebuilds += r.await.unwrap();
+    }
+    assert!(
+        rebuilds >= 4,
+        "only {rebuilds} rebuilds overlapped the writers"
+    );
+
+    let keys: Vec<i64> = (100_000..120_000).collect();
+    for gw in [&exact, &bloom] {
+        let users = gw.resource("users").unwrap();
+        // Notifications still in flight land within moments.
+        let began = Instant::now();
+        let missing = loop {
+            let missing: Vec<i64> = keys
+                .iter()
+                .copied()
+                .filter(|k| !users.filter_contains(&Key::Int(*k)))
+                .collect();
+            if missing.is_empty() || began.elapsed() > Duration::from_secs(10) {
+                break missing;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(
+            missing.is_empty(),
+            "{} keys rejected, e.g. {:?}",
+            missing.len(),
+            &missing[..missing.len().min(5)]
+        );
+        let not_ok = futures_util::stream::iter(keys.clone())
+            .map(|k| {
+                let gw = gw.clone();
+                async move { (k, get(&gw, &format!("/users/{k}")).await.status) }
+            })
+            .buffer_unordered(16)
+            .filter(|(_, s)| std::future::ready(*s != StatusCode::OK))
+            .collect::<Vec<_>>()
+            .await;
+        assert!(
+            not_ok.is_empty(),
+            "not 200: {:?}",
+            &not_ok[..not_ok.len().min(5)]
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_cut_listener_reconnects_and_rebuilds() {
+    let db = TestDb::new().await;
+    db.seed_users(100).await;
+    let gw = started(config(&db.url, "")).await;
+    let writer = tokio::spawn({
+        let pool = db.pool.clone();
+        async move {
+            for id in 10_000..10_400i64 {
+                sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'c' || $1, 'C')")
+                    .bind(id)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+         WHERE datname = current_database() AND query ILIKE 'LISTEN%' AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(killed, vec![true], "exactly one listener connection");
+    writer.await.unwrap();
+
+    let users = gw.resource("users").unwrap();
+    let began = Instant::now();
+    while gw.stats.listener_reconnects.load(Ordering::Relaxed) == 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "the listener never noticed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let began = Instant::now();
+    loop {
+        let missing = (10_000..10_400)
+            .filter(|k| !users.filter_contains(&Key::Int(*k)))
+            .count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "{missing} keys lost across the reconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And it listens again.
+    insert_user(&db, 77_777).await;
+    eventually(&gw, "/users/77777", |r| r.status == StatusCode::OK).await;
+}
+
+#[tokio::test]
+async fn keys_above_the_high_water_mark_are_verified_within_budget() {
+    let db = TestDb::new().await;
+    db.seed_users(100).await;
+    // No notifications: only the verification can find the new row.
+    let cfg = config(
+        &db.url,
+        "listen = false\n[filter]\nverify_above_high_water = true\nverify_budget = 3",
+    );
+    let gw = started(cfg).await;
+    insert_user(&db, 1000).await;
+    let r = get(&gw, "/users/1000").await;
+    assert_eq!(
+        (r.status, r.header("cache-status")),
+        (StatusCode::OK, "bloomgate; fwd=miss; stored")
+    );
+    // Added to the filter: served from cache now, and no longer "above".
+    assert!(
+        gw.resource("users")
+            .unwrap()
+            .filter_contains(&Key::Int(1000))
+    );
+    // Below the mark the filter is trusted as usual.
+    let r = get(&gw, "/users/-5").await;
+    assert_eq!(r.header("cache-status"), "bloomgate; detail=filter-absent");
+    // Two more verifications fit the budget of 3 a second; the next does not.
+    assert_eq!(
+        get(&gw, "/users/2001").await.header("cache-status"),
+        "bloomgate; fwd=miss; stored; detail=negative"
+    );
+    assert_eq!(
+        get(&gw, "/users/2002").await.header("cache-status"),
+        "bloomgate; fwd=miss; stored; detail=negative"
+    );
+    assert_eq!(
+        get(&gw, "/users/2003").await.header("cache-status"),
+        "bloomgate; detail=filter-absent"
+    );
+}
+
+#[tokio::test]
+async fn install_triggers_makes_a_user_table_fresh() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE things (code text PRIMARY KEY, label text NOT NULL); INSERT INTO things VALUES ('a', 'A')").await;
+    let extra = r#"
+        [[resource]]
+        name = "things"
+        route = "/things/{code}"
+        table = "things"
+        key_column = "code"
+        key_type = "text"
+        columns = ["code", "label"]
+    "#;
+    let gw = started(config(&db.url, extra)).await;
+    gw.db.install_triggers("things", "code").await.unwrap();
+    // Idempotent.
+    gw.db.install_triggers("things", "code").await.unwrap();
+    db.exec("INSERT INTO things VALUES ('b c%', 'B')").await;
+    eventually(&gw, "/things/b%20c%25", |r| r.status == StatusCode::OK).await;
+    assert_eq!(get(&gw, "/things/b%20c%25").await.json()["label"], "B");
+    db.add_slow_view().await;
+    let err = gw
+        .db
+        .install_triggers("slow_users", "id")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("slow_users"), "{err}");
+}
+
+/// Commit to servable: how long after `INSERT` returns the key passes the
+/// filter. Measured, printed, recorded in BENCHMARKS.md; not asserted.
+#[tokio::test]
+async fn commit_to_servable_latency() {
+    let db = TestDb::new().await;
+    db.seed_users(1000).await;
+    let gw = started(config(&db.url, "")).await;
+    let users = gw.resource("users").unwrap().clone();
+    let mut lat = Vec::new();
+    for id in 50_000..51_000i64 {
+        insert_user(&db, id).await;
+        let committed = Instant::now();
+        let key = Key::Int(id);
+        while !users.filter_contains(&key) {
+            assert!(
+                committed.elapsed() < Duration::from_secs(10),
+                "{id} never arrived"
+            );
+            tokio::task::yield_now().await;
+        }
+        lat.push(committed.elapsed());
+    }
+    lat.sort();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    println!(
+        "commit-to-servable over {} inserts: p50 {:?}, p99 {:?}, max {:?}",
+        lat.len(),
+        pct(0.5),
+        pct(0.99),
+        lat[lat.len() - 1]
+    );
+}
