@@ -37,6 +37,7 @@ use crate::db::{Db, DbError, Queries};
 use crate::error::Error;
 use crate::filter::{FilterKey, FilterStats, Item, KeySet, KeySetBuilder};
 use crate::key::{self, Key, KeyType};
+use crate::telemetry::LogThrottle;
 
 /// How a lookup was answered.
 #[derive(Debug)]
@@ -152,6 +153,9 @@ pub struct Resource {
     /// The highest integer key the filter has been given.
     high_water: AtomicI64,
     verify_budget: TokenBucket,
+    /// "row load failed" at most once per interval: in an outage every cold
+    /// key fails (the count is in `stats.unavailable`).
+    load_failure_log: LogThrottle,
     pub stats: Stats,
 }
 
@@ -176,6 +180,7 @@ impl Resource {
             generation: AtomicU64::new(0),
             high_water: AtomicI64::new(i64::MIN),
             verify_budget,
+            load_failure_log: LogThrottle::default(),
             stats: Stats::default(),
         }
     }
@@ -270,7 +275,14 @@ impl Resource {
                     Some(db) => db.to_string(),
                     None => "load aborted".to_string(),
                 };
-                tracing::warn!(resource = %self.config.name, error = %detail, "row load failed");
+                if let Some(not_logged) = self.load_failure_log.permit() {
+                    tracing::warn!(
+                        resource = %self.config.name,
+                        error = %detail,
+                        not_logged,
+                        "row load failed (at most one such line per 10 s; not_logged counts the rest)"
+                    );
+                }
                 Err(Error::Unavailable(detail))
             }
         }

@@ -33,7 +33,7 @@ use axum::{BoxError, Router};
 use bytes::Bytes;
 use tower::ServiceBuilder;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::{DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -98,7 +98,12 @@ pub fn with_middleware(router: Router, gateway: &Arc<Gateway>) -> Router {
                         .unwrap_or_default();
                     tracing::debug_span!("request", method = %req.method(), path = %req.uri().path(), id)
                 })
-                .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
+                .on_response(DefaultOnResponse::new().level(Level::DEBUG))
+                // Its default is one ERROR line per 5xx: one per request in
+                // an outage or while shedding load. Those are counted in the
+                // metrics; the causes are logged where they arise (internal
+                // errors always, load failures throttled).
+                .on_failure(DefaultOnFailure::new().level(Level::DEBUG)),
         )
         .layer(PropagateRequestIdLayer::x_request_id())
         .layer(limit::BodyLimitLayer {
