@@ -56,6 +56,21 @@ impl Row {
     }
 }
 
+/// Bytes a cached row costs beyond its body, ETag and key, for
+/// `cache.max_bytes`: the `Arc<Row>` allocation (two `Bytes` handles and the
+/// counts), moka's entry and its access-order and timer nodes, and the hash
+/// table slot. An estimate on the high side, so a byte budget is not exceeded
+/// by rows much smaller than their bookkeeping.
+pub const ENTRY_OVERHEAD: usize = 256;
+
+/// What one cached row counts against `cache.max_bytes`. The key is counted
+/// at its inline size; a text key's heap bytes (at most
+/// `server.max_key_length`) are inside `ENTRY_OVERHEAD`'s margin.
+fn row_weight<K>(row: &Row) -> u32 {
+    let bytes = row.body.len() + row.etag.len() + std::mem::size_of::<K>() + ENTRY_OVERHEAD;
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
 /// How a lookup was answered, for the `Cache-Status` header and metrics.
 #[derive(Debug)]
 pub enum Outcome {
@@ -118,10 +133,14 @@ where
                 inflight: Arc::default(),
             };
         }
-        let rows = Cache::builder()
-            .max_capacity(cfg.max_entries)
-            .time_to_live(cfg.ttl)
-            .build();
+        let rows = match cfg.max_bytes {
+            Some(budget) => Cache::builder()
+                .weigher(|_key: &K, row: &Arc<Row>| row_weight::<K>(row))
+                .max_capacity(budget.as_u64()),
+            None => Cache::builder().max_capacity(cfg.max_entries),
+        }
+        .time_to_live(cfg.ttl)
+        .build();
         let negative = (!cfg.negative_ttl.is_zero() && cfg.negative_max_entries > 0).then(|| {
             Cache::builder()
                 .max_capacity(cfg.negative_max_entries)
@@ -251,7 +270,8 @@ where
         }
     }
 
-    /// Weighted size of the row cache (one per row: rows are not weighed).
+    /// Weighted size of the row cache: bytes as [`ENTRY_OVERHEAD`]'s doc
+    /// counts them when `max_bytes` is set, otherwise one per row.
     pub fn weighted_size(&self) -> u64 {
         self.rows.as_ref().map_or(0, |c| c.weighted_size())
     }
@@ -320,6 +340,7 @@ mod tests {
         CacheConfig {
             enabled: true,
             max_entries: 100,
+            max_bytes: None,
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(60),
             negative_max_entries: 100,
@@ -502,6 +523,57 @@ mod tests {
             assert!(matches!(o, Outcome::Bypassed(Some(_))));
         }
         assert_eq!(loads.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_byte_budget_bounds_the_rows_whatever_their_count() {
+        let budget = 64 * 1024;
+        let c = RowCache::new(&CacheConfig {
+            max_entries: 1_000_000,
+            max_bytes: Some(bytesize::ByteSize::b(budget)),
+            ..cfg()
+        });
+        let body: &'static str = Box::leak("x".repeat(1024).into_boxed_str());
+        let loads = Loads::default();
+        for k in 0..500 {
+            let o = c.get_or_load(k, loader(&loads, Ok(Some(body)), 0)).await;
+            assert!(matches!(o, Ok(Outcome::Loaded { .. })), "{o:?}");
+            // Bookkeeping after each insert, as a busy cache would run it.
+            c.sync().await;
+            assert!(
+                c.weighted_size() <= budget,
+                "{} bytes held against a budget of {budget}",
+                c.weighted_size()
+            );
+        }
+        let per_row = row_weight::<i32>(&Row::new(Bytes::from_static(body.as_bytes()))) as u64;
+        let (rows, _) = c.entry_counts();
+        assert!(rows <= budget / per_row, "{rows} rows of {per_row} bytes");
+        // Evicted for size, not refused: most of the budget is in use.
+        assert!(
+            rows * per_row > budget / 2,
+            "{rows} rows of {per_row} bytes"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_row_over_the_whole_budget_is_served_but_not_kept() {
+        let c = RowCache::new(&CacheConfig {
+            max_bytes: Some(bytesize::ByteSize::kib(64)),
+            ..cfg()
+        });
+        let huge: &'static str = Box::leak("y".repeat(100 * 1024).into_boxed_str());
+        let loads = Loads::default();
+        for _ in 0..2 {
+            let o = c.get_or_load(7, loader(&loads, Ok(Some(huge)), 0)).await;
+            match o {
+                Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.body.len(), huge.len()),
+                o => panic!("{o:?}"),
+            }
+            c.sync().await;
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 2, "the huge row was cached");
+        assert_eq!(c.weighted_size(), 0);
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
@@ -280,8 +281,19 @@ pub struct CacheConfig {
     /// Off means every request that passes the filter is a query. Default
     /// true.
     pub enabled: bool,
-    /// Rows cached at most. Default 100000.
+    /// Rows cached at most. Default 100000. Not used when `max_bytes` is
+    /// set.
     pub max_entries: u64,
+    /// Memory for cached rows, as `"256 MiB"`, `"1 GB"` or a number of
+    /// bytes. Each row counts its JSON body, its ETag and its key plus a
+    /// fixed per-entry overhead ([`crate::cache::ENTRY_OVERHEAD`]), so the
+    /// cache's memory is bounded however wide the rows are. When set, it
+    /// bounds the cache instead of `max_entries`. Default: unset.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "exact_bytes"
+    )]
+    pub max_bytes: Option<ByteSize>,
     /// How long a row is served from cache. Default `60s`.
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
@@ -298,6 +310,7 @@ impl Default for CacheConfig {
         Self {
             enabled: true,
             max_entries: 100_000,
+            max_bytes: None,
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
             negative_max_entries: 100_000,
@@ -344,12 +357,22 @@ pub struct FilterOverrides {
     pub verify_budget: Option<u32>,
 }
 
+/// A byte count as a plain integer: `ByteSize`'s own form rounds
+/// ("976.6 KiB"), and `check-config` should print what will be used.
+fn exact_bytes<S: serde::Serializer>(b: &Option<ByteSize>, s: S) -> Result<S::Ok, S::Error> {
+    match b {
+        Some(b) => s.serialize_u64(b.as_u64()),
+        None => s.serialize_none(),
+    }
+}
+
 /// Any field left out keeps the global `[cache]` value.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheOverrides {
     pub enabled: Option<bool>,
     pub max_entries: Option<u64>,
+    pub max_bytes: Option<ByteSize>,
     #[serde(default, with = "humantime_serde")]
     pub ttl: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
@@ -379,6 +402,13 @@ impl CacheOverrides {
         CacheConfig {
             enabled: self.enabled.unwrap_or(base.enabled),
             max_entries: self.max_entries.unwrap_or(base.max_entries),
+            // A resource that sets only `max_entries` is bounded by entries,
+            // whatever byte budget `[cache]` has.
+            max_bytes: match (self.max_bytes, self.max_entries) {
+                (Some(b), _) => Some(b),
+                (None, Some(_)) => None,
+                (None, None) => base.max_bytes,
+            },
             ttl: self.ttl.unwrap_or(base.ttl),
             negative_ttl: self.negative_ttl.unwrap_or(base.negative_ttl),
             negative_max_entries: self
@@ -645,11 +675,28 @@ fn validate_filter(f: &FilterConfig, at: &str) -> Result<(), (String, String)> {
     Ok(())
 }
 
+/// The smallest `cache.max_bytes` accepted: a bare number is bytes, and
+/// `max_bytes = 256` meant as MiB would otherwise cache nothing, silently.
+const MIN_CACHE_BYTES: u64 = 64 * 1024;
+
 fn validate_cache(c: &CacheConfig, at: &str) -> Result<(), (String, String)> {
     if c.enabled && c.max_entries == 0 {
         return Err((
             format!("{at}.max_entries"),
             "must be at least 1 (set enabled = false to turn the cache off)".into(),
+        ));
+    }
+    if let Some(b) = c.max_bytes
+        && c.enabled
+        && b.as_u64() < MIN_CACHE_BYTES
+    {
+        return Err((
+            format!("{at}.max_bytes"),
+            format!(
+                "{} bytes cannot hold even a few rows; give at least {MIN_CACHE_BYTES} \
+                 (units need a suffix: \"256 MiB\")",
+                b.as_u64()
+            ),
         ));
     }
     if c.enabled && c.ttl.is_zero() {
@@ -838,6 +885,38 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_budget_parses_with_units_and_is_inherited_unless_entries_are_set() {
+        let c = Config::from_toml(&format!("[cache]\nmax_bytes = \"256 MiB\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(256 << 20));
+        assert_eq!(c.resolved()[0].cache.max_bytes, c.cache.max_bytes);
+        let c = Config::from_toml(&format!("[cache]\nmax_bytes = 1048576\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(1 << 20));
+        // A resource that bounds itself by entries is bounded by entries.
+        let c = Config::from_toml(&format!(
+            "[cache]\nmax_bytes = \"1 GiB\"\n{MINIMAL}\n[resource.cache]\nmax_entries = 10\n"
+        ))
+        .unwrap();
+        let r = &c.resolved()[0].cache;
+        assert_eq!((r.max_entries, r.max_bytes), (10, None));
+        // And one with its own budget keeps it.
+        let c = Config::from_toml(&format!(
+            "{MINIMAL}\n[resource.cache]\nmax_bytes = \"2 MB\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.cache.max_bytes, None);
+        assert_eq!(
+            c.resolved()[0].cache.max_bytes.map(|b| b.as_u64()),
+            Some(2_000_000)
+        );
+        // The redacted TOML (check-config) round-trips it exactly.
+        let c =
+            Config::from_toml(&format!("[cache]\nmax_bytes = \"1000001 B\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(1_000_001));
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(again.cache.max_bytes, c.cache.max_bytes);
+    }
+
+    #[test]
     fn unknown_keys_are_errors_naming_the_key() {
         let e = err(&format!("[server]\nlisten_addr = \"x\"\n{MINIMAL}"));
         assert!(e.contains("listen_addr"), "{e}");
@@ -895,6 +974,8 @@ mod tests {
                 "filter.rebuild_interval",
             ),
             ("[cache]\nmax_entries = 0\n", "cache.max_entries"),
+            ("[cache]\nmax_bytes = 256\n", "cache.max_bytes"),
+            ("[cache]\nmax_bytes = \"lots\"\n", "cache.max_bytes"),
             ("[database]\npool_size = 0\n", "database.pool_size"),
             ("[database]\nurl = \"mysql://x\"\n", "database.url"),
             ("[server]\nmax_key_length = 0\n", "server.max_key_length"),

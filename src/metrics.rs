@@ -115,7 +115,7 @@ fn describe() {
     );
     describe_gauge!(
         "bloomgate_cache_weighted_size",
-        "Weighted size of the row cache."
+        "Size of the row cache against its bound: bytes when cache.max_bytes is set, otherwise rows."
     );
     describe_gauge!("bloomgate_filter_bits", "Size of the filter in bits.");
     describe_gauge!(
