@@ -32,6 +32,7 @@ use tokio::sync::oneshot;
 use crate::gateway::Gateway;
 use crate::key::{self, Key};
 use crate::resource::Resource;
+use crate::telemetry::LogThrottle;
 
 /// The channel the triggers notify.
 pub const CHANNEL: &str = "bloomgate";
@@ -57,9 +58,12 @@ pub async fn run(gateway: Arc<Gateway>, listening: oneshot::Sender<()>) {
         .connect_lazy_with(opts);
     let mut listener = connect(&pool).await;
     let _ = listening.send(());
+    // Anyone who can connect can `NOTIFY bloomgate`; a loop of junk must not
+    // become a flood of log lines.
+    let ignored = LogThrottle::default();
     loop {
         match listener.try_recv().await {
-            Ok(Some(n)) => apply(&gateway, n.payload()).await,
+            Ok(Some(n)) => apply(&gateway, n.payload(), &ignored).await,
             Ok(None) => {
                 // sqlx has reconnected and listens again already.
                 reconnected(&gateway, "connection lost");
@@ -118,13 +122,15 @@ fn spawn_rebuild(r: &Arc<Resource>) {
     }
 }
 
-async fn apply(gateway: &Gateway, payload: &str) {
+async fn apply(gateway: &Gateway, payload: &str, ignored: &LogThrottle) {
     let stats = &gateway.stats;
     stats.notifications.fetch_add(1, Ordering::Relaxed);
     let p: Payload = match serde_json::from_str(payload) {
         Ok(p) => p,
         Err(e) => {
-            tracing::warn!(error = %e, "ignoring a malformed notification");
+            if let Some(not_logged) = ignored.permit() {
+                tracing::warn!(error = %e, not_logged, "ignoring a malformed notification");
+            }
             return;
         }
     };
@@ -160,7 +166,18 @@ async fn apply(gateway: &Gateway, payload: &str) {
                 spawn_rebuild(r);
             }
             "RESCAN" => spawn_rebuild(r),
-            other => tracing::warn!(op = other, "ignoring a notification with an unknown op"),
+            other => {
+                if let Some(not_logged) = ignored.permit() {
+                    // Debug-quoted and cut short: the text is whatever the
+                    // sender chose, newlines included.
+                    let op: String = other.chars().take(32).collect();
+                    tracing::warn!(
+                        op = ?op,
+                        not_logged,
+                        "ignoring a notification with an unknown op"
+                    );
+                }
+            }
         }
     }
 }

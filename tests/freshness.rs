@@ -401,3 +401,39 @@ async fn commit_to_servable_latency() {
         lat[lat.len() - 1]
     );
 }
+
+// current_thread (the default): the listener task runs on this thread, so
+// the captured subscriber sees its lines.
+#[tokio::test]
+async fn junk_notifications_are_ignored_without_a_log_flood() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "")).await;
+    let (logs, _guard) = capture_logs();
+
+    // Anyone who can connect can NOTIFY the channel: 100 payloads with an
+    // op that does not exist, the first (logged) one trying to forge a log
+    // line, then 300 that are not JSON.
+    db.exec(
+        "SELECT pg_notify('bloomgate',
+             json_build_object('table', 'users', 'op', E'DROP\\nFORGED line ' || g, 'key', '1')::text)
+           FROM generate_series(1, 100) g;
+         SELECT pg_notify('bloomgate', 'junk ' || g) FROM generate_series(1, 300) g;",
+    )
+    .await;
+    // A real change after the junk still gets through.
+    insert_user(&db, 500).await;
+    eventually(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
+    assert!(gw.stats.notifications.load(Ordering::Relaxed) >= 401);
+
+    let text = logs.text();
+    let ignored = text.lines().filter(|l| l.contains("ignoring a")).count();
+    assert!(
+        (1..=3).contains(&ignored),
+        "{ignored} lines for 400 junk notifications:\n{text}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("FORGED")),
+        "a notification forged a log line:\n{text}"
+    );
+}

@@ -381,28 +381,6 @@ async fn malformed_http_gets_a_clear_4xx_and_never_reaches_the_database() {
     println!("slowloris connection closed after {:?}", began.elapsed());
 }
 
-/// Log lines written while a test runs, for asserting on what the gateway
-/// logs (a `MakeWriter` into a shared buffer).
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 // current_thread: the subscriber set for this thread sees every request,
 // load and response of the test.
 #[tokio::test]
@@ -413,13 +391,7 @@ async fn an_outage_is_logged_once_per_interval_not_once_per_request() {
     let gw = started(config(&proxy.url(&db), "listen = false")).await;
     let app = bloomgate::http::app(gw.clone());
 
-    let logs = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(logs.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (logs, _guard) = capture_logs();
 
     proxy.cut();
     // 300 distinct cold keys, all real rows: each one is a failed load.
@@ -438,7 +410,7 @@ async fn an_outage_is_logged_once_per_interval_not_once_per_request() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(failures, 300, "every failure is counted");
 
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     let load_lines = text
         .lines()
         .filter(|l| l.contains("row load failed"))

@@ -377,3 +377,43 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// Log lines written while a test runs, for asserting on what the gateway
+/// logs (a `MakeWriter` into a shared buffer).
+#[derive(Clone, Default)]
+pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// Captures INFO and above, human format, on this thread until the guard
+/// drops: under a `current_thread` runtime that is every task of the test.
+pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .with_writer(logs.clone())
+        .finish();
+    (logs, tracing::subscriber::set_default(subscriber))
+}
