@@ -2,8 +2,8 @@
 """bench/report.py: turns bench/run.sh's raw results into the
 `## Gateway load test` section of BENCHMARKS.md and an SVG chart.
 
-Standard library only. Reads RESULTS/cells.tsv, RESULTS/preload.tsv and
-RESULTS/env.txt; replaces only its own section of BENCHMARKS.md (from its
+Standard library only. Reads RESULTS/cells.tsv, RESULTS/preload.tsv,
+RESULTS/env.txt and RESULTS/preload-env.txt; replaces only its own section of BENCHMARKS.md (from its
 `## Gateway load test` heading to the next `## ` heading), leaving every
 other section as it is.
 
@@ -266,7 +266,19 @@ def why(by):
     return notes
 
 
-def section(cells, summary, env, svg_rel):
+def preload_provenance(preload_env, env):
+    """Says so when the preload rows come from another run than the cells."""
+    if not preload_env or preload_env.get("run") == env.get("run"):
+        return []
+    return [
+        f"These preload rows were measured {preload_env.get('date', '?')} at commit "
+        f"{preload_env.get('git', '?')} on {preload_env.get('cpu', '?')} (kept by `SKIP_PRELOAD=1`), not in the "
+        "run of the tables above; compare each row with its own raw COPY time.",
+        "",
+    ]
+
+
+def section(cells, summary, env, svg_rel, preload_env=None):
     cmd = env.get("command", "bench/run.sh")
     host_busy = [num(c["host_busy_s"]) for c in cells]
     wrk_cores = [num(c["wrk_cpu_s"]) / max(num(c["duration_s"]), 1e-9) for c in cells]
@@ -315,6 +327,7 @@ def section(cells, summary, env, svg_rel):
         "table pages warm for both). *build ms* is the `duration_ms` of the gateway's `filter built` log "
         "line; *start to ready* is process start to `/readyz` 200; peak RSS is the gateway's VmHWM when ready.",
         "",
+        *preload_provenance(preload_env or {}, env),
         *preload_table(summary),
         "",
     ]
@@ -425,7 +438,8 @@ def main():
     if not cells:
         sys.exit("report.py: no cells in " + a.results)
     svg_rel = os.path.relpath(a.svg, os.path.dirname(os.path.abspath(a.benchmarks)) or ".")
-    text = section(cells, summary, env, svg_rel)
+    preload_env = read_env(os.path.join(a.results, "preload-env.txt"))
+    text = section(cells, summary, env, svg_rel, preload_env)
     if a.print:
         print(text)
         return

@@ -354,6 +354,16 @@ preload() { # DB MODE REP
 preload_dbs=("$BENCH_DB")
 if [ "$BENCH_10M" = 1 ]; then preload_dbs+=(bloomgate_bench10m); fi
 [ "$PRELOAD" = "$RESULTS/preload.tsv" ] || preload_dbs=()
+if [ ${#preload_dbs[@]} -gt 0 ]; then
+  # Where and when these were measured: SKIP_PRELOAD runs keep them, and the
+  # report says they come from an earlier run.
+  cat >"$RESULTS/preload-env.txt" <<EOF
+run=$BEGAN
+date=$(date -u +%Y-%m-%dT%H:%MZ)
+cpu=$(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2; exit}')
+git=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src Cargo.toml config 2>/dev/null || echo +dirty)
+EOF
+fi
 for db in ${preload_dbs[@]+"${preload_dbs[@]}"}; do
   copy_ms "$db" >/dev/null # warm the cache: both sides read the same pages
   preload "$db" off 1       # the gateway's memory without any filter
@@ -364,6 +374,7 @@ done
 
 # --- report ------------------------------------------------------------------
 cat >"$RESULTS/env.txt" <<EOF
+run=$BEGAN
 date=$(date -u +%Y-%m-%dT%H:%MZ)
 command=$( [ "$DURATION" = 10s ] || printf 'DURATION=%s ' "$DURATION" )bench/run.sh
 duration=$DURATION
