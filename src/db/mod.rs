@@ -15,10 +15,27 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Encode, PgPool, Postgres, Type};
+use sqlx::{Connection, Encode, PgPool, Postgres, Type};
 
 use crate::config::DatabaseConfig;
 use copy::{CopyError, CopyParser};
+
+/// Whether `e` says the connection is gone rather than anything about the
+/// query: a socket error, or the server ending the session (SQLSTATE class
+/// 08, connection exception, or 57P01/57P02: `pg_terminate_backend`, a
+/// shutdown). The next connection may well work.
+fn is_dead_connection(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c == "57P01" || c == "57P02"),
+        _ => false,
+    }
+}
+
+/// A pooled connection idle for this long is pinged before it is used.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// Migrations embedded in the binary.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
@@ -89,6 +106,21 @@ impl Db {
         let pool = PgPoolOptions::new()
             .max_connections(cfg.pool_size)
             .acquire_timeout(cfg.acquire_timeout)
+            // sqlx pings a connection when it goes back to the pool, and by
+            // default again when it is taken out: with the query, three round
+            // trips per cache miss. A connection released moments ago was
+            // alive then; only one that sat idle is pinged before use (the
+            // idea of HikariCP's aliveBypassWindow). One that died in between
+            // fails its query, and `fetch_json` retries it elsewhere.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < PING_IF_IDLE_FOR {
+                        return Ok(true);
+                    }
+                    conn.ping().await.map(|()| true)
+                })
+            })
             .connect_lazy_with(opts);
         Ok(Self::from_pool(pool))
     }
@@ -163,16 +195,38 @@ impl Db {
     }
 
     /// The row for `key` as JSON text, or `None` when there is no such row.
+    ///
+    /// A dead connection ([`is_dead_connection`]) is retried on another, at
+    /// most once per pool slot: it is a pooled connection that died after
+    /// its last use (see `connect_lazy`), and repeating a one-row read is
+    /// harmless. A database
+    /// that is down fails to connect instead, which is not retried here (the
+    /// pool already retries refused connections until `acquire_timeout`).
     pub async fn fetch_json<K>(&self, sql: &str, key: K) -> Result<Option<Bytes>, DbError>
     where
-        K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Send + 'static,
+        K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Clone + Send + 'static,
     {
-        self.queries.fetch_add(1, Ordering::Relaxed);
-        let r = sqlx::query_scalar::<_, String>(sql)
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await;
-        Ok(self.count(r)?.map(Bytes::from))
+        let mut stale = 0;
+        loop {
+            let r = sqlx::query_scalar::<_, String>(sql)
+                .bind(key.clone())
+                .fetch_optional(&self.pool)
+                .await;
+            match r {
+                Err(e)
+                    if is_dead_connection(&e)
+                        && stale < self.pool.options().get_max_connections() =>
+                {
+                    stale += 1;
+                }
+                // Counted once it ran (or failed for good): a dead
+                // connection never executed its query.
+                r => {
+                    self.queries.fetch_add(1, Ordering::Relaxed);
+                    return Ok(self.count(r)?.map(Bytes::from));
+                }
+            }
+        }
     }
 
     /// Streams every key of a table through `add`, after telling `start` how
