@@ -8,6 +8,7 @@
 //! The metrics count every occurrence; the log says it is happening, once per
 //! interval, with how many it left out.
 
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,11 @@ use crate::config::{LogConfig, LogFormat};
 /// Installs the global subscriber; a second call (tests) is a no-op.
 pub fn init(cfg: &LogConfig) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.level));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colours only on a terminal: escape codes in a file, a pipe or a log
+    // collector are noise that breaks grep.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     let _ = match cfg.format {
         LogFormat::Human => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

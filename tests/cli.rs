@@ -115,3 +115,33 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    let dir = tempdir();
+    let path = write_config(
+        &dir,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[database]\nurl = \"postgres://nobody@127.0.0.1:1/x\"\n{RESOURCE}"
+        ),
+    );
+    // Stdout is a pipe here, as under systemd, Docker or a log shipper.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
+        .args(["serve", "--config", &path])
+        .env_remove("DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Long enough to bind and to log the first failed database attempt.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("listening"), "{stdout}");
+    assert!(
+        !stdout.contains('\x1b'),
+        "escape codes in piped logs: {stdout:?}"
+    );
+}
