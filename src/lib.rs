@@ -22,7 +22,10 @@
 //!   bitmap. No I/O.
 //! - [`cache`]: moka row cache and negative cache around a loader closure;
 //!   knows nothing of the database.
-//! - [`db`]: the pool, the row query, and streaming keys with binary COPY.
+//! - [`db`]: the pool, the row query, streaming keys with binary COPY, and
+//!   [`db::catalog`]: canonical table names, column types, replica identity.
+//! - [`feed`]: change feeds (`notify`, `wal`) turned into one [`feed::Event`]
+//!   type; they know nothing of the gateway, which applies their events.
 //! - [`gateway`]: the database plus all resources, and start-up.
 //! - [`listener`]: `LISTEN bloomgate`: applies the key changes the triggers
 //!   announce (new keys into the filter, stale rows out of the cache), and
@@ -50,6 +53,7 @@ pub mod cache;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod feed;
 pub mod filter;
 pub mod gateway;
 pub mod http;

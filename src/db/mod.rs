@@ -5,6 +5,7 @@
 //! [`Queries`]) and every value is a bind parameter. Every query made is
 //! counted, so tests can prove that a request did not reach the database.
 
+pub mod catalog;
 pub mod copy;
 
 use std::str::FromStr;

@@ -1,0 +1,319 @@
+//! What the catalog says about a resource's table: its canonical name, its
+//! kind, its columns with their real types, and its replica identity.
+//!
+//! Read once at start-up (and by `check-config` when the database answers),
+//! so that every other part works from the database's own description rather
+//! than from the config's spelling:
+//! - one canonical name per table (`schema.table`, as Postgres names it), so
+//!   a change announced for `public.users` reaches the resource configured as
+//!   `users`;
+//! - the key column's base type (domains resolved), which decides whether the
+//!   key type fits and what canonical text its values have
+//!   ([`ColumnType`], [`canonical_text`]);
+//! - every column's type and nullability, for the response schemas;
+//! - the replica identity, which decides whether logical replication carries
+//!   a row's old key on UPDATE and DELETE.
+//!
+//! Names go to Postgres quoted (`"public"."users"`), exactly as the row and
+//! scan queries quote them, so both resolve to the same relation.
+
+use std::sync::Arc;
+
+use sqlx::{PgPool, Row};
+
+/// A table as Postgres names it, schema-qualified and unquoted
+/// (`public.users`).
+pub type TableName = Arc<str>;
+
+/// The base type of a key column, after resolving domains: it decides which
+/// key types fit and the canonical text of its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ColumnType {
+    Int2,
+    Int4,
+    Int8,
+    Uuid,
+    Text,
+    Varchar,
+    /// `char(n)` (`bpchar`): blank-padded; canonical text has the trailing
+    /// blanks stripped (what `::text` does).
+    Bpchar,
+    /// The `citext` extension type: compared as text by the gateway's
+    /// queries (`col = $1::text`), so case-sensitively, like the filter.
+    Citext,
+    /// Any other type: not a valid key column type.
+    Other,
+}
+
+impl ColumnType {
+    /// From the base type's name (`pg_type.typname`).
+    pub fn from_type_name(name: &str) -> ColumnType {
+        match name {
+            "int2" => ColumnType::Int2,
+            "int4" => ColumnType::Int4,
+            "int8" => ColumnType::Int8,
+            "uuid" => ColumnType::Uuid,
+            "text" => ColumnType::Text,
+            "varchar" => ColumnType::Varchar,
+            "bpchar" => ColumnType::Bpchar,
+            "citext" => ColumnType::Citext,
+            _ => ColumnType::Other,
+        }
+    }
+}
+
+/// The canonical text of a value whose source gave `raw` (its type's output
+/// function text): the value cast to `text`, which is what the filter scan
+/// reads. Only `char(n)` differs: its output keeps the padding, the cast
+/// strips trailing blanks.
+pub fn canonical_text(ty: ColumnType, raw: &str) -> &str {
+    match ty {
+        ColumnType::Bpchar => raw.trim_end_matches(' '),
+        _ => raw,
+    }
+}
+
+/// What kind of relation a resource reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelKind {
+    Table,
+    PartitionedTable,
+    View,
+    MaterializedView,
+    Foreign,
+    Other,
+}
+
+/// Which columns of the old row an UPDATE or DELETE writes to the WAL
+/// (`ALTER TABLE … REPLICA IDENTITY`), as column names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicaIdentity {
+    /// `DEFAULT`: the primary key's columns (none without a primary key).
+    Default(Vec<String>),
+    /// `USING INDEX`: that index's columns.
+    Index(Vec<String>),
+    /// `FULL`: every column.
+    Full,
+    /// `NOTHING`.
+    Nothing,
+}
+
+impl ReplicaIdentity {
+    /// Whether the old value of `column` is carried.
+    pub fn carries(&self, column: &str) -> bool {
+        match self {
+            ReplicaIdentity::Default(cols) | ReplicaIdentity::Index(cols) => {
+                cols.iter().any(|c| c == column)
+            }
+            ReplicaIdentity::Full => true,
+            ReplicaIdentity::Nothing => false,
+        }
+    }
+}
+
+/// One column, its type as declared and as stored.
+#[derive(Clone, Debug)]
+pub struct ColumnInfo {
+    pub name: String,
+    /// `format_type` of the declared type: `character(5)`, `my_domain`, ...
+    pub declared: String,
+    /// `typname` of the base type (domains resolved): `bpchar`, `int4`,
+    /// `_int4` for an array, ...
+    pub base: String,
+    /// For an array: the `typname` of its element's base type.
+    pub element: Option<String>,
+    /// `NOT NULL` on the column or on any domain on the way to the base.
+    pub not_null: bool,
+}
+
+impl ColumnInfo {
+    pub fn column_type(&self) -> ColumnType {
+        ColumnType::from_type_name(&self.base)
+    }
+}
+
+/// A unique index usable as a replica identity (not partial, not
+/// deferrable, on NOT NULL plain columns), for error messages that name the
+/// fix.
+#[derive(Clone, Debug)]
+pub struct UniqueIndex {
+    pub name: String,
+    pub columns: Vec<String>,
+}
+
+/// What the catalog says about one relation.
+#[derive(Clone, Debug)]
+pub struct TableInfo {
+    pub name: TableName,
+    pub kind: RelKind,
+    /// In column order; dropped and system columns left out.
+    pub columns: Vec<ColumnInfo>,
+    pub replica_identity: ReplicaIdentity,
+    pub unique_indexes: Vec<UniqueIndex>,
+}
+
+impl TableInfo {
+    pub fn column(&self, name: &str) -> Option<&ColumnInfo> {
+        self.columns.iter().find(|c| c.name == name)
+    }
+}
+
+/// `users` → `"users"`, `app.users` → `"app"."users"`: the same quoting as
+/// the row and scan queries.
+pub fn quote_table(table: &str) -> String {
+    table.split('.').map(quote).collect::<Vec<_>>().join(".")
+}
+
+pub fn quote(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// Reads `table` (as configured) from the catalog; `None` if there is no
+/// such relation in the current search path.
+pub async fn table_info(pool: &PgPool, table: &str) -> Result<Option<TableInfo>, sqlx::Error> {
+    let Some(rel) = sqlx::query(
+        "SELECT c.oid::int8 AS oid, n.nspname::text AS schema, c.relname::text AS name,
+                c.relkind::text AS kind, c.relreplident::text AS ident
+           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+          WHERE c.oid = to_regclass($1)",
+    )
+    .bind(quote_table(table))
+    .fetch_optional(pool)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let oid: i64 = rel.get("oid");
+    let schema: String = rel.get("schema");
+    let name: String = rel.get("name");
+    let kind = match rel.get::<String, _>("kind").as_str() {
+        "r" => RelKind::Table,
+        "p" => RelKind::PartitionedTable,
+        "v" => RelKind::View,
+        "m" => RelKind::MaterializedView,
+        "f" => RelKind::Foreign,
+        _ => RelKind::Other,
+    };
+
+    // Each column's type followed through domains (a domain over a domain
+    // too) to its base; a NOT NULL anywhere on the way counts.
+    let columns = sqlx::query(
+        "WITH RECURSIVE chain(attnum, typid, depth, nn) AS (
+             SELECT a.attnum, a.atttypid, 0, a.attnotnull
+               FROM pg_attribute a
+              WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped
+             UNION ALL
+             SELECT c.attnum, t.typbasetype, c.depth + 1, c.nn OR t.typnotnull
+               FROM chain c JOIN pg_type t ON t.oid = c.typid
+              WHERE t.typtype = 'd'
+         ), base AS (
+             SELECT DISTINCT ON (attnum) attnum, typid, nn
+               FROM chain ORDER BY attnum, depth DESC
+         )
+         SELECT a.attname::text AS name,
+                format_type(a.atttypid, a.atttypmod) AS declared,
+                bt.typname::text AS base,
+                (SELECT et.typname::text FROM pg_type et WHERE et.oid = bt.typelem
+                    AND bt.typcategory = 'A') AS element,
+                b.nn AS not_null
+           FROM base b
+           JOIN pg_attribute a ON a.attrelid = $1::oid AND a.attnum = b.attnum
+           JOIN pg_type bt ON bt.oid = b.typid
+          ORDER BY a.attnum",
+    )
+    .bind(oid)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| ColumnInfo {
+        name: r.get("name"),
+        declared: r.get("declared"),
+        base: r.get("base"),
+        element: r.get("element"),
+        not_null: r.get("not_null"),
+    })
+    .collect();
+
+    let index_columns = |flag: &'static str| {
+        let sql = format!(
+            "SELECT a.attname::text FROM pg_index i
+               JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+              WHERE i.indrelid = $1::oid AND i.{flag}
+              ORDER BY k.ord"
+        );
+        async move {
+            sqlx::query_scalar::<_, String>(&sql)
+                .bind(oid)
+                .fetch_all(pool)
+                .await
+        }
+    };
+    let replica_identity = match rel.get::<String, _>("ident").as_str() {
+        "d" => ReplicaIdentity::Default(index_columns("indisprimary").await?),
+        "i" => ReplicaIdentity::Index(index_columns("indisreplident").await?),
+        "f" => ReplicaIdentity::Full,
+        _ => ReplicaIdentity::Nothing,
+    };
+
+    let unique_indexes = sqlx::query(
+        "SELECT ic.relname::text AS name,
+                array_agg(a.attname::text ORDER BY k.ord) AS columns
+           FROM pg_index i
+           JOIN pg_class ic ON ic.oid = i.indexrelid
+           JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+          WHERE i.indrelid = $1::oid AND i.indisunique AND i.indimmediate
+            AND i.indpred IS NULL AND i.indexprs IS NULL
+          GROUP BY ic.relname
+         HAVING bool_and(a.attnotnull)
+          ORDER BY ic.relname",
+    )
+    .bind(oid)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| UniqueIndex {
+        name: r.get("name"),
+        columns: r.get("columns"),
+    })
+    .collect();
+
+    Ok(Some(TableInfo {
+        name: Arc::from(format!("{schema}.{name}")),
+        kind,
+        columns,
+        replica_identity,
+        unique_indexes,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_bpchar_text_changes() {
+        assert_eq!(canonical_text(ColumnType::Bpchar, "ab  "), "ab");
+        assert_eq!(canonical_text(ColumnType::Bpchar, " ab"), " ab");
+        assert_eq!(canonical_text(ColumnType::Text, "ab  "), "ab  ");
+        assert_eq!(canonical_text(ColumnType::Varchar, "ab "), "ab ");
+        assert_eq!(canonical_text(ColumnType::Citext, "Ab "), "Ab ");
+    }
+
+    #[test]
+    fn tables_are_quoted_like_the_queries() {
+        assert_eq!(quote_table("users"), r#""users""#);
+        assert_eq!(quote_table("app.users"), r#""app"."users""#);
+    }
+
+    #[test]
+    fn replica_identity_carries() {
+        let pk = ReplicaIdentity::Default(vec!["id".into()]);
+        assert!(pk.carries("id"));
+        assert!(!pk.carries("email"));
+        assert!(ReplicaIdentity::Full.carries("email"));
+        assert!(!ReplicaIdentity::Nothing.carries("id"));
+        assert!(!ReplicaIdentity::Default(vec![]).carries("id"));
+    }
+}
