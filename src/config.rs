@@ -57,8 +57,12 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// A client must send its request headers within this time, or the
-    /// connection is closed (slowloris). Default `10s`.
+    /// A new connection must have sent its first request (a complete
+    /// HTTP/1 head or HTTP/2 HEADERS frame) within this time, whatever it
+    /// sent before (nothing, half an HTTP/2 preface), and a later HTTP/1
+    /// head must be complete this long after its first byte, or the
+    /// connection is closed (silent sockets, slowloris). An HTTP/2 peer
+    /// silent this long is PINGed and must answer within it. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// Largest request head (request line and headers) accepted, in bytes;
