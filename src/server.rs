@@ -185,8 +185,8 @@ async fn accept_loop(
         header_read: cfg.header_read_timeout,
         idle: cfg.idle_timeout,
     };
-    // Validated to fit a u32 (the semaphore counts permits in u32).
-    let cap = u32::try_from(cfg.max_connections).unwrap_or(u32::MAX);
+    // Validated to fit a u32, the unit of `acquire_many`.
+    let cap = u32::try_from(cfg.max_connections.min(Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
     let slots = Arc::new(Semaphore::new(cap as usize));
     let at_cap = LogThrottle::default();
     let failing = LogThrottle::default();
