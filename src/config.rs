@@ -57,8 +57,12 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
-    /// A client must send its request headers within this time, or the
-    /// connection is closed (slowloris). Default `10s`.
+    /// A new connection must have sent its first request (a complete
+    /// HTTP/1 head or HTTP/2 HEADERS frame) within this time, whatever it
+    /// sent before (nothing, half an HTTP/2 preface), and a later HTTP/1
+    /// head must be complete this long after its first byte, or the
+    /// connection is closed (silent sockets, slowloris). An HTTP/2 peer
+    /// silent this long is PINGed and must answer within it. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
     /// Largest request head (request line and headers) accepted, in bytes;
@@ -69,6 +73,22 @@ pub struct ServerConfig {
     /// A request declaring a larger body gets 413; smaller bodies are
     /// ignored (every route is a GET). Default 65536.
     pub max_body_bytes: u64,
+    /// A connection with no request in progress for this long is closed:
+    /// an HTTP/1 keep-alive connection between requests, an HTTP/2
+    /// connection with no stream being answered (after a GOAWAY). Default
+    /// `75s`: longer than the 60 s idle timeout of the proxies usually in
+    /// front (AWS ALB, nginx's upstream keep-alive), so the proxy, not the
+    /// gateway, closes an idle connection and never sends a request on one
+    /// the gateway is closing; short enough that departed clients' sockets
+    /// are reclaimed within about a minute.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Open connections per listener (the public and the admin listener
+    /// each have this many). At the cap the listener stops accepting: new
+    /// connections wait in the kernel's listen backlog and are served as
+    /// slots free up. Must fit the file-descriptor limit (checked at
+    /// start-up). Default 10000.
+    pub max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +103,8 @@ impl Default for ServerConfig {
             max_header_bytes: 16 * 1024,
             max_headers: 64,
             max_body_bytes: 64 * 1024,
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 10_000,
         }
     }
 }
@@ -545,6 +567,15 @@ impl Config {
                 "must be above 0".into(),
             ));
         }
+        if s.idle_timeout.is_zero() {
+            return Err(bad("server.idle_timeout".into(), "must be above 0".into()));
+        }
+        if s.max_connections == 0 || u32::try_from(s.max_connections).is_err() {
+            return Err(bad(
+                "server.max_connections".into(),
+                format!("must be between 1 and {}", u32::MAX),
+            ));
+        }
         if self.admin.listen == s.listen {
             return Err(bad(
                 "admin.listen".into(),
@@ -979,6 +1010,25 @@ mod tests {
             ("[database]\npool_size = 0\n", "database.pool_size"),
             ("[database]\nurl = \"mysql://x\"\n", "database.url"),
             ("[server]\nmax_key_length = 0\n", "server.max_key_length"),
+        ];
+        for (prefix, key) in cases {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
+        }
+    }
+
+    #[test]
+    fn connection_limits_are_checked() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(75));
+        assert_eq!(c.server.max_connections, 10_000);
+        let cases = [
+            ("[server]\nidle_timeout = \"0s\"\n", "server.idle_timeout"),
+            ("[server]\nmax_connections = 0\n", "server.max_connections"),
+            (
+                "[server]\nmax_connections = 5000000000\n",
+                "server.max_connections",
+            ),
         ];
         for (prefix, key) in cases {
             let e = err(&format!("{prefix}{MINIMAL}"));

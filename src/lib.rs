@@ -32,7 +32,9 @@
 //!   rebuilds after any reconnect.
 //! - [`metrics`]: the Prometheus exposition, one recorder per gateway.
 //! - [`budget`]: a token bucket (database checks above the high-water mark).
-//! - [`server`]: binding, background start-up, graceful shutdown.
+//! - [`server`]: binding, background start-up, graceful shutdown, and the
+//!   bounds on connections: deadlines per connection (`server::conn`), the
+//!   `max_connections` cap, back-off when `accept` fails.
 //! - [`config`]: the TOML file and environment, read once into typed structs.
 //! - [`error`]: the error type of the request path.
 //! - [`seed`]: demo data. [`telemetry`]: logging.

@@ -1,5 +1,7 @@
 //! Running the gateway: bind, start up in the background while `/healthz`
-//! already answers, schedule rebuilds, and shut down gracefully.
+//! already answers, schedule rebuilds, and shut down gracefully. Every
+//! connection on either listener is bounded in time and number (see
+//! `accept_loop` and the `conn` module).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -8,14 +10,16 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::{Config, ServerConfig};
 use crate::gateway::{Gateway, StartError};
 use crate::http;
+use crate::telemetry::LogThrottle;
+
+mod conn;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -57,6 +61,7 @@ pub async fn run(
         }
     };
     let listener = bind(config.server.listen).await?;
+    check_descriptors(&config, if admin.is_some() { 2 } else { 1 });
     let gateway = Gateway::new(config)?;
     serve(gateway, listener, admin, shutdown).await
 }
@@ -89,13 +94,20 @@ pub async fn serve(
         http::app(gateway.clone()),
         cfg.clone(),
         stop_rx.clone(),
+        "public",
     ));
     let admin_server = admin.map(|Admin { listener, token }| {
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "admin listening");
         }
         let app = http::admin::app(gateway.clone(), &token);
-        tokio::spawn(accept_loop(listener, app, cfg.clone(), stop_rx.clone()))
+        tokio::spawn(accept_loop(
+            listener,
+            app,
+            cfg.clone(),
+            stop_rx.clone(),
+            "admin",
+        ))
     });
 
     let mut starter = tokio::spawn({
@@ -142,59 +154,255 @@ pub async fn serve(
 
 /// Accepts connections until `stop`, then waits for the open ones to finish
 /// their requests. Built on hyper directly rather than `axum::serve` for the
-/// limits a public listener needs: a deadline for request headers (slow
-/// clients cannot hold connections open), header size and count limits, and
-/// `TCP_NODELAY`.
+/// limits a listener exposed to anyone needs:
+/// - each connection is watched ([`conn`]): a first request within
+///   `header_read_timeout` whatever the protocol, each later HTTP/1 head
+///   within it too, closed after `idle_timeout` with no request in progress;
+///   HTTP/2 PINGs a silent peer after `header_read_timeout` and closes the
+///   connection if the PING is not answered within it either;
+/// - at most `max_connections` open: at the cap the listener is not polled,
+///   so new connections wait in the kernel's listen backlog (as HAProxy's
+///   `maxconn` and nginx's `worker_connections` do) instead of being taken
+///   and dropped: no descriptor is spent on them, no accept-and-close loop
+///   spins under a flood, and a client that arrives while silent sockets
+///   hold every slot is served as soon as they time out;
+/// - a failing `accept` (out of descriptors, buffers) backs off, doubling
+///   from 10 ms to 1 s, and is logged once per 10 s;
+/// - header size and count limits, and `TCP_NODELAY`.
+///
+/// `name` tells the listeners apart in logs. Each listener has its own
+/// cap, so a flood of the public address cannot lock the operator out of
+/// the admin listener.
 async fn accept_loop(
     listener: TcpListener,
     app: axum::Router,
     cfg: ServerConfig,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
+    name: &'static str,
 ) {
+    let builder = Arc::new(http_builder(&cfg));
+    let limits = conn::Limits {
+        header_read: cfg.header_read_timeout,
+        idle: cfg.idle_timeout,
+    };
+    // Validated to fit a u32, the unit of `acquire_many`.
+    let cap = u32::try_from(cfg.max_connections.min(Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
+    let slots = Arc::new(Semaphore::new(cap as usize));
+    let at_cap = LogThrottle::default();
+    let failing = LogThrottle::default();
+    let mut backoff = Backoff::default();
+    let mut stop_rx = stop.clone();
+    let stopped = async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stopped);
+    loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if let Some(not_logged) = at_cap.permit() {
+                    tracing::warn!(
+                        listener = name,
+                        max_connections = cfg.max_connections,
+                        not_logged,
+                        "connection cap reached (server.max_connections): new connections wait \
+                         in the listen backlog (at most one such line per 10 s)"
+                    );
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => {
+                        slot.expect("the semaphore is never closed")
+                    }
+                    () = &mut stopped => break,
+                }
+            }
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stopped => break,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                backoff.reset();
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve_connection(
+                    stream,
+                    app.clone(),
+                    builder.clone(),
+                    limits,
+                    stop.clone(),
+                    slot,
+                ));
+            }
+            // The peer gave up between its handshake and our accept: nothing
+            // is wrong on this side.
+            Err(e) if is_connection_error(&e) => {}
+            // Out of descriptors and the like: the pending connection stays
+            // in the backlog, so retrying at once would fail again at once.
+            // Back off, keep serving the open connections (whose deadlines
+            // free descriptors), and say so once per interval, not per
+            // failure.
+            Err(e) => {
+                let delay = backoff.next_delay();
+                if let Some(not_logged) = failing.permit() {
+                    tracing::warn!(
+                        listener = name,
+                        error = %e,
+                        retry_in = ?delay,
+                        not_logged,
+                        "accept failed; backing off (at most one such line per 10 s; \
+                         not_logged counts the rest)"
+                    );
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = &mut stopped => break,
+                }
+            }
+        }
+    }
+    drop(listener);
+    // Every slot back means every connection has ended.
+    let _ = slots.acquire_many(cap).await;
+}
+
+/// hyper's settings for both protocols.
+fn http_builder(cfg: &ServerConfig) -> Builder<TokioExecutor> {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(cfg.header_read_timeout)
+        // Off: the watchdog times request heads. hyper's timer starts the
+        // moment a kept-alive connection turns idle, so it would also cut
+        // idle connections at `header_read_timeout`.
+        .header_read_timeout(None)
         .max_buf_size(cfg.max_header_bytes)
         .max_headers(cfg.max_headers);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
-    let graceful = GracefulShutdown::new();
-    let stopped = async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
-    tokio::pin!(stopped);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let _ = stream.set_nodelay(true);
-                    let service = TowerToHyperService::new(app.clone());
-                    let conn = builder
-                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                        .into_owned();
-                    let conn = graceful.watch(conn);
-                    tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "connection closed with an error");
-                        }
-                    });
-                }
-                Err(e) => {
-                    // Out of file descriptors and the like: back off rather
-                    // than spin, and keep serving the open connections.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            () = &mut stopped => break,
+        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX))
+        // A peer silent for `header_read_timeout` is PINGed and must answer
+        // within as long: a dead peer is found while a request is in
+        // progress too, when no idle deadline runs.
+        .keep_alive_interval(cfg.header_read_timeout)
+        .keep_alive_timeout(cfg.header_read_timeout);
+    builder
+}
+
+/// Serves one connection under its watchdog; `_slot` is its place under
+/// `max_connections`, given back when the socket is closed.
+async fn serve_connection(
+    stream: TcpStream,
+    app: axum::Router,
+    builder: Arc<Builder<TokioExecutor>>,
+    limits: conn::Limits,
+    stop: watch::Receiver<bool>,
+    _slot: OwnedSemaphorePermit,
+) {
+    let dog = conn::Watchdog::new(limits);
+    let io = TokioIo::new(conn::Watched::new(stream, dog.clone()));
+    let service = conn::Tracked::new(TowerToHyperService::new(app), dog.clone());
+    let connection = builder.serve_connection_with_upgrades(io, service);
+    match conn::drive(connection, &dog, stop).await {
+        conn::Ended::Done(Ok(())) => {}
+        conn::Ended::Done(Err(e)) => {
+            tracing::debug!(error = %e, "connection closed with an error");
+        }
+        conn::Ended::Expired(why) => tracing::debug!(reason = %why, "connection closed"),
+    }
+}
+
+/// Errors of one pending connection rather than of the listener.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}
+
+/// The delay before retrying a failed `accept`: doubling from
+/// [`Backoff::FIRST`] up to [`Backoff::MAX`], back to the start after a
+/// success.
+#[derive(Debug, Default)]
+struct Backoff {
+    next: Option<Duration>,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn next_delay(&mut self) -> Duration {
+        let delay = self.next.unwrap_or(Self::FIRST);
+        self.next = Some((delay * 2).min(Self::MAX));
+        delay
+    }
+
+    fn reset(&mut self) {
+        self.next = None;
+    }
+}
+
+/// Descriptors the process needs besides client connections: the
+/// runtime, listeners, log output, the change feed.
+const FD_RESERVE: u64 = 64;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (the soft default,
+/// often 1024, is far below what a server needs; the hard limit is what the
+/// operator allows), then warns, naming the keys, if `max_connections` on
+/// every listener plus the pool cannot fit in it: past the limit `accept`
+/// fails (and so do new database connections) until descriptors free up.
+#[cfg(unix)]
+fn check_descriptors(config: &Config, listeners: u64) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => {
+                tracing::info!(
+                    from = ?limit.current,
+                    to = ?limit.maximum,
+                    "raised the file-descriptor limit (RLIMIT_NOFILE) to its hard limit"
+                );
+                limit = getrlimit(Resource::Nofile);
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot raise RLIMIT_NOFILE"),
         }
     }
-    drop(listener);
-    graceful.shutdown().await;
+    let needed = descriptors_needed(config, listeners);
+    if let Some(soft) = limit.current
+        && needed > soft
+    {
+        tracing::warn!(
+            max_connections = config.server.max_connections,
+            listeners,
+            pool_size = config.database.pool_size,
+            needed,
+            limit = soft,
+            "server.max_connections on each listener plus database.pool_size and {FD_RESERVE} \
+             for the process need {needed} file descriptors, above the limit (RLIMIT_NOFILE) of \
+             {soft}: the cap cannot be honoured, and once descriptors run out `accept` fails \
+             until connections close. Raise the limit (ulimit -n, systemd LimitNOFILE=) or \
+             lower server.max_connections"
+        );
+    }
+}
+
+#[cfg(not(unix))]
+fn check_descriptors(_config: &Config, _listeners: u64) {}
+
+fn descriptors_needed(config: &Config, listeners: u64) -> u64 {
+    (config.server.max_connections as u64)
+        .saturating_mul(listeners)
+        .saturating_add(u64::from(config.database.pool_size))
+        .saturating_add(FD_RESERVE)
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -216,5 +424,28 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_backoff_doubles_to_a_cap_and_restarts_after_a_success() {
+        let mut b = Backoff::default();
+        let delays: Vec<_> = (0..9).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, [10, 20, 40, 80, 160, 320, 640, 1000, 1000]);
+        b.reset();
+        assert_eq!(b.next_delay(), Backoff::FIRST);
+    }
+
+    #[test]
+    fn descriptors_needed_count_every_listener_and_the_pool() {
+        let mut config = Config::default();
+        config.server.max_connections = 1000;
+        config.database.pool_size = 16;
+        assert_eq!(descriptors_needed(&config, 1), 1000 + 16 + FD_RESERVE);
+        assert_eq!(descriptors_needed(&config, 2), 2000 + 16 + FD_RESERVE);
     }
 }

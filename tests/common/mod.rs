@@ -281,8 +281,18 @@ pub async fn serve_socket(gw: &Arc<Gateway>, admin: Option<bloomgate::server::Ad
             let _ = stopped.await;
         },
     ));
+    wait_ready(addr, String::new).await;
+    Served { addr, stop, task }
+}
+
+/// Returns once `http://addr/readyz` answers 200; panics after 20 s with
+/// `context()` (a log, say).
+pub async fn wait_ready(addr: SocketAddr, context: impl Fn() -> String) {
     let began = std::time::Instant::now();
-    let client = reqwest::Client::new();
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(2))
+        .build()
+        .unwrap();
     while client
         .get(format!("http://{addr}/readyz"))
         .send()
@@ -293,11 +303,11 @@ pub async fn serve_socket(gw: &Arc<Gateway>, admin: Option<bloomgate::server::Ad
     {
         assert!(
             began.elapsed() < std::time::Duration::from_secs(20),
-            "never became ready"
+            "never became ready\n{}",
+            context()
         );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    Served { addr, stop, task }
 }
 
 impl Served {
