@@ -7,7 +7,7 @@
 #
 # SYSTEM: bloomgate (the release binary, shipped config) or bare
 # (examples/bare_axum); WORKLOAD: one of bench/keys.lua's (hit, attack, ...).
-# BIN=path overrides the bloomgate binary (to profile an experiment's build).
+# BIN and BARE_BIN override the binaries (to profile an experiment's build).
 #
 # perf: `perf record` on the running server while wrk loads it (software
 # clock event `cpu-clock`: this VM has no hardware counters, `perf stat -e
@@ -29,15 +29,15 @@
 # output as bench/results/profiles/SYSTEM-WORKLOAD.callgrind.txt
 # (callgrind_annotate, top functions, inclusive).
 #
-# Environment: DURATION [8s perf, 20s callgrind], LABEL [SYSTEM] (the row
-# name in callgrind.tsv and the file names), PG_URL
-# [postgres://postgres@127.0.0.1:5432]. Needs bench/run.sh's database
-# (run it once), wrk, and linux-perf or valgrind (installed if missing).
-# Ports 18080/18081, as run.sh's; do not run both at once.
+# Environment: DURATION [15s perf, 20s callgrind], LABEL [SYSTEM] (the row
+# name in callgrind.tsv and the file names), PORT [18089], PG_URL
+# [postgres://postgres@127.0.0.1:5432]; the server inherits the rest of the
+# environment (BLOOMGATE_* settings). Needs bench/run.sh's database (run it
+# once), wrk, and linux-perf or valgrind (installed if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 3 ]; then
-  sed -n '2,37p' "$0" >&2
+  sed -n '2,38p' "$0" >&2
   exit 2
 fi
 MODE=$1 SYSTEM=$2 WORKLOAD=$3
@@ -53,7 +53,7 @@ cleanup() {
     for _ in $(seq 1 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.2; done
     kill -KILL "$PID" 2>/dev/null || true
   fi
-  rm -rf "$WORK"
+  if [ "${KEEP_WORK:-0}" = 1 ]; then log "scratch kept in $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -61,9 +61,10 @@ log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 need() { command -v "$1" >/dev/null || { apt-get update -qq >&2 || true; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >&2; }; }
 need wrk wrk
 
+PORT=${PORT:-18089}
 case $SYSTEM in
-  bloomgate) BIN=${BIN:-target/release/bloomgate}; PORT=18080 ;;
-  bare) BIN=target/release/examples/bare_axum; PORT=18081 ;;
+  bloomgate) BIN=${BIN:-target/release/bloomgate} ;;
+  bare) BIN=${BARE_BIN:-target/release/examples/bare_axum} ;;
   *) echo "SYSTEM must be bloomgate or bare" >&2; exit 2 ;;
 esac
 [ -x "$BIN" ] || cargo build --release --bin bloomgate --example bare_axum >&2
@@ -85,9 +86,18 @@ start() { # WRAPPER...
   done
   log "not ready after 6 minutes"; exit 1
 }
+# The hit workload: passes over every key in order until one pass reached
+# them all (keys.lua's min_sent), so that the measured window has only hits
+# (the cache starts empty and holds 10x the keys: nothing is refused).
 warm() { # CONNECTIONS DURATION
   if [ "$WORKLOAD" = hit ]; then
-    wrk -t1 -c"$1" -d"$2" -s bench/keys.lua "$URL" -- hitwarm 0 >/dev/null 2>&1
+    local pass sent
+    for pass in $(seq 1 20); do
+      sent=$(wrk -t1 -c"$1" -d"$2" -s bench/keys.lua "$URL" -- hitwarm 0 2>&1 |
+        tr ' ' '\n' | awk -F= '$1 == "min_sent" {print $2}')
+      [ "${sent:-0}" -ge $((${HIT_KEYS:-10000} + $1)) ] && return 0
+    done
+    log "warning: the hit warm-up never reached every key"
   else
     wrk -t1 -c"$1" -d"$2" -s bench/keys.lua "$URL" -- "$WORKLOAD" 7 >/dev/null 2>&1
   fi
@@ -96,7 +106,7 @@ warm() { # CONNECTIONS DURATION
 case $MODE in
   perf)
     need perf linux-perf
-    DURATION=${DURATION:-8s}
+    DURATION=${DURATION:-15s}
     start
     warm 64 3s
     secs=${DURATION%s}
@@ -107,10 +117,12 @@ case $MODE in
       >"$WORK/perf-record.log" 2>&1
     wait "$wrk_pid" || true
     base=$OUT/$LABEL-$WORKLOAD
-    perf report -i "$WORK/perf.data" --no-children --percent-limit 1 --stdio --sort symbol -g none \
-      >"$base.self.txt" 2>/dev/null
-    perf report -i "$WORK/perf.data" --children --percent-limit 2 --stdio --sort symbol -g none \
-      >"$base.children.txt" 2>/dev/null
+    # (Trailing padding and the empty IPC columns, which a clock event
+    # cannot fill, are cut.)
+    perf report -i "$WORK/perf.data" --no-children --percent-limit 1 --stdio --sort symbol -g none 2>/dev/null |
+      sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//' >"$base.self.txt"
+    perf report -i "$WORK/perf.data" --children --percent-limit 2 --stdio --sort symbol -g none 2>/dev/null |
+      sed -E 's/[[:space:]]+-[[:space:]]+-[[:space:]]*$//; s/[[:space:]]+$//' >"$base.children.txt"
     if command -v inferno-collapse-perf >/dev/null && command -v inferno-flamegraph >/dev/null; then
       perf script -i "$WORK/perf.data" 2>/dev/null | inferno-collapse-perf >"$WORK/folded.txt"
       inferno-flamegraph --title "$LABEL, $WORKLOAD ($(grep -o 'RESULT.*rps=[0-9.]*' "$WORK/wrk.txt" | grep -o 'rps=.*'))" \
@@ -124,7 +136,8 @@ case $MODE in
     start valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$WORK/cg.out" --dump-instr=no
     warm 8 5s
     callgrind_control -i on "$PID" >/dev/null
-    warm 8 2s # instrumented code paths warm too
+    # Instrumented code warms too (valgrind translates it on first use).
+    wrk -t1 -c8 -d2s -s bench/keys.lua "$URL" -- "$WORKLOAD" 7 >/dev/null 2>&1
     callgrind_control -z "$PID" >/dev/null
     out=$(wrk -t1 -c8 -d"$DURATION" -s bench/keys.lua "$URL" -- "$WORKLOAD" 42 2>&1 | grep '^RESULT')
     callgrind_control -d "$PID" >/dev/null
@@ -152,7 +165,8 @@ print(total, alloc)
 EOF
 )
     base=$OUT/$LABEL-$WORKLOAD
-    callgrind_annotate --inclusive=yes --threshold=99 "$dump" 2>/dev/null | head -n 80 >"$base.callgrind.txt"
+    callgrind_annotate --inclusive=yes --threshold=99 "$dump" >"$WORK/annotate.txt" 2>/dev/null || true
+    head -n 80 "$WORK/annotate.txt" >"$base.callgrind.txt"
     tsv=$OUT/callgrind.tsv
     [ -s "$tsv" ] || printf 'label\tworkload\trequests\tinstructions\tinstructions_per_request\tallocations_per_request\tdate\tgit\n' >"$tsv"
     row=$(awk -v l="$LABEL" -v w="$WORKLOAD" -v r="$requests" -v i="$ir" -v m="$mallocs" \
