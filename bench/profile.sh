@@ -116,7 +116,7 @@ case $MODE in
     perf record -e cpu-clock -F 999 --call-graph dwarf,16384 -p "$PID" -o "$WORK/perf.data" -- sleep "$secs" \
       >"$WORK/perf-record.log" 2>&1
     wait "$wrk_pid" || true
-    base=$OUT/$LABEL-$WORKLOAD
+    base=$OUT/$(echo "$LABEL" | tr -c "A-Za-z0-9_.+\n-" "-")-$WORKLOAD
     # (Trailing padding and the empty IPC columns, which a clock event
     # cannot fill, are cut.)
     perf report -i "$WORK/perf.data" --no-children --percent-limit 1 --stdio --sort symbol -g none 2>/dev/null |
@@ -164,7 +164,7 @@ alloc = sum(n for f, n in calls.items() if f in ("malloc", "calloc", "realloc", 
 print(total, alloc)
 EOF
 )
-    base=$OUT/$LABEL-$WORKLOAD
+    base=$OUT/$(echo "$LABEL" | tr -c "A-Za-z0-9_.+\n-" "-")-$WORKLOAD
     callgrind_annotate --inclusive=yes --threshold=99 "$dump" >"$WORK/annotate.txt" 2>/dev/null || true
     head -n 80 "$WORK/annotate.txt" >"$base.callgrind.txt"
     tsv=$OUT/callgrind.tsv
