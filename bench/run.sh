@@ -67,6 +67,7 @@ VARNISH_MEM=${VARNISH_MEM:-256m}
 export HIT_KEYS
 FLUSH_WAIT=${FLUSH_WAIT:-11}
 BENCH_10M=${BENCH_10M:-1}
+SKIP_PRELOAD=${SKIP_PRELOAD:-0}
 PRELOAD_REPS=${PRELOAD_REPS:-3}
 NO_REPORT=${NO_REPORT:-0}
 KEEP_WORK=${KEEP_WORK:-0}
@@ -334,11 +335,11 @@ warm_hit() { # SYSTEM URL TAG
       tee "$WORK/$3.warm$try" | grep '^RESULT' || true)
     m1=$(cache_misses "$sys")
     sent=$(kv "$out" min_sent)
+    if [ "$m0" = - ]; then return 0; fi # no cache to warm (bare, unprotected): one pass warms the connections
     if [ "${sent:-0}" -lt "$need" ]; then
       log "  hit warm-up pass $try: a wrk thread sent ${sent:-0} of the $need requests that cover every key; again"
       continue
     fi
-    if [ "$m0" = - ]; then return 0; fi # nothing to warm: one pass for the connections
     if [ "$(delta "$m0" "$m1")" = 0 ]; then
       log "  hit warm-up: pass $try covered all $HIT_KEYS keys with no miss"
       return 0
@@ -526,9 +527,9 @@ done
 cat >"$RESULTS/env.txt" <<EOF
 run=$BEGAN
 date=$(date -u +%Y-%m-%dT%H:%MZ)
-command=$(for v in DURATION WARMUP SYSTEMS WORKLOADS HIT_KEYS; do
+command=$(for v in DURATION WARMUP SYSTEMS WORKLOADS HIT_KEYS QUIET_MAX BENCH_10M SKIP_PRELOAD; do
   d=$(sed -n "s/^$v=\${$v:-\"*\([^\"}]*\)\"*}$/\1/p" "$ROOT/bench/run.sh" | head -n 1)
-  case ${!v} in "$d") ;; *" "*) printf '%s="%s" ' "$v" "${!v}" ;; *) printf '%s=%s ' "$v" "${!v}" ;; esac
+  case ${!v-} in "$d") ;; *" "*) printf '%s="%s" ' "$v" "${!v-}" ;; *) printf '%s=%s ' "$v" "${!v-}" ;; esac
 done)bench/run.sh
 duration=$DURATION
 warmup=$WARMUP
