@@ -127,9 +127,21 @@ esac
 VARNISHD=$(command -v varnishd || echo /usr/sbin/varnishd)
 command -v python3 >/dev/null || apt_install python3
 
-for port in $PORT_GW $PORT_BARE $PORT_RAW $PORT_NGINX $PORT_PRELOAD $PORT_VARNISH $PORT_ADMIN_GW $PORT_ADMIN_RAW; do
+# The ports this run will listen on (the systems asked for, the preload).
+ports=""
+for sys in $SYSTEMS; do
+  case $sys in
+    bare) ports="$ports $PORT_BARE" ;;
+    bloomgate) ports="$ports $PORT_GW $PORT_ADMIN_GW" ;;
+    unprotected) ports="$ports $PORT_RAW $PORT_ADMIN_RAW" ;;
+    nginx) ports="$ports $PORT_NGINX $PORT_RAW $PORT_ADMIN_RAW" ;;
+    varnish) ports="$ports $PORT_VARNISH $PORT_RAW $PORT_ADMIN_RAW" ;;
+  esac
+done
+[ "$SKIP_PRELOAD" = 1 ] || ports="$ports $PORT_PRELOAD"
+for port in $ports; do
   if ss -Hltn "sport = :$port" 2>/dev/null | grep -q .; then
-    log "port $port is in use; bench/run.sh needs 127.0.0.1:18080-18084 and 18086-18088"; exit 1
+    log "port $port is in use; bench/run.sh needs it (127.0.0.1:18080-18084 and 18086-18088 in all)"; exit 1
   fi
 done
 
