@@ -9,6 +9,15 @@
 --           spread over the table rather than its first pages
 --   cold    existing keys, uniform over 1..N (N is 10x the gateway's cache)
 --   mixed   90 % hot, 10 % attack
+--   hit     existing keys, uniform over K = HIT_KEYS (env, default 10,000)
+--           ranks, rank r being user ((r - 1) * 7919) % N + 1 as for hot: a
+--           key set every system's cache holds, so once warmed every request
+--           is a cache hit (run.sh warms it with hitwarm and checks it)
+--   hitwarm the same K keys in order, each wrk thread cycling through all of
+--           them from its own offset; done() reports min_sent, the fewest
+--           requests any thread sent: a thread that sent K + its connections
+--           has had an answer for every key (run.sh repeats the warm-up until
+--           then)
 -- SEED    integer; thread t uses SEED * 1000 + t, so runs are repeatable.
 -- KEYLOG  optional path prefix: thread t writes every key it sends to
 --         KEYLOG.t, one per line (run.sh counts distinct keys from them).
@@ -21,6 +30,8 @@
 local N = 1000000
 local ABSENT_LO, ABSENT_HI = 1000000001, 2000000000
 local STRIDE = 7919 -- prime, coprime with N: rank -> id is a bijection
+local K = tonumber(os.getenv("HIT_KEYS") or "10000")
+assert(K >= 1 and K <= N, "HIT_KEYS must be in 1.." .. N)
 
 local threads = {}
 
@@ -30,6 +41,11 @@ function setup(thread)
 end
 
 local workload, log
+-- Rank r of N (hot, hit) to a user id, scattered over the table.
+local function rank_id(r)
+  return ((r - 1) * STRIDE) % N + 1
+end
+
 bad = 0
 sent = 0
 absent_sent = 0
@@ -54,7 +70,7 @@ local function zipf_id()
     if r < 1 then r = 1 elseif r > N then r = N end
     if r - x <= zs or u >= math.log(r + 0.5) - 1.0 / r then break end
   end
-  return ((r - 1) * STRIDE) % N + 1
+  return rank_id(r)
 end
 
 local function absent_id()
@@ -75,6 +91,16 @@ function init(args)
     next_id = zipf_id
   elseif workload == "cold" then
     next_id = function() return math.random(1, N) end
+  elseif workload == "hit" then
+    next_id = function() return rank_id(math.random(1, K)) end
+  elseif workload == "hitwarm" then
+    -- Each thread walks all K keys, threads from different offsets so that
+    -- they do not ask for the same key at the same moment.
+    local r = math.floor(K * (((tid or 1) - 1) * 0.618034 % 1))
+    next_id = function()
+      r = r % K + 1
+      return rank_id(r)
+    end
   elseif workload == "mixed" then
     build_zipf()
     next_id = function()
@@ -104,17 +130,19 @@ function response(status, headers, body)
 end
 
 function done(summary, latency, requests)
-  local b, s, a = 0, 0, 0
+  local b, s, a, m = 0, 0, 0, nil
   for _, t in ipairs(threads) do
     b = b + (t:get("bad") or 0)
-    s = s + (t:get("sent") or 0)
+    local ts = t:get("sent") or 0
+    s = s + ts
     a = a + (t:get("absent_sent") or 0)
+    if m == nil or ts < m then m = ts end
   end
   local e = summary.errors
   io.write(string.format(
     "RESULT requests=%d duration_us=%d rps=%.1f p50_us=%d p99_us=%d p999_us=%d max_us=%d " ..
-    "connect=%d read=%d write=%d timeout=%d status_ge400=%d bad=%d sent=%d absent_sent=%d\n",
+    "connect=%d read=%d write=%d timeout=%d status_ge400=%d bad=%d sent=%d absent_sent=%d min_sent=%d\n",
     summary.requests, summary.duration, summary.requests / (summary.duration / 1e6),
     latency:percentile(50), latency:percentile(99), latency:percentile(99.9), latency.max,
-    e.connect, e.read, e.write, e.timeout, e.status, b, s, a))
+    e.connect, e.read, e.write, e.timeout, e.status, b, s, a, m or 0))
 end

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use clap::Parser;
 
 /// What `/users/500000` returns from the gateway on the seeded demo data.
-const BODY: &[u8] = br#"{"id":500000,"email":"user500000@example.com","name":"User 500000","created_at":"2024-12-13T05:20:00+00:00"}"#;
+pub const BODY: &[u8] = br#"{"id":500000,"email":"user500000@example.com","name":"User 500000","created_at":"2024-12-13T05:20:00+00:00"}"#;
 
 #[derive(Parser)]
 struct Args {
@@ -26,7 +26,7 @@ struct Args {
     listen: SocketAddr,
 }
 
-async fn user() -> Response {
+pub async fn user() -> Response {
     let mut resp = (StatusCode::OK, Bytes::from_static(BODY)).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -38,14 +38,18 @@ async fn user() -> Response {
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let args = Args::parse();
-    let app = Router::new()
-        .route("/users/{id}", get(user))
-        .route("/readyz", get(|| async { "ready" }));
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     eprintln!(
         "bare_axum listening on {} ({} byte body)",
         args.listen,
         BODY.len()
     );
-    axum::serve(listener, app).await
+    axum::serve(listener, app()).await
+}
+
+/// The routes (examples/hit_cost.rs measures them without a server).
+pub fn app() -> Router {
+    Router::new()
+        .route("/users/{id}", get(user))
+        .route("/readyz", get(|| async { "ready" }))
 }
