@@ -479,7 +479,16 @@ impl Resource {
                     // Sized for growth until the next rebuild; at least one
                     // key so an empty table still gets a valid filter.
                     let expected = ((count as f64) * f.headroom).ceil().max(1.0) as u64;
-                    KeySetBuilder::new(f.mode, expected, f.false_positive_rate, FilterKey::random())
+                    // The key type decides the layouts `auto` may pick: an
+                    // empty uuid or text table must still get a filter that
+                    // rejects byte keys.
+                    KeySetBuilder::new(
+                        f.mode,
+                        key_type.kind(),
+                        expected,
+                        f.false_positive_rate,
+                        FilterKey::random(),
+                    )
                 },
                 |builder, raw| match (builder, key::item_from_column(key_type, raw)) {
                     (Ok(b), Some(item)) => {
