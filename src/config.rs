@@ -99,6 +99,17 @@ pub struct AdminConfig {
     /// A file holding the bearer token (trailing whitespace ignored).
     /// Default: none; `BLOOMGATE_ADMIN_TOKEN` takes precedence.
     pub token_file: Option<PathBuf>,
+    /// Whole-request deadline for admin requests (the admin listener does
+    /// not use `server.request_timeout`); past it: 504. A rebuild is never
+    /// cut off by it: it runs in the background (see `rebuild_wait`).
+    /// Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How long `POST /admin/resources/{name}/rebuild?wait=true` waits for
+    /// the rebuild's outcome before answering 202 (the rebuild goes on).
+    /// Not bounded by `request_timeout`. Default `10m`.
+    #[serde(with = "humantime_serde")]
+    pub rebuild_wait: Duration,
 }
 
 impl Default for AdminConfig {
@@ -106,6 +117,8 @@ impl Default for AdminConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token_file: None,
+            request_timeout: Duration::from_secs(30),
+            rebuild_wait: Duration::from_secs(600),
         }
     }
 }
@@ -573,6 +586,15 @@ impl Config {
                 "server.header_read_timeout".into(),
                 "must be above 0".into(),
             ));
+        }
+        if self.admin.request_timeout.is_zero() {
+            return Err(bad(
+                "admin.request_timeout".into(),
+                "must be above 0".into(),
+            ));
+        }
+        if self.admin.rebuild_wait.is_zero() {
+            return Err(bad("admin.rebuild_wait".into(), "must be above 0".into()));
         }
         if self.admin.listen == s.listen {
             return Err(bad(
@@ -1044,6 +1066,11 @@ mod tests {
                 "[filter]\nrebuild_insert_fraction = -1.0\n",
                 "filter.rebuild_insert_fraction",
             ),
+            (
+                "[admin]\nrequest_timeout = \"0s\"\n",
+                "admin.request_timeout",
+            ),
+            ("[admin]\nrebuild_wait = \"0s\"\n", "admin.rebuild_wait"),
             (
                 "[filter]\nrebuild_interval = \"10ms\"\n",
                 "filter.rebuild_interval",
