@@ -253,6 +253,8 @@ pub enum RebuildError {
     Disabled,
     #[error("the gateway stopped before the rebuild finished")]
     Cancelled,
+    #[error("the rebuild panicked (a bug; see the log); the current filter stays")]
+    Panicked,
 }
 
 impl From<DbError> for RebuildError {
@@ -915,7 +917,15 @@ impl Resource {
                 None => std::future::pending().await,
             }
         };
-        let rebuilds = self.rebuilds.run(|job| self.run_rebuild(job));
+        // A panic (a bug) fails that rebuild only: the coordinator's task
+        // lives on, or no rebuild would ever run again. The journal is
+        // closed by its guard while unwinding.
+        let rebuilds = self.rebuilds.run(|job| {
+            use futures_util::FutureExt;
+            std::panic::AssertUnwindSafe(self.run_rebuild(job))
+                .catch_unwind()
+                .map(|r| r.unwrap_or(Err(RebuildError::Panicked)))
+        });
         tokio::join!(rebuilds, confirm);
     }
 
