@@ -28,7 +28,8 @@ fuzz_target!(
     init: {
         // The resealing below must compute the library's checksum, or every
         // resealed input would stop at "checksum mismatch".
-        let mut b = bloomgate::filter::KeySetBuilder::new(bloomgate::filter::Mode::Bloom,
+        let mut b = bloomgate::filter::KeySetBuilder::new(
+            bloomgate::filter::Mode::Bloom,
             bloomgate::filter::KeyKind::Int,
             10,
             0.01,
