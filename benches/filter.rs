@@ -12,7 +12,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use bloomgate::filter::{BloomFilter, ExactSet, FilterKey, Item, KeySetBuilder, Mode};
+use bloomgate::filter::{BloomFilter, ExactSet, FilterKey, Item, KeyKind, KeySetBuilder, Mode};
 use criterion::{
     BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
 };
@@ -203,13 +203,15 @@ fn benches(c: &mut Criterion) {
             "ours/insert",
             &d.present,
             || BloomFilter::with_shape(blocks, k, key()).unwrap(),
-            |f, k| f.insert(&k.to_le_bytes()),
+            |f, k| {
+                f.insert(&k.to_le_bytes());
+            },
         );
         bench_insert(
             &mut g,
             "ours/insert_builder",
             &d.present,
-            || KeySetBuilder::new(Mode::Bloom, n, P, key()).unwrap(),
+            || KeySetBuilder::new(Mode::Bloom, KeyKind::Int, n, P, key()).unwrap(),
             |b, k| b.insert(Item::Int(k as i64)),
         );
         let o = ours(&d);
@@ -317,7 +319,7 @@ fn benches(c: &mut Criterion) {
         .throughput(Throughput::Elements(n));
     g.bench_function("keyset_builder_bloom", |b| {
         b.iter(|| {
-            let mut builder = KeySetBuilder::new(Mode::Bloom, n, P, key()).unwrap();
+            let mut builder = KeySetBuilder::new(Mode::Bloom, KeyKind::Int, n, P, key()).unwrap();
             for &k in &d.present {
                 builder.insert(Item::Int(k as i64));
             }
@@ -326,7 +328,7 @@ fn benches(c: &mut Criterion) {
     });
     g.bench_function("keyset_builder_auto_dense_ids", |b| {
         b.iter(|| {
-            let mut builder = KeySetBuilder::new(Mode::Auto, n, P, key()).unwrap();
+            let mut builder = KeySetBuilder::new(Mode::Auto, KeyKind::Int, n, P, key()).unwrap();
             for id in 1..=n as i64 {
                 builder.insert(Item::Int(id));
             }

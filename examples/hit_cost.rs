@@ -36,7 +36,7 @@ use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::IntoResponse;
 use bloomgate::cache::Row;
 use bloomgate::config::{Config, LogConfig, LogFormat};
-use bloomgate::filter::{FilterKey, Item, KeySetBuilder, Mode};
+use bloomgate::filter::{FilterKey, Item, KeyKind, KeySetBuilder, Mode};
 use bloomgate::gateway::Gateway;
 use bloomgate::key::{self, Key, KeyType};
 use bloomgate::metrics::{Metrics, outcome};
@@ -143,7 +143,8 @@ fn pieces(rt: &tokio::runtime::Runtime) {
         ("exact (shipped: `auto` on 1M dense ids)", Mode::Auto),
         ("Bloom", Mode::Bloom),
     ] {
-        let mut b = KeySetBuilder::new(mode, 1_500_000, 0.01, FilterKey::random()).expect("filter");
+        let mut b = KeySetBuilder::new(mode, KeyKind::Int, 1_500_000, 0.01, FilterKey::random())
+            .expect("filter");
         for v in 1..=1_000_000 {
             b.insert(Item::Int(v));
         }

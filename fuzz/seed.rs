@@ -9,7 +9,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use bloomgate::filter::{FilterKey, Item, KeySet, KeySetBuilder, Mode};
+use bloomgate::filter::{FilterKey, Item, KeyKind, KeySet, KeySetBuilder, Mode};
 use highway::{HighwayHash, HighwayHasher, Key};
 
 fn main() {
@@ -32,7 +32,7 @@ fn write(dir: &Path, name: &str, bytes: &[u8]) {
 fn filter_seeds(dir: &Path) {
     let key = FilterKey::from_bytes([7; 32]);
     let build = |mode: Mode, expected: u64, items: &[Item<'_>], k: &FilterKey| -> KeySet {
-        let mut b = KeySetBuilder::new(mode, expected, 0.01, k.clone()).unwrap();
+        let mut b = KeySetBuilder::new(mode, KeyKind::Int, expected, 0.01, k.clone()).unwrap();
         for &i in items {
             b.insert(i);
         }

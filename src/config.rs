@@ -121,6 +121,17 @@ pub struct AdminConfig {
     /// A file holding the bearer token (trailing whitespace ignored).
     /// Default: none; `BLOOMGATE_ADMIN_TOKEN` takes precedence.
     pub token_file: Option<PathBuf>,
+    /// Whole-request deadline for admin requests (the admin listener does
+    /// not use `server.request_timeout`); past it: 504. A rebuild is never
+    /// cut off by it: it runs in the background (see `rebuild_wait`).
+    /// Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How long `POST /admin/resources/{name}/rebuild?wait=true` waits for
+    /// the rebuild's outcome before answering 202 (the rebuild goes on).
+    /// Not bounded by `request_timeout`. Default `10m`.
+    #[serde(with = "humantime_serde")]
+    pub rebuild_wait: Duration,
 }
 
 impl Default for AdminConfig {
@@ -128,6 +139,8 @@ impl Default for AdminConfig {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
             token_file: None,
+            request_timeout: Duration::from_secs(30),
+            rebuild_wait: Duration::from_secs(600),
         }
     }
 }
@@ -277,9 +290,25 @@ pub struct FilterConfig {
     /// `verify_budget` times a second; past that budget it is rejected as
     /// usual. Default false.
     pub verify_above_high_water: bool,
-    /// Database checks per second allowed by `verify_above_high_water`.
-    /// Default 100.
+    /// Database checks per second allowed by `verify_above_high_water`
+    /// (also spent on confirming announced keys above the mark before they
+    /// may raise it). Default 100.
     pub verify_budget: u32,
+    /// Rebuild as soon as the estimated false-positive rate of the live
+    /// Bloom filter (the sizing model at its key count) exceeds this
+    /// multiple of `false_positive_rate`; `0` disables. At least 1.
+    /// Default 2.
+    pub rebuild_fp_multiple: f64,
+    /// Rebuild as soon as the deletes applied since the last build exceed
+    /// this fraction of the keys it found (deleted keys stay in the filter
+    /// and pass it); `0` disables. Must be below `max_shrink`, or that
+    /// rebuild would be refused. Default 0.25.
+    pub rebuild_delete_fraction: f64,
+    /// Rebuild as soon as live inserts since the last build exceed this
+    /// multiple of the keys it found (at least 1024 inserts): bounds the
+    /// growth of an exact set that forged notifications could otherwise
+    /// grow until the next scheduled rebuild; `0` disables. Default 1.
+    pub rebuild_insert_fraction: f64,
 }
 
 impl Default for FilterConfig {
@@ -293,6 +322,9 @@ impl Default for FilterConfig {
             max_shrink: 0.5,
             verify_above_high_water: false,
             verify_budget: 100,
+            rebuild_fp_multiple: 2.0,
+            rebuild_delete_fraction: 0.25,
+            rebuild_insert_fraction: 1.0,
         }
     }
 }
@@ -377,6 +409,9 @@ pub struct FilterOverrides {
     pub max_shrink: Option<f64>,
     pub verify_above_high_water: Option<bool>,
     pub verify_budget: Option<u32>,
+    pub rebuild_fp_multiple: Option<f64>,
+    pub rebuild_delete_fraction: Option<f64>,
+    pub rebuild_insert_fraction: Option<f64>,
 }
 
 /// A byte count as a plain integer: `ByteSize`'s own form rounds
@@ -415,6 +450,13 @@ impl FilterOverrides {
                 .verify_above_high_water
                 .unwrap_or(base.verify_above_high_water),
             verify_budget: self.verify_budget.unwrap_or(base.verify_budget),
+            rebuild_fp_multiple: self.rebuild_fp_multiple.unwrap_or(base.rebuild_fp_multiple),
+            rebuild_delete_fraction: self
+                .rebuild_delete_fraction
+                .unwrap_or(base.rebuild_delete_fraction),
+            rebuild_insert_fraction: self
+                .rebuild_insert_fraction
+                .unwrap_or(base.rebuild_insert_fraction),
         }
     }
 }
@@ -576,6 +618,15 @@ impl Config {
                 format!("must be between 1 and {}", u32::MAX),
             ));
         }
+        if self.admin.request_timeout.is_zero() {
+            return Err(bad(
+                "admin.request_timeout".into(),
+                "must be above 0".into(),
+            ));
+        }
+        if self.admin.rebuild_wait.is_zero() {
+            return Err(bad("admin.rebuild_wait".into(), "must be above 0".into()));
+        }
         if self.admin.listen == s.listen {
             return Err(bad(
                 "admin.listen".into(),
@@ -695,6 +746,36 @@ fn validate_filter(f: &FilterConfig, at: &str) -> Result<(), (String, String)> {
         return Err((
             format!("{at}.max_shrink"),
             format!("{} is not in [0, 1]", f.max_shrink),
+        ));
+    }
+    let m = f.rebuild_fp_multiple;
+    if !(m == 0.0 || (1.0..=1e6).contains(&m)) {
+        return Err((
+            format!("{at}.rebuild_fp_multiple"),
+            format!("{m} is neither 0 (off) nor in [1, 1e6]"),
+        ));
+    }
+    let d = f.rebuild_delete_fraction;
+    if !(0.0..=1.0).contains(&d) {
+        return Err((
+            format!("{at}.rebuild_delete_fraction"),
+            format!("{d} is not in [0, 1]"),
+        ));
+    }
+    if d > 0.0 && f.max_shrink < 1.0 && d >= f.max_shrink {
+        return Err((
+            format!("{at}.rebuild_delete_fraction"),
+            format!(
+                "{d} must be below max_shrink ({}): the rebuild it asks for would be refused as a shrink",
+                f.max_shrink
+            ),
+        ));
+    }
+    let g = f.rebuild_insert_fraction;
+    if !(0.0..=1e6).contains(&g) {
+        return Err((
+            format!("{at}.rebuild_insert_fraction"),
+            format!("{g} is not in [0, 1e6]"),
         ));
     }
     if !f.rebuild_interval.is_zero() && f.rebuild_interval < Duration::from_secs(1) {
@@ -1001,6 +1082,27 @@ mod tests {
             ("[filter]\nheadroom = 0.5\n", "filter.headroom"),
             ("[filter]\nmax_shrink = 2.0\n", "filter.max_shrink"),
             (
+                "[filter]\nrebuild_fp_multiple = 0.5\n",
+                "filter.rebuild_fp_multiple",
+            ),
+            (
+                "[filter]\nrebuild_delete_fraction = 1.5\n",
+                "filter.rebuild_delete_fraction",
+            ),
+            (
+                "[filter]\nrebuild_delete_fraction = 0.6\n",
+                "filter.rebuild_delete_fraction",
+            ),
+            (
+                "[filter]\nrebuild_insert_fraction = -1.0\n",
+                "filter.rebuild_insert_fraction",
+            ),
+            (
+                "[admin]\nrequest_timeout = \"0s\"\n",
+                "admin.request_timeout",
+            ),
+            ("[admin]\nrebuild_wait = \"0s\"\n", "admin.rebuild_wait"),
+            (
                 "[filter]\nrebuild_interval = \"10ms\"\n",
                 "filter.rebuild_interval",
             ),
@@ -1015,6 +1117,18 @@ mod tests {
             let e = err(&format!("{prefix}{MINIMAL}"));
             assert!(e.contains(key), "{prefix}: {e}");
         }
+        // Per resource, the key names the resource.
+        let e = err(&format!(
+            "{MINIMAL}\n[resource.filter]\nrebuild_fp_multiple = 0.9\n"
+        ));
+        assert!(e.contains("resource[0].filter.rebuild_fp_multiple"), "{e}");
+        // Off is 0 for every trigger.
+        assert!(
+            Config::from_toml(&format!(
+                "[filter]\nrebuild_fp_multiple = 0\nrebuild_delete_fraction = 0\nrebuild_insert_fraction = 0\n{MINIMAL}"
+            ))
+            .is_ok()
+        );
     }
 
     #[test]

@@ -1,5 +1,15 @@
 //! The gateway: the database handle and every configured resource, and the
 //! start-up sequence that makes them ready.
+//!
+//! # Tasks
+//! Every background task is the gateway's: it keeps their handles and
+//! [`Gateway::stop`] aborts them all. Per resource: its background task
+//! ([`Resource::run_background`]: the rebuild coordinator every rebuild
+//! request goes through, and the confirmation of announced keys) and its
+//! rebuild schedule; plus the change feed and metrics upkeep. Aborting a
+//! resource's task cancels a rebuild mid-scan: the query is cancelled on the
+//! server and the journal closed (see `resource` and `db`), and every
+//! waiting [`crate::rebuild::Ticket`] resolves.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -19,7 +29,8 @@ pub struct Gateway {
     pub resources: Vec<Arc<Resource>>,
     pub stats: GatewayStats,
     pub metrics: Metrics,
-    /// Listener and rebuild schedules, aborted by [`Gateway::stop`].
+    /// Every background task (see the module doc), aborted by
+    /// [`Gateway::stop`].
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Set once start-up has succeeded: starting twice is a no-op.
     started: tokio::sync::Mutex<bool>,
@@ -95,6 +106,11 @@ impl Gateway {
             return Ok(());
         }
         let began = Instant::now();
+        // First, so that rebuild requests made from here on (the first
+        // build, a feed's resync) are served.
+        for r in &self.resources {
+            self.keep(tokio::spawn(r.clone().run_background()));
+        }
         self.db.wait_until_reachable().await;
         if self.config.database.migrate {
             self.db.migrate().await?;
@@ -162,7 +178,10 @@ impl Gateway {
             .push(task);
     }
 
-    /// Stops the listener and the rebuild schedules.
+    /// Stops every background task: the change feed, rebuild schedules and
+    /// coordinators (a rebuild in progress is cancelled, its scan's query
+    /// too), metrics upkeep. Returns at once; the cancelled scans' queries
+    /// are cancelled on the server within `db::CANCEL_WITHIN`.
     pub fn stop(&self) {
         for t in self
             .tasks

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::filter::Item;
+use crate::filter::{Item, KeyKind};
 
 /// The SQL type of a resource's key column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
@@ -27,6 +27,14 @@ pub enum KeyType {
 }
 
 impl KeyType {
+    /// The kind of filter item its keys become (see [`Key::item`]).
+    pub fn kind(self) -> KeyKind {
+        match self {
+            KeyType::Bigint => KeyKind::Int,
+            KeyType::Uuid | KeyType::Text => KeyKind::Bytes,
+        }
+    }
+
     /// The SQL type the key parameter is cast to in queries.
     pub fn sql_type(self) -> &'static str {
         match self {

@@ -15,7 +15,10 @@
 //!   from [`error::Error`] to status codes.
 //! - [`resource`]: one table served by key; puts the request path together
 //!   (parse, filter, cache, database) and rebuilds its filter without losing
-//!   live inserts.
+//!   live inserts, resetting its high-water mark and watching it decay.
+//! - [`rebuild`]: the per-resource rebuild coordinator every rebuild request
+//!   goes through: at most one running and one pending, owned by the
+//!   gateway's task for that resource.
 //! - [`key`]: parsing a path segment into a typed [`key::Key`].
 //! - [`filter`]: the membership filter ([`filter::KeySet`]): a cache-line
 //!   blocked Bloom filter on secret-keyed HighwayHash, or an exact roaring
@@ -62,6 +65,7 @@ pub mod http;
 pub mod key;
 pub mod listener;
 pub mod metrics;
+pub mod rebuild;
 pub mod resource;
 pub mod seed;
 pub mod server;

@@ -21,22 +21,70 @@
 //! A key inserted before step 1 is in the snapshot (its row committed before
 //! it was announced); one inserted between 1 and 3 is replayed; one inserted
 //! after 3 goes into the new filter directly. Since step 3 holds the lock, no
-//! insert can land between "replayed" and "swapped".
+//! insert can land between "replayed" and "swapped". The journal is closed
+//! by a guard on every way out of a rebuild: success, refusal, error, panic,
+//! or the rebuild future being dropped (its task aborted at shutdown), so a
+//! journal never outlives its rebuild and collects keys for nobody.
+//!
+//! A swap refused by the shrink guard keeps the live filter, but every key
+//! the scan found is then streamed into it (a second scan: adding keys to a
+//! filter is always safe, and the two filters, with different secret keys
+//! and shapes, cannot be merged bit-wise). So a refused rebuild still
+//! recovers the keys whose notifications were lost. The second scan costs
+//! only on refusal; merging during every scan would add a keyed hash and a
+//! probe of the live filter per key to every rebuild.
+//!
+//! # Rebuilds are requested, never run directly
+//! All of them go through the resource's [`Coordinator`] (see
+//! [`crate::rebuild`]): [`Resource::request_rebuild`] returns at once, the
+//! coordinator's task (owned by the gateway, [`Resource::run_background`])
+//! runs them one at a time, at most one running and one pending. That is
+//! also what makes the journal's "one rebuild at a time" true.
+//!
+//! # The high-water mark
+//! For `bigint` keys, `verify_above_high_water` checks a rejected key above
+//! the highest key known to exist against the database (a row committed a
+//! moment ago). A mark that is too high silently turns that off for every
+//! key below it, so the mark only follows keys known to exist:
+//! - each build *resets* it to the highest key its scan found, raised by the
+//!   live inserts recorded in its journal (those after the snapshot) that
+//!   may raise it;
+//! - a [`Provenance::Trusted`] insert (a WAL change, a row the gateway read)
+//!   raises it;
+//! - a [`Provenance::Announced`] insert (a `NOTIFY` payload anyone can send)
+//!   goes into the filter at once but raises the mark only once the
+//!   database confirms the row, checked in the background under the same
+//!   `verify_budget` (no budget, no check: the mark stays, which costs at
+//!   most some budgeted checks, never a false negative).
+//!
+//! # Rebuilds when the protection decays
+//! Inserts fill a Bloom filter past the count it was sized for, and deleted
+//! keys stay in any filter; both let more absent keys through. Each build
+//! precomputes limits (from the sizing model, [`KeySet::max_keys_at_rate`])
+//! and every live insert or noted delete compares counters with them, O(1):
+//! past `rebuild_fp_multiple` × the target rate, past
+//! `rebuild_delete_fraction` of the keys deleted, or past
+//! `rebuild_insert_fraction` of the keys inserted live (which bounds an
+//! exact set forged inserts would grow), one rebuild is requested per build.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::cell::Cell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use arc_swap::ArcSwapOption;
 use serde::Serialize;
+use tokio::sync::mpsc;
 
 use crate::budget::TokenBucket;
 use crate::cache::{Outcome, RowCache};
 use crate::config::Resolved;
 use crate::db::{Db, DbError, Queries};
 use crate::error::Error;
-use crate::filter::{FilterKey, FilterStats, Item, KeySet, KeySetBuilder};
+use crate::filter::{FilterError, FilterKey, FilterStats, Item, KeySet, KeySetBuilder};
 use crate::key::{self, Key, KeyType};
+use crate::rebuild::{self, Coordinator, Job, Reason, Ticket};
 use crate::telemetry::LogThrottle;
 
 /// How a lookup was answered.
@@ -46,6 +94,17 @@ pub enum Lookup {
     Filtered,
     /// The cache answered, or loaded through to the database.
     Cached(Outcome),
+}
+
+/// Where a live insert comes from: decides whether it may raise the
+/// high-water mark (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provenance {
+    /// A source nobody can forge: a WAL change (logical replication), or a
+    /// row the gateway itself read.
+    Trusted,
+    /// A source anyone who can connect may write to: a `NOTIFY` payload.
+    Announced,
 }
 
 /// Counters for metrics and the admin API. Monotonic.
@@ -69,6 +128,17 @@ pub struct Stats {
     /// Keys above the high-water mark checked against the database instead
     /// of rejected (`verify_above_high_water`).
     pub verified_above_high_water: AtomicU64,
+    /// Deletes applied ([`Resource::note_delete`]).
+    pub deletes: AtomicU64,
+    /// Announced keys above the high-water mark that the database did not
+    /// confirm (forged, or deleted again): they did not raise the mark.
+    pub announced_unconfirmed: AtomicU64,
+    /// Keys a refused rebuild's scan found missing from the live filter and
+    /// added to it.
+    pub recovered_keys: AtomicU64,
+    /// Rebuilds requested because the protection decayed (false-positive
+    /// rate, deletes, growth).
+    pub decay_rebuilds: AtomicU64,
 }
 
 impl Stats {
@@ -98,28 +168,99 @@ pub struct BuildReport {
     pub duration_ms: u64,
     #[serde(with = "humantime_serde")]
     pub built_at: SystemTime,
+    /// What asked for it (several requests merge into one build).
+    pub reasons: Vec<&'static str>,
     pub filter: FilterStats,
 }
 
-#[derive(Debug, thiserror::Error)]
+/// The latest swap the shrink guard refused, for the admin API.
+#[derive(Clone, Debug, Serialize)]
+pub struct RefusalReport {
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+    /// Keys of the last accepted build.
+    pub keys_before: u64,
+    /// Keys the refused scan found.
+    pub keys_found: u64,
+    /// Fewest keys an unforced swap accepts.
+    pub min_keys: u64,
+    /// Found keys the live filter did not hold, added to it (the keys of
+    /// lost notifications, now servable).
+    pub recovered: u64,
+    pub reasons: Vec<&'static str>,
+}
+
+/// How the latest rebuild ended, by ticket, for `GET /admin/resources/{name}`
+/// (where `POST .../rebuild` tells a client to watch).
+#[derive(Clone, Debug, Serialize)]
+pub struct LastOutcome {
+    /// The coordinator's ticket of that rebuild (see [`crate::rebuild`]).
+    pub ticket: u64,
+    #[serde(with = "humantime_serde")]
+    pub at: SystemTime,
+    /// `built`, `refused`, `failed`, `disabled` or `cancelled`.
+    pub result: &'static str,
+    /// The generation swapped in (`built`).
+    pub generation: Option<u64>,
+    /// What happened, safe to show (no SQL, no database text).
+    pub message: String,
+}
+
+/// How far the live filter has decayed since its build, and where the
+/// rebuild triggers are. Every figure is O(1) to get (no scan of the bits).
+#[derive(Clone, Debug, Serialize)]
+pub struct Protection {
+    /// Keys at the build plus live inserts that changed the filter since.
+    pub keys: u64,
+    pub keys_at_build: u64,
+    /// `false_positive_rate`.
+    pub target_fp_rate: f64,
+    /// The sizing model's false-positive rate at `keys` (0 for an exact
+    /// set).
+    pub estimated_fp_rate: f64,
+    /// A rebuild is requested past this estimate (`rebuild_fp_multiple` ×
+    /// the target); `null` when off or for an exact set.
+    pub rebuild_fp_rate: Option<f64>,
+    /// The key count at which the estimate crosses `rebuild_fp_rate`.
+    pub rebuild_at_keys: Option<u64>,
+    pub inserts_since_build: u64,
+    pub rebuild_at_inserts: Option<u64>,
+    pub deletes_since_build: u64,
+    pub rebuild_at_deletes: Option<u64>,
+    /// One of these limits has asked for a rebuild of this build already.
+    pub rebuild_requested: bool,
+}
+
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum RebuildError {
     #[error("database: {0}")]
-    Db(#[from] DbError),
+    Db(Arc<DbError>),
     #[error("filter: {0}")]
-    Filter(#[from] crate::filter::FilterError),
+    Filter(#[from] FilterError),
     #[error(
-        "refused: the new scan found {new} keys, fewer than {min} ({old} now, max_shrink {max_shrink}); force the rebuild if this is intended"
+        "refused: the new scan found {new} keys, fewer than {min} ({old} now, max_shrink {max_shrink}); force the rebuild if this is intended. Meanwhile every key it found is served: {recovered} were missing from the filter and were added"
     )]
     Shrunk {
         old: u64,
         new: u64,
         min: u64,
         max_shrink: f64,
+        recovered: u64,
     },
     #[error("{0} key values did not convert to the key type")]
     BadValues(u64),
     #[error("the filter is disabled for this resource")]
     Disabled,
+    #[error("the gateway stopped before the rebuild finished")]
+    Cancelled,
+    #[error("the rebuild panicked (a bug; see the log); the current filter stays")]
+    Panicked,
+}
+
+impl From<DbError> for RebuildError {
+    fn from(e: DbError) -> Self {
+        RebuildError::Db(Arc::new(e))
+    }
 }
 
 impl RebuildError {
@@ -127,15 +268,154 @@ impl RebuildError {
     /// type): retrying will not help, unlike an unreachable database.
     pub fn is_permanent(&self) -> bool {
         match self {
-            RebuildError::Db(DbError::Sqlx(sqlx::Error::Database(e))) => {
+            RebuildError::Db(e) => match &**e {
                 // Class 42: syntax error or access rule violation
                 // (undefined table/column, type mismatch, permission).
-                e.code().is_some_and(|c| c.starts_with("42"))
-            }
+                DbError::Sqlx(sqlx::Error::Database(e)) => {
+                    e.code().is_some_and(|c| c.starts_with("42"))
+                }
+                _ => false,
+            },
             RebuildError::BadValues(_) => true,
             _ => false,
         }
     }
+}
+
+/// What a rebuild ends with; cloneable, so every request merged into one
+/// rebuild gets it.
+pub type RebuildOutcome = Result<BuildReport, RebuildError>;
+
+/// Live inserts recorded while a rebuild runs (see the module doc).
+struct Journal {
+    keys: Vec<Key>,
+    /// The highest key that raised the high-water mark while open.
+    high: i64,
+    /// Deletes noted while open: their keys may still be in the scan.
+    deletes: u64,
+}
+
+impl Journal {
+    fn new() -> Self {
+        Self {
+            keys: Vec::new(),
+            high: i64::MIN,
+            deletes: 0,
+        }
+    }
+}
+
+thread_local! {
+    /// Journal locks this thread holds (see [`JournalLock`]).
+    static JOURNAL_HELD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The journal's lock. Request threads take it on the verify path (and
+/// every live insert does), so nothing slow may run under it; it counts
+/// itself in [`JOURNAL_HELD`] so that [`stats_of`], which scans the whole bit
+/// array, can assert it is not held (debug builds; tested below).
+struct JournalLock<'a>(MutexGuard<'a, Option<Journal>>);
+
+impl Drop for JournalLock<'_> {
+    fn drop(&mut self) {
+        JOURNAL_HELD.with(|h| h.set(h.get() - 1));
+    }
+}
+
+impl Deref for JournalLock<'_> {
+    type Target = Option<Journal>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl DerefMut for JournalLock<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+/// The only way filter stats are computed here: O(bits) for a Bloom filter
+/// (≈1 ms per 10 MB), so never under the journal lock.
+fn stats_of(set: &KeySet) -> FilterStats {
+    debug_assert_eq!(
+        JOURNAL_HELD.with(Cell::get),
+        0,
+        "filter stats scan the bit array: never under the journal lock"
+    );
+    set.stats()
+}
+
+/// Opens the journal; closes it when dropped, on every way out of a rebuild.
+struct OpenJournal<'a>(&'a Resource);
+
+impl<'a> OpenJournal<'a> {
+    fn open(r: &'a Resource) -> Self {
+        *r.lock_journal() = Some(Journal::new());
+        Self(r)
+    }
+}
+
+impl Drop for OpenJournal<'_> {
+    fn drop(&mut self) {
+        *self.0.lock_journal() = None;
+    }
+}
+
+/// Fewest live inserts that can ask for a rebuild by `rebuild_insert_fraction`,
+/// so a small table is not rebuilt every few inserts.
+const MIN_GROWTH_LIMIT_BASE: u64 = 1024;
+/// Announced keys waiting for confirmation; more are not confirmed (the mark
+/// stays, which is safe).
+const CONFIRM_QUEUE: usize = 256;
+
+/// The decay of the live filter since its build, and the limits past which
+/// a rebuild is requested. Reset at every swap, under the journal lock, which
+/// every insert also takes, so counts and limits always belong to one build.
+struct Decay {
+    keys_at_build: AtomicU64,
+    /// Live inserts since the build that changed the filter.
+    grown: AtomicU64,
+    deletes: AtomicU64,
+    /// `u64::MAX`: never.
+    fp_limit_keys: AtomicU64,
+    growth_limit: AtomicU64,
+    delete_limit: AtomicU64,
+    /// A rebuild has been requested for this build.
+    requested: AtomicBool,
+}
+
+impl Default for Decay {
+    fn default() -> Self {
+        Self {
+            keys_at_build: AtomicU64::new(0),
+            grown: AtomicU64::new(0),
+            deletes: AtomicU64::new(0),
+            fp_limit_keys: AtomicU64::new(u64::MAX),
+            growth_limit: AtomicU64::new(u64::MAX),
+            delete_limit: AtomicU64::new(u64::MAX),
+            requested: AtomicBool::new(false),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Limits {
+    fp_keys: u64,
+    growth: u64,
+    deletes: u64,
+}
+
+fn limit_or_never(limit: u64) -> Option<u64> {
+    (limit != u64::MAX).then_some(limit)
+}
+
+/// One scan's result.
+struct Scanned {
+    set: KeySet,
+    keys: u64,
+    rows: u64,
+    max_int: i64,
 }
 
 pub struct Resource {
@@ -145,14 +425,19 @@ pub struct Resource {
     filter: ArcSwapOption<KeySet>,
     cache: RowCache<Key>,
     /// Open (Some) exactly while a rebuild runs; see the module doc.
-    journal: Mutex<Option<Vec<Key>>>,
-    /// One rebuild at a time per resource.
-    rebuilding: tokio::sync::Mutex<()>,
+    journal: Mutex<Option<Journal>>,
+    rebuilds: Coordinator<RebuildOutcome>,
     last_build: Mutex<Option<BuildReport>>,
+    last_refusal: Mutex<Option<RefusalReport>>,
+    last_outcome: Mutex<Option<LastOutcome>>,
     generation: AtomicU64,
-    /// The highest integer key the filter has been given.
+    /// The highest integer key known to exist; see the module doc.
     high_water: AtomicI64,
     verify_budget: TokenBucket,
+    /// Announced keys above the mark, for the confirming task.
+    to_confirm: mpsc::Sender<i64>,
+    to_confirm_rx: Mutex<Option<mpsc::Receiver<i64>>>,
+    decay: Decay,
     /// "row load failed" at most once per interval: in an outage every cold
     /// key fails (the count is in `stats.unavailable`).
     load_failure_log: LogThrottle,
@@ -168,6 +453,7 @@ impl Resource {
             &config.columns,
         );
         let verify_budget = TokenBucket::new(config.filter.verify_budget);
+        let (to_confirm, rx) = mpsc::channel(CONFIRM_QUEUE);
         Self {
             queries,
             cache: RowCache::new(&config.cache),
@@ -175,11 +461,16 @@ impl Resource {
             db,
             filter: ArcSwapOption::empty(),
             journal: Mutex::new(None),
-            rebuilding: tokio::sync::Mutex::new(()),
+            rebuilds: Coordinator::default(),
             last_build: Mutex::new(None),
+            last_refusal: Mutex::new(None),
+            last_outcome: Mutex::new(None),
             generation: AtomicU64::new(0),
             high_water: AtomicI64::new(i64::MIN),
             verify_budget,
+            to_confirm,
+            to_confirm_rx: Mutex::new(Some(rx)),
+            decay: Decay::default(),
             load_failure_log: LogThrottle::default(),
             stats: Stats::default(),
         }
@@ -228,8 +519,9 @@ impl Resource {
         }
         let result = self.load_through_cache(key.clone()).await;
         if verifying && let Ok(Lookup::Cached(Outcome::Loaded { .. })) = &result {
-            // The row exists and its notification has not arrived yet.
-            self.add_to_filter(&key);
+            // The row exists and its notification has not arrived yet; the
+            // gateway read it itself, so it may raise the mark.
+            self.add_to_filter(&key, Provenance::Trusted);
         }
         result
     }
@@ -300,31 +592,179 @@ impl Resource {
         }
     }
 
-    /// Adds a key that now exists (a row was inserted or re-keyed) to the
-    /// live filter, and forgets any negative entry for it.
-    pub async fn insert_key(&self, key: &Key) {
-        self.add_to_filter(key);
+    /// Adds a key that now exists (a row was inserted, or its key changed)
+    /// to the live filter and forgets any negative entry for it. `from`
+    /// decides whether it may raise the high-water mark at once
+    /// ([`Provenance::Trusted`]) or only once the database confirms it
+    /// ([`Provenance::Announced`], checked in the background under
+    /// `verify_budget`, and only with `verify_above_high_water`). The key
+    /// goes into the filter either way. May request a rebuild (see the
+    /// module doc on decay); never waits for one.
+    pub async fn insert_key_from(&self, key: &Key, from: Provenance) {
+        self.add_to_filter(key, from);
         self.stats.live_inserts.fetch_add(1, Ordering::Relaxed);
+        if from == Provenance::Announced {
+            self.confirm_later(key);
+        }
         self.cache.invalidate(key).await;
     }
 
-    /// The filter half of [`insert_key`](Self::insert_key): into the live
-    /// filter and, while a rebuild runs, its journal (see the module doc).
-    fn add_to_filter(&self, key: &Key) {
-        let mut journal = self.lock_journal();
-        if let Some(filter) = self.filter.load().as_ref() {
-            filter.insert(key.item());
+    /// [`insert_key_from`](Self::insert_key_from) with
+    /// [`Provenance::Announced`]: what a `NOTIFY` payload is. Kept for the
+    /// notify listener's call until the feed-apply path passes a provenance.
+    pub async fn insert_key(&self, key: &Key) {
+        self.insert_key_from(key, Provenance::Announced).await;
+    }
+
+    /// Applies a delete: forgets the cached row and counts the delete towards
+    /// the `rebuild_delete_fraction` trigger (the key stays in the filter
+    /// until the next build). Whoever applies a feed's deletes calls this
+    /// (an update that changes the key: for the old key).
+    pub async fn note_delete(&self, key: &Key) {
+        {
+            let mut journal = self.lock_journal();
+            self.decay.deletes.fetch_add(1, Ordering::Relaxed);
+            if let Some(j) = journal.as_mut() {
+                j.deletes += 1;
+            }
         }
+        self.stats.deletes.fetch_add(1, Ordering::Relaxed);
+        self.check_decay();
+        self.cache.invalidate(key).await;
+    }
+
+    /// The filter half of [`insert_key_from`](Self::insert_key_from): into
+    /// the live filter and, while a rebuild runs, its journal (see the module
+    /// doc); raises the mark if trusted; counts growth and checks the decay
+    /// limits, O(1).
+    fn add_to_filter(&self, key: &Key, from: Provenance) {
+        let mut journal = self.lock_journal();
+        let changed = match self.filter.load().as_ref() {
+            Some(filter) => filter.insert(key.item()),
+            None => false,
+        };
         if let Some(j) = journal.as_mut() {
-            j.push(key.clone());
+            j.keys.push(key.clone());
+        }
+        if changed {
+            self.decay.grown.fetch_add(1, Ordering::Relaxed);
+        }
+        if from == Provenance::Trusted
+            && let Key::Int(v) = key
+        {
+            self.raise_mark(&mut journal, *v);
         }
         drop(journal);
-        if let Key::Int(v) = key {
-            self.high_water.fetch_max(*v, Ordering::Relaxed);
+        if changed {
+            self.check_decay();
         }
     }
 
-    /// Forgets a cached row (it changed or was deleted).
+    /// Raises the high-water mark to `v`, and records it in an open journal
+    /// so that the rebuild's reset keeps it. Under the journal lock, so that
+    /// the reset at a swap cannot lose a raise.
+    fn raise_mark(&self, journal: &mut JournalLock<'_>, v: i64) {
+        self.high_water.fetch_max(v, Ordering::Relaxed);
+        if let Some(j) = journal.as_mut() {
+            j.high = j.high.max(v);
+        }
+    }
+
+    /// Queues an announced key above the mark for confirmation, if the
+    /// mark is used at all and the budget allows.
+    fn confirm_later(&self, key: &Key) {
+        let Key::Int(v) = key else { return };
+        if self.config.filter.verify_above_high_water
+            && *v > self.high_water.load(Ordering::Relaxed)
+            && self.verify_budget.try_take()
+        {
+            // Full: not confirmed, the mark stays (safe, see the module doc).
+            let _ = self.to_confirm.try_send(*v);
+        }
+    }
+
+    /// Confirms queued announced keys against the database; a key that
+    /// exists raises the mark. Runs until the channel closes or the task is
+    /// aborted.
+    async fn confirm_announced(&self, mut queue: mpsc::Receiver<i64>) {
+        while let Some(v) = queue.recv().await {
+            if v <= self.high_water.load(Ordering::Relaxed) {
+                continue;
+            }
+            match self.db.fetch_json(&self.queries.row, v).await {
+                Ok(Some(_)) => self.raise_mark(&mut self.lock_journal(), v),
+                Ok(None) => {
+                    self.stats
+                        .announced_unconfirmed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                // Unknown: the mark stays, which is the safe side.
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Requests a rebuild if a decay limit is passed: a few atomic loads.
+    fn check_decay(&self) {
+        let d = &self.decay;
+        if d.requested.load(Ordering::Relaxed) {
+            return;
+        }
+        let grown = d.grown.load(Ordering::Relaxed);
+        let keys = d
+            .keys_at_build
+            .load(Ordering::Relaxed)
+            .saturating_add(grown);
+        let reason = if keys > d.fp_limit_keys.load(Ordering::Relaxed) {
+            Reason::FalsePositives
+        } else if grown > d.growth_limit.load(Ordering::Relaxed) {
+            Reason::Growth
+        } else if d.deletes.load(Ordering::Relaxed) > d.delete_limit.load(Ordering::Relaxed) {
+            Reason::Deletes
+        } else {
+            return;
+        };
+        if d.requested.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        self.stats.decay_rebuilds.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            resource = %self.config.name,
+            reason = reason.as_str(),
+            keys,
+            inserts_since_build = grown,
+            deletes_since_build = d.deletes.load(Ordering::Relaxed),
+            "the filter's protection decayed; rebuild requested"
+        );
+        self.request_rebuild(reason, false);
+    }
+
+    /// The decay limits for a new build of `set` holding `keys` keys.
+    fn limits(&self, set: &KeySet, keys: u64) -> Limits {
+        let f = &self.config.filter;
+        let fp_keys = match f.rebuild_fp_multiple {
+            m if m > 0.0 => set
+                .max_keys_at_rate(m * f.false_positive_rate)
+                .unwrap_or(u64::MAX),
+            _ => u64::MAX,
+        };
+        let growth = match f.rebuild_insert_fraction {
+            g if g > 0.0 => (g * keys.max(MIN_GROWTH_LIMIT_BASE) as f64).ceil() as u64,
+            _ => u64::MAX,
+        };
+        let deletes = match f.rebuild_delete_fraction {
+            d if d > 0.0 => (d * keys as f64).floor() as u64,
+            _ => u64::MAX,
+        };
+        Limits {
+            fp_keys,
+            growth,
+            deletes,
+        }
+    }
+
+    /// Forgets a cached row (it changed). For a deleted row use
+    /// [`note_delete`](Self::note_delete), which also counts it.
     pub async fn invalidate(&self, key: &Key) {
         self.cache.invalidate(key).await;
     }
@@ -354,13 +794,59 @@ impl Resource {
             .is_some_and(|f| f.contains(key.item()))
     }
 
-    /// Stats of the live filter, if built.
+    /// Stats of the live filter, if built (a scan of a Bloom filter's bits).
     pub fn filter_stats(&self) -> Option<FilterStats> {
-        self.filter.load().as_ref().map(|f| f.stats())
+        self.filter.load().as_ref().map(|f| stats_of(f))
+    }
+
+    /// The live filter's decay and its rebuild limits, if built.
+    pub fn protection(&self) -> Option<Protection> {
+        let filter = self.filter.load_full()?;
+        let f = &self.config.filter;
+        let d = &self.decay;
+        let keys_at_build = d.keys_at_build.load(Ordering::Relaxed);
+        let grown = d.grown.load(Ordering::Relaxed);
+        let keys = keys_at_build.saturating_add(grown);
+        let rebuild_at_keys = limit_or_never(d.fp_limit_keys.load(Ordering::Relaxed));
+        Some(Protection {
+            keys,
+            keys_at_build,
+            target_fp_rate: f.false_positive_rate,
+            estimated_fp_rate: filter.fp_rate_at(keys),
+            rebuild_fp_rate: rebuild_at_keys.map(|_| f.rebuild_fp_multiple * f.false_positive_rate),
+            rebuild_at_keys,
+            inserts_since_build: grown,
+            rebuild_at_inserts: limit_or_never(d.growth_limit.load(Ordering::Relaxed)),
+            deletes_since_build: d.deletes.load(Ordering::Relaxed),
+            rebuild_at_deletes: limit_or_never(d.delete_limit.load(Ordering::Relaxed)),
+            rebuild_requested: d.requested.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The high-water mark (bigint keys, once built).
+    pub fn high_water(&self) -> Option<i64> {
+        let v = self.high_water.load(Ordering::Relaxed);
+        (self.config.key_type == KeyType::Bigint && v != i64::MIN).then_some(v)
     }
 
     pub fn last_build(&self) -> Option<BuildReport> {
         self.last_build
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The latest swap the shrink guard refused, if any.
+    pub fn last_refusal(&self) -> Option<RefusalReport> {
+        self.last_refusal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// How the latest rebuild ended, if one has.
+    pub fn last_outcome(&self) -> Option<LastOutcome> {
+        self.last_outcome
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
@@ -383,39 +869,212 @@ impl Resource {
         .map(|_| ())
     }
 
-    /// Scans every key into a new filter with a fresh secret key and swaps it
-    /// in. Refuses a scan that shrank by more than `max_shrink` unless
-    /// `force`; on any failure the current filter stays.
-    pub async fn rebuild(&self, force: bool) -> Result<BuildReport, RebuildError> {
+    /// Asks for a rebuild of this resource's filter and returns at once
+    /// (see [`crate::rebuild`]: merged into the pending rebuild if there is
+    /// one; `force` overrides the shrink guard and makes the pending one
+    /// forced). The ticket resolves with the outcome of the rebuild that
+    /// covers this request (one whose scan starts after it), or `None` if
+    /// the gateway stops first; dropping it changes nothing. Served by the
+    /// task [`run_background`](Self::run_background) runs (the gateway
+    /// starts it in `Gateway::start`).
+    pub fn request_rebuild(&self, reason: Reason, force: bool) -> Ticket<RebuildOutcome> {
+        self.rebuilds.request(reason, force)
+    }
+
+    /// Requests a rebuild ([`Reason::Direct`]) and waits for its outcome;
+    /// [`RebuildError::Cancelled`] if the gateway stops first.
+    pub async fn rebuild(&self, force: bool) -> RebuildOutcome {
+        self.request_rebuild(Reason::Direct, force)
+            .outcome()
+            .await
+            .unwrap_or(Err(RebuildError::Cancelled))
+    }
+
+    /// The rebuild coordinator's state: running, pending, tickets.
+    pub fn rebuild_status(&self) -> rebuild::Status {
+        self.rebuilds.status()
+    }
+
+    /// Whether the rebuild journal is open (a rebuild is scanning).
+    pub fn journal_open(&self) -> bool {
+        self.lock_journal().is_some()
+    }
+
+    /// The resource's background work, until the task is aborted
+    /// (`Gateway::stop`): the rebuild coordinator, and the confirmation of
+    /// announced keys above the high-water mark. Aborting it cancels a
+    /// rebuild mid-scan (the scan's query is cancelled, its journal closed).
+    pub async fn run_background(self: Arc<Self>) {
+        let queue = self
+            .to_confirm_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let confirm = async {
+            match queue {
+                Some(q) => self.confirm_announced(q).await,
+                // Started twice: the first task confirms.
+                None => std::future::pending().await,
+            }
+        };
+        // A panic (a bug) fails that rebuild only: the coordinator's task
+        // lives on, or no rebuild would ever run again. The journal is
+        // closed by its guard while unwinding.
+        let rebuilds = self.rebuilds.run(|job| {
+            use futures_util::FutureExt;
+            std::panic::AssertUnwindSafe(self.run_rebuild(job))
+                .catch_unwind()
+                .map(|r| r.unwrap_or(Err(RebuildError::Panicked)))
+        });
+        tokio::join!(rebuilds, confirm);
+    }
+
+    /// One rebuild, run by the coordinator only (so one at a time, which the
+    /// journal protocol relies on): scans every key into a new filter with a
+    /// fresh secret key and swaps it in. Refuses a scan that shrank by more
+    /// than `max_shrink` unless forced, and then merges what it found into
+    /// the live filter; on any failure the current filter stays.
+    async fn run_rebuild(&self, job: Job) -> RebuildOutcome {
         if !self.config.filter.enabled {
             return Err(RebuildError::Disabled);
         }
-        let _one_at_a_time = self.rebuilding.lock().await;
         let began = Instant::now();
-        *self.lock_journal() = Some(Vec::new());
-        let built = self.scan().await;
-        let mut journal = self.lock_journal();
-        let pending = journal.take().unwrap_or_default();
-        let result = built.and_then(|(set, keys, rows)| {
-            self.check_shrink(keys, force)?;
-            for k in &pending {
-                set.insert(k.item());
-            }
-            let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
-            let report = BuildReport {
-                generation,
-                keys,
-                rows_counted: rows,
-                replayed: pending.len() as u64,
-                duration_ms: began.elapsed().as_millis() as u64,
-                built_at: SystemTime::now(),
-                filter: set.stats(),
-            };
-            self.filter.store(Some(Arc::new(set)));
-            Ok(report)
-        });
+        let reasons = job.reasons.names();
+        let journal = OpenJournal::open(self);
+        let result = self.build_and_swap(job.force, began, &reasons).await;
         drop(journal);
-        match &result {
+        self.record(&result, &reasons, job.ticket);
+        result
+    }
+
+    async fn build_and_swap(
+        &self,
+        force: bool,
+        began: Instant,
+        reasons: &[&'static str],
+    ) -> RebuildOutcome {
+        let Scanned {
+            set,
+            keys,
+            rows,
+            max_int,
+        } = self.scan().await?;
+        let limits = self.limits(&set, keys);
+        if let Err((old, min)) = self.check_shrink(keys, force) {
+            self.close_journal(&mut self.lock_journal(), max_int);
+            let recovered = self.merge_into_live().await?;
+            return Err(RebuildError::Shrunk {
+                old,
+                new: keys,
+                min,
+                max_shrink: self.config.filter.max_shrink,
+                recovered,
+            });
+        }
+        let mut journal = self.lock_journal();
+        let pending = self.close_journal(&mut journal, max_int);
+        let mut replayed_new = 0;
+        for k in &pending.keys {
+            replayed_new += u64::from(set.insert(k.item()));
+        }
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let d = &self.decay;
+        d.keys_at_build
+            .store(keys + replayed_new, Ordering::Relaxed);
+        d.grown.store(0, Ordering::Relaxed);
+        d.deletes.store(pending.deletes, Ordering::Relaxed);
+        d.fp_limit_keys.store(limits.fp_keys, Ordering::Relaxed);
+        d.growth_limit.store(limits.growth, Ordering::Relaxed);
+        d.delete_limit.store(limits.deletes, Ordering::Relaxed);
+        d.requested.store(false, Ordering::Relaxed);
+        let set = Arc::new(set);
+        self.filter.store(Some(set.clone()));
+        drop(journal);
+        let report = BuildReport {
+            generation,
+            keys,
+            rows_counted: rows,
+            replayed: pending.keys.len() as u64,
+            duration_ms: began.elapsed().as_millis() as u64,
+            built_at: SystemTime::now(),
+            reasons: reasons.to_vec(),
+            filter: stats_of(&set),
+        };
+        // Deletes carried over from the scan's window may be past the new
+        // limit already.
+        self.check_decay();
+        Ok(report)
+    }
+
+    /// Takes the journal (closing it) and resets the high-water mark: it
+    /// follows what exists, i.e. what the scan found plus what raised it
+    /// since the journal opened. Also on a refusal: the scan is a fact
+    /// either way.
+    fn close_journal(&self, journal: &mut JournalLock<'_>, scan_max: i64) -> Journal {
+        let pending = journal.take().unwrap_or_else(Journal::new);
+        self.high_water
+            .store(scan_max.max(pending.high), Ordering::Relaxed);
+        pending
+    }
+
+    /// After a refused swap: streams every key into the live filter (a
+    /// second scan, see the module doc). Returns how many it lacked.
+    async fn merge_into_live(&self) -> Result<u64, RebuildError> {
+        let Some(live) = self.filter.load_full() else {
+            return Ok(0);
+        };
+        let key_type = self.config.key_type;
+        let (mut recovered, mut grown) = (0u64, 0u64);
+        self.db
+            .scan_keys(
+                &self.queries,
+                |_| (),
+                |_, raw| {
+                    if let Some(item) = key::item_from_column(key_type, raw)
+                        && !live.contains(item)
+                    {
+                        recovered += 1;
+                        grown += u64::from(live.insert(item));
+                    }
+                },
+            )
+            .await?;
+        self.decay.grown.fetch_add(grown, Ordering::Relaxed);
+        self.stats
+            .recovered_keys
+            .fetch_add(recovered, Ordering::Relaxed);
+        Ok(recovered)
+    }
+
+    /// Counts, logs and keeps the report of a finished rebuild.
+    fn record(&self, result: &RebuildOutcome, reasons: &[&'static str], ticket: u64) {
+        let reasons_text = reasons.join(",");
+        let (outcome, generation, message) = match result {
+            Ok(r) => ("built", Some(r.generation), format!("{} keys", r.keys)),
+            Err(e @ (RebuildError::Shrunk { .. } | RebuildError::Disabled)) => (
+                if matches!(e, RebuildError::Disabled) {
+                    "disabled"
+                } else {
+                    "refused"
+                },
+                None,
+                e.to_string(),
+            ),
+            Err(RebuildError::Cancelled) => ("cancelled", None, String::new()),
+            Err(_) => (
+                "failed",
+                None,
+                "the rebuild failed; the current filter stays (see the logs)".into(),
+            ),
+        };
+        *self.last_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastOutcome {
+            ticket,
+            at: SystemTime::now(),
+            result: outcome,
+            generation,
+            message,
+        });
+        match result {
             Ok(r) => {
                 self.stats.rebuilds.fetch_add(1, Ordering::Relaxed);
                 *self.last_build.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.clone());
@@ -428,43 +1087,62 @@ impl Resource {
                     bits = r.filter.bits,
                     hashes = r.filter.hashes,
                     duration_ms = r.duration_ms,
+                    reasons = %reasons_text,
                     "filter built"
                 );
             }
-            Err(e @ RebuildError::Shrunk { .. }) => {
+            Err(
+                e @ RebuildError::Shrunk {
+                    old,
+                    new,
+                    min,
+                    recovered,
+                    ..
+                },
+            ) => {
                 self.stats.refused_swaps.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(resource = %self.config.name, error = %e, "filter swap refused");
+                *self.last_refusal.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(RefusalReport {
+                        at: SystemTime::now(),
+                        keys_before: *old,
+                        keys_found: *new,
+                        min_keys: *min,
+                        recovered: *recovered,
+                        reasons: reasons.to_vec(),
+                    });
+                tracing::warn!(resource = %self.config.name, reasons = %reasons_text, error = %e, "filter swap refused");
             }
+            Err(RebuildError::Disabled | RebuildError::Cancelled) => {}
             Err(e) => {
                 self.stats.rebuild_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(resource = %self.config.name, error = %e, "filter rebuild failed; keeping the current filter");
+                // A decay limit may ask again: the next insert or delete
+                // past it retries (a refusal does not re-arm: it would only
+                // be refused again).
+                self.decay.requested.store(false, Ordering::Relaxed);
+                tracing::error!(resource = %self.config.name, reasons = %reasons_text, error = %e, "filter rebuild failed; keeping the current filter");
             }
         }
-        result
     }
 
-    fn lock_journal(&self) -> std::sync::MutexGuard<'_, Option<Vec<Key>>> {
-        self.journal.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_journal(&self) -> JournalLock<'_> {
+        let guard = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+        JOURNAL_HELD.with(|h| h.set(h.get() + 1));
+        JournalLock(guard)
     }
 
-    fn check_shrink(&self, new: u64, force: bool) -> Result<(), RebuildError> {
+    /// `Err((old, min))` if `new` keys is a shrink the guard refuses.
+    fn check_shrink(&self, new: u64, force: bool) -> Result<(), (u64, u64)> {
         let Some(old) = self.last_build().map(|r| r.keys) else {
             return Ok(());
         };
-        let max_shrink = self.config.filter.max_shrink;
-        let min = (old as f64 * (1.0 - max_shrink)).floor() as u64;
+        let min = (old as f64 * (1.0 - self.config.filter.max_shrink)).floor() as u64;
         if !force && new < min {
-            return Err(RebuildError::Shrunk {
-                old,
-                new,
-                min,
-                max_shrink,
-            });
+            return Err((old, min));
         }
         Ok(())
     }
 
-    async fn scan(&self) -> Result<(KeySet, u64, u64), RebuildError> {
+    async fn scan(&self) -> Result<Scanned, RebuildError> {
         let f = &self.config.filter;
         let key_type = self.config.key_type;
         let mut bad = 0u64;
@@ -479,7 +1157,13 @@ impl Resource {
                     // Sized for growth until the next rebuild; at least one
                     // key so an empty table still gets a valid filter.
                     let expected = ((count as f64) * f.headroom).ceil().max(1.0) as u64;
-                    KeySetBuilder::new(f.mode, expected, f.false_positive_rate, FilterKey::random())
+                    KeySetBuilder::new(
+                        f.mode,
+                        key_type.kind(),
+                        expected,
+                        f.false_positive_rate,
+                        FilterKey::random(),
+                    )
                 },
                 |builder, raw| match (builder, key::item_from_column(key_type, raw)) {
                     (Ok(b), Some(item)) => {
@@ -496,12 +1180,17 @@ impl Resource {
         if bad > 0 {
             return Err(RebuildError::BadValues(bad));
         }
-        self.high_water.fetch_max(max_int, Ordering::Relaxed);
-        Ok((builder?.finish(), keys, rows))
+        Ok(Scanned {
+            set: builder?.finish(),
+            keys,
+            rows,
+            max_int,
+        })
     }
 
-    /// Rebuilds every `rebuild_interval`, jittered by ±10 % so replicas do not
-    /// all scan the table at once. Runs until the task is aborted.
+    /// Requests a rebuild every `rebuild_interval`, jittered by ±10 % so
+    /// replicas do not all scan the table at once, and waits for each. Runs
+    /// until the task is aborted.
     pub async fn rebuild_periodically(self: Arc<Self>) {
         let base = self.config.filter.rebuild_interval;
         if base.is_zero() || !self.config.filter.enabled {
@@ -510,31 +1199,87 @@ impl Resource {
         loop {
             let jitter = rand::random_range(0.9..1.1);
             tokio::time::sleep(base.mul_f64(jitter)).await;
-            // Errors are logged and counted inside; the old filter stays.
-            let _ = self.rebuild(false).await;
+            // Errors are logged and counted by the rebuild; the old filter
+            // stays.
+            let _ = self
+                .request_rebuild(Reason::Schedule, false)
+                .outcome()
+                .await;
         }
     }
 
     /// The first build, retried until it succeeds. Returns the error at once
-    /// if it is permanent (a missing table or column).
+    /// if it is permanent (a missing table or column). Needs the task of
+    /// [`run_background`](Self::run_background) running.
     pub async fn preload(&self) -> Result<BuildReport, RebuildError> {
         if let Err(e) = self.probe().await {
-            let e = RebuildError::Db(e);
+            let e = RebuildError::from(e);
             if e.is_permanent() {
                 return Err(e);
             }
         }
         let mut delay = Duration::from_millis(200);
         loop {
-            match self.rebuild(true).await {
+            let outcome = self
+                .request_rebuild(Reason::Startup, true)
+                .outcome()
+                .await
+                .unwrap_or(Err(RebuildError::Cancelled));
+            match outcome {
                 Ok(r) => return Ok(r),
                 Err(e) if e.is_permanent() => return Err(e),
-                Err(RebuildError::Disabled) => return Err(RebuildError::Disabled),
+                Err(e @ (RebuildError::Disabled | RebuildError::Cancelled)) => return Err(e),
                 Err(_) => {
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(10));
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 10's suspicion: `set.stats()` scanned the whole bit array while
+    /// holding the journal mutex, which request threads take too. Now every
+    /// stats call here goes through `stats_of`, which asserts (debug builds)
+    /// that this thread holds no journal lock; and the source has no other
+    /// `.stats()` call to bypass it.
+    #[test]
+    fn filter_stats_are_never_computed_under_the_journal_lock() {
+        let source = include_str!("resource.rs");
+        let code = source.split("#[cfg(test)]").next().unwrap();
+        assert_eq!(
+            code.matches(".stats()").count(),
+            1,
+            "a `.stats()` call outside `stats_of`"
+        );
+        let set = KeySetBuilder::new(
+            crate::filter::Mode::Bloom,
+            crate::filter::KeyKind::Int,
+            10,
+            0.01,
+            FilterKey::random(),
+        )
+        .unwrap()
+        .finish();
+        assert_eq!(stats_of(&set).kind, "bloom");
+        let journal = Mutex::new(None);
+        let held = {
+            let guard = journal.lock().unwrap();
+            JOURNAL_HELD.with(|h| h.set(h.get() + 1));
+            JournalLock(guard)
+        };
+        let under_lock = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| stats_of(&set)));
+        drop(held);
+        if cfg!(debug_assertions) {
+            assert!(
+                under_lock.is_err(),
+                "stats under the journal lock went unnoticed"
+            );
+        }
+        assert_eq!(JOURNAL_HELD.with(Cell::get), 0);
     }
 }

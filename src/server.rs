@@ -75,8 +75,10 @@ async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, ServeError> {
 /// Serves `gateway` on `listener`. Start-up (database, migrations, filters)
 /// runs in the background: until it finishes `/readyz` is 503 and lookups
 /// are 503 with `Retry-After`. A permanent start-up error (a missing table)
-/// stops the server and is returned. On `shutdown`, stops accepting and gives
-/// in-flight requests up to `server.shutdown_timeout` to finish.
+/// stops the server and is returned. On `shutdown`, stops the gateway's
+/// background tasks (cancelling a rebuild mid-scan), stops accepting and
+/// gives in-flight requests and the pool's connections what is left of
+/// `server.shutdown_timeout`: the whole shutdown is bounded by it.
 pub async fn serve(
     gateway: Arc<Gateway>,
     listener: TcpListener,
@@ -134,9 +136,14 @@ pub async fn serve(
     };
 
     tracing::info!(deadline = ?deadline, "shutting down: finishing in-flight requests");
+    // One deadline for the whole sequence. The gateway's tasks go first:
+    // a rebuild mid-scan is cancelled (its query too, on the server), so
+    // nothing below waits for a scan; an admin request waiting on one is
+    // answered at once.
+    let until = tokio::time::Instant::now() + deadline;
     gateway.stop();
     let _ = stop_tx.send(true);
-    match tokio::time::timeout(deadline, &mut server).await {
+    match tokio::time::timeout_at(until, &mut server).await {
         Ok(served) => served?,
         Err(_) => {
             tracing::warn!("shutdown deadline passed; dropping the requests still in flight");
@@ -144,11 +151,18 @@ pub async fn serve(
         }
     }
     if let Some(mut a) = admin_server
-        && tokio::time::timeout(deadline, &mut a).await.is_err()
+        && tokio::time::timeout_at(until, &mut a).await.is_err()
     {
         a.abort();
     }
-    gateway.db.pool().close().await;
+    // `close` waits for every connection to come back, and a load detached
+    // from its client may still hold one: what is left of the deadline.
+    if tokio::time::timeout_at(until, gateway.db.pool().close())
+        .await
+        .is_err()
+    {
+        tracing::warn!("shutdown deadline passed; closing the pool with connections still in use");
+    }
     result
 }
 

@@ -155,8 +155,14 @@ async fn without_the_right_token_nothing_is_shown_or_changed() {
             (Method::GET, "/metrics"),
             (Method::GET, "/admin/resources"),
             (Method::GET, "/admin/stats"),
+            (Method::GET, "/admin/resources/users"),
             (Method::POST, "/admin/resources/users/rebuild?force=true"),
-            (Method::DELETE, "/admin/resources/users/cache/1"),
+            (
+                Method::POST,
+                "/admin/resources/users/rebuild?force=true&wait=true",
+            ),
+            (Method::DELETE, "/admin/resources/users/cache/keys/1"),
+            (Method::DELETE, "/admin/resources/users/cache"),
             (Method::POST, "/admin/resources/users/cache/clear"),
         ] {
             let r = admin(&gw, method.clone(), path, token).await;
@@ -207,35 +213,50 @@ async fn admin_endpoints_act() {
     assert_eq!(list[0]["filter"]["kind"], "exact");
     assert_eq!(list[0]["filter"]["keys"], 100);
 
+    // A rebuild is requested: 202 at once, with where to watch it.
+    let post = |path: &'static str| admin(&gw, Method::POST, path, Some(TOKEN));
     let gen0 = users.generation();
-    let r = admin(
-        &gw,
-        Method::POST,
-        "/admin/resources/users/rebuild",
-        Some(TOKEN),
-    )
-    .await;
+    let r = post("/admin/resources/users/rebuild").await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{:?}", r.body);
+    assert_eq!(r.header("location"), "/admin/resources/users");
+    let accepted = r.json();
+    assert_eq!(accepted["watch"], "/admin/resources/users");
+    assert_eq!(accepted["generation"], gen0);
+    let ticket = accepted["ticket"].as_u64().unwrap();
+    let began = std::time::Instant::now();
+    let watched = loop {
+        let v = admin(&gw, Method::GET, "/admin/resources/users", Some(TOKEN))
+            .await
+            .json();
+        if v["rebuild"]["completed_ticket"].as_u64().unwrap() >= ticket {
+            break v;
+        }
+        assert!(began.elapsed() < std::time::Duration::from_secs(10));
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert_eq!(watched["rebuild"]["last"]["ticket"], ticket);
+    assert_eq!(watched["rebuild"]["last"]["result"], "built");
+    assert_eq!(watched["generation"], gen0 + 1);
+    assert_eq!(watched["last_build"]["reasons"][0], "admin");
+
+    // `wait=true`: the outcome itself.
+    let r = post("/admin/resources/users/rebuild?wait=true").await;
     assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
-    assert_eq!(r.json()["generation"], gen0 + 1);
-    assert_eq!(users.generation(), gen0 + 1);
+    assert_eq!(r.json()["generation"], gen0 + 2);
+    assert_eq!(users.generation(), gen0 + 2);
 
     db.exec("DELETE FROM users WHERE id > 10").await;
-    let r = admin(
-        &gw,
-        Method::POST,
-        "/admin/resources/users/rebuild",
-        Some(TOKEN),
-    )
-    .await;
+    let r = post("/admin/resources/users/rebuild?wait=true").await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.json()["message"].as_str().unwrap().contains("force"));
-    let r = admin(
-        &gw,
-        Method::POST,
-        "/admin/resources/users/rebuild?force=true",
-        Some(TOKEN),
-    )
-    .await;
+    let view = admin(&gw, Method::GET, "/admin/resources/users", Some(TOKEN))
+        .await
+        .json();
+    assert_eq!(view["rebuild_refused"], 1);
+    assert_eq!(view["last_refusal"]["keys_found"], 10);
+    assert_eq!(view["last_refusal"]["recovered"], 0);
+    assert_eq!(view["rebuild"]["last"]["result"], "refused");
+    let r = post("/admin/resources/users/rebuild?force=true&wait=true").await;
     assert_eq!(
         (r.status, r.json()["keys"].clone()),
         (StatusCode::OK, 10.into())
@@ -253,7 +274,7 @@ async fn admin_endpoints_act() {
     let r = admin(
         &gw,
         Method::DELETE,
-        "/admin/resources/users/cache/2",
+        "/admin/resources/users/cache/keys/2",
         Some(TOKEN),
     )
     .await;
@@ -265,34 +286,36 @@ async fn admin_endpoints_act() {
     let r = admin(
         &gw,
         Method::DELETE,
-        "/admin/resources/users/cache/abc",
+        "/admin/resources/users/cache/keys/abc",
         Some(TOKEN),
     )
     .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
 
-    // Clear: everything is a miss again.
-    get(&gw, "/users/3").await;
-    let r = admin(
-        &gw,
-        Method::POST,
-        "/admin/resources/users/cache/clear",
-        Some(TOKEN),
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::NO_CONTENT);
-    for id in [2, 3] {
-        assert_eq!(
-            get(&gw, &format!("/users/{id}"))
-                .await
-                .header("cache-status"),
-            "bloomgate; fwd=miss; stored"
-        );
+    // Clear, either spelling: everything is a miss again.
+    for (method, path) in [
+        (Method::DELETE, "/admin/resources/users/cache"),
+        (Method::POST, "/admin/resources/users/cache/clear"),
+    ] {
+        get(&gw, "/users/3").await;
+        let r = admin(&gw, method, path, Some(TOKEN)).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT);
+        for id in [2, 3] {
+            assert_eq!(
+                get(&gw, &format!("/users/{id}"))
+                    .await
+                    .header("cache-status"),
+                "bloomgate; fwd=miss; stored",
+                "{path}"
+            );
+        }
     }
 
     for (method, path) in [
+        (Method::GET, "/admin/resources/nope"),
         (Method::POST, "/admin/resources/nope/rebuild"),
-        (Method::DELETE, "/admin/resources/nope/cache/1"),
+        (Method::DELETE, "/admin/resources/nope/cache/keys/1"),
+        (Method::DELETE, "/admin/resources/nope/cache"),
         (Method::POST, "/admin/resources/nope/cache/clear"),
     ] {
         let r = admin(&gw, method, path, Some(TOKEN)).await;
@@ -305,7 +328,7 @@ async fn admin_endpoints_act() {
         .await
         .json();
     assert!(stats["time_ms"].as_u64().unwrap() > 0);
-    assert_eq!(stats["resources"][0]["requests"]["hit"], 1);
+    assert_eq!(stats["resources"][0]["requests"]["hit"], 2);
 }
 
 #[tokio::test]
@@ -329,8 +352,10 @@ async fn the_openapi_document_matches_the_routers() {
         "/metrics",
         "/admin/resources",
         "/admin/stats",
+        "/admin/resources/{name}",
         "/admin/resources/{name}/rebuild",
-        "/admin/resources/{name}/cache/{key}",
+        "/admin/resources/{name}/cache",
+        "/admin/resources/{name}/cache/keys/{key}",
         "/admin/resources/{name}/cache/clear",
     ]
     .into_iter()
@@ -372,4 +397,129 @@ async fn the_openapi_document_matches_the_routers() {
         }
     }
     assert!(json["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+/// Issue 10, item 9: an admin rebuild is no longer cut off by the public
+/// `request_timeout` (it answered 504 and abandoned the rebuild, leaving its
+/// journal open), and a dropped request leaves it running to completion.
+#[tokio::test]
+async fn an_admin_rebuild_outlives_request_timeouts_and_dropped_requests() {
+    let db = TestDb::new().await;
+    db.seed_users(20).await;
+    db.add_slow_view().await;
+    let gw = started(config(
+        &db.url,
+        &format!(
+            "listen = false\n[server]\nrequest_timeout = \"1s\"\n[admin]\nrequest_timeout = \"1s\"\n{SLOW}"
+        ),
+    ))
+    .await;
+    let slow = gw.resource("slow").unwrap().clone();
+    // Every row read sleeps 0.1 s: a scan (count, then keys) takes ~4 s.
+    db.set_delay(0.1).await;
+    let began = std::time::Instant::now();
+    let r = admin(
+        &gw,
+        Method::POST,
+        "/admin/resources/slow/rebuild?wait=true",
+        Some(TOKEN),
+    )
+    .await;
+    println!("waited {:?} for the rebuild", began.elapsed());
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.json()["generation"], 2);
+    assert!(!slow.journal_open());
+
+    // A waiting request dropped mid-scan: the rebuild goes on.
+    let dropped = tokio::spawn({
+        let gw = gw.clone();
+        async move {
+            admin(
+                &gw,
+                Method::POST,
+                "/admin/resources/slow/rebuild?wait=true",
+                Some(TOKEN),
+            )
+            .await
+        }
+    });
+    while !slow.journal_open() {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    dropped.abort();
+    assert!(dropped.await.is_err_and(|e| e.is_cancelled()));
+    // Meanwhile another request answers 202 at once: it is merged into the
+    // rebuild pending behind the running one.
+    let r = admin(
+        &gw,
+        Method::POST,
+        "/admin/resources/slow/rebuild",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    let ticket = r.json()["ticket"].as_u64().unwrap();
+    let began = std::time::Instant::now();
+    while slow.rebuild_status().completed_ticket < ticket {
+        assert!(began.elapsed() < std::time::Duration::from_secs(30));
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        slow.generation(),
+        4,
+        "the dropped request's rebuild and the next"
+    );
+    assert!(!slow.journal_open());
+    // Other admin requests keep their own deadline.
+    assert_eq!(
+        admin(&gw, Method::GET, "/admin/resources", Some(TOKEN))
+            .await
+            .status,
+        StatusCode::OK
+    );
+}
+
+/// Issue 10, item 11: `DELETE .../cache/clear` meant "purge the key clear"
+/// and hit the POST-only clear route (405). Purge and clear paths are now
+/// disjoint for every key.
+#[tokio::test]
+async fn purge_and_clear_paths_are_unambiguous_for_every_key() {
+    let db = TestDb::new().await;
+    db.add_things(&["clear", "keys", "other", "a/b"]).await;
+    let gw = started(config(&db.url, &format!("listen = false\n{THINGS}"))).await;
+    let status = |code: &'static str| {
+        let gw = gw.clone();
+        async move {
+            get(&gw, &format!("/things/{code}"))
+                .await
+                .header("cache-status")
+                .to_string()
+        }
+    };
+    let (miss, hit) = ("bloomgate; fwd=miss; stored", "bloomgate; hit");
+    for code in ["clear", "keys", "other", "a%2Fb"] {
+        assert_eq!(status(code).await, miss);
+        assert_eq!(status(code).await, hit);
+    }
+    for (code, path) in [
+        ("clear", "/admin/resources/things/cache/keys/clear"),
+        ("keys", "/admin/resources/things/cache/keys/keys"),
+        ("a%2Fb", "/admin/resources/things/cache/keys/a%2Fb"),
+    ] {
+        let r = admin(&gw, Method::DELETE, path, Some(TOKEN)).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{path}: {:?}", r.body);
+        assert_eq!(status(code).await, miss, "{path} purged {code}");
+        assert_eq!(status("other").await, hit, "{path} purged only {code}");
+    }
+    let r = admin(
+        &gw,
+        Method::DELETE,
+        "/admin/resources/things/cache",
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    for code in ["clear", "keys", "other"] {
+        assert_eq!(status(code).await, miss, "cleared: {code}");
+    }
 }

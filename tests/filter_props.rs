@@ -16,7 +16,9 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use bloomgate::filter::{BloomFilter, FilterError, FilterKey, Item, KeySet, KeySetBuilder, Mode};
+use bloomgate::filter::{
+    BloomFilter, FilterError, FilterKey, Item, KeyKind, KeySet, KeySetBuilder, Mode,
+};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -43,7 +45,7 @@ impl SplitMix {
 }
 
 fn build(mode: Mode, expected: u64, p: f64, key: FilterKey, keys: &[i64]) -> KeySet {
-    let mut b = KeySetBuilder::new(mode, expected, p, key).unwrap();
+    let mut b = KeySetBuilder::new(mode, KeyKind::Int, expected, p, key).unwrap();
     for &k in keys {
         b.insert(Item::Int(k));
     }
@@ -98,7 +100,7 @@ proptest! {
         key_seed in any::<u64>(),
     ) {
         let key = fixed_key(key_seed);
-        let mut b = KeySetBuilder::new(mode, expected, p, key.clone()).unwrap();
+        let mut b = KeySetBuilder::new(mode, KeyKind::Int, expected, p, key.clone()).unwrap();
         for k in &built {
             b.insert(k.item());
         }
@@ -178,7 +180,7 @@ fn fp_upper_bound(p: f64) -> f64 {
 fn measure_fp(p: f64, seed: u64) -> (f64, f64) {
     const N: u64 = FP_N;
     let mut rng = SplitMix(seed);
-    let mut b = KeySetBuilder::new(Mode::Bloom, N, p, fixed_key(seed)).unwrap();
+    let mut b = KeySetBuilder::new(Mode::Bloom, KeyKind::Int, N, p, fixed_key(seed)).unwrap();
     let keys: Vec<i64> = (0..N).map(|_| rng.next() as i64 & !1).collect();
     for &k in &keys {
         b.insert(Item::Int(k));
@@ -342,15 +344,22 @@ fn concurrent_inserts_and_queries(set: KeySet, per_writer: i64) {
 
 #[test]
 fn concurrent_bloom_inserts_are_never_lost() {
-    let set = KeySetBuilder::new(Mode::Bloom, 400_000, 0.01, FilterKey::random())
-        .unwrap()
-        .finish();
+    let set = KeySetBuilder::new(
+        Mode::Bloom,
+        KeyKind::Int,
+        400_000,
+        0.01,
+        FilterKey::random(),
+    )
+    .unwrap()
+    .finish();
     concurrent_inserts_and_queries(set, 100_000);
 }
 
 #[test]
 fn concurrent_exact_inserts_are_never_lost_across_compactions() {
-    let mut b = KeySetBuilder::new(Mode::Exact, 0, 0.01, FilterKey::random()).unwrap();
+    let mut b =
+        KeySetBuilder::new(Mode::Exact, KeyKind::Int, 0, 0.01, FilterKey::random()).unwrap();
     for i in 0..50_000 {
         b.insert(Item::Int(-i * 5)); // a base the compactions must merge into
     }
@@ -453,7 +462,7 @@ fn serialised_bytes_and_debug_output_never_contain_the_key() {
     let mut raw = [0u8; 32];
     ChaCha8Rng::seed_from_u64(77).fill(&mut raw);
     let key = FilterKey::from_bytes(raw);
-    let mut b = KeySetBuilder::new(Mode::Bloom, 5_000, 0.01, key.clone()).unwrap();
+    let mut b = KeySetBuilder::new(Mode::Bloom, KeyKind::Int, 5_000, 0.01, key.clone()).unwrap();
     for i in 0..5_000 {
         b.insert(Item::Int(i));
     }

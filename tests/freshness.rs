@@ -342,17 +342,8 @@ async fn keys_above_the_high_water_mark_are_verified_within_budget() {
 #[tokio::test]
 async fn install_triggers_makes_a_user_table_fresh() {
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE things (code text PRIMARY KEY, label text NOT NULL); INSERT INTO things VALUES ('a', 'A')").await;
-    let extra = r#"
-        [[resource]]
-        name = "things"
-        route = "/things/{code}"
-        table = "things"
-        key_column = "code"
-        key_type = "text"
-        columns = ["code", "label"]
-    "#;
-    let gw = started(config(&db.url, extra)).await;
+    db.add_things(&["a"]).await;
+    let gw = started(config(&db.url, THINGS)).await;
     gw.db.install_triggers("things", "code").await.unwrap();
     // Idempotent.
     gw.db.install_triggers("things", "code").await.unwrap();

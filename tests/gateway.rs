@@ -520,3 +520,36 @@ async fn scheduled_rebuilds_swap_in_fresh_filters() {
     assert_eq!(r.status(), StatusCode::OK);
     served.shutdown().await.unwrap();
 }
+
+/// Issue 10, item 8: `auto` on an empty uuid (or text) table stayed an exact
+/// integer set, which answers "maybe" for every byte key: every absent key
+/// went to Postgres. An empty table now rejects everything.
+#[tokio::test]
+async fn an_empty_uuid_or_text_table_rejects_every_key_without_a_query() {
+    let db = TestDb::new().await;
+    db.add_things(&[]).await;
+    // `articles` (uuid) is empty too; `auto` is the default mode.
+    let gw = started(config(&db.url, &format!("listen = false\n{THINGS}"))).await;
+    for name in ["articles", "things"] {
+        assert_eq!(
+            gw.resource(name).unwrap().filter_stats().unwrap().kind,
+            "bloom",
+            "{name}"
+        );
+    }
+    let q0 = queries(&gw);
+    for path in [
+        "/articles/6f1c2a4e-8a59-4a4e-9d8e-0a1b2c3d4e5f",
+        "/articles/00000000-0000-0000-0000-000000000000",
+        "/things/anything",
+        "/things/1",
+    ] {
+        let r = get(&gw, path).await;
+        assert_eq!(
+            (r.status, r.header("cache-status")),
+            (StatusCode::NOT_FOUND, "bloomgate; detail=filter-absent"),
+            "{path}"
+        );
+    }
+    assert_eq!(queries(&gw) - q0, 0, "an empty table sent queries");
+}

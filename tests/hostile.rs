@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use bloomgate::filter::{FilterKey, Item, KeySetBuilder, Mode};
+use bloomgate::filter::{FilterKey, Item, KeyKind, KeySetBuilder, Mode};
 use common::*;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,7 +25,7 @@ async fn keys_crafted_against_a_known_hash_key_pass_the_live_filter_at_about_p()
     // The attacker's copy: same keys, same sizing, but a hash key they know
     // (a hard-coded one, as some clients ship).
     let known = FilterKey::from_bytes([42; 32]);
-    let mut b = KeySetBuilder::new(Mode::Bloom, 30_000, 0.01, known).unwrap();
+    let mut b = KeySetBuilder::new(Mode::Bloom, KeyKind::Int, 30_000, 0.01, known).unwrap();
     for id in 1..=20_000 {
         b.insert(Item::Int(id));
     }

@@ -95,6 +95,21 @@ async fn the_status_page_shows_a_card_per_resource() {
             .unwrap();
     }
 
+    // A refused rebuild (65 % deleted) that still finds two rows inserted
+    // behind the gateway's back: both added to the live filter.
+    db.exec("DELETE FROM users WHERE id > 35").await;
+    db.exec("INSERT INTO users (id, email, name) VALUES (5000, 'a@x', 'A'), (5001, 'b@x', 'B')")
+        .await;
+    let r = client
+        .post(format!(
+            "http://{admin_addr}/admin/resources/users/rebuild?wait=true"
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+
     let url = format!("http://{admin_addr}/admin/#token={TOKEN}");
     let dom = run_chromium(&["--dump-dom"], &url).await;
     assert!(
@@ -107,7 +122,7 @@ async fn the_status_page_shows_a_card_per_resource() {
     );
     assert_eq!(
         field(&dom, "users", "keys").as_deref(),
-        Some("100"),
+        Some("102"),
         "{dom}"
     );
     let filter = field(&dom, "users", "filter").unwrap();
@@ -118,6 +133,37 @@ async fn the_status_page_shows_a_card_per_resource() {
         field(&dom, "users", "last rebuild")
             .unwrap()
             .contains("gen 1")
+    );
+    let refusal = field(&dom, "users", "last refused").unwrap();
+    assert!(
+        refusal.ends_with(": found 37 of 100 keys; 2 missing keys added"),
+        "{refusal}"
+    );
+    assert_eq!(
+        field(&dom, "users", "rebuilds").as_deref(),
+        Some("1 ok, 0 failed, 1 refused, 0 for decay")
+    );
+    assert_eq!(
+        field(&dom, "users", "rebuild now").as_deref(),
+        Some("idle; last refused")
+    );
+    assert_eq!(
+        field(&dom, "users", "estimated FP").as_deref(),
+        Some("0 % (exact set)")
+    );
+    assert_eq!(
+        field(&dom, "users", "since build").as_deref(),
+        Some("+2 inserts, −0 deletes (rebuild at +1024 / −25)")
+    );
+    // The uuid resource is a Bloom filter even empty: the model's estimate,
+    // the target and the rebuild threshold.
+    assert_eq!(
+        field(&dom, "articles", "estimated FP").as_deref(),
+        Some("0.000 % (target 1.00 %; rebuild above 2.00 %)")
+    );
+    assert_eq!(
+        field(&dom, "users", "observed FP").as_deref(),
+        Some("0.000 % (0)")
     );
     let refused = "id=\"login-error\">That token was refused.</div>";
     assert!(!dom.contains(refused));

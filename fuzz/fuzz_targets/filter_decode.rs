@@ -30,6 +30,7 @@ fuzz_target!(
         // resealed input would stop at "checksum mismatch".
         let mut b = bloomgate::filter::KeySetBuilder::new(
             bloomgate::filter::Mode::Bloom,
+            bloomgate::filter::KeyKind::Int,
             10,
             0.01,
             key().clone(),

@@ -113,10 +113,13 @@ impl BloomFilter {
         self.key.hash128(data)
     }
 
-    /// Adds `data`. Lock-free; safe while other threads insert and query.
+    /// Adds `data`; returns whether any bit was newly set (false for a key
+    /// already present, or one whose bits other keys had all set: neither
+    /// raises the false-positive rate). Lock-free; safe while other threads
+    /// insert and query.
     #[inline]
-    pub fn insert(&self, data: &[u8]) {
-        self.insert_hash(self.hash(data));
+    pub fn insert(&self, data: &[u8]) -> bool {
+        self.insert_hash(self.hash(data))
     }
 
     /// Whether `data` may be in the set (false means definitely absent).
@@ -127,17 +130,21 @@ impl BloomFilter {
 
     /// [`insert`](Self::insert) with a hash from [`hash`](Self::hash).
     #[inline]
-    pub fn insert_hash(&self, h: [u64; 2]) {
+    pub fn insert_hash(&self, h: [u64; 2]) -> bool {
         let (block, mask) = self.locate(h);
+        let mut changed = false;
         for (word, m) in block.0.iter().zip(mask) {
             // Skipping words whose bits are already set avoids a locked RMW
             // (and a cache-line ownership transfer between cores) for the
             // common case of re-inserting a present key.
             if m != 0 && word.load(Ordering::Relaxed) & m != m {
-                word.fetch_or(m, Ordering::Relaxed);
+                // The previous value says whether this call set a bit (two
+                // racing inserts of one key may both report a change).
+                changed |= word.fetch_or(m, Ordering::Relaxed) & m != m;
             }
         }
         self.inserted.fetch_add(1, Ordering::Relaxed);
+        changed
     }
 
     /// [`contains`](Self::contains) with a hash from [`hash`](Self::hash).
@@ -502,6 +509,20 @@ mod tests {
             s.estimated_cardinality
         );
         assert_eq!(s.key_fingerprint, Some(key(3).fingerprint()));
+    }
+
+    #[test]
+    fn insert_reports_whether_it_set_a_bit() {
+        let f = BloomFilter::new(1000, 0.01, key(9)).unwrap();
+        assert!(f.insert(b"a"));
+        assert!(!f.insert(b"a"), "a repeat sets nothing");
+        let mut new = 0;
+        for i in 0u32..1000 {
+            new += u32::from(f.insert(&i.to_le_bytes()));
+        }
+        // Only keys whose bits were all set already (≈ the FP rate, rising
+        // to 1 % at 1000 keys) report no change.
+        assert!((975..=1000).contains(&new), "{new}");
     }
 
     #[test]

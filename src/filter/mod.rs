@@ -49,10 +49,25 @@ pub use sizing::{optimal_num_bits, optimal_num_hashes};
 pub enum Mode {
     /// Always the Bloom filter.
     Bloom,
-    /// Always the exact set (integer keys; text/uuid keys fail open).
+    /// Always the exact set (integer keys only: [`KeySetBuilder::new`]
+    /// refuses it for [`KeyKind::Bytes`]).
     Exact,
-    /// Whichever is smaller for the actual keys (see [`KeySetBuilder`]).
+    /// Whichever is smaller for the actual keys (see [`KeySetBuilder`]);
+    /// always the Bloom filter for [`KeyKind::Bytes`].
     Auto,
+}
+
+/// What kind of [`Item`] a set will hold: the builder must know before the
+/// first key arrives, because an empty table sends none. An exact set can
+/// only represent `Int` items and answers "maybe" for any `Bytes` item, so
+/// a set for byte keys (uuid, text) must be a Bloom filter, even when no key
+/// was ever inserted: an empty Bloom filter rejects everything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyKind {
+    /// [`Item::Int`] keys (SQL bigint).
+    Int,
+    /// [`Item::Bytes`] keys (uuid, text).
+    Bytes,
 }
 
 /// What is stored or looked up.
@@ -108,7 +123,7 @@ pub struct FilterStats {
 
 /// Errors from building or decoding filters. Messages never contain key
 /// material (at most the key's fingerprint).
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum FilterError {
     #[error("false-positive rate must be in (0, 1), got {0}")]
     InvalidRate(f64),
@@ -128,6 +143,8 @@ pub enum FilterError {
         "filter was built with key fingerprint {expected:016x}, but the supplied key has fingerprint {actual:016x}"
     )]
     WrongKey { expected: u64, actual: u64 },
+    #[error("an exact set holds only integer keys; use the Bloom filter (or auto) for byte keys")]
+    ExactNeedsIntegers,
 }
 
 /// A built filter of either kind. `Send + Sync`: share it behind an `Arc`;
@@ -139,16 +156,18 @@ pub enum KeySet {
 }
 
 impl KeySet {
-    /// Adds `item`. Bloom: lock-free. Exact: a short write lock on the delta
-    /// that never makes readers wait for a compaction. A `Bytes` item in an
-    /// exact set is ignored (lookups of it answer `true` anyway).
+    /// Adds `item`; returns whether the set changed (Bloom: at least one
+    /// bit was newly set; exact: the key is new), so callers can count growth
+    /// without counting repeated deliveries of one key. Bloom: lock-free.
+    /// Exact: a short write lock on the delta that never makes readers wait
+    /// for a compaction. A `Bytes` item in an exact set is ignored (lookups
+    /// of it answer `true` anyway; [`KeySetBuilder`] never builds an exact
+    /// set for [`KeyKind::Bytes`]).
     #[inline]
-    pub fn insert(&self, item: Item<'_>) {
+    pub fn insert(&self, item: Item<'_>) -> bool {
         match self {
             KeySet::Bloom(b) => item.with_bytes(|bytes| b.insert(bytes)),
-            KeySet::Exact(e) => {
-                e.insert_item(item);
-            }
+            KeySet::Exact(e) => e.insert_item(item),
         }
     }
 
@@ -166,6 +185,32 @@ impl KeySet {
         match self {
             KeySet::Bloom(b) => b.stats(),
             KeySet::Exact(e) => e.stats(),
+        }
+    }
+
+    /// The false-positive rate the sizing model ([`sizing::blocked_fp_rate`])
+    /// gives this filter's shape at `keys` distinct keys: O(k²), no scan of
+    /// the bits. Exact: 0.
+    pub fn fp_rate_at(&self, keys: u64) -> f64 {
+        match self {
+            KeySet::Bloom(b) => sizing::blocked_fp_rate(keys, b.num_blocks(), b.num_hashes()),
+            KeySet::Exact(_) => 0.0,
+        }
+    }
+
+    /// The most distinct keys this filter can hold while the model's
+    /// false-positive rate stays at most `rate` ([`sizing::max_keys_at_rate`]),
+    /// so a caller can compare a key count against it in O(1) on every
+    /// insert instead of estimating the rate. Exact: `None` (no false
+    /// positives, whatever the count).
+    pub fn max_keys_at_rate(&self, rate: f64) -> Option<u64> {
+        match self {
+            KeySet::Bloom(b) => Some(sizing::max_keys_at_rate(
+                b.num_blocks(),
+                b.num_hashes(),
+                rate,
+            )),
+            KeySet::Exact(_) => None,
         }
     }
 
@@ -210,9 +255,14 @@ impl KeySet {
 
 /// Streaming builder: the gateway streams keys from Postgres into it.
 ///
+/// The [`KeyKind`] is given up front, so the layout is valid for the key
+/// type whatever keys arrive, none included:
+///
 /// * `Bloom`: allocates the filter once in `new`; constant memory.
-/// * `Exact`: a roaring treemap; `Bytes` items are skipped (fail open).
-/// * `Auto`: starts as a bitmap. Every so often (amortised O(1) per key) it
+/// * `Exact`: a roaring treemap; refused for [`KeyKind::Bytes`]. (A `Bytes`
+///   item inserted anyway into an `Int` exact set is skipped and fails open.)
+/// * `Auto` with [`KeyKind::Bytes`]: the Bloom filter from the start.
+/// * `Auto` with [`KeyKind::Int`]: starts as a bitmap. Every so often (amortised O(1) per key) it
 ///   compares the bitmap's size with the Bloom filter sized for `expected`;
 ///   once the bitmap is larger even after run compression it builds the Bloom
 ///   filter, moves the bitmap's keys into it, drops the bitmap and continues
@@ -247,12 +297,25 @@ enum Building {
 const MIN_CHECK_INTERVAL: u64 = 1024;
 
 impl KeySetBuilder {
-    /// `expected`: keys to size for (headroom already applied by the caller);
-    /// `p`: target FP rate in (0, 1), validated for every mode.
-    pub fn new(mode: Mode, expected: u64, p: f64, key: FilterKey) -> Result<Self, FilterError> {
+    /// `kind`: the items the set will hold; `expected`: keys to size for
+    /// (headroom already applied by the caller); `p`: target FP rate in
+    /// (0, 1), validated for every mode. `Mode::Exact` with
+    /// [`KeyKind::Bytes`] is [`FilterError::ExactNeedsIntegers`].
+    pub fn new(
+        mode: Mode,
+        kind: KeyKind,
+        expected: u64,
+        p: f64,
+        key: FilterKey,
+    ) -> Result<Self, FilterError> {
         let sizing = sizing::size_blocked(expected, p)?;
-        let state = match mode {
-            Mode::Bloom => Building::Bloom(
+        let bloom = match (mode, kind) {
+            (Mode::Bloom, _) | (Mode::Auto, KeyKind::Bytes) => true,
+            (Mode::Exact, KeyKind::Bytes) => return Err(FilterError::ExactNeedsIntegers),
+            (Mode::Exact | Mode::Auto, KeyKind::Int) => false,
+        };
+        let state = match bloom {
+            true => Building::Bloom(
                 Box::new(BloomFilter::with_shape(
                     sizing.num_blocks,
                     sizing.num_hashes,
@@ -260,7 +323,7 @@ impl KeySetBuilder {
                 )?),
                 Default::default(),
             ),
-            Mode::Exact | Mode::Auto => Building::Exact(RoaringTreemap::new()),
+            false => Building::Exact(RoaringTreemap::new()),
         };
         Ok(KeySetBuilder {
             mode,
@@ -441,15 +504,47 @@ mod tests {
 
     #[test]
     fn int_and_bytes_items_agree_in_bloom() {
-        let b = KeySetBuilder::new(Mode::Bloom, 100, 0.01, key()).unwrap();
+        let b = KeySetBuilder::new(Mode::Bloom, KeyKind::Int, 100, 0.01, key()).unwrap();
         let set = b.finish();
         set.insert(Item::Int(-42));
         assert!(set.contains(Item::Bytes(&(-42i64).to_le_bytes())));
     }
 
+    /// An empty uuid or text table sends no key at all: the layout must
+    /// still be one that can reject byte keys (issue 10, item 8: `auto`
+    /// stayed an exact set, which answers "maybe" for every byte key).
+    #[test]
+    fn byte_keys_never_get_an_exact_set_even_with_no_keys() {
+        let set = KeySetBuilder::new(Mode::Auto, KeyKind::Bytes, 1, 0.01, key())
+            .unwrap()
+            .finish();
+        assert_eq!(set.kind(), "bloom");
+        for probe in [&b"6f1c2a4e8a594a4e"[..], b"anything", b""] {
+            assert!(!set.contains(Item::Bytes(probe)), "{probe:?} passed");
+        }
+        // With keys, auto stays Bloom for byte keys, whatever their count.
+        let mut b = KeySetBuilder::new(Mode::Auto, KeyKind::Bytes, 10, 0.01, key()).unwrap();
+        assert_eq!(b.current_kind(), "bloom");
+        b.insert(Item::Bytes(b"alice"));
+        let set = b.finish();
+        assert_eq!(set.kind(), "bloom");
+        assert!(set.contains(Item::Bytes(b"alice")));
+        // An exact set for byte keys is refused outright.
+        assert!(matches!(
+            KeySetBuilder::new(Mode::Exact, KeyKind::Bytes, 10, 0.01, key()),
+            Err(FilterError::ExactNeedsIntegers)
+        ));
+        // Integer keys in auto mode still start as the bitmap.
+        let set = KeySetBuilder::new(Mode::Auto, KeyKind::Int, 1, 0.01, key())
+            .unwrap()
+            .finish();
+        assert_eq!(set.kind(), "exact");
+        assert!(!set.contains(Item::Int(1)));
+    }
+
     #[test]
     fn exact_mode_fails_open_for_bytes() {
-        let mut b = KeySetBuilder::new(Mode::Exact, 100, 0.01, key()).unwrap();
+        let mut b = KeySetBuilder::new(Mode::Exact, KeyKind::Int, 100, 0.01, key()).unwrap();
         b.insert(Item::Bytes(b"text-key"));
         b.insert(Item::Int(7));
         assert_eq!(b.len(), 2);
@@ -463,7 +558,7 @@ mod tests {
 
     #[test]
     fn auto_switches_to_bloom_on_bytes_and_keeps_earlier_ints() {
-        let mut b = KeySetBuilder::new(Mode::Auto, 1000, 0.01, key()).unwrap();
+        let mut b = KeySetBuilder::new(Mode::Auto, KeyKind::Int, 1000, 0.01, key()).unwrap();
         for i in 0..100 {
             b.insert(Item::Int(i));
         }
@@ -479,7 +574,7 @@ mod tests {
 
     #[test]
     fn auto_switches_mid_stream_for_sparse_keys() {
-        let mut b = KeySetBuilder::new(Mode::Auto, 100_000, 0.01, key()).unwrap();
+        let mut b = KeySetBuilder::new(Mode::Auto, KeyKind::Int, 100_000, 0.01, key()).unwrap();
         let mut x = 0x1234_5678_9abc_def0u64;
         let mut keys = Vec::new();
         let mut switched_at = None;
@@ -504,13 +599,15 @@ mod tests {
     #[test]
     fn builder_validates_rate_for_every_mode() {
         for mode in [Mode::Bloom, Mode::Exact, Mode::Auto] {
-            assert!(matches!(
-                KeySetBuilder::new(mode, 10, 1.0, key()),
-                Err(FilterError::InvalidRate(_))
-            ));
+            for kind in [KeyKind::Int, KeyKind::Bytes] {
+                assert!(matches!(
+                    KeySetBuilder::new(mode, kind, 10, 1.0, key()),
+                    Err(FilterError::InvalidRate(_))
+                ));
+            }
         }
         // n = 0 is a valid, minimal filter.
-        let set = KeySetBuilder::new(Mode::Bloom, 0, 0.01, key())
+        let set = KeySetBuilder::new(Mode::Bloom, KeyKind::Int, 0, 0.01, key())
             .unwrap()
             .finish();
         assert_eq!(set.stats().bits, 512);
@@ -519,10 +616,10 @@ mod tests {
 
     #[test]
     fn keyset_from_bytes_dispatches_and_checks_key() {
-        let mut b = KeySetBuilder::new(Mode::Bloom, 1000, 0.01, key()).unwrap();
+        let mut b = KeySetBuilder::new(Mode::Bloom, KeyKind::Int, 1000, 0.01, key()).unwrap();
         b.insert(Item::Int(1));
         let bloom = b.finish();
-        let mut b = KeySetBuilder::new(Mode::Exact, 1000, 0.01, key()).unwrap();
+        let mut b = KeySetBuilder::new(Mode::Exact, KeyKind::Int, 1000, 0.01, key()).unwrap();
         b.insert(Item::Int(1));
         let exact = b.finish();
         let other = FilterKey::from_bytes([1; 32]);

@@ -206,6 +206,44 @@ pub fn blocked_fp_rate(n: u64, num_blocks: u64, k: u32) -> f64 {
         .max(blocked_fp_rate_first_order(n, num_blocks, k as u32))
 }
 
+/// The most keys a blocked filter of this shape holds with a modelled
+/// false-positive rate ([`blocked_fp_rate`]) of at most `rate`: the key count
+/// at which the model crosses `rate`, precomputed once per filter so that a
+/// live insert compares two integers instead of estimating the rate.
+///
+/// The model rises monotonically with the key count, so an exponential then
+/// a binary search finds it in O(log n) evaluations (each O(k²)). `rate`
+/// below the model at one key gives 0; a rate the model never reaches (≥ 1,
+/// NaN) gives `u64::MAX`.
+pub fn max_keys_at_rate(num_blocks: u64, k: u32, rate: f64) -> u64 {
+    let within = |n: u64| blocked_fp_rate(n, num_blocks, k) <= rate;
+    if rate.is_nan() || rate >= 1.0 {
+        return u64::MAX;
+    }
+    if !within(1) {
+        return 0;
+    }
+    // Past 2^48 keys the filter (at most 2^38 bits) is saturated anyway.
+    let (mut lo, mut hi) = (1u64, 2u64);
+    while within(hi) {
+        if hi >= 1 << 48 {
+            return u64::MAX;
+        }
+        lo = hi;
+        hi *= 2;
+    }
+    // Invariant: within(lo), !within(hi).
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if within(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// The commonly quoted first-order model
 /// `Σ_j Pois(j; n/B) · (1 - (1-1/512)^(k·j))^k`: a lower bound on the true
 /// rate (Jensen), kept for comparison and as a floor at tiny rates.
@@ -382,6 +420,33 @@ mod tests {
             "measured {measured}, exact model {exact}, first-order {first}"
         );
         assert!(first < exact);
+    }
+
+    #[test]
+    fn max_keys_at_rate_is_where_the_model_crosses() {
+        for (n, p) in [
+            (1_000u64, 0.01),
+            (1_000_000, 0.01),
+            (50_000, 0.001),
+            (10, 0.1),
+        ] {
+            let s = size_blocked(n, p).unwrap();
+            for multiple in [1.0, 2.0, 5.0] {
+                let rate = p * multiple;
+                let at = max_keys_at_rate(s.num_blocks, s.num_hashes, rate);
+                assert!(at >= n, "sized for {n} at {p}, yet {rate} crossed at {at}");
+                assert!(blocked_fp_rate(at, s.num_blocks, s.num_hashes) <= rate);
+                assert!(blocked_fp_rate(at + 1, s.num_blocks, s.num_hashes) > rate);
+            }
+            // Twice the target is crossed well before the key count doubles
+            // (for p = 1 %: at about 1.2 × n); not for a filter of one block,
+            // whose minimum size leaves room to spare.
+            let twice = max_keys_at_rate(s.num_blocks, s.num_hashes, 2.0 * p);
+            assert!(s.num_blocks == 1 || twice < 2 * n, "{n} at {p}: {twice}");
+        }
+        assert_eq!(max_keys_at_rate(10, 7, 1.0), u64::MAX);
+        assert_eq!(max_keys_at_rate(10, 7, f64::NAN), u64::MAX);
+        assert_eq!(max_keys_at_rate(1, 1, 1e-12), 0);
     }
 
     #[test]

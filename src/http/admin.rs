@@ -1,6 +1,18 @@
 //! The admin listener: `/metrics`, the admin API under `/admin/...`, and the
 //! status page at `/admin/`.
 //!
+//! Limits of its own: every admin request has `admin.request_timeout` (not
+//! the public `server.request_timeout`), except a rebuild: `POST
+//! .../rebuild` only requests one (answers 202 at once, with where to
+//! watch it), and `?wait=true` waits up to `admin.rebuild_wait` for its
+//! outcome. The rebuild itself runs in the resource's coordinator task, so
+//! a request that times out or is dropped cancels nothing and leaves no
+//! journal open.
+//!
+//! Cache paths, unambiguous for every key: `DELETE .../cache` empties the
+//! caches (as does `POST .../cache/clear`, kept); `DELETE
+//! .../cache/keys/{key}` purges one key, whatever it is (`clear`, `keys`).
+//!
 //! Everything but the status page itself (static HTML holding no data)
 //! needs `Authorization: Bearer <token>`. The check hashes the presented
 //! token with a per-process secret key and compares the digests in constant
@@ -12,24 +24,27 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::Router;
+use axum::error_handling::HandleErrorLayer;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::{BoxError, Router};
 use bytes::Bytes;
 use highway::{HighwayHash, HighwayHasher};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
+use tower::ServiceBuilder;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::response::{json_bytes, json_error};
-use super::with_middleware;
+use super::{middleware_error, with_middleware_timeout};
 use crate::gateway::Gateway;
 use crate::metrics::OUTCOMES;
+use crate::rebuild::Reason;
 use crate::resource::{RebuildError, Resource};
 
 const PAGE: &str = include_str!("status.html");
@@ -84,8 +99,18 @@ pub fn app(gateway: Arc<Gateway>, token: &str) -> Router {
         gateway: gateway.clone(),
         token: TokenCheck::new(token),
     });
-    let (api, _) = routes().split_for_parts();
-    let router = api
+    let (timed, _) = timed_routes().split_for_parts();
+    let (rebuild, _) = rebuild_routes().split_for_parts();
+    let gw = gateway.clone();
+    let deadline = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(move |err: BoxError| {
+            let gw = gw.clone();
+            async move { middleware_error(&gw, err) }
+        }))
+        .timeout(gateway.config.admin.request_timeout);
+    let router = timed
+        .route_layer(deadline)
+        .merge(rebuild)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
         .route("/admin/", get(page))
         .route(
@@ -94,18 +119,29 @@ pub fn app(gateway: Arc<Gateway>, token: &str) -> Router {
         )
         .fallback(|| async { json_error(StatusCode::NOT_FOUND, "no_route", "no such route") })
         .with_state(state);
-    with_middleware(router, &gateway)
+    with_middleware_timeout(router, &gateway, None)
 }
 
 /// The authenticated routes with their OpenAPI entries.
 pub fn routes() -> OpenApiRouter<Arc<AdminState>> {
+    timed_routes().merge(rebuild_routes())
+}
+
+/// Routes bounded by `admin.request_timeout`.
+fn timed_routes() -> OpenApiRouter<Arc<AdminState>> {
     OpenApiRouter::new()
         .routes(routes!(metrics))
         .routes(routes!(resources))
+        .routes(routes!(resource))
         .routes(routes!(stats))
-        .routes(routes!(rebuild))
         .routes(routes!(purge_key))
         .routes(routes!(clear_cache))
+        .routes(routes!(clear_cache_post))
+}
+
+/// The rebuild route: answers at once, or waits up to `admin.rebuild_wait`.
+fn rebuild_routes() -> OpenApiRouter<Arc<AdminState>> {
+    OpenApiRouter::new().routes(routes!(rebuild))
 }
 
 async fn require_token(State(state): St, req: Request, next: Next) -> Response {
@@ -186,6 +222,38 @@ pub struct ResourceView {
     rebuild_failures: u64,
     rebuild_refused: u64,
     live_inserts: u64,
+    /// Deletes applied (counted towards `rebuild_delete_fraction`).
+    deletes: u64,
+    /// The rebuild coordinator: running and pending rebuilds, tickets, and
+    /// how the latest one ended.
+    #[schema(value_type = Object)]
+    rebuild: RebuildView,
+    /// The latest swap the shrink guard refused: when, and how many of the
+    /// keys its scan found were missing from the live filter and added.
+    #[schema(value_type = Object)]
+    last_refusal: Option<crate::resource::RefusalReport>,
+    /// Keys a refused rebuild found missing from the filter and added, in
+    /// all.
+    recovered_keys: u64,
+    /// How far the filter decayed since its build (estimated false-positive
+    /// rate, inserts, deletes) and the limits past which it is rebuilt.
+    #[schema(value_type = Object)]
+    protection: Option<crate::resource::Protection>,
+    /// Rebuilds the decay limits asked for.
+    decay_rebuilds: u64,
+    /// bigint keys: the highest key known to exist (keys above it are
+    /// checked with `verify_above_high_water`).
+    high_water: Option<i64>,
+    /// Announced keys above the mark the database did not confirm.
+    announced_unconfirmed: u64,
+}
+
+/// The coordinator's state plus the latest outcome.
+#[derive(Serialize)]
+struct RebuildView {
+    #[serde(flatten)]
+    status: crate::rebuild::Status,
+    last: Option<crate::resource::LastOutcome>,
 }
 
 fn view(r: &Resource) -> ResourceView {
@@ -217,6 +285,17 @@ fn view(r: &Resource) -> ResourceView {
         rebuild_failures: l(&s.rebuild_failures),
         rebuild_refused: l(&s.refused_swaps),
         live_inserts: l(&s.live_inserts),
+        deletes: l(&s.deletes),
+        rebuild: RebuildView {
+            status: r.rebuild_status(),
+            last: r.last_outcome(),
+        },
+        last_refusal: r.last_refusal(),
+        recovered_keys: l(&s.recovered_keys),
+        protection: r.protection(),
+        decay_rebuilds: l(&s.decay_rebuilds),
+        high_water: r.high_water(),
+        announced_unconfirmed: l(&s.announced_unconfirmed),
     }
 }
 
@@ -228,6 +307,22 @@ async fn resources(State(s): St) -> Response {
     sync_caches(&s.gateway).await;
     let all: Vec<ResourceView> = s.gateway.resources.iter().map(|r| view(r)).collect();
     json(StatusCode::OK, &all)
+}
+
+/// One resource's filter, cache, counters and rebuild state: where `POST
+/// .../rebuild` says to watch (`rebuild.completed_ticket` reaches the ticket
+/// it gave, and `rebuild.last` says how it ended).
+#[utoipa::path(get, path = "/admin/resources/{name}", tag = "admin", security(("bearer" = [])),
+    params(("name" = String, Path, description = "Resource name")),
+    responses((status = 200, body = ResourceView),
+              (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody),
+              (status = 404, description = "No such resource", body = super::openapi::ErrorBody)))]
+async fn resource(State(s): St, Path(name): Path<String>) -> Response {
+    let Some(r) = s.gateway.resource(&name) else {
+        return no_resource();
+    };
+    r.sync_cache().await;
+    json(StatusCode::OK, &view(r))
 }
 
 /// A snapshot for the status page's charts: counters with a timestamp, so
@@ -273,16 +368,39 @@ async fn stats(State(s): St) -> Response {
 struct RebuildParams {
     /// Swap even if the scan shrank past `max_shrink`.
     force: Option<bool>,
+    /// Wait for the outcome (up to `admin.rebuild_wait`) instead of
+    /// answering 202 at once.
+    wait: Option<bool>,
 }
 
-/// Rebuilds a resource's filter now and swaps it in.
+/// What `POST .../rebuild` answers while the rebuild has not ended.
+#[derive(Serialize, ToSchema)]
+struct Accepted {
+    status: &'static str,
+    resource: String,
+    /// The ticket of the rebuild that covers this request: done once the
+    /// resource's `rebuild.completed_ticket` reaches it.
+    ticket: u64,
+    /// Where to watch: `GET` it for `rebuild` and `generation`.
+    watch: String,
+    /// The generation when requested: a successful rebuild swaps in a
+    /// higher one.
+    generation: u64,
+}
+
+/// Requests a rebuild of a resource's filter. It runs in the background,
+/// coalesced with every other rebuild request for the resource (at most
+/// one running and one pending): 202 at once with the ticket and where to
+/// watch it; with `wait=true`, the outcome (200, 409, 503) once it ends, or
+/// 202 after `admin.rebuild_wait`. Never cut off by a timeout.
 #[utoipa::path(post, path = "/admin/resources/{name}/rebuild", tag = "admin", security(("bearer" = [])),
     params(("name" = String, Path, description = "Resource name"), RebuildParams),
-    responses((status = 200, description = "The new filter's build report", body = Object),
+    responses((status = 200, description = "`wait=true`: the new filter's build report", body = Object),
+              (status = 202, description = "Requested (or still running after `admin.rebuild_wait`); `Location` is where to watch", body = Accepted),
               (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody),
               (status = 404, description = "No such resource", body = super::openapi::ErrorBody),
-              (status = 409, description = "Refused by the shrink guard, or the filter is disabled", body = super::openapi::ErrorBody),
-              (status = 503, description = "Database unavailable; the old filter stays", body = super::openapi::ErrorBody)))]
+              (status = 409, description = "Refused by the shrink guard (the keys it found are served meanwhile), or the filter is disabled", body = super::openapi::ErrorBody),
+              (status = 503, description = "The rebuild failed (the old filter stays), or the gateway is stopping", body = super::openapi::ErrorBody)))]
 async fn rebuild(
     State(s): St,
     Path(name): Path<String>,
@@ -291,12 +409,32 @@ async fn rebuild(
     let Some(r) = s.gateway.resource(&name) else {
         return no_resource();
     };
-    match r.rebuild(p.force.unwrap_or(false)).await {
-        Ok(report) => json(StatusCode::OK, &report),
-        Err(e @ (RebuildError::Shrunk { .. } | RebuildError::Disabled)) => {
-            json_error(StatusCode::CONFLICT, "refused", &e.to_string())
-        }
-        Err(e) => {
+    if !r.config.filter.enabled {
+        return refused(&RebuildError::Disabled);
+    }
+    let generation = r.generation();
+    let ticket = r.request_rebuild(Reason::Admin, p.force.unwrap_or(false));
+    let accepted = Accepted {
+        status: "accepted",
+        resource: name.clone(),
+        ticket: ticket.id(),
+        watch: format!("/admin/resources/{name}"),
+        generation,
+    };
+    if !p.wait.unwrap_or(false) {
+        return accepted_response(&accepted);
+    }
+    let wait = s.gateway.config.admin.rebuild_wait;
+    match tokio::time::timeout(wait, ticket.outcome()).await {
+        Err(_) => accepted_response(&accepted),
+        Ok(Some(Ok(report))) => json(StatusCode::OK, &report),
+        Ok(Some(Err(e @ (RebuildError::Shrunk { .. } | RebuildError::Disabled)))) => refused(&e),
+        Ok(None | Some(Err(RebuildError::Cancelled))) => json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stopping",
+            "the gateway is stopping; the rebuild did not finish",
+        ),
+        Ok(Some(Err(e))) => {
             tracing::warn!(resource = %name, error = %e, "admin rebuild failed");
             json_error(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -307,8 +445,21 @@ async fn rebuild(
     }
 }
 
-/// Drops one key's cached row or negative entry.
-#[utoipa::path(delete, path = "/admin/resources/{name}/cache/{key}", tag = "admin", security(("bearer" = [])),
+fn refused(e: &RebuildError) -> Response {
+    json_error(StatusCode::CONFLICT, "refused", &e.to_string())
+}
+
+fn accepted_response(a: &Accepted) -> Response {
+    let mut resp = json(StatusCode::ACCEPTED, a);
+    if let Ok(v) = HeaderValue::from_str(&a.watch) {
+        resp.headers_mut().insert(header::LOCATION, v);
+    }
+    resp
+}
+
+/// Drops one key's cached row or negative entry. Any key, `clear` and
+/// `keys` included: nothing else lives under `.../cache/keys/`.
+#[utoipa::path(delete, path = "/admin/resources/{name}/cache/keys/{key}", tag = "admin", security(("bearer" = [])),
     params(("name" = String, Path, description = "Resource name"),
            ("key" = String, Path, description = "The key, as in the resource's route")),
     responses((status = 204, description = "Purged"),
@@ -316,10 +467,11 @@ async fn rebuild(
               (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody),
               (status = 404, description = "No such resource", body = super::openapi::ErrorBody)))]
 async fn purge_key(State(s): St, uri: Uri) -> Response {
-    // /admin/resources/{name}/cache/{key}: read the raw segments, so the key
-    // is percent-decoded once, by the same parser as on the public side.
+    // /admin/resources/{name}/cache/keys/{key}: read the raw segments, so
+    // the key is percent-decoded once, by the same parser as on the public
+    // side.
     let mut parts = uri.path().split('/').skip(3);
-    let (Some(name), Some(raw)) = (parts.next(), parts.nth(1)) else {
+    let (Some(name), Some(raw)) = (parts.next(), parts.nth(2)) else {
         return no_resource();
     };
     let Some(r) = s.gateway.resource(name) else {
@@ -335,7 +487,7 @@ async fn purge_key(State(s): St, uri: Uri) -> Response {
 }
 
 /// Empties a resource's row and negative caches.
-#[utoipa::path(post, path = "/admin/resources/{name}/cache/clear", tag = "admin", security(("bearer" = [])),
+#[utoipa::path(delete, path = "/admin/resources/{name}/cache", tag = "admin", security(("bearer" = [])),
     params(("name" = String, Path, description = "Resource name")),
     responses((status = 204, description = "Cleared"),
               (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody),
@@ -348,6 +500,17 @@ async fn clear_cache(State(s): St, Path(name): Path<String>) -> Response {
         }
         None => no_resource(),
     }
+}
+
+/// Empties a resource's row and negative caches (the older spelling of
+/// `DELETE .../cache`, kept: no other route takes POST there).
+#[utoipa::path(post, path = "/admin/resources/{name}/cache/clear", tag = "admin", security(("bearer" = [])),
+    params(("name" = String, Path, description = "Resource name")),
+    responses((status = 204, description = "Cleared"),
+              (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody),
+              (status = 404, description = "No such resource", body = super::openapi::ErrorBody)))]
+async fn clear_cache_post(state: St, name: Path<String>) -> Response {
+    clear_cache(state, name).await
 }
 
 async fn sync_caches(gw: &Gateway) {

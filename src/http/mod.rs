@@ -84,8 +84,21 @@ pub fn public_routes(gateway: &Arc<Gateway>) -> OpenApiRouter<Arc<Gateway>> {
     router
 }
 
-/// The one middleware stack, shared by the public and admin routers.
+/// The one middleware stack, shared by the public and admin routers, with
+/// `server.request_timeout`.
 pub fn with_middleware(router: Router, gateway: &Arc<Gateway>) -> Router {
+    let timeout = gateway.config.server.request_timeout;
+    with_middleware_timeout(router, gateway, Some(timeout))
+}
+
+/// [`with_middleware`] with another whole-request deadline, or none: the
+/// admin router, whose routes set their own (`admin.request_timeout`, and
+/// none for a rebuild that waits for its outcome).
+pub fn with_middleware_timeout(
+    router: Router,
+    gateway: &Arc<Gateway>,
+    timeout: Option<std::time::Duration>,
+) -> Router {
     let server = &gateway.config.server;
     let gw = gateway.clone();
     let router = router.method_not_allowed_fallback(method_not_allowed);
@@ -116,7 +129,7 @@ pub fn with_middleware(router: Router, gateway: &Arc<Gateway>) -> Router {
             let gw = gw.clone();
             async move { middleware_error(&gw, err) }
         }))
-        .timeout(server.request_timeout)
+        .option_layer(timeout.map(tower::timeout::TimeoutLayer::new))
         .load_shed()
         .layer(GlobalConcurrencyLimitLayer::new(server.max_concurrency));
     router.layer(stack)
@@ -130,7 +143,9 @@ async fn method_not_allowed() -> Response {
     )
 }
 
-fn middleware_error(gw: &Gateway, err: BoxError) -> Response {
+/// The response for an error of the middleware (timeout: 504, shed: 503),
+/// counted in the gateway's stats.
+pub fn middleware_error(gw: &Gateway, err: BoxError) -> Response {
     if err.is::<tower::timeout::error::Elapsed>() {
         gw.stats.timeouts.fetch_add(1, Ordering::Relaxed);
         Error::Timeout.into_response()

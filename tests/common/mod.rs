@@ -38,6 +38,18 @@ pub const SLOW: &str = r#"
     columns = ["id", "name"]
 "#;
 
+/// A resource with text keys served from the `things` table (see
+/// [`TestDb::add_things`]).
+pub const THINGS: &str = r#"
+    [[resource]]
+    name = "things"
+    route = "/things/{code}"
+    table = "things"
+    key_column = "code"
+    key_type = "text"
+    columns = ["code", "label"]
+"#;
+
 /// A database that exists for one test and is dropped with this value.
 pub struct TestDb {
     pub name: String,
@@ -90,6 +102,20 @@ impl TestDb {
 
     pub async fn exec(&self, sql: &str) {
         self.pool.execute(sql).await.unwrap();
+    }
+
+    /// Adds the `things` table (text keys, see [`THINGS`]) holding `codes`,
+    /// each labelled with its upper case.
+    pub async fn add_things(&self, codes: &[&str]) {
+        self.exec("CREATE TABLE things (code text PRIMARY KEY, label text NOT NULL)")
+            .await;
+        for code in codes {
+            sqlx::query("INSERT INTO things VALUES ($1, upper($1))")
+                .bind(code)
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
     }
 
     /// Adds `slow_users`: a view of `users` whose row lookups sleep for
