@@ -388,6 +388,7 @@ mod tests {
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(60),
             negative_max_entries: 100,
+            ..CacheConfig::default()
         }
     }
 
