@@ -108,7 +108,12 @@ pub fn app(gateway: Arc<Gateway>, token: &str) -> Router {
             async move { middleware_error(&gw, err) }
         }))
         .timeout(gateway.config.admin.request_timeout);
+    let doc = super::openapi::to_json(&super::openapi::admin_document());
     let router = timed
+        .route(
+            "/admin/openapi.json",
+            get(move || async move { json_bytes(StatusCode::OK, doc.clone()) }),
+        )
         .route_layer(deadline)
         .merge(rebuild)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
