@@ -40,7 +40,9 @@
 //! forced: a forged event must not get past the shrink guard). A snapshot
 //! offered with it is declined (dropped), so the feed delivers from its
 //! start: correct, and a rebuild from any later snapshot covers the rest.
-//! [`Event::Rescan`]: the filters of that table only.
+//! [`Event::Rescan`] (a change too large to announce: its keys are not
+//! known): the caches of that table's resources are cleared and their
+//! filters rebuilt.
 
 use std::sync::Arc;
 
@@ -94,7 +96,10 @@ impl Applier {
                 }
             }
             Event::Rescan(table) => {
+                // A change whose keys were not carried: a new key only a
+                // scan finds, a cached row we cannot name.
                 for route in self.on(&table) {
+                    route.resource.clear_cache();
                     route.resource.request_rebuild(Reason::Rescan, false);
                 }
             }
