@@ -99,10 +99,13 @@ impl Gateway {
     }
 
     pub fn with_db(config: Config, db: Arc<Db>) -> Arc<Self> {
+        // Row loads in flight, attached to a request or detached from
+        // departed clients, within the same bound as requests.
+        let loads = Arc::new(tokio::sync::Semaphore::new(config.server.max_concurrency));
         let resources = config
             .resolved()
             .into_iter()
-            .map(|r| Arc::new(Resource::new(r, db.clone())))
+            .map(|r| Arc::new(Resource::new(r, db.clone(), loads.clone())))
             .collect();
         let (applied_tx, applied) = watch::channel(Lsn::ZERO);
         Arc::new(Self {
@@ -158,6 +161,17 @@ impl Gateway {
             self.keep(tokio::spawn(r.clone().run_background()));
         }
         self.db.wait_until_reachable().await;
+        if self.config.database.listen {
+            // First: on a standby everything after this fails (migrations,
+            // triggers) or hangs (LISTEN), and this names the cause.
+            let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                .fetch_one(self.db.pool())
+                .await
+                .map_err(StartError::Catalog)?;
+            if standby {
+                return Err(StartError::Feed(notify::NotifyError::Standby.to_string()));
+            }
+        }
         if self.config.database.migrate {
             self.db.migrate().await?;
         }

@@ -652,3 +652,82 @@ async fn an_update_never_detoasts_the_rest_of_the_row() {
     // And the update was announced.
     eventually(&gw, "/docs/1", |r| r.json()["n"] == 2).await;
 }
+
+/// Issue 10, suspicion: a resource on `public.my_view` never matched the
+/// notifications (they named the table differently). Now both sides use the
+/// catalog's canonical name, and a view follows its base table through
+/// `source_table`, whose triggers the gateway installs.
+#[tokio::test]
+async fn a_view_follows_its_source_table() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    db.exec("CREATE VIEW my_view AS SELECT id, name FROM users")
+        .await;
+    let view = r#"
+        [[resource]]
+        name = "my"
+        route = "/my/{id}"
+        table = "public.my_view"
+        source_table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "name"]
+    "#;
+    let gw = started(config(&db.url, view)).await;
+    assert_eq!(get(&gw, "/my/3").await.json()["name"], "User 3");
+    insert_user(&db, 500).await;
+    eventually(&gw, "/my/500", |r| r.status == StatusCode::OK).await;
+    db.exec("UPDATE users SET name = 'Renamed' WHERE id = 3")
+        .await;
+    eventually(&gw, "/my/3", |r| r.json()["name"] == "Renamed").await;
+    db.exec("DELETE FROM users WHERE id = 500").await;
+    eventually(&gw, "/my/500", |r| r.status == StatusCode::NOT_FOUND).await;
+    // One trigger function on users serves both resources on it.
+    let functions: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT tgfoid) FROM pg_trigger
+          WHERE tgrelid = 'users'::regclass AND NOT tgisinternal",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(functions, 1);
+}
+
+/// A partitioned table: the trigger goes on the parent (Postgres clones it
+/// onto every partition) and announces the parent's name, so inserts into
+/// any partition, moves between partitions and deletes are all fresh.
+#[tokio::test]
+async fn a_partitioned_table_is_fresh_through_its_parent() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE events (id int8 PRIMARY KEY, kind text NOT NULL) PARTITION BY RANGE (id);
+         CREATE TABLE events_low PARTITION OF events FOR VALUES FROM (MINVALUE) TO (1000);
+         CREATE TABLE events_high PARTITION OF events FOR VALUES FROM (1000) TO (MAXVALUE);
+         INSERT INTO events VALUES (1, 'a');",
+    )
+    .await;
+    let events = r#"
+        [[resource]]
+        name = "events"
+        route = "/events/{id}"
+        table = "events"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "kind"]
+    "#;
+    let gw = started(config(&db.url, events)).await;
+    assert_eq!(get(&gw, "/events/1").await.json()["kind"], "a");
+    db.exec("INSERT INTO events VALUES (5, 'b'), (1500, 'c')")
+        .await;
+    eventually(&gw, "/events/5", |r| r.status == StatusCode::OK).await;
+    eventually(&gw, "/events/1500", |r| r.status == StatusCode::OK).await;
+    // Moves the row from one partition to the other.
+    db.exec("UPDATE events SET id = 2000, kind = 'moved' WHERE id = 1")
+        .await;
+    eventually(&gw, "/events/2000", |r| r.json()["kind"] == "moved").await;
+    eventually(&gw, "/events/1", |r| r.status == StatusCode::NOT_FOUND).await;
+    db.exec("DELETE FROM events WHERE id = 1500").await;
+    eventually(&gw, "/events/1500", |r| r.status == StatusCode::NOT_FOUND).await;
+    db.exec("TRUNCATE events").await;
+    eventually(&gw, "/events/5", |r| r.status == StatusCode::NOT_FOUND).await;
+}

@@ -26,6 +26,7 @@
 //!   announces the parent.
 //!
 //! # Payload
+//! JSON, put together by concatenation (values escaped by `to_json(text)`):
 //! `{"table": "public.users", "op": "INSERT"|"UPDATE"|"DELETE"|"TRUNCATE"|"RESCAN",
 //!   "new": {"id": "1", "email": "a@b"}, "old": {...}, "ts": <epoch seconds>}`;
 //! `new`/`old` only where they apply, `old` on UPDATE only when a key
@@ -89,15 +90,29 @@ pub fn install_sql(table: &TableName, columns: &[&str]) -> String {
     let schema = table.split_once('.').map_or("public", |(s, _)| s);
     let function = format!("{}.{}", quote(schema), quote(&name));
     let target = quote_table(table);
-    let tbl = literal(table);
-    let pairs = |row: &str| {
-        columns
+    // The payload is put together by concatenation: the table, the ops and
+    // the column names are JSON-escaped here, once; each value goes through
+    // `to_json(text)`, which escapes it. About 4 % cheaper per row than
+    // `json_build_object` (bench/trigger-cost.sh).
+    let json = |text: &str| serde_json::to_string(text).expect("a string serialises");
+    let head = |op: &str| literal(&format!(r#"{{"table":{},"op":"{op}""#, json(table)));
+    let object = |row: &str| {
+        let fields = columns
             .iter()
-            .map(|c| format!("{}, {row}.{}::text", literal(c), quote(c)))
+            .enumerate()
+            .map(|(i, c)| {
+                let sep = if i == 0 { "{" } else { "," };
+                format!(
+                    "{} || coalesce(to_json({row}.{}::text)::text, 'null')",
+                    literal(&format!("{sep}{}:", json(c))),
+                    quote(c)
+                )
+            })
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(" || ");
+        format!("{fields} || '}}'")
     };
-    let (new, old) = (pairs("NEW"), pairs("OLD"));
+    let (new, old) = (object("NEW"), object("OLD"));
     let unchanged = columns
         .iter()
         .map(|c| {
@@ -106,7 +121,14 @@ pub fn install_sql(table: &TableName, columns: &[&str]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" AND ");
-    let ts = "'ts', extract(epoch FROM clock_timestamp())";
+    let ts = r#"',"ts":' || extract(epoch FROM clock_timestamp()) || '}'"#;
+    let (insert, update, delete, truncate, rescan) = (
+        head("INSERT"),
+        head("UPDATE"),
+        head("DELETE"),
+        head("TRUNCATE"),
+        head("RESCAN"),
+    );
     format!(
         r#"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger
 LANGUAGE plpgsql AS $bloomgate$
@@ -116,27 +138,22 @@ DECLARE
     payload text;
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        payload := json_build_object('table', {tbl}, 'op', 'INSERT',
-            'new', json_build_object({new}), {ts})::text;
+        payload := {insert} || ',"new":' || {new} || {ts};
     ELSIF TG_OP = 'DELETE' THEN
-        payload := json_build_object('table', {tbl}, 'op', 'DELETE',
-            'old', json_build_object({old}), {ts})::text;
+        payload := {delete} || ',"old":' || {old} || {ts};
     ELSIF TG_OP = 'UPDATE' THEN
         IF {unchanged} THEN
-            payload := json_build_object('table', {tbl}, 'op', 'UPDATE',
-                'new', json_build_object({new}), {ts})::text;
+            payload := {update} || ',"new":' || {new} || {ts};
         ELSE
-            payload := json_build_object('table', {tbl}, 'op', 'UPDATE',
-                'new', json_build_object({new}),
-                'old', json_build_object({old}), {ts})::text;
+            payload := {update} || ',"new":' || {new} || ',"old":' || {old} || {ts};
         END IF;
     ELSE
-        payload := json_build_object('table', {tbl}, 'op', 'TRUNCATE', {ts})::text;
+        payload := {truncate} || {ts};
     END IF;
     -- Measured on the final text: pg_notify refuses {MAX_PAYLOAD} bytes or
     -- more, and failing here would roll back the writer's transaction.
     IF octet_length(payload) >= {MAX_PAYLOAD} THEN
-        payload := json_build_object('table', {tbl}, 'op', 'RESCAN', {ts})::text;
+        payload := {rescan} || {ts};
     END IF;
     PERFORM pg_notify('{CHANNEL}', payload);
     RETURN NULL;
@@ -191,11 +208,16 @@ mod tests {
         let t: TableName = Arc::from("public.users");
         let sql = install_sql(&t, &["id", "email"]);
         assert!(!sql.contains("to_jsonb"), "{sql}");
-        assert!(!sql.contains("to_json("), "{sql}");
+        // `to_json` only ever of one key column's text.
+        assert_eq!(
+            sql.matches("to_json(").count(),
+            sql.matches("to_json(NEW.\"").count() + sql.matches("to_json(OLD.\"").count()
+        );
+        assert!(!sql.contains("to_json(NEW)") && !sql.contains("to_json(OLD)"));
         assert!(!sql.contains("row_to_json"), "{sql}");
-        assert!(sql.contains(r#"'id', NEW."id"::text, 'email', NEW."email"::text"#));
-        assert!(sql.contains(r#"'id', OLD."id"::text, 'email', OLD."email"::text"#));
-        assert!(sql.contains("'table', 'public.users'"));
+        assert!(sql.contains(r#"'{"id":' || coalesce(to_json(NEW."id"::text)::text, 'null') || ',"email":' || coalesce(to_json(NEW."email"::text)::text, 'null') || '}'"#), "{sql}");
+        assert!(sql.contains(r#"coalesce(to_json(OLD."email"::text)::text, 'null')"#));
+        assert!(sql.contains(r#"'{"table":"public.users","op":"INSERT"'"#));
         assert!(sql.contains(r#"ON "public"."users""#));
         assert!(sql.contains("octet_length(payload) >= 8000"));
     }
