@@ -13,10 +13,15 @@
 //!   miss path's CPU.)
 //! - **Errors are shared, never cached.** A failed load reaches every waiter
 //!   and the next request tries again.
-//! - **An invalidation is never undone by a load.** A load that was running
-//!   when its key was invalidated may have read the old row (or "absent"); it
-//!   still answers its waiters, but whatever it stored is removed again. Loads
-//!   in flight are tracked per key for exactly this.
+//! - **An invalidation or a clear is never undone by a load.** A load that
+//!   was running when its key was invalidated, or the whole cache cleared
+//!   (TRUNCATE, admin clear), may have read the old row (or "absent"); it
+//!   still answers its waiters, but whatever it stored is removed again.
+//!   Every load in flight has its own mark (an id and a dirty flag) in a
+//!   per-key list: two loads of one key can overlap (moka stops tracking a
+//!   load that ended without a row before its caller has finished with it),
+//!   and each must see the invalidations that happened during *its* query,
+//!   never have them reset or consumed by the other.
 //! - **Absent rows are remembered separately.** "No such row" goes into a
 //!   second, smaller cache with a short TTL, so a flood of absent keys (filter
 //!   false positives, deleted rows) cannot evict real rows.
@@ -26,7 +31,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -116,10 +121,21 @@ pub enum Miss<E> {
 pub struct RowCache<K> {
     rows: Option<Cache<K, Arc<Row>>>,
     negative: Option<Cache<K, ()>>,
-    /// Keys being loaded, and whether each was invalidated meanwhile. Touched
-    /// only on misses and invalidations, never on hits.
-    inflight: Arc<Mutex<HashMap<K, bool>>>,
+    /// Loads in flight, per key (see the module doc). Touched only on misses,
+    /// invalidations and clears, never on hits.
+    inflight: Arc<Mutex<HashMap<K, Vec<Mark>>>>,
 }
+
+/// One load in flight: which one, and whether its key was invalidated (or
+/// the cache cleared) since it started.
+#[derive(Debug)]
+struct Mark {
+    id: u64,
+    dirty: bool,
+}
+
+/// Ids for [`Mark`]s: unique per process, so one cache's are too.
+static LOAD_IDS: AtomicU64 = AtomicU64::new(0);
 
 impl<K> RowCache<K>
 where
@@ -188,13 +204,17 @@ where
             let ran_in_load = ran.clone();
             let inflight_in_load = inflight.clone();
             let key_in_load = key.clone();
+            let id = LOAD_IDS.fetch_add(1, Ordering::Relaxed);
             let result = rows
                 .entry(key.clone())
                 .or_try_insert_with(async move {
                     ran_in_load.store(true, Ordering::Relaxed);
                     // Registered before the query starts: an invalidation
                     // from here on may concern a row the query already read.
-                    lock(&inflight_in_load).insert(key_in_load, false);
+                    lock(&inflight_in_load)
+                        .entry(key_in_load)
+                        .or_default()
+                        .push(Mark { id, dirty: false });
                     match load().await {
                         Ok(Some(body)) => Ok(Arc::new(Row::new(body))),
                         Ok(None) => Err(Miss::Absent),
@@ -222,7 +242,7 @@ where
                 // What was stored is in the cache now, so any invalidation
                 // after this point removes it by itself; one that came during
                 // the load is applied here.
-                let dirty = lock(&inflight).remove(&key).unwrap_or(false);
+                let dirty = finish(&inflight, &key, id);
                 if dirty {
                     rows.invalidate(&key).await;
                     if let Some(neg) = &negative {
@@ -238,8 +258,10 @@ where
     /// Forgets `key` in both caches, including what a load running right now
     /// for it would store.
     pub async fn invalidate(&self, key: &K) {
-        if let Some(dirty) = lock(&self.inflight).get_mut(key) {
-            *dirty = true;
+        if let Some(marks) = lock(&self.inflight).get_mut(key) {
+            for m in marks {
+                m.dirty = true;
+            }
         }
         if let Some(rows) = &self.rows {
             rows.invalidate(key).await;
@@ -249,8 +271,14 @@ where
         }
     }
 
-    /// Forgets everything.
+    /// Forgets everything, including what the loads running right now would
+    /// store.
     pub fn clear(&self) {
+        // Marked before the entries go: a load that stores after this point
+        // finds its mark dirty and removes what it stored.
+        for m in lock(&self.inflight).values_mut().flatten() {
+            m.dirty = true;
+        }
         if let Some(rows) = &self.rows {
             rows.invalidate_all();
         }
@@ -325,7 +353,23 @@ impl<F: Future<Output = T> + Send + 'static, T: Send + 'static> Drop for DetachO
     }
 }
 
-fn lock<K>(m: &Mutex<HashMap<K, bool>>) -> std::sync::MutexGuard<'_, HashMap<K, bool>> {
+/// Removes load `id`'s mark for `key`; returns whether it was dirty.
+fn finish<K: Hash + Eq>(inflight: &Mutex<HashMap<K, Vec<Mark>>>, key: &K, id: u64) -> bool {
+    let mut map = lock(inflight);
+    let Some(marks) = map.get_mut(key) else {
+        return false;
+    };
+    let dirty = marks
+        .iter()
+        .position(|m| m.id == id)
+        .is_some_and(|i| marks.swap_remove(i).dirty);
+    if marks.is_empty() {
+        map.remove(key);
+    }
+    dirty
+}
+
+fn lock<K>(m: &Mutex<HashMap<K, Vec<Mark>>>) -> std::sync::MutexGuard<'_, HashMap<K, Vec<Mark>>> {
     // A panic while holding this lock cannot leave the map inconsistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -344,6 +388,7 @@ mod tests {
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(60),
             negative_max_entries: 100,
+            ..CacheConfig::default()
         }
     }
 
@@ -505,6 +550,104 @@ mod tests {
                 Outcome::Loaded { row, .. } => assert_eq!(&row.body[..], b"new"),
                 o => panic!("stale entry survived the invalidation ({found}): {o:?}"),
             }
+        }
+    }
+
+    /// A loader that reports when it has started and returns `result` only
+    /// when `release` fires: the test decides what happens during the query.
+    fn gated(
+        result: Option<&'static str>,
+    ) -> (
+        impl FnOnce() -> LoadFuture + Send + 'static,
+        tokio::sync::oneshot::Receiver<()>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = tokio::sync::oneshot::channel::<()>();
+        let load = move || -> LoadFuture {
+            Box::pin(async move {
+                let _ = started_tx.send(());
+                let _ = release_rx.await;
+                Ok(result.map(|s| Bytes::from_static(s.as_bytes())))
+            })
+        };
+        (load, started, release)
+    }
+
+    #[tokio::test]
+    async fn a_clear_during_a_load_is_not_undone() {
+        for old in [Some("old"), None] {
+            let c = Arc::new(RowCache::new(&cfg()));
+            let (load, started, release) = gated(old);
+            let slow = {
+                let c = c.clone();
+                tokio::spawn(async move { c.get_or_load(4, load).await })
+            };
+            started.await.unwrap();
+            // TRUNCATE (or an admin clear) while the query that read the
+            // old state runs.
+            c.clear();
+            release.send(()).unwrap();
+            let _ = slow.await.unwrap().unwrap();
+            let loads = Loads::default();
+            let o = c
+                .get_or_load(4, loader(&loads, Ok(Some("new")), 0))
+                .await
+                .unwrap();
+            match o {
+                Outcome::Loaded { row, .. } => assert_eq!(&row.body[..], b"new"),
+                o => panic!("what a load read before the clear survived it ({old:?}): {o:?}"),
+            }
+        }
+    }
+
+    /// Two loads of one key overlap when the first ends without a row: moka
+    /// lets the next caller start its own load before the first has
+    /// finished its bookkeeping. Neither may erase or consume the other's
+    /// record of an invalidation. The overlap is a narrow window, so this
+    /// runs many rounds on two threads with a second caller hammering the
+    /// key as the first load ends; each round checks that no negative entry
+    /// from before the invalidation survives it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overlapping_loads_of_one_key_keep_each_invalidation() {
+        for round in 0..2000 {
+            let c = Arc::new(RowCache::new(&cfg()));
+            let (load, started, release) = gated(None);
+            let first = {
+                let c = c.clone();
+                tokio::spawn(async move { c.get_or_load(1, load).await })
+            };
+            started.await.unwrap();
+            // The row is inserted (and announced) while the first load,
+            // which read "absent", is still running.
+            c.invalidate(&1).await;
+            let stop = Arc::new(AtomicBool::new(false));
+            let hammer = {
+                let (c, stop) = (c.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let loads = Loads::default();
+                    while !stop.load(Ordering::Relaxed) {
+                        let _ = c.get_or_load(1, loader(&loads, Ok(Some("new")), 0)).await;
+                        tokio::task::yield_now().await;
+                    }
+                })
+            };
+            release.send(()).unwrap();
+            let _ = first.await.unwrap();
+            stop.store(true, Ordering::Relaxed);
+            hammer.await.unwrap();
+            // The hammer's loads read after the invalidation and found the
+            // row, so a negative entry can only be the first load's: stale.
+            let neg = c.negative.as_ref().unwrap();
+            neg.run_pending_tasks().await;
+            assert!(
+                !neg.contains_key(&1),
+                "round {round}: the first load's \"absent\" outlived the invalidation during it"
+            );
+            assert!(
+                lock(&c.inflight).is_empty(),
+                "round {round}: a mark outlived its load"
+            );
         }
     }
 

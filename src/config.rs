@@ -360,6 +360,20 @@ pub struct CacheConfig {
     /// Negative entries kept at most, separate from rows so a flood of
     /// absent keys cannot evict real rows. Default 100000.
     pub negative_max_entries: u64,
+    /// `Cache-Control` of a row (200, and the 304 that revalidates it), for
+    /// the browsers, CDNs and shared caches in front of the gateway. Default
+    /// `"no-cache, stale-if-error=300"`: a downstream cache may store the
+    /// row but must revalidate it on every use (a cheap 304 thanks to the
+    /// ETag), so it never serves a row the gateway has invalidated; while
+    /// the gateway is unreachable it may serve what it has for 5 minutes.
+    /// `"max-age=N, stale-while-revalidate=M"` trades N seconds of possible
+    /// staleness for fewer requests. Directives are checked at start-up.
+    pub http_cache_control: String,
+    /// `Cache-Control` of a 404 for an absent key (from the filter or a
+    /// negative entry). Default `"no-cache"`: a downstream cache that keeps
+    /// a 404 for N seconds answers 404 for a row inserted meanwhile. A
+    /// `max-age` (or `s-maxage`) may not exceed `negative_ttl`.
+    pub http_cache_control_not_found: String,
 }
 
 impl Default for CacheConfig {
@@ -371,6 +385,8 @@ impl Default for CacheConfig {
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
             negative_max_entries: 100_000,
+            http_cache_control: "no-cache, stale-if-error=300".into(),
+            http_cache_control_not_found: "no-cache".into(),
         }
     }
 }
@@ -443,6 +459,8 @@ pub struct CacheOverrides {
     #[serde(default, with = "humantime_serde")]
     pub negative_ttl: Option<Duration>,
     pub negative_max_entries: Option<u64>,
+    pub http_cache_control: Option<String>,
+    pub http_cache_control_not_found: Option<String>,
 }
 
 impl FilterOverrides {
@@ -486,6 +504,14 @@ impl CacheOverrides {
             negative_max_entries: self
                 .negative_max_entries
                 .unwrap_or(base.negative_max_entries),
+            http_cache_control: self
+                .http_cache_control
+                .clone()
+                .unwrap_or_else(|| base.http_cache_control.clone()),
+            http_cache_control_not_found: self
+                .http_cache_control_not_found
+                .clone()
+                .unwrap_or_else(|| base.http_cache_control_not_found.clone()),
         }
     }
 }
@@ -833,7 +859,76 @@ fn validate_cache(c: &CacheConfig, at: &str) -> Result<(), (String, String)> {
     if c.enabled && c.ttl.is_zero() {
         return Err((format!("{at}.ttl"), "must be above 0".into()));
     }
+    let key = format!("{at}.http_cache_control");
+    cache_control_max_age(&c.http_cache_control).map_err(|e| (key, e))?;
+    let key = format!("{at}.http_cache_control_not_found");
+    let max_age =
+        cache_control_max_age(&c.http_cache_control_not_found).map_err(|e| (key.clone(), e))?;
+    if let Some(secs) = max_age
+        && Duration::from_secs(secs) > c.negative_ttl
+    {
+        return Err((
+            key,
+            format!(
+                "a 404 may be cached downstream for at most negative_ttl ({}s), not {secs}s",
+                c.negative_ttl.as_secs()
+            ),
+        ));
+    }
     Ok(())
+}
+
+/// Checks a `Cache-Control` value against the response directives of RFC
+/// 9111 §5.2.2 and RFC 5861; returns its largest freshness lifetime
+/// (`max-age`, `s-maxage`), if it has one.
+pub fn cache_control_max_age(value: &str) -> Result<Option<u64>, String> {
+    const FLAGS: [&str; 9] = [
+        "no-cache",
+        "no-store",
+        "must-revalidate",
+        "proxy-revalidate",
+        "must-understand",
+        "no-transform",
+        "public",
+        "private",
+        "immutable",
+    ];
+    const SECONDS: [&str; 4] = [
+        "max-age",
+        "s-maxage",
+        "stale-while-revalidate",
+        "stale-if-error",
+    ];
+    if value.trim().is_empty() {
+        return Err("must name at least one directive (\"no-cache\", \"max-age=60\")".into());
+    }
+    let mut max_age = None;
+    for d in value.split(',').map(str::trim) {
+        let (name, arg) = match d.split_once('=') {
+            Some((n, a)) => (n.trim().to_ascii_lowercase(), Some(a.trim())),
+            None => (d.to_ascii_lowercase(), None),
+        };
+        match arg {
+            None if FLAGS.contains(&name.as_str()) => {}
+            Some(a) if SECONDS.contains(&name.as_str()) => {
+                let secs: u64 = a
+                    .parse()
+                    .map_err(|_| format!("{name} takes a number of seconds, not {a:?}"))?;
+                if name == "max-age" || name == "s-maxage" {
+                    max_age = max_age.max(Some(secs));
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "{d:?} is not a response directive this gateway sends \
+                     (one of {}, or {}=N)",
+                    FLAGS.join(", "),
+                    SECONDS.join("=N, ")
+                ));
+            }
+        }
+    }
+    Ok(max_age)
 }
 
 /// `BLOOMGATE_SERVER_LISTEN` (one underscore) looks like a config key but

@@ -30,6 +30,11 @@ pub struct Route {
     pub key_segment: usize,
     /// The 404 body, the same for every absent key.
     pub not_found: Bytes,
+    /// `Cache-Control` of a row and of an absent key (`[cache]
+    /// http_cache_control`, `http_cache_control_not_found`), checked at
+    /// start-up and built once.
+    pub row_cache_control: HeaderValue,
+    pub not_found_cache_control: HeaderValue,
     /// Latency by outcome, indexed as `metrics::OUTCOMES`.
     pub latency: Vec<Histogram>,
 }
@@ -47,7 +52,13 @@ impl Route {
             .split('/')
             .position(|s| s.starts_with('{'))
             .expect("config validation guarantees one {param} segment");
+        let header = |v: &str| {
+            HeaderValue::from_str(v).expect("config validation checks Cache-Control values")
+        };
+        let cache = &resource.config.cache;
         Self {
+            row_cache_control: header(&cache.http_cache_control),
+            not_found_cache_control: header(&cache.http_cache_control_not_found),
             resource,
             max_key_length,
             key_segment,
@@ -89,24 +100,25 @@ async fn answer(route: &Route, uri: &Uri, headers: &HeaderMap) -> Result<(Respon
             outcome::FILTERED,
         ),
         Lookup::Cached(o) => match o {
-            Outcome::Hit(row) => (found(&row, headers, "bloomgate; hit"), outcome::HIT),
+            Outcome::Hit(row) => (found(route, &row, headers, "bloomgate; hit"), outcome::HIT),
             Outcome::Loaded {
                 row,
                 collapsed: false,
             } => (
-                found(&row, headers, "bloomgate; fwd=miss; stored"),
+                found(route, &row, headers, "bloomgate; fwd=miss; stored"),
                 outcome::MISS,
             ),
             Outcome::Loaded {
                 row,
                 collapsed: true,
             } => (
-                found(&row, headers, "bloomgate; fwd=miss; collapsed"),
+                found(route, &row, headers, "bloomgate; fwd=miss; collapsed"),
                 outcome::COLLAPSED,
             ),
-            Outcome::Bypassed(Some(row)) => {
-                (found(&row, headers, "bloomgate; fwd=bypass"), outcome::MISS)
-            }
+            Outcome::Bypassed(Some(row)) => (
+                found(route, &row, headers, "bloomgate; fwd=bypass"),
+                outcome::MISS,
+            ),
             Outcome::NegativeHit => (
                 not_found(route, "bloomgate; hit; detail=negative"),
                 outcome::NEGATIVE_HIT,
@@ -126,12 +138,13 @@ async fn answer(route: &Route, uri: &Uri, headers: &HeaderMap) -> Result<(Respon
 
 fn not_found(route: &Route, cache_status: &'static str) -> Response {
     let mut resp = json_bytes(StatusCode::NOT_FOUND, route.not_found.clone());
-    resp.headers_mut()
-        .insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
+    let h = resp.headers_mut();
+    h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
+    h.insert(header::CACHE_CONTROL, route.not_found_cache_control.clone());
     resp
 }
 
-fn found(row: &Row, headers: &HeaderMap, cache_status: &'static str) -> Response {
+fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static str) -> Response {
     let etag = HeaderValue::from_maybe_shared(row.etag.clone())
         .expect("hex digits and quotes are a valid header value");
     let mut resp = if if_none_match(headers, &etag) {
@@ -142,6 +155,8 @@ fn found(row: &Row, headers: &HeaderMap, cache_status: &'static str) -> Response
     let h = resp.headers_mut();
     h.insert(header::ETAG, etag);
     h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
+    // On the 304 too (RFC 9110 §15.4.5): it refreshes the stored response.
+    h.insert(header::CACHE_CONTROL, route.row_cache_control.clone());
     resp
 }
 

@@ -46,6 +46,9 @@ impl IntoResponse for Error {
         let mut resp = json_error(status, self.code(), &self.to_string());
         let h = resp.headers_mut();
         h.insert(CACHE_STATUS, HeaderValue::from_static(self.cache_status()));
+        // An outage, an overload or a bad key says nothing a downstream
+        // cache should keep: the next request may well succeed.
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }

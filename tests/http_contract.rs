@@ -1,0 +1,177 @@
+//! The HTTP contract of a lookup as a client or a downstream cache sees it:
+//! `Cache-Control` for every outcome, and HEAD answering exactly GET's
+//! headers with no body.
+
+mod common;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use common::*;
+
+fn req(method: Method, path: &str, etag: Option<&str>) -> Request<Body> {
+    let mut b = Request::builder().method(method).uri(path);
+    if let Some(tag) = etag {
+        b = b.header("if-none-match", tag);
+    }
+    b.body(Body::empty()).unwrap()
+}
+
+/// The headers that describe the response (not the ones that identify
+/// this one exchange).
+fn described(h: &HeaderMap) -> Vec<(String, String)> {
+    let mut v: Vec<_> = h
+        .iter()
+        .filter(|(n, _)| !matches!(n.as_str(), "x-request-id" | "date"))
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every outcome of a lookup, as (what, GET path, If-None-Match, status,
+/// Cache-Status, Cache-Control). Each GET is preceded by a HEAD of an
+/// equivalent request in the same state (a cold key for a cold key, the
+/// same key once it is cached), so both must describe the same response.
+#[tokio::test]
+async fn cache_control_and_head_for_every_outcome() {
+    let db = TestDb::new().await;
+    db.seed_users(20).await;
+    let proxy = Proxy::start().await;
+    let cfg = config(
+        &proxy.url(&db),
+        r#"
+        [cache]
+        http_cache_control = "max-age=5, stale-while-revalidate=10, stale-if-error=60"
+        http_cache_control_not_found = "max-age=2"
+        negative_ttl = "3s"
+        "#,
+    );
+    let gw = started(cfg).await;
+    let row_cc = "max-age=5, stale-while-revalidate=10, stale-if-error=60";
+
+    // Cold rows: HEAD of one, GET of another, both loaded now.
+    let head = get_with(&gw, req(Method::HEAD, "/users/1", None)).await;
+    let got = get_with(&gw, req(Method::GET, "/users/2", None)).await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.header("cache-status"), "bloomgate; fwd=miss; stored");
+    assert_eq!(got.header("cache-control"), row_cc);
+    assert!(head.body.is_empty());
+    let strip_etag = |h: &HeaderMap| {
+        described(h)
+            .into_iter()
+            .filter(|(n, _)| n != "etag")
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip_etag(&head.headers), strip_etag(&got.headers));
+    assert!(!got.body.is_empty());
+
+    // Cached rows: same key, HEAD then GET.
+    let head = get_with(&gw, req(Method::HEAD, "/users/2", None)).await;
+    let got = get_with(&gw, req(Method::GET, "/users/2", None)).await;
+    assert_eq!(got.header("cache-status"), "bloomgate; hit");
+    assert_eq!(described(&head.headers), described(&got.headers));
+    assert!(head.body.is_empty());
+
+    // Revalidation: the 304 carries the row's Cache-Control and ETag.
+    let etag = got.header("etag").to_string();
+    let head = get_with(&gw, req(Method::HEAD, "/users/2", Some(&etag))).await;
+    let got = get_with(&gw, req(Method::GET, "/users/2", Some(&etag))).await;
+    assert_eq!(got.status, StatusCode::NOT_MODIFIED);
+    assert_eq!(got.header("cache-control"), row_cc);
+    assert_eq!(got.header("etag"), etag);
+    assert_eq!(described(&head.headers), described(&got.headers));
+
+    // Malformed key, and a key the filter rejects.
+    for (path, status, cc) in [
+        ("/users/abc", StatusCode::BAD_REQUEST, "no-store"),
+        ("/users/999999", StatusCode::NOT_FOUND, "max-age=2"),
+    ] {
+        let head = get_with(&gw, req(Method::HEAD, path, None)).await;
+        let got = get_with(&gw, req(Method::GET, path, None)).await;
+        assert_eq!((got.status, got.header("cache-control")), (status, cc));
+        assert_eq!(head.status, status);
+        assert_eq!(described(&head.headers), described(&got.headers));
+        assert!(head.body.is_empty() && !got.body.is_empty());
+    }
+
+    // A negative entry: a row deleted behind the gateway's back (no feed
+    // here) passes the filter and is found absent.
+    db.exec("ALTER TABLE users DISABLE TRIGGER USER; DELETE FROM users WHERE id IN (7, 8)")
+        .await;
+    let head = get_with(&gw, req(Method::HEAD, "/users/7", None)).await;
+    let got = get_with(&gw, req(Method::GET, "/users/8", None)).await;
+    assert_eq!(got.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        got.header("cache-status"),
+        "bloomgate; fwd=miss; stored; detail=negative"
+    );
+    assert_eq!(got.header("cache-control"), "max-age=2");
+    assert_eq!(described(&head.headers), described(&got.headers));
+    let got = get_with(&gw, req(Method::GET, "/users/7", None)).await;
+    assert_eq!(
+        got.header("cache-status"),
+        "bloomgate; hit; detail=negative"
+    );
+    assert_eq!(got.header("cache-control"), "max-age=2");
+
+    // An outage: cold keys are 503, never to be stored downstream.
+    proxy.cut();
+    let head = get_with(&gw, req(Method::HEAD, "/users/11", None)).await;
+    let got = get_with(&gw, req(Method::GET, "/users/12", None)).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(got.header("cache-control"), "no-store");
+    assert_eq!(got.header("retry-after"), "1");
+    assert_eq!(described(&head.headers), described(&got.headers));
+    assert!(head.body.is_empty());
+    proxy.restore();
+}
+
+#[tokio::test]
+async fn the_shipped_default_makes_downstream_caches_revalidate() {
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let gw = started(config(&db.url, "")).await;
+    let got = get(&gw, "/users/1").await;
+    assert_eq!(got.header("cache-control"), "no-cache, stale-if-error=300");
+    let got = get(&gw, "/users/999").await;
+    assert_eq!(got.header("cache-control"), "no-cache");
+}
+
+#[test]
+fn cache_control_values_are_checked_at_start_up() {
+    let bad = [
+        (
+            "http_cache_control = \"max-age=ten\"",
+            "cache.http_cache_control",
+        ),
+        ("http_cache_control = \"\"", "cache.http_cache_control"),
+        (
+            "http_cache_control = \"max-age=5, bogus\"",
+            "cache.http_cache_control",
+        ),
+        (
+            "http_cache_control_not_found = \"max-age=60\"",
+            "cache.http_cache_control_not_found",
+        ),
+    ];
+    for (line, key) in bad {
+        let text = format!(
+            "[database]\nurl = \"postgres://x@127.0.0.1/x\"\n[cache]\n{line}\n\
+             [[resource]]\nname = \"users\"\nroute = \"/users/{{id}}\"\ntable = \"users\"\n\
+             key_column = \"id\"\nkey_type = \"bigint\"\ncolumns = [\"id\"]\n"
+        );
+        let err = bloomgate::config::Config::from_toml(&text)
+            .expect_err(line)
+            .to_string();
+        assert!(err.contains(key), "{line}: {err}");
+    }
+    // A resource's own value is checked under its own name.
+    let text = "[database]\nurl = \"postgres://x@127.0.0.1/x\"\n\
+        [[resource]]\nname = \"users\"\nroute = \"/users/{id}\"\ntable = \"users\"\n\
+        key_column = \"id\"\nkey_type = \"bigint\"\ncolumns = [\"id\"]\n\
+        [resource.cache]\nhttp_cache_control = \"max-age=-1\"\n";
+    let err = bloomgate::config::Config::from_toml(text)
+        .expect_err("negative max-age")
+        .to_string();
+    assert!(err.contains("http_cache_control"), "{err}");
+}
