@@ -14,21 +14,24 @@
 #   update   bench/pgbench/update.sql: updates of an integer column of rows
 #            holding 100 kB of text
 #
-# it alternates ROUNDS runs with the triggers disabled (`ALTER TABLE …
-# DISABLE TRIGGER USER`) and enabled, DURATION seconds each, and prints the
-# median TPS of each and the cost in percent. SYNC_COMMIT=off takes the WAL
+# it alternates ROUNDS pairs of runs with the triggers disabled (`ALTER
+# TABLE … DISABLE TRIGGER USER`) and enabled, DURATION seconds each, and
+# prints the median TPS of each and the cost: the median over the rounds of
+# 1 − with/without, each pair run back to back (on a shared machine the TPS
+# drifts by more than the cost; a pair sees the same drift), with the
+# lowest and highest round. SYNC_COMMIT=off takes the WAL
 # flush out of every commit, so the trigger's CPU is a larger share of a
 # transaction; with more than one client, notifying transactions commit one
 # at a time (Postgres serialises them on the notification queue's lock, held
 # through the commit's WAL flush), which is NOTIFY's cost, not the
 # function's.
 #
-# Environment (defaults in brackets): DURATION [15], ROUNDS [3],
+# Environment (defaults in brackets): DURATION [5], ROUNDS [9],
 # CLIENTS [4], THREADS [2], PGHOST/PGPORT [127.0.0.1/5432], SYNC_COMMIT [on].
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=${DURATION:-15}
-ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-9}
 CLIENTS=${CLIENTS:-4}
 THREADS=${THREADS:-2}
 SYNC_COMMIT=${SYNC_COMMIT:-on}
@@ -109,18 +112,25 @@ median() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 echo "workload round without with" >"$work/raw.txt"
 for w in insert update; do
   for r in $(seq "$ROUNDS"); do
-    triggers disable; off=$(run "$w")
-    triggers enable; on=$(run "$w")
+    # Which of the pair runs first alternates, so neither gets the better
+    # half of a drift every time.
+    if [ $((r % 2)) -eq 1 ]; then
+      triggers disable; off=$(run "$w"); triggers enable; on=$(run "$w")
+    else
+      triggers enable; on=$(run "$w"); triggers disable; off=$(run "$w")
+    fi
     echo "$w $r $off $on" | tee -a "$work/raw.txt"
   done
 done
 echo
 echo "pgbench -c $CLIENTS -j $THREADS -T $DURATION, $ROUNDS rounds, synchronous_commit=$SYNC_COMMIT, $(nproc) cores"
-printf '%-8s %12s %12s %8s\n' workload "TPS without" "TPS with" cost
+printf '%-8s %12s %12s %8s %16s\n' workload "TPS without" "TPS with" cost "rounds' range"
 for w in insert update; do
   off=$(awk -v w="$w" '$1==w{print $3}' "$work/raw.txt" | median)
   on=$(awk -v w="$w" '$1==w{print $4}' "$work/raw.txt" | median)
-  awk -v w="$w" -v off="$off" -v on="$on" 'BEGIN{printf "%-8s %12.0f %12.0f %7.1f%%\n", w, off, on, (1 - on / off) * 100}'
+  cost=$(awk -v w="$w" '$1==w{print (1 - $4 / $3) * 100}' "$work/raw.txt" | median)
+  range=$(awk -v w="$w" '$1==w{print (1 - $4 / $3) * 100}' "$work/raw.txt" | sort -g | awk 'NR==1{lo=$1} {hi=$1} END{printf "%.1f%% .. %.1f%%", lo, hi}')
+  awk -v w="$w" -v off="$off" -v on="$on" -v c="$cost" -v r="$range" 'BEGIN{printf "%-8s %12.0f %12.0f %7.1f%% %16s\n", w, off, on, c, r}'
 done
 echo
 echo "raw (workload round without with):"

@@ -51,8 +51,10 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Longest key accepted, in bytes after percent-decoding. Default 256.
     pub max_key_length: usize,
-    /// Requests handled at once; past it requests are shed with 503.
-    /// Default 1024.
+    /// Requests handled at once; past it requests are shed with 503. Row
+    /// loads in flight are bounded by the same number, counted separately:
+    /// a load whose clients went away keeps its slot until its query
+    /// returns. Default 1024.
     pub max_concurrency: usize,
     /// How long shutdown waits for in-flight requests. Default `10s`.
     #[serde(with = "humantime_serde")]

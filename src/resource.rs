@@ -643,8 +643,8 @@ impl Resource {
     }
 
     /// [`insert_key_from`](Self::insert_key_from) with
-    /// [`Provenance::Announced`]: what a `NOTIFY` payload is. Kept for the
-    /// notify listener's call until the feed-apply path passes a provenance.
+    /// [`Provenance::Announced`]: what a `NOTIFY` payload is. The applier
+    /// (`apply`) passes the provenance itself; this is for tests and tools.
     pub async fn insert_key(&self, key: &Key) {
         self.insert_key_from(key, Provenance::Announced).await;
     }
