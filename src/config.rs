@@ -51,8 +51,10 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Longest key accepted, in bytes after percent-decoding. Default 256.
     pub max_key_length: usize,
-    /// Requests handled at once; past it requests are shed with 503.
-    /// Default 1024.
+    /// Requests handled at once; past it requests are shed with 503. Row
+    /// loads in flight are bounded by the same number, counted separately:
+    /// a load whose clients went away keeps its slot until its query
+    /// returns. Default 1024.
     pub max_concurrency: usize,
     /// How long shutdown waits for in-flight requests. Default `10s`.
     #[serde(with = "humantime_serde")]
@@ -197,13 +199,16 @@ pub struct DatabaseConfig {
     /// Apply the embedded migrations at start-up. Default true.
     pub migrate: bool,
     /// Listen on channel `bloomgate` for key changes announced by the
-    /// `bloomgate_notify` triggers: new keys are servable within
-    /// milliseconds, changed rows are not served stale. Default true.
+    /// notification triggers: new keys are servable within milliseconds,
+    /// changed rows are not served stale. Needs the primary: pointed at a
+    /// hot standby, start-up fails (`LISTEN` cannot run during recovery).
+    /// Default true.
     pub listen: bool,
-    /// Create the `bloomgate_notify` triggers on every resource table at
-    /// start-up (needs the privilege to create triggers; views are skipped
-    /// with a warning). Default false: `bloomgate install-triggers` does it
-    /// once.
+    /// Create (or replace) the notification triggers at start-up: one
+    /// function and two triggers per table (`source_table` for a view),
+    /// announcing the key column of every resource on it (needs the
+    /// privilege to create triggers on those tables). Default false:
+    /// `bloomgate install-triggers` does it once; the shipped config sets it.
     pub install_triggers: bool,
 }
 
@@ -400,6 +405,11 @@ pub struct ResourceConfig {
     pub route: String,
     /// Table or view, optionally schema-qualified (`public.users`).
     pub table: String,
+    /// The table whose changes this resource follows, when `table` is a view
+    /// (triggers and logical replication see tables only): its key column
+    /// must have the same name and values there. Default: `table` itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_table: Option<String>,
     /// Column holding the key; should be unique (a primary key).
     pub key_column: String,
     /// `bigint`, `uuid` or `text`.
@@ -516,6 +526,8 @@ pub struct Resolved {
     pub name: String,
     pub route: String,
     pub table: String,
+    /// `source_table`, or `table` when not set.
+    pub source_table: String,
     pub key_column: String,
     pub key_type: KeyType,
     pub columns: Vec<String>,
@@ -584,6 +596,7 @@ impl Config {
                 name: r.name.clone(),
                 route: r.route.clone(),
                 table: r.table.clone(),
+                source_table: r.source_table.clone().unwrap_or_else(|| r.table.clone()),
                 key_column: r.key_column.clone(),
                 key_type: r.key_type,
                 columns: r.columns.clone(),
@@ -724,6 +737,14 @@ impl Config {
                         "{:?} is not a valid SQL identifier (letters, digits, '_', optionally schema.table)",
                         r.table
                     ),
+                ));
+            }
+            if let Some(t) = &r.source_table
+                && (!t.split('.').all(is_identifier) || t.split('.').count() > 2)
+            {
+                return Err(bad(
+                    at("source_table"),
+                    format!("{t:?} is not a valid SQL identifier (optionally schema.table)"),
                 ));
             }
             if !is_identifier(&r.key_column) {

@@ -6,22 +6,31 @@
 //! [`Gateway::stop`] aborts them all. Per resource: its background task
 //! ([`Resource::run_background`]: the rebuild coordinator every rebuild
 //! request goes through, and the confirmation of announced keys) and its
-//! rebuild schedule; plus the change feed and metrics upkeep. Aborting a
+//! rebuild schedule; plus the change feed, the applier ([`crate::apply`])
+//! and metrics upkeep. Aborting a
 //! resource's task cancels a rebuild mid-scan: the query is cancelled on the
 //! server and the journal closed (see `resource` and `db`), and every
 //! waiting [`crate::rebuild::Ticket`] resolves.
 
+use std::collections::BTreeMap;
+use std::ops::Deref;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::apply::{Applied, Applier, Route};
 use crate::config::Config;
-use crate::db::Db;
-use crate::listener;
+use crate::db::catalog::{self, RelKind, TableName};
+use crate::db::{Db, DbError};
+use crate::feed::{self, Lsn, Watch, WatchedColumn, WatchedTable, notify};
 use crate::metrics::Metrics;
 use crate::resource::{RebuildError, Resource};
+
+/// Events a feed may send before it waits for the applier.
+const FEED_QUEUE: usize = 4096;
 
 pub struct Gateway {
     pub config: Config,
@@ -34,19 +43,30 @@ pub struct Gateway {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Set once start-up has succeeded: starting twice is a no-op.
     started: tokio::sync::Mutex<bool>,
+    /// What the feeds watch, resolved from the catalog at start-up.
+    watch: OnceLock<Watch>,
+    /// The commit LSN the applier has applied up to (see `apply`).
+    applied: Applied,
+    applied_tx: Mutex<Option<watch::Sender<Lsn>>>,
 }
 
-/// Counters that belong to no single resource.
+/// Counters that belong to no single resource. The `notify` source's
+/// counters are shared with it (and read through this struct:
+/// `stats.notifications`).
 #[derive(Debug, Default)]
 pub struct GatewayStats {
-    pub notifications: AtomicU64,
-    pub listener_reconnects: AtomicU64,
-    /// Trigger time to receipt of the latest notification, in microseconds.
-    pub last_notification_lag_us: AtomicU64,
+    pub notify: Arc<notify::Counters>,
     /// Requests refused because `max_concurrency` were in flight.
     pub shed: AtomicU64,
     /// Requests that ran past `request_timeout`.
     pub timeouts: AtomicU64,
+}
+
+impl Deref for GatewayStats {
+    type Target = notify::Counters;
+    fn deref(&self) -> &notify::Counters {
+        &self.notify
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +81,14 @@ pub enum StartError {
         table: String,
         source: RebuildError,
     },
+    /// The schema does not fit the config (missing table or column, a key
+    /// column type the key type does not accept).
+    #[error("resource {resource:?}: {problem}")]
+    Schema { resource: String, problem: String },
+    #[error("reading the catalog: {0}")]
+    Catalog(sqlx::Error),
+    #[error("change feed: {0}")]
+    Feed(String),
 }
 
 impl Gateway {
@@ -71,11 +99,15 @@ impl Gateway {
     }
 
     pub fn with_db(config: Config, db: Arc<Db>) -> Arc<Self> {
+        // Row loads in flight, attached to a request or detached from
+        // departed clients, within the same bound as requests.
+        let loads = Arc::new(tokio::sync::Semaphore::new(config.server.max_concurrency));
         let resources = config
             .resolved()
             .into_iter()
-            .map(|r| Arc::new(Resource::new(r, db.clone())))
+            .map(|r| Arc::new(Resource::new(r, db.clone(), loads.clone())))
             .collect();
+        let (applied_tx, applied) = watch::channel(Lsn::ZERO);
         Arc::new(Self {
             config,
             db,
@@ -84,6 +116,9 @@ impl Gateway {
             metrics: Metrics::default(),
             tasks: Mutex::new(Vec::new()),
             started: tokio::sync::Mutex::new(false),
+            watch: OnceLock::new(),
+            applied,
+            applied_tx: Mutex::new(Some(applied_tx)),
         })
     }
 
@@ -96,10 +131,24 @@ impl Gateway {
         self.resources.iter().all(|r| r.is_ready())
     }
 
-    /// Waits for the database, migrates and installs triggers if configured,
+    /// The tables and key columns the change feeds watch (canonical names),
+    /// once start-up has read the catalog.
+    pub fn watch(&self) -> Option<&Watch> {
+        self.watch.get()
+    }
+
+    /// The commit LSN every change up to which has been applied (WAL
+    /// sources only; [`Lsn::ZERO`] until then).
+    pub fn applied(&self) -> Applied {
+        self.applied.clone()
+    }
+
+    /// Waits for the database, migrates if configured, reads the catalog
+    /// (canonical table names, key column types: a column the key type does
+    /// not accept is an error), installs the triggers if configured,
     /// subscribes to key changes, then builds every filter. Transient
     /// failures are retried for as long as it takes; a permanent one (a
-    /// missing table) is returned.
+    /// missing table, a standby that cannot `LISTEN`) is returned.
     pub async fn start(self: &Arc<Self>) -> Result<(), StartError> {
         let mut started = self.started.lock().await;
         if *started {
@@ -112,21 +161,29 @@ impl Gateway {
             self.keep(tokio::spawn(r.clone().run_background()));
         }
         self.db.wait_until_reachable().await;
+        if self.config.database.listen {
+            // First: on a standby everything after this fails (migrations,
+            // triggers) or hangs (LISTEN), and this names the cause.
+            let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                .fetch_one(self.db.pool())
+                .await
+                .map_err(StartError::Catalog)?;
+            if standby {
+                return Err(StartError::Feed(notify::NotifyError::Standby.to_string()));
+            }
+        }
         if self.config.database.migrate {
             self.db.migrate().await?;
         }
+        let (routes, watch) = self.resolve().await?;
         if self.config.database.install_triggers {
-            for r in &self.resources {
-                match self
-                    .db
-                    .install_triggers(&r.config.table, &r.config.key_column)
-                    .await
-                {
-                    Ok(()) => {
-                        tracing::info!(resource = %r.name(), "notification triggers installed")
+            for (table, r) in self.install_triggers_for(&watch).await {
+                match r {
+                    Ok(columns) => {
+                        tracing::info!(table = %table, columns = ?columns, "notification triggers installed")
                     }
                     Err(e) => {
-                        tracing::warn!(resource = %r.name(), error = %e, "cannot install notification triggers (a view? put them on its base table)")
+                        tracing::warn!(table = %table, error = %e, "cannot install notification triggers; changes to it are seen at the next rebuild")
                     }
                 }
             }
@@ -142,13 +199,8 @@ impl Gateway {
                 }
             }));
         }
-        if self.config.database.listen {
-            // Subscribed before the first scan takes its snapshot: see the
-            // `listener` module doc.
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.keep(tokio::spawn(listener::run(self.clone(), tx)));
-            let _ = rx.await;
-        }
+        self.start_feed(routes, &watch).await?;
+        let _ = self.watch.set(watch);
         for r in &self.resources {
             if !r.config.filter.enabled {
                 continue;
@@ -162,6 +214,147 @@ impl Gateway {
         tracing::info!(elapsed = ?began.elapsed(), resources = self.resources.len(), "ready");
         *started = true;
         Ok(())
+    }
+
+    /// Reads every resource's table from the catalog: the table whose
+    /// changes it follows (canonical name) and its key column's type, which
+    /// the key type must accept.
+    async fn resolve(&self) -> Result<(Vec<Route>, Watch), StartError> {
+        let pool = self.db.pool();
+        let mut routes = Vec::new();
+        let mut tables: BTreeMap<TableName, Vec<WatchedColumn>> = BTreeMap::new();
+        for r in &self.resources {
+            let c = &r.config;
+            let bad = |problem: String| StartError::Schema {
+                resource: c.name.clone(),
+                problem,
+            };
+            let served = catalog::table_info(pool, &c.table)
+                .await
+                .map_err(StartError::Catalog)?
+                .ok_or_else(|| bad(format!("no table or view {:?} (names are case-sensitive; schema.table, or in the search path)", c.table)))?;
+            let column = served
+                .column(&c.key_column)
+                .ok_or_else(|| bad(format!("{} has no column {:?}", served.name, c.key_column)))?;
+            if !c.key_type.accepts(column.column_type()) {
+                return Err(bad(format!(
+                    "key column {}.{} is {}, which key_type {:?} does not accept (accepted: {}, or a domain over one)",
+                    served.name,
+                    c.key_column,
+                    column.declared,
+                    c.key_type.sql_type(),
+                    c.key_type.accepted()
+                )));
+            }
+            let source = if c.source_table == c.table {
+                served
+            } else {
+                catalog::table_info(pool, &c.source_table)
+                    .await
+                    .map_err(StartError::Catalog)?
+                    .ok_or_else(|| bad(format!("no source_table {:?}", c.source_table)))?
+            };
+            if !matches!(source.kind, RelKind::Table | RelKind::PartitionedTable) {
+                // Triggers and logical replication see tables only.
+                tracing::warn!(
+                    resource = %c.name,
+                    relation = %source.name,
+                    "not a table: its changes cannot be followed (new rows are servable after the next rebuild); set source_table to the table it reads"
+                );
+                continue;
+            }
+            let Some(key) = source.column(&c.key_column) else {
+                return Err(bad(format!(
+                    "source_table {} has no column {:?} (the key column must have the same name there)",
+                    source.name, c.key_column
+                )));
+            };
+            let column: Arc<str> = Arc::from(c.key_column.as_str());
+            let watched = tables.entry(source.name.clone()).or_default();
+            if !watched.iter().any(|w| w.name == column) {
+                watched.push(WatchedColumn {
+                    name: column.clone(),
+                    ty: key.column_type(),
+                });
+            }
+            routes.push(Route {
+                table: source.name.clone(),
+                column,
+                resource: r.clone(),
+            });
+        }
+        let watch = Watch {
+            tables: tables
+                .into_iter()
+                .map(|(name, columns)| WatchedTable { name, columns })
+                .collect(),
+        };
+        Ok((routes, watch))
+    }
+
+    /// Reads the catalog and installs the notification triggers of every
+    /// watched table (`bloomgate install-triggers`); one result per table:
+    /// the key columns written in, or why not.
+    pub async fn install_triggers(
+        &self,
+    ) -> Result<Vec<(TableName, Result<Vec<String>, DbError>)>, StartError> {
+        let (_, watch) = self.resolve().await?;
+        Ok(self.install_triggers_for(&watch).await)
+    }
+
+    /// One function and trigger pair per watched table, with the key
+    /// columns of every resource on it (see `db::triggers`).
+    async fn install_triggers_for(
+        &self,
+        watch: &Watch,
+    ) -> Vec<(TableName, Result<Vec<String>, DbError>)> {
+        let mut out = Vec::new();
+        for t in &watch.tables {
+            let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
+            let r = self.db.install_triggers(&t.name, &columns).await;
+            out.push((
+                t.name.clone(),
+                r.map(|()| columns.iter().map(|c| c.to_string()).collect()),
+            ));
+        }
+        out
+    }
+
+    /// The applier task, and the change feed feeding it, subscribed before
+    /// this returns (so before the first scan takes its snapshot: see
+    /// `feed::notify`).
+    async fn start_feed(&self, routes: Vec<Route>, watch: &Watch) -> Result<(), StartError> {
+        let Some(applied) = self
+            .applied_tx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        else {
+            return Ok(());
+        };
+        let (tx, rx) = mpsc::channel(FEED_QUEUE);
+        self.keep(tokio::spawn(Applier::new(routes, applied).run(rx)));
+        if !self.config.database.listen || watch.tables.is_empty() {
+            return Ok(());
+        }
+        let opts = notify::Options {
+            connect: (*self.db.pool().connect_options()).clone(),
+            counters: self.stats.notify.clone(),
+        };
+        let (ready_tx, ready) = oneshot::channel();
+        self.keep(tokio::spawn(feed::notify::run(
+            opts,
+            watch.clone(),
+            tx,
+            ready_tx,
+        )));
+        match ready.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(StartError::Feed(e)),
+            Err(_) => Err(StartError::Feed(
+                "the feed stopped before it was subscribed".into(),
+            )),
+        }
     }
 
     /// Starts each resource's scheduled rebuilds.

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::db::catalog::ColumnType;
 use crate::filter::{Item, KeyKind};
 
 /// The SQL type of a resource's key column.
@@ -32,6 +33,28 @@ impl KeyType {
         match self {
             KeyType::Bigint => KeyKind::Int,
             KeyType::Uuid | KeyType::Text => KeyKind::Bytes,
+        }
+    }
+
+    /// Whether a key column of base type `column` (domains resolved, see
+    /// `db::catalog`) can serve this key type: the filter scan, the
+    /// triggers and a request must all arrive at the same key for every
+    /// value it holds (its `::text` is the key's canonical text).
+    pub fn accepts(self, column: ColumnType) -> bool {
+        use ColumnType as C;
+        match self {
+            KeyType::Bigint => matches!(column, C::Int2 | C::Int4 | C::Int8),
+            KeyType::Uuid => column == C::Uuid,
+            KeyType::Text => matches!(column, C::Text | C::Varchar | C::Bpchar | C::Citext),
+        }
+    }
+
+    /// What [`accepts`](Self::accepts) accepts, for error messages.
+    pub fn accepted(self) -> &'static str {
+        match self {
+            KeyType::Bigint => "smallint, integer, bigint",
+            KeyType::Uuid => "uuid",
+            KeyType::Text => "text, varchar, char(n), citext",
         }
     }
 

@@ -25,14 +25,21 @@
 //!   bitmap. No I/O.
 //! - [`cache`]: moka row cache and negative cache around a loader closure;
 //!   knows nothing of the database.
-//! - [`db`]: the pool, the row query, streaming keys with binary COPY, and
-//!   [`db::catalog`]: canonical table names, column types, replica identity.
-//! - [`feed`]: change feeds (`notify`, `wal`) turned into one [`feed::Event`]
-//!   type; they know nothing of the gateway, which applies their events.
-//! - [`gateway`]: the database plus all resources, and start-up.
-//! - [`listener`]: `LISTEN bloomgate`: applies the key changes the triggers
-//!   announce (new keys into the filter, stale rows out of the cache), and
-//!   rebuilds after any reconnect.
+//! - [`db`]: the pool, the row query, streaming keys with binary COPY,
+//!   [`db::catalog`]: canonical table names, column types, replica identity,
+//!   and [`db::triggers`]: the notification triggers' SQL.
+//! - [`feed`]: change feeds turned into one [`feed::Event`] type; they know
+//!   nothing of the gateway, which applies their events. [`feed::notify`]:
+//!   `LISTEN bloomgate`, fed by the triggers [`db::triggers`] generates (one
+//!   small function per table, its key columns written in); resyncs after
+//!   every reconnect, refuses a hot standby.
+//! - [`apply`]: the gateway's applier: every feed event, in order, to every
+//!   resource on its table, each by its own key column (new keys into the
+//!   filter, stale rows out of the cache, rebuilds on truncate, resync and
+//!   rescan); publishes the commit LSN applied up to.
+//! - [`gateway`]: the database plus all resources, and start-up: reads the
+//!   catalog (canonical table names, key column types), installs the
+//!   triggers, subscribes the feed, builds every filter.
 //! - [`metrics`]: the Prometheus exposition, one recorder per gateway.
 //! - [`budget`]: a token bucket (database checks above the high-water mark).
 //! - [`server`]: binding, background start-up, graceful shutdown, and the
@@ -53,6 +60,7 @@
 //!    a task that survives clients disconnecting. Found rows and absences are
 //!    cached; database errors are not (503 with `Retry-After`).
 
+pub mod apply;
 pub mod budget;
 pub mod cache;
 pub mod config;
@@ -63,7 +71,6 @@ pub mod filter;
 pub mod gateway;
 pub mod http;
 pub mod key;
-pub mod listener;
 pub mod metrics;
 pub mod rebuild;
 pub mod resource;

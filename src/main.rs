@@ -35,7 +35,9 @@ enum Command {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
     },
-    /// Create the key-change notification triggers on every resource table.
+    /// Create (or replace) the key-change notification triggers: one
+    /// function per table (a view's `source_table`), announcing the key
+    /// column of every resource on it.
     InstallTriggers {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
@@ -81,19 +83,22 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         }
         Command::InstallTriggers { config } => {
             let config = Config::load(&config)?;
-            let db = bloomgate::db::Db::connect_lazy(&config.database)?;
+            let gateway = bloomgate::gateway::Gateway::new(config)?;
             let mut failed = 0;
-            for r in config.resolved() {
-                match db.install_triggers(&r.table, &r.key_column).await {
-                    Ok(()) => println!("{}: triggers installed on {}", r.name, r.table),
+            for (table, r) in gateway.install_triggers().await? {
+                match r {
+                    Ok(columns) => println!(
+                        "{table}: triggers installed, announcing {}",
+                        columns.join(", ")
+                    ),
                     Err(e) => {
                         failed += 1;
-                        eprintln!("{}: cannot install triggers on {}: {e}", r.name, r.table);
+                        eprintln!("{table}: cannot install triggers: {e}");
                     }
                 }
             }
             if failed > 0 {
-                return Err(format!("{failed} resource(s) without triggers; for a view, create them on its base table with bloomgate_notify('<key column>', '<view name>')").into());
+                return Err(format!("{failed} table(s) without triggers").into());
             }
         }
         Command::Seed {

@@ -139,6 +139,8 @@ pub struct Stats {
     /// Rebuilds requested because the protection decayed (false-positive
     /// rate, deletes, growth).
     pub decay_rebuilds: AtomicU64,
+    /// Loads refused because `max_concurrency` loads were in flight (503).
+    pub shed_loads: AtomicU64,
 }
 
 impl Stats {
@@ -280,6 +282,19 @@ impl RebuildError {
             _ => false,
         }
     }
+}
+
+/// Why a row load produced no answer.
+#[derive(Debug)]
+enum LoadError {
+    Db(DbError),
+    /// `server.max_concurrency` loads are in flight already. A load detached
+    /// from departed clients (see `cache`) no longer holds its request's
+    /// concurrency slot, so loads hold slots of their own, from one
+    /// gateway-wide semaphore of the same size: loads in flight, attached
+    /// or not, never exceed `max_concurrency`, and neither do the tasks
+    /// and queries of departed clients. Answered 503 like a shed request.
+    Overloaded,
 }
 
 /// What a rebuild ends with; cloneable, so every request merged into one
@@ -441,11 +456,15 @@ pub struct Resource {
     /// "row load failed" at most once per interval: in an outage every cold
     /// key fails (the count is in `stats.unavailable`).
     load_failure_log: LogThrottle,
+    /// Slots for row loads, shared by every resource of the gateway
+    /// (`server.max_concurrency`); see [`LoadError::Overloaded`].
+    loads: Arc<tokio::sync::Semaphore>,
     pub stats: Stats,
 }
 
 impl Resource {
-    pub fn new(config: Resolved, db: Arc<Db>) -> Self {
+    /// `loads`: the gateway's semaphore of row-load slots.
+    pub fn new(config: Resolved, db: Arc<Db>, loads: Arc<tokio::sync::Semaphore>) -> Self {
         let queries = Queries::new(
             &config.table,
             &config.key_column,
@@ -472,6 +491,7 @@ impl Resource {
             to_confirm_rx: Mutex::new(Some(rx)),
             decay: Decay::default(),
             load_failure_log: LogThrottle::default(),
+            loads,
             stats: Stats::default(),
         }
     }
@@ -538,12 +558,21 @@ impl Resource {
         let db = self.db.clone();
         let sql = self.queries.row.clone();
         let k = key.clone();
+        let loads = self.loads.clone();
         let load = move || async move {
+            // Taken by the load itself, so held until its query returns even
+            // when every client waiting on it has gone and the cache has
+            // detached it: the request's own slot is released when the
+            // client goes, this one is not (see [`LoadError::Overloaded`]).
+            let Ok(_slot) = loads.try_acquire_owned() else {
+                return Err(LoadError::Overloaded);
+            };
             match k {
                 Key::Int(v) => db.fetch_json(&sql, v).await,
                 Key::Uuid(u) => db.fetch_json(&sql, u).await,
                 Key::Text(s) => db.fetch_json(&sql, s.to_string()).await,
             }
+            .map_err(LoadError::Db)
         };
         match self.cache.get_or_load(key, load).await {
             Ok(outcome) => {
@@ -562,10 +591,14 @@ impl Resource {
                 Ok(Lookup::Cached(outcome))
             }
             Err(e) => {
+                if let Some(LoadError::Overloaded) = e.source() {
+                    self.stats.shed_loads.fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::Overloaded);
+                }
                 self.stats.unavailable.fetch_add(1, Ordering::Relaxed);
                 let detail = match e.source() {
-                    Some(db) => db.to_string(),
-                    None => "load aborted".to_string(),
+                    Some(LoadError::Db(db)) => db.to_string(),
+                    _ => "load aborted".to_string(),
                 };
                 if let Some(not_logged) = self.load_failure_log.permit() {
                     tracing::warn!(
@@ -610,8 +643,8 @@ impl Resource {
     }
 
     /// [`insert_key_from`](Self::insert_key_from) with
-    /// [`Provenance::Announced`]: what a `NOTIFY` payload is. Kept for the
-    /// notify listener's call until the feed-apply path passes a provenance.
+    /// [`Provenance::Announced`]: what a `NOTIFY` payload is. The applier
+    /// (`apply`) passes the provenance itself; this is for tests and tools.
     pub async fn insert_key(&self, key: &Key) {
         self.insert_key_from(key, Provenance::Announced).await;
     }

@@ -7,6 +7,7 @@
 
 pub mod catalog;
 pub mod copy;
+pub mod triggers;
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -178,20 +179,15 @@ impl Db {
         MIGRATOR.run(&self.pool).await
     }
 
-    /// Creates (or replaces) the `bloomgate_notify` function and its triggers
-    /// on `table`, so key changes are announced. `table` and `key_column` are
-    /// identifiers validated by the config.
-    pub async fn install_triggers(&self, table: &str, key_column: &str) -> Result<(), DbError> {
-        const FUNCTION: &str = include_str!("../../migrations/20260101000001_notify_function.sql");
-        let table = table.split('.').map(quote).collect::<Vec<_>>().join(".");
-        // One simple-protocol query: Postgres runs it as one transaction.
-        let sql = format!(
-            "{FUNCTION};
-             CREATE OR REPLACE TRIGGER bloomgate_notify AFTER INSERT OR UPDATE OR DELETE ON {table}
-                 FOR EACH ROW EXECUTE FUNCTION bloomgate_notify('{key_column}');
-             CREATE OR REPLACE TRIGGER bloomgate_notify_truncate AFTER TRUNCATE ON {table}
-                 FOR EACH STATEMENT EXECUTE FUNCTION bloomgate_notify('{key_column}');"
-        );
+    /// Creates (or replaces) the notification function and triggers of
+    /// `table` (canonical, see [`catalog`]) announcing the key `columns` of
+    /// every resource on it; see [`triggers`].
+    pub async fn install_triggers(
+        &self,
+        table: &catalog::TableName,
+        columns: &[&str],
+    ) -> Result<(), DbError> {
+        let sql = triggers::install_sql(table, columns);
         sqlx::raw_sql(&sql).execute(&self.pool).await?;
         Ok(())
     }

@@ -23,6 +23,8 @@
 //! [`canonical_text`] (in `db::catalog`, with the types) maps a source's raw
 //! text to it.
 
+pub mod notify;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -190,9 +190,16 @@ pub fn db_addr() -> SocketAddr {
     format!("{host}:{}", opts.get_port()).parse().unwrap()
 }
 
-/// The shipped resources (users: bigint, articles: uuid) plus `slow_users`,
-/// with `extra` TOML appended and the database URL pointed at `url`.
+/// The shipped resources (users: bigint, articles: uuid), triggers
+/// installed at start-up, with `extra` TOML appended and the database URL pointed at `url`.
 pub fn config(url: &str, extra: &str) -> Config {
+    // The notification triggers are installed at start-up unless `extra`
+    // says otherwise.
+    let triggers = if extra.contains("install_triggers") {
+        ""
+    } else {
+        "install_triggers = true"
+    };
     let text = format!(
         r#"
         [database]
@@ -200,6 +207,7 @@ pub fn config(url: &str, extra: &str) -> Config {
         pool_size = 8
         acquire_timeout = "1s"
         migrate = false
+        {triggers}
         {extra}
 
         [[resource]]

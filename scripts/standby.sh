@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# scripts/standby.sh: a throwaway hot standby for tests/standby.rs, on
+# 127.0.0.1:${BLOOMGATE_STANDBY_PORT:-54334}, in
+# ${BLOOMGATE_STANDBY_DIR:-/tmp/bloomgate-standby}. Prints its base URL
+# (postgres://postgres@127.0.0.1:PORT).
+#
+# No primary is needed: a fresh cluster started with `standby.signal` and no
+# `primary_conninfo` stays in recovery for good, waiting for WAL, and (with
+# hot_standby on, the default) accepts read-only connections. That is all a
+# start-up check against a standby needs: pg_is_in_recovery() is true and
+# LISTEN is refused ("cannot execute LISTEN during recovery").
+#
+#   scripts/standby.sh [start]   start it if it is not running (idempotent)
+#   scripts/standby.sh stop
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/pg.sh
+port=${BLOOMGATE_STANDBY_PORT:-54334}
+dir=${BLOOMGATE_STANDBY_DIR:-/tmp/bloomgate-standby}
+bindir=$(bg_pg_bindir)
+[ -n "$bindir" ] && [ -x "$bindir/initdb" ] || { bg_pg_install && bindir=$(bg_pg_bindir); }
+run=()
+if [ "$(id -u)" -eq 0 ]; then
+  id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+  run=(runuser -u postgres --)
+fi
+case "${1:-start}" in
+  start)
+    if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port"; then
+      if [ ! -s "$dir/PG_VERSION" ]; then
+        rm -rf "$dir" && mkdir -p "$dir"
+        [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
+        "${run[@]}" "$bindir/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >"$dir.initdb.log" 2>&1 \
+          || { cat "$dir.initdb.log" >&2; exit 1; }
+      fi
+      "${run[@]}" touch "$dir/standby.signal"
+      "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
+        -o "-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c hot_standby=on" start >&2 \
+        || { cat "$dir/server.log" >&2; exit 1; }
+    fi
+    echo "postgres://postgres@127.0.0.1:$port"
+    ;;
+  stop) [ -s "$dir/PG_VERSION" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop ;;
+  *) echo "usage: scripts/standby.sh [start|stop]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,349 @@
+//! The `notify` source: `LISTEN bloomgate`, fed by the triggers
+//! `db::triggers` generates, turned into [`Event`]s.
+//!
+//! Each notification is one row change (INSERT, UPDATE, DELETE) carrying the
+//! canonical text of every watched key column, old and new, or a table
+//! event (TRUNCATE, RESCAN: a payload too long to carry). Notifications are
+//! delivered at commit, in commit order, so every [`Commit`] sent has
+//! [`Phase::Received`] only, no xid and no LSN.
+//!
+//! # Nothing falls through a gap
+//! `ready` fires once `LISTEN` is in place, and start-up waits for it before
+//! the first scan takes its snapshot: every change committed after that
+//! snapshot is announced to a connection that is already listening.
+//! Notifications sent while the connection is down are lost, and Postgres
+//! cannot tell which, so every reconnect is followed by a [`Event::Resync`]
+//! (the gateway rebuilds every filter, from a snapshot taken after `LISTEN`
+//! is in place again).
+//!
+//! # Forged notifications
+//! Anyone who can connect can `NOTIFY bloomgate`. A payload that does not
+//! parse, names a table nobody watches or an unknown op is dropped (logged
+//! at most once per interval). One that does parse is applied like a real
+//! one: the gateway treats its keys as *announced*, not trusted (see
+//! `resource`), and coalesces the rebuilds it asks for.
+//!
+//! # A hot standby
+//! `LISTEN` cannot run during recovery. Rather than retrying forever, the
+//! source checks `pg_is_in_recovery()` first and fails `ready` with an error
+//! naming the cause; start-up reports it and stops.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{Columns, Commit, Event, Op, Phase, Resync, RowChange, TableName, Value, Watch};
+use crate::telemetry::LogThrottle;
+
+pub use crate::db::triggers::CHANNEL;
+
+/// Counters of the source, shared with whoever reports them.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Notifications received on the channel (junk included).
+    pub notifications: AtomicU64,
+    /// Times the connection was lost and `LISTEN` re-established.
+    pub listener_reconnects: AtomicU64,
+    /// Trigger time to receipt of the latest notification, in microseconds.
+    pub last_notification_lag_us: AtomicU64,
+}
+
+pub struct Options {
+    /// Where to listen: the primary (a standby cannot `LISTEN`).
+    pub connect: PgConnectOptions,
+    pub counters: Arc<Counters>,
+}
+
+/// Why the source cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    #[error(
+        "the database is a hot standby (pg_is_in_recovery() is true): LISTEN cannot run during recovery, so key changes cannot be followed there; point database.url at the primary (or set database.listen = false)"
+    )]
+    Standby,
+    #[error("cannot LISTEN: {0}")]
+    Refused(sqlx::Error),
+}
+
+#[derive(Debug, Deserialize)]
+struct Payload {
+    table: String,
+    op: String,
+    new: Option<BTreeMap<String, Option<String>>>,
+    old: Option<BTreeMap<String, Option<String>>>,
+    ts: Option<f64>,
+}
+
+/// Listens until the task is aborted or `tx` closes. `ready` gets `Ok` once
+/// the first `LISTEN` is in place, or the error that prevents it for good
+/// (a standby); transient failures are retried.
+pub async fn run(
+    opts: Options,
+    watch: Watch,
+    tx: mpsc::Sender<Event>,
+    ready: oneshot::Sender<Result<(), String>>,
+) {
+    // Its own one-connection pool: the listener holds its connection for
+    // good, which must not cost the request path a connection.
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(opts.connect);
+    let mut listener = match connect(&pool).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot follow key changes");
+            let _ = ready.send(Err(e.to_string()));
+            return;
+        }
+    };
+    let _ = ready.send(Ok(()));
+    let counters = &opts.counters;
+    // A loop of junk must not become a flood of log lines.
+    let ignored = LogThrottle::default();
+    loop {
+        let event = match listener.try_recv().await {
+            Ok(Some(n)) => {
+                counters.notifications.fetch_add(1, Ordering::Relaxed);
+                match parse(&watch, n.payload(), counters) {
+                    Ok(Some(e)) => e,
+                    Ok(None) => continue,
+                    Err(why) => {
+                        if let Some(not_logged) = ignored.permit() {
+                            tracing::warn!(problem = %why, not_logged, "ignoring a notification");
+                        }
+                        continue;
+                    }
+                }
+            }
+            // sqlx has reconnected and listens again already.
+            Ok(None) => reconnected(counters, "connection lost"),
+            Err(e) => {
+                tracing::warn!(error = %e, "notification listener failed; reconnecting");
+                drop(listener);
+                listener = loop {
+                    match connect(&pool).await {
+                        Ok(l) => break l,
+                        Err(e) => {
+                            // A failover to a standby: keep trying, the
+                            // primary may come back.
+                            tracing::warn!(error = %e, "cannot LISTEN again yet");
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                        }
+                    }
+                };
+                reconnected(counters, "listener error")
+            }
+        };
+        if tx.send(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Connects and `LISTEN`s, retrying transient failures with capped
+/// back-off; a standby (or a refusal that retrying cannot fix) is returned.
+async fn connect(pool: &PgPool) -> Result<PgListener, NotifyError> {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            let mut l = PgListener::connect_with(pool).await?;
+            // Checked on the listener's own connection: the server it
+            // actually reached.
+            let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+                .fetch_one(&mut l)
+                .await?;
+            if standby {
+                return Ok(Err(NotifyError::Standby));
+            }
+            l.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(Ok(l))
+        };
+        match attempt.await {
+            Ok(r) => return r,
+            // 25006: read-only transaction ("cannot execute LISTEN during
+            // recovery"), should the server enter recovery in between.
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("25006") => {
+                return Err(NotifyError::Refused(sqlx::Error::Database(e)));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?delay, "cannot subscribe to key changes yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+/// Changes may have been missed while the connection was down.
+fn reconnected(counters: &Counters, why: &str) -> Event {
+    counters.listener_reconnects.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(
+        reason = why,
+        "notification listener reconnected; every filter is rebuilt in case changes were missed"
+    );
+    Event::Resync(Resync {
+        reason: format!("notify: {why}"),
+        snapshot: None,
+    })
+}
+
+/// One payload to an event: `Ok(None)` for a table nobody watches (a
+/// trigger left from another config), `Err` for junk. The message is safe to
+/// log (no payload text).
+fn parse(watch: &Watch, payload: &str, counters: &Counters) -> Result<Option<Event>, String> {
+    let p: Payload = serde_json::from_str(payload).map_err(|e| format!("not a payload: {e}"))?;
+    let Some(watched) = watch.tables.iter().find(|t| *t.name == *p.table) else {
+        return Ok(None);
+    };
+    let table: TableName = watched.name.clone();
+    let ts = p.ts.filter(|t| t.is_finite() && *t > 0.0);
+    if let Some(ts) = ts {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let lag_us = ((now - ts).max(0.0) * 1e6) as u64;
+        counters
+            .last_notification_lag_us
+            .store(lag_us, Ordering::Relaxed);
+    }
+    // Only the watched columns, under the watch's names (shared Arcs).
+    let columns = |m: Option<BTreeMap<String, Option<String>>>| {
+        m.map(|mut m| {
+            Columns(
+                watched
+                    .columns
+                    .iter()
+                    .filter_map(|c| {
+                        let v = m.remove(&*c.name)?;
+                        Some((c.name.clone(), v.map_or(Value::Null, Value::Text)))
+                    })
+                    .collect(),
+            )
+        })
+    };
+    let op = match p.op.as_str() {
+        "INSERT" => Op::Insert,
+        "UPDATE" => Op::Update,
+        "DELETE" => Op::Delete,
+        "TRUNCATE" => {
+            return Ok(Some(Event::Commit(commit(ts, Vec::new(), vec![table]))));
+        }
+        "RESCAN" => return Ok(Some(Event::Rescan(table))),
+        other => {
+            // Debug-quoted and cut short: the text is whatever the sender
+            // chose, newlines included.
+            let op: String = other.chars().take(32).collect();
+            return Err(format!("unknown op {op:?}"));
+        }
+    };
+    let (new, old) = (columns(p.new), columns(p.old));
+    let well_formed = match op {
+        Op::Insert => new.is_some(),
+        Op::Update => new.is_some(),
+        Op::Delete => old.is_some(),
+    };
+    if !well_formed {
+        return Err(format!("{op:?} without the row it needs"));
+    }
+    let change = RowChange {
+        table,
+        op,
+        new,
+        old,
+    };
+    Ok(Some(Event::Commit(commit(ts, vec![change], Vec::new()))))
+}
+
+fn commit(ts: Option<f64>, changes: Vec<RowChange>, truncated: Vec<TableName>) -> Commit {
+    Commit {
+        xid: None,
+        lsn: None,
+        committed_at: ts.and_then(|t| UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(t).ok()?)),
+        phase: Phase::Received,
+        changes,
+        truncated,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feed::{ColumnType, WatchedColumn, WatchedTable};
+
+    fn watch() -> Watch {
+        let col = |n: &str| WatchedColumn {
+            name: Arc::from(n),
+            ty: ColumnType::Text,
+        };
+        Watch {
+            tables: vec![WatchedTable {
+                name: Arc::from("public.users"),
+                columns: vec![col("id"), col("email")],
+            }],
+        }
+    }
+
+    fn event(payload: &str) -> Result<Option<Event>, String> {
+        parse(&watch(), payload, &Counters::default())
+    }
+
+    #[test]
+    fn an_update_carries_every_watched_key_old_and_new() {
+        let e = event(
+            r#"{"table":"public.users","op":"UPDATE","new":{"id":"1","email":"b@x","other":"z"},
+                "old":{"id":"1","email":null},"ts":1700000000.5}"#,
+        )
+        .unwrap()
+        .unwrap();
+        let Event::Commit(c) = e else { panic!() };
+        assert_eq!((c.lsn, c.phase), (None, Phase::Received));
+        assert!(c.committed_at.is_some());
+        let ch = &c.changes[0];
+        assert_eq!((&*ch.table, ch.op), ("public.users", Op::Update));
+        let new = ch.new.as_ref().unwrap();
+        assert_eq!(new.get("email"), Some(&Value::Text("b@x".into())));
+        assert_eq!(new.get("other"), None, "unwatched columns are dropped");
+        assert_eq!(ch.old.as_ref().unwrap().get("email"), Some(&Value::Null));
+    }
+
+    #[test]
+    fn table_events_and_junk() {
+        assert!(matches!(
+            event(r#"{"table":"public.users","op":"RESCAN"}"#),
+            Ok(Some(Event::Rescan(t))) if &*t == "public.users"
+        ));
+        let Ok(Some(Event::Commit(c))) = event(r#"{"table":"public.users","op":"TRUNCATE"}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(c.truncated.len(), 1);
+        assert!(c.changes.is_empty());
+        // Another config's table: not ours, not junk.
+        assert!(matches!(
+            event(r#"{"table":"public.other","op":"INSERT","new":{}}"#),
+            Ok(None)
+        ));
+        // The old payload format names the table `users`: not watched.
+        assert!(matches!(
+            event(r#"{"table":"users","op":"INSERT","key":"1"}"#),
+            Ok(None)
+        ));
+        for junk in [
+            "junk",
+            r#"{"table":"public.users","op":"DROP\nFORGED"}"#,
+            r#"{"table":"public.users","op":"INSERT"}"#,
+            r#"{"table":"public.users","op":"DELETE","new":{"id":"1"}}"#,
+        ] {
+            let e = event(junk).unwrap_err();
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+}
