@@ -38,8 +38,10 @@ use bytes::Bytes;
 use moka::future::Cache;
 
 use crate::config::CacheConfig;
+use crate::encoding::{self, Coding, Variant};
 
-/// A cached row: its JSON body, serialised once, and the body's ETag.
+/// A cached row: its JSON body, serialised once, the body's ETag, and its
+/// compressed forms.
 #[derive(Debug)]
 pub struct Row {
     pub body: Bytes,
@@ -47,17 +49,36 @@ pub struct Row {
     /// so equal bodies give equal tags on every replica. Formatted once, when
     /// the row is loaded, not on every hit.
     pub etag: Bytes,
+    /// The body in each content coding that shrinks it, made once when the
+    /// row enters the cache (see [`crate::encoding`]); empty for a small
+    /// body or with compression off.
+    pub variants: Vec<Variant>,
 }
 
 impl Row {
+    /// A row with no compressed forms.
     pub fn new(body: Bytes) -> Self {
+        Self::compressed(body, None)
+    }
+
+    /// A row with its compressed forms if the body is at least
+    /// `compress_min` bytes (`None`: never).
+    pub fn compressed(body: Bytes, compress_min: Option<usize>) -> Self {
         // SipHash with fixed keys: deterministic, and an ETag needs no secret.
         let mut h = std::hash::DefaultHasher::new();
         body.hash(&mut h);
+        let etag = Bytes::from(format!("\"{:016x}\"", h.finish()));
+        let variants = encoding::compress(&body, &etag, compress_min);
         Self {
-            etag: Bytes::from(format!("\"{:016x}\"", h.finish())),
+            etag,
             body,
+            variants,
         }
+    }
+
+    /// The representation in `coding`, if the row has one.
+    pub fn variant(&self, coding: Coding) -> Option<&Variant> {
+        self.variants.iter().find(|v| v.coding == coding)
     }
 }
 
@@ -68,11 +89,18 @@ impl Row {
 /// by rows much smaller than their bookkeeping.
 pub const ENTRY_OVERHEAD: usize = 256;
 
-/// What one cached row counts against `cache.max_bytes`. The key is counted
-/// at its inline size; a text key's heap bytes (at most
+/// What one cached row counts against `cache.max_bytes`: every stored
+/// representation (identity and each compressed variant, with their tags).
+/// The key is counted at its inline size; a text key's heap bytes (at most
 /// `server.max_key_length`) are inside `ENTRY_OVERHEAD`'s margin.
 fn row_weight<K>(row: &Row) -> u32 {
-    let bytes = row.body.len() + row.etag.len() + std::mem::size_of::<K>() + ENTRY_OVERHEAD;
+    let variants: usize = row
+        .variants
+        .iter()
+        .map(|v| v.body.len() + v.etag.len() + std::mem::size_of::<Variant>())
+        .sum();
+    let bytes =
+        row.body.len() + row.etag.len() + variants + std::mem::size_of::<K>() + ENTRY_OVERHEAD;
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
@@ -124,6 +152,8 @@ pub struct RowCache<K> {
     /// Loads in flight, per key (see the module doc). Touched only on misses,
     /// invalidations and clears, never on hits.
     inflight: Arc<Mutex<HashMap<K, Vec<Mark>>>>,
+    /// Bodies at least this long are stored compressed too (`None`: never).
+    compress_min: Option<usize>,
 }
 
 /// One load in flight: which one, and whether its key was invalidated (or
@@ -147,6 +177,7 @@ where
                 rows: None,
                 negative: None,
                 inflight: Arc::default(),
+                compress_min: None,
             };
         }
         let rows = match cfg.max_bytes {
@@ -167,6 +198,9 @@ where
             rows: Some(rows),
             negative,
             inflight: Arc::default(),
+            compress_min: cfg
+                .compression
+                .then(|| usize::try_from(cfg.compress_min_bytes.as_u64()).unwrap_or(usize::MAX)),
         }
     }
 
@@ -197,6 +231,7 @@ where
         let rows = rows.clone();
         let negative = self.negative.clone();
         let inflight = self.inflight.clone();
+        let compress_min = self.compress_min;
         let load_and_store = async move {
             // Only the caller whose closure moka runs sets this: the rest
             // were collapsed onto its load.
@@ -216,7 +251,9 @@ where
                         .or_default()
                         .push(Mark { id, dirty: false });
                     match load().await {
-                        Ok(Some(body)) => Ok(Arc::new(Row::new(body))),
+                        // Compressed here, once, by the one caller that
+                        // loaded it: hits never compress.
+                        Ok(Some(body)) => Ok(Arc::new(Row::compressed(body, compress_min))),
                         Ok(None) => Err(Miss::Absent),
                         Err(e) => Err(Miss::Failed(e)),
                     }
@@ -717,6 +754,30 @@ mod tests {
         }
         assert_eq!(loads.load(Ordering::SeqCst), 2, "the huge row was cached");
         assert_eq!(c.weighted_size(), 0);
+    }
+
+    #[tokio::test]
+    async fn every_stored_variant_counts_against_the_byte_budget() {
+        let body = Bytes::from("the quick brown fox ".repeat(200));
+        let row = Row::compressed(body.clone(), Some(1024));
+        assert_eq!(row.variants.len(), 3);
+        let variants: usize = row.variants.iter().map(|v| v.body.len()).sum();
+        let plain = row_weight::<i32>(&Row::new(body)) as usize;
+        assert!(row_weight::<i32>(&row) as usize >= plain + variants);
+        // Through the cache: the weighed size is what the variants add up to.
+        let c = RowCache::new(&CacheConfig {
+            max_bytes: Some(bytesize::ByteSize::mib(1)),
+            ..cfg()
+        });
+        let loads = Loads::default();
+        let text: &'static str = Box::leak("the quick brown fox ".repeat(200).into_boxed_str());
+        let o = c.get_or_load(1, loader(&loads, Ok(Some(text)), 0)).await;
+        match o {
+            Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.variants.len(), 3),
+            o => panic!("{o:?}"),
+        }
+        c.sync().await;
+        assert_eq!(c.weighted_size(), u64::from(row_weight::<i32>(&row)));
     }
 
     #[test]

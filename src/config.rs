@@ -378,6 +378,14 @@ pub struct CacheConfig {
     /// a 404 for N seconds answers 404 for a row inserted meanwhile. A
     /// `max-age` (or `s-maxage`) may not exceed `negative_ttl`.
     pub http_cache_control_not_found: String,
+    /// Store each cached row gzip-, br- and zstd-compressed too (made once,
+    /// when it enters the cache) and send the coding the client prefers
+    /// (`Accept-Encoding`). Default true.
+    pub compression: bool,
+    /// Rows shorter than this are sent as they are: compressing them saves
+    /// less than it costs. Default `"1 KiB"` (1024 bytes).
+    #[serde(serialize_with = "exact_bytes_always")]
+    pub compress_min_bytes: ByteSize,
 }
 
 impl Default for CacheConfig {
@@ -391,6 +399,8 @@ impl Default for CacheConfig {
             negative_max_entries: 100_000,
             http_cache_control: "max-age=0, stale-if-error=300".into(),
             http_cache_control_not_found: "no-cache".into(),
+            compression: true,
+            compress_min_bytes: ByteSize::b(1024),
         }
     }
 }
@@ -451,6 +461,10 @@ fn exact_bytes<S: serde::Serializer>(b: &Option<ByteSize>, s: S) -> Result<S::Ok
     }
 }
 
+fn exact_bytes_always<S: serde::Serializer>(b: &ByteSize, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(b.as_u64())
+}
+
 /// Any field left out keeps the global `[cache]` value.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -465,6 +479,8 @@ pub struct CacheOverrides {
     pub negative_max_entries: Option<u64>,
     pub http_cache_control: Option<String>,
     pub http_cache_control_not_found: Option<String>,
+    pub compression: Option<bool>,
+    pub compress_min_bytes: Option<ByteSize>,
 }
 
 impl FilterOverrides {
@@ -516,6 +532,8 @@ impl CacheOverrides {
                 .http_cache_control_not_found
                 .clone()
                 .unwrap_or_else(|| base.http_cache_control_not_found.clone()),
+            compression: self.compression.unwrap_or(base.compression),
+            compress_min_bytes: self.compress_min_bytes.unwrap_or(base.compress_min_bytes),
         }
     }
 }

@@ -23,6 +23,9 @@
 //! - [`filter`]: the membership filter ([`filter::KeySet`]): a cache-line
 //!   blocked Bloom filter on secret-keyed HighwayHash, or an exact roaring
 //!   bitmap. No I/O.
+//! - [`encoding`]: content codings of a row (gzip, br, zstd), compressed
+//!   once when it enters the cache, chosen per request from
+//!   `Accept-Encoding`.
 //! - [`cache`]: moka row cache and negative cache around a loader closure;
 //!   knows nothing of the database.
 //! - [`db`]: the pool, the row query, streaming keys with binary COPY,
@@ -65,6 +68,7 @@ pub mod budget;
 pub mod cache;
 pub mod config;
 pub mod db;
+pub mod encoding;
 pub mod error;
 pub mod feed;
 pub mod filter;

@@ -175,3 +175,121 @@ fn cache_control_values_are_checked_at_start_up() {
         .to_string();
     assert!(err.contains("http_cache_control"), "{err}");
 }
+
+/// An 8 kB article body, served from the cache in each coding the client
+/// prefers: compressed once, each with its own ETag, `If-None-Match`
+/// working for each, `Vary: Accept-Encoding` on every row response.
+#[tokio::test]
+async fn rows_are_served_in_the_coding_the_client_prefers() {
+    use std::io::Read;
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let id = "0b1e5c55-0000-4000-8000-000000000001";
+    db.exec(&format!(
+        "INSERT INTO articles (id, title, body) \
+         VALUES ('{id}', 'long', repeat('the quick brown fox jumps over the lazy dog ', 190))"
+    ))
+    .await;
+    let extra = r#"
+        [[resource]]
+        name = "bodies"
+        route = "/bodies/{id}"
+        table = "articles"
+        key_column = "id"
+        key_type = "uuid"
+        columns = ["id", "title", "body"]
+    "#;
+    let gw = started(config(&db.url, extra)).await;
+    let path = format!("/bodies/{id}");
+    let with = |ae: Option<&str>, inm: Option<&str>| {
+        let mut b = Request::get(&path);
+        if let Some(ae) = ae {
+            b = b.header("accept-encoding", ae);
+        }
+        if let Some(tag) = inm {
+            b = b.header("if-none-match", tag);
+        }
+        b.body(Body::empty()).unwrap()
+    };
+    let plain = get_with(&gw, with(None, None)).await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert!(plain.body.len() > 8000, "{}", plain.body.len());
+    assert_eq!(plain.header("content-encoding"), "");
+    assert_eq!(plain.header("vary"), "accept-encoding");
+    let decode = |coding: &str, body: &[u8]| -> Vec<u8> {
+        let mut out = Vec::new();
+        match coding {
+            "gzip" => {
+                flate2::read::GzDecoder::new(body)
+                    .read_to_end(&mut out)
+                    .unwrap();
+            }
+            "br" => brotli::BrotliDecompress(&mut &body[..], &mut out).unwrap(),
+            "zstd" => out = zstd::decode_all(body).unwrap(),
+            c => panic!("{c}"),
+        }
+        out
+    };
+    let mut tags = vec![plain.header("etag").to_string()];
+    for (ae, coding) in [
+        ("gzip", "gzip"),
+        ("br", "br"),
+        ("zstd", "zstd"),
+        ("gzip;q=0.5, zstd;q=0.8, br;q=0.1", "zstd"),
+        ("br, gzip, zstd", "br"),
+    ] {
+        let r = get_with(&gw, with(Some(ae), None)).await;
+        assert_eq!(r.header("cache-status"), "bloomgate; hit", "{ae}");
+        assert_eq!(r.header("content-encoding"), coding, "{ae}");
+        assert_eq!(r.header("vary"), "accept-encoding");
+        assert!(
+            r.body.len() * 4 < plain.body.len(),
+            "{ae}: {}",
+            r.body.len()
+        );
+        assert_eq!(decode(coding, &r.body), plain.body, "{ae}");
+        let tag = r.header("etag").to_string();
+        assert!(tag.ends_with(&format!("-{coding}\"")), "{tag}");
+        // The 304 is per representation.
+        let r304 = get_with(&gw, with(Some(ae), Some(&tag))).await;
+        assert_eq!(r304.status, StatusCode::NOT_MODIFIED, "{ae}");
+        assert_eq!(r304.header("etag"), tag);
+        assert_eq!(r304.header("vary"), "accept-encoding");
+        let other = get_with(&gw, with(None, Some(&tag))).await;
+        assert_eq!(
+            other.status,
+            StatusCode::OK,
+            "identity must not match {tag}"
+        );
+        tags.push(tag);
+    }
+    tags.sort();
+    tags.dedup();
+    assert_eq!(tags.len(), 4, "{tags:?}");
+    // identity refused with nothing else on offer: identity anyway.
+    let r = get_with(&gw, with(Some("identity;q=0"), None)).await;
+    assert_eq!(
+        (r.status, r.header("content-encoding")),
+        (StatusCode::OK, "")
+    );
+    // A small row has one representation, but says it could vary.
+    let r = get_with(
+        &gw,
+        Request::get("/users/1")
+            .header("accept-encoding", "br")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.header("content-encoding"), "");
+    assert_eq!(r.header("vary"), "accept-encoding");
+    // Compression off: no variants, no Vary.
+    let gw = started(config(
+        &db.url,
+        &format!("{extra}\n[cache]\ncompression = false\n"),
+    ))
+    .await;
+    let r = get_with(&gw, with(Some("br"), None)).await;
+    assert_eq!(r.header("content-encoding"), "");
+    assert_eq!(r.header("vary"), "");
+}

@@ -16,6 +16,7 @@ use metrics::Histogram;
 
 use super::response::{CACHE_STATUS, json_bytes};
 use crate::cache::{Outcome, Row};
+use crate::encoding::{self, Coding};
 use crate::error::Error;
 use crate::metrics::outcome;
 use crate::resource::{Lookup, Resource};
@@ -35,6 +36,9 @@ pub struct Route {
     /// start-up and built once.
     pub row_cache_control: HeaderValue,
     pub not_found_cache_control: HeaderValue,
+    /// Rows of this resource may come in several codings: every row
+    /// response says `Vary: Accept-Encoding`.
+    pub vary: bool,
     /// Latency by outcome, indexed as `metrics::OUTCOMES`.
     pub latency: Vec<Histogram>,
 }
@@ -57,6 +61,7 @@ impl Route {
         };
         let cache = &resource.config.cache;
         Self {
+            vary: cache.enabled && cache.compression,
             row_cache_control: header(&cache.http_cache_control),
             not_found_cache_control: header(&cache.http_cache_control_not_found),
             resource,
@@ -144,15 +149,42 @@ fn not_found(route: &Route, cache_status: &'static str) -> Response {
     resp
 }
 
+const VARY: HeaderValue = HeaderValue::from_static("accept-encoding");
+
 fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static str) -> Response {
-    let etag = HeaderValue::from_maybe_shared(row.etag.clone())
-        .expect("hex digits and quotes are a valid header value");
+    // A row too small to compress has one representation: no header to read.
+    let coding = if row.variants.is_empty() {
+        Coding::Identity
+    } else {
+        encoding::negotiate(
+            headers
+                .get_all(header::ACCEPT_ENCODING)
+                .iter()
+                .map(HeaderValue::as_bytes),
+            |c| row.variant(c).is_some(),
+        )
+    };
+    let (body, etag) = match row.variant(coding) {
+        Some(v) => (&v.body, &v.etag),
+        None => (&row.body, &row.etag),
+    };
+    let etag = HeaderValue::from_maybe_shared(etag.clone())
+        .expect("hex digits, a coding name and quotes are a valid header value");
     let mut resp = if if_none_match(headers, &etag) {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        json_bytes(StatusCode::OK, row.body.clone())
+        json_bytes(StatusCode::OK, body.clone())
     };
     let h = resp.headers_mut();
+    if coding != Coding::Identity {
+        h.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static(coding.token()),
+        );
+    }
+    if route.vary {
+        h.insert(header::VARY, VARY);
+    }
     h.insert(header::ETAG, etag);
     h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
     // On the 304 too (RFC 9110 §15.4.5): it refreshes the stored response.

@@ -408,7 +408,18 @@ fn add_resource(
             "200",
             ResponseBuilder::new()
                 .description("The row as a JSON object")
-                .header("ETag", header("Strong validator of this representation"))
+                .header(
+                    "ETag",
+                    header("Strong validator of this representation (one per coding)"),
+                )
+                .header(
+                    "Content-Encoding",
+                    header("gzip, br or zstd, as `Accept-Encoding` prefers; absent for identity"),
+                )
+                .header(
+                    "Vary",
+                    header("`Accept-Encoding`, unless compression is off"),
+                )
                 .header("Cache-Status", cache_status())
                 .header("Cache-Control", header("`cache.http_cache_control`"))
                 .content(

@@ -1,0 +1,321 @@
+//! Content codings of a row: compressed once, when the row enters the cache,
+//! and chosen per request from `Accept-Encoding`.
+//!
+//! Guarantees:
+//! - **Compressed once.** A row's gzip, br and zstd bodies are made when it
+//!   is stored, never on a hit; a body under the threshold
+//!   (`cache.compress_min_bytes`) or one a coding does not shrink keeps only
+//!   its identity form.
+//! - **Each representation has its own strong ETag** (RFC 9110 §8.8.3): the
+//!   identity tag with the coding appended (`"…-br"`), so a downstream cache
+//!   never answers a client with a body in a coding it did not ask for, and
+//!   `If-None-Match` works for each.
+//! - **Negotiation follows RFC 9110 §12.5.3**: the acceptable coding with the
+//!   highest quality value wins, ties broken by size (br, zstd, gzip, then
+//!   identity);
+//!   `identity` is always possible unless refused explicitly
+//!   (`identity;q=0`, or `*;q=0` without naming it), and even then it is
+//!   what a client that accepts none of ours gets (a 406 would help nobody).
+//!
+//! No I/O, no knowledge of the cache or HTTP stack beyond header bytes.
+
+use std::io::Write;
+
+use bytes::Bytes;
+
+/// A content coding this gateway can send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Coding {
+    Identity,
+    Gzip,
+    Br,
+    Zstd,
+}
+
+impl Coding {
+    /// By preference when quality values tie: smallest output first.
+    pub const COMPRESSED: [Coding; 3] = [Coding::Br, Coding::Zstd, Coding::Gzip];
+
+    /// The `Content-Encoding` token.
+    pub fn token(self) -> &'static str {
+        match self {
+            Coding::Identity => "identity",
+            Coding::Gzip => "gzip",
+            Coding::Br => "br",
+            Coding::Zstd => "zstd",
+        }
+    }
+}
+
+/// One compressed representation of a row.
+#[derive(Debug)]
+pub struct Variant {
+    pub coding: Coding,
+    pub body: Bytes,
+    /// The identity ETag with `-<coding>` inside the quotes.
+    pub etag: Bytes,
+}
+
+/// Compresses `body` in every coding that makes it smaller, if it is at
+/// least `min_bytes` long (`None`: never). `etag` is the identity tag,
+/// quoted.
+pub fn compress(body: &[u8], etag: &[u8], min_bytes: Option<usize>) -> Vec<Variant> {
+    let Some(min) = min_bytes else {
+        return Vec::new();
+    };
+    if body.len() < min {
+        return Vec::new();
+    }
+    Coding::COMPRESSED
+        .into_iter()
+        .filter_map(|coding| {
+            let out = encode(coding, body)?;
+            // A coding that does not save at least a little is not worth a
+            // second ETag and the client's CPU.
+            (out.len() + 32 < body.len()).then(|| Variant {
+                coding,
+                body: Bytes::from(out),
+                etag: tagged(etag, coding),
+            })
+        })
+        .collect()
+}
+
+fn encode(coding: Coding, body: &[u8]) -> Option<Vec<u8>> {
+    match coding {
+        Coding::Identity => None,
+        Coding::Gzip => {
+            let mut e = flate2::write::GzEncoder::new(
+                Vec::with_capacity(body.len() / 2),
+                flate2::Compression::new(6),
+            );
+            e.write_all(body).ok()?;
+            e.finish().ok()
+        }
+        Coding::Br => {
+            let mut out = Vec::with_capacity(body.len() / 2);
+            let params = brotli::enc::BrotliEncoderParams {
+                quality: 6,
+                lgwin: 22,
+                ..Default::default()
+            };
+            brotli::BrotliCompress(&mut &body[..], &mut out, &params).ok()?;
+            Some(out)
+        }
+        Coding::Zstd => zstd::bulk::compress(body, 3).ok(),
+    }
+}
+
+/// `"abc"` + br → `"abc-br"`.
+fn tagged(etag: &[u8], coding: Coding) -> Bytes {
+    let inner = etag
+        .strip_prefix(b"\"")
+        .and_then(|e| e.strip_suffix(b"\""))
+        .unwrap_or(etag);
+    let mut v = Vec::with_capacity(etag.len() + 6);
+    v.push(b'"');
+    v.extend_from_slice(inner);
+    v.push(b'-');
+    v.extend_from_slice(coding.token().as_bytes());
+    v.push(b'"');
+    Bytes::from(v)
+}
+
+/// The coding to send, given the request's `Accept-Encoding` values and
+/// whether a variant exists in each coding.
+pub fn negotiate<'a>(
+    accept: impl Iterator<Item = &'a [u8]>,
+    available: impl Fn(Coding) -> bool,
+) -> Coding {
+    // Quality in thousandths per coding, as the header states it; `star`
+    // for every coding not named.
+    let mut q: [Option<u16>; 4] = [None; 4];
+    let mut star: Option<u16> = None;
+    let mut any = false;
+    for value in accept {
+        let Ok(value) = std::str::from_utf8(value) else {
+            continue;
+        };
+        for item in value.split(',') {
+            let mut parts = item.split(';');
+            let name = parts.next().unwrap_or("").trim();
+            if name.is_empty() {
+                continue;
+            }
+            any = true;
+            let quality = parts
+                .filter_map(|p| {
+                    let (k, v) = p.split_once('=')?;
+                    k.trim()
+                        .eq_ignore_ascii_case("q")
+                        .then(|| parse_q(v.trim()))
+                })
+                .next()
+                .unwrap_or(Some(1000));
+            let Some(quality) = quality else {
+                // A malformed weight: ignore the item rather than guess.
+                continue;
+            };
+            let slot = match name.to_ascii_lowercase().as_str() {
+                "identity" => 0,
+                "gzip" | "x-gzip" => 1,
+                "br" => 2,
+                "zstd" => 3,
+                "*" => {
+                    star = Some(quality);
+                    continue;
+                }
+                _ => continue,
+            };
+            q[slot] = Some(q[slot].map_or(quality, |old| old.max(quality)));
+        }
+    }
+    if !any {
+        // No header (or an empty one): any coding is acceptable, but a
+        // client that says nothing gets what every client can read.
+        return Coding::Identity;
+    }
+    let quality = |c: Coding| -> u16 {
+        let slot = match c {
+            Coding::Identity => 0,
+            Coding::Gzip => 1,
+            Coding::Br => 2,
+            Coding::Zstd => 3,
+        };
+        match (q[slot], star) {
+            (Some(v), _) => v,
+            (None, Some(s)) => s,
+            // Identity is acceptable unless refused; other codings only if
+            // named (or covered by `*`).
+            (None, None) if c == Coding::Identity => 1,
+            (None, None) => 0,
+        }
+    };
+    // The first compressed coding with the highest weight (preference
+    // order breaks ties); it beats identity unless identity weighs more.
+    let mut best: Option<(u16, Coding)> = None;
+    for c in Coding::COMPRESSED {
+        let qc = quality(c);
+        if qc > 0 && available(c) && best.is_none_or(|(b, _)| qc > b) {
+            best = Some((qc, c));
+        }
+    }
+    match best {
+        Some((qc, c)) if qc >= quality(Coding::Identity) => c,
+        _ => Coding::Identity,
+    }
+}
+
+/// `0`, `0.5`, `1.000` → thousandths; anything else `None` (RFC 9110 §12.4.2).
+fn parse_q(v: &str) -> Option<u16> {
+    let (int, frac) = v.split_once('.').unwrap_or((v, ""));
+    if frac.len() > 3 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut thousandths: u16 = 0;
+    for (i, b) in frac.bytes().enumerate() {
+        thousandths += u16::from(b - b'0') * [100, 10, 1][i];
+    }
+    match int {
+        "0" => Some(thousandths),
+        "1" if thousandths == 0 => Some(1000),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::io::Read;
+
+    fn pick(header: &str) -> Coding {
+        negotiate(std::iter::once(header.as_bytes()), |_| true)
+    }
+
+    #[test]
+    fn quality_values_decide() {
+        assert_eq!(pick("gzip"), Coding::Gzip);
+        assert_eq!(pick("gzip, br, zstd"), Coding::Br);
+        assert_eq!(pick("gzip;q=1, br;q=0.5"), Coding::Gzip);
+        assert_eq!(pick("br;q=0, gzip;q=0.1"), Coding::Gzip);
+        assert_eq!(pick("zstd;q=0.9, br;q=0.8"), Coding::Zstd);
+        assert_eq!(pick("*"), Coding::Br);
+        assert_eq!(pick("*;q=0.5, br;q=0"), Coding::Zstd);
+        assert_eq!(pick("identity"), Coding::Identity);
+        assert_eq!(pick("deflate, compress"), Coding::Identity);
+        assert_eq!(pick(""), Coding::Identity);
+        // Identity outranks a coding with a lower weight.
+        assert_eq!(pick("identity;q=1, gzip;q=0.5"), Coding::Identity);
+        // Refused identity with nothing else acceptable: identity anyway.
+        assert_eq!(pick("identity;q=0"), Coding::Identity);
+        assert_eq!(pick("identity;q=0, gzip"), Coding::Gzip);
+        // Malformed weights are ignored, not read as 1.
+        assert_eq!(pick("br;q=2, gzip"), Coding::Gzip);
+        assert_eq!(pick("br;q=0.0001, gzip;q=0.5"), Coding::Gzip);
+        assert_eq!(pick("GZIP;Q=0.5"), Coding::Gzip);
+    }
+
+    #[test]
+    fn only_available_codings_are_chosen() {
+        let only_gzip = |c: Coding| c == Coding::Gzip;
+        assert_eq!(
+            negotiate(std::iter::once(&b"br, gzip;q=0.5"[..]), only_gzip),
+            Coding::Gzip
+        );
+        assert_eq!(
+            negotiate(std::iter::once(&b"br"[..]), only_gzip),
+            Coding::Identity
+        );
+    }
+
+    #[test]
+    fn small_or_incompressible_bodies_stay_identity() {
+        let etag = b"\"0123456789abcdef\"";
+        assert!(compress(&[b'x'; 500], etag, Some(1024)).is_empty());
+        assert!(compress(&[b'x'; 5000], etag, None).is_empty());
+        let mut noise = vec![0u8; 4096];
+        getrandom::fill(&mut noise).unwrap();
+        assert!(compress(&noise, etag, Some(1024)).is_empty());
+        let v = compress(&[b'x'; 5000], etag, Some(1024));
+        let codings: Vec<Coding> = v.iter().map(|v| v.coding).collect();
+        assert_eq!(codings, Coding::COMPRESSED);
+        assert_eq!(&v[0].etag[..], b"\"0123456789abcdef-br\"");
+    }
+
+    fn decode(v: &Variant) -> Vec<u8> {
+        let mut out = Vec::new();
+        match v.coding {
+            Coding::Gzip => {
+                flate2::read::GzDecoder::new(&v.body[..])
+                    .read_to_end(&mut out)
+                    .unwrap();
+            }
+            Coding::Br => {
+                brotli::BrotliDecompress(&mut &v.body[..], &mut out).unwrap();
+            }
+            Coding::Zstd => out = zstd::decode_all(&v.body[..]).unwrap(),
+            Coding::Identity => out = v.body.to_vec(),
+        }
+        out
+    }
+
+    proptest! {
+        /// Every variant decodes to the body, is smaller, and has a tag of
+        /// its own.
+        #[test]
+        fn variants_round_trip(words in proptest::collection::vec("[a-z]{1,8}", 200..800)) {
+            let body = serde_json::json!({ "body": words.join(" ") }).to_string();
+            let etag = b"\"feedfacecafebeef\"";
+            let variants = compress(body.as_bytes(), etag, Some(1024));
+            prop_assert!(!variants.is_empty());
+            let mut tags = std::collections::HashSet::new();
+            tags.insert(Bytes::from_static(etag));
+            for v in &variants {
+                prop_assert_eq!(decode(v), body.as_bytes());
+                prop_assert!(v.body.len() < body.len());
+                prop_assert!(tags.insert(v.etag.clone()));
+            }
+        }
+    }
+}
