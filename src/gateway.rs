@@ -175,6 +175,12 @@ impl Gateway {
         if self.config.database.migrate {
             self.db.migrate().await?;
         }
+        if let Some(replicas) = self.db.replicas() {
+            // Known before the first scan, which may then run on one.
+            replicas.check().await;
+            let every = self.config.database.replica_check_interval;
+            self.keep(tokio::spawn(replicas.clone().run_checks(every)));
+        }
         let (routes, watch) = self.resolve().await?;
         if self.config.database.install_triggers {
             for (table, r) in self.install_triggers_for(&watch).await {
@@ -333,7 +339,11 @@ impl Gateway {
             return Ok(());
         };
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
-        self.keep(tokio::spawn(Applier::new(routes, applied).run(rx)));
+        self.keep(tokio::spawn(
+            Applier::new(routes, applied)
+                .with_replicas(self.db.replicas().cloned())
+                .run(rx),
+        ));
         if !self.config.database.listen || watch.tables.is_empty() {
             return Ok(());
         }

@@ -30,7 +30,9 @@
 //!   knows nothing of the database.
 //! - [`db`]: the pool, the row query, streaming keys with binary COPY,
 //!   [`db::catalog`]: canonical table names, column types, replica identity,
-//!   and [`db::triggers`]: the notification triggers' SQL.
+//!   [`db::triggers`]: the notification triggers' SQL, and
+//!   [`db::replicas`]: streaming read replicas for loads and scans, used
+//!   only once they have replayed past every applied change (by LSN).
 //! - [`feed`]: change feeds turned into one [`feed::Event`] type; they know
 //!   nothing of the gateway, which applies their events. [`feed::notify`]:
 //!   `LISTEN bloomgate`, fed by the triggers [`db::triggers`] generates (one
