@@ -210,6 +210,31 @@ pub struct DatabaseConfig {
     /// privilege to create triggers on those tables). Default false:
     /// `bloomgate install-triggers` does it once; the shipped config sets it.
     pub install_triggers: bool,
+    /// How changes committed in Postgres reach the gateway: `"wal"` (logical
+    /// decoding of the write-ahead log through a replication slot: writers
+    /// pay nothing, nobody can forge a change, a permanent `slot` resumes
+    /// without a rebuild; needs `wal_level = logical`, the REPLICATION
+    /// attribute and the publication), `"notify"` (the triggers and
+    /// `LISTEN`), `"off"`, or `"auto"`: `wal` when the server and role allow
+    /// it and the publication covers every resource table (or
+    /// `install_feed` may create it), else `notify`, with one log line
+    /// saying which and why. Default `"auto"`. `listen = false` is `"off"`.
+    pub freshness: Freshness,
+    /// The publication the `wal` feed reads. Default `"bloomgate"`.
+    pub publication: String,
+    /// A permanent replication slot for the `wal` feed, resumed after a
+    /// reconnect or restart without a rebuild (it holds WAL while the gateway
+    /// is away: set `max_slot_wal_keep_size`; an invalidated slot is
+    /// detected, recreated, and every filter rebuilt). Default: a temporary
+    /// slot per connection, dropped by Postgres when the gateway goes.
+    pub slot: Option<String>,
+    /// At start-up with the `wal` feed: create or update the publication
+    /// and remove bloomgate's notification triggers (what `bloomgate
+    /// install-feed` does). Default false.
+    pub install_feed: bool,
+    /// How often the `wal` feed asks the slot for new commits. Default `5ms`.
+    #[serde(with = "humantime_serde")]
+    pub wal_poll_interval: Duration,
     /// Streaming read replicas of the primary (`url`): row loads and key
     /// scans go to one that has replayed far enough (read-your-writes by
     /// LSN; see `db::replicas`), the change feed stays on the primary.
@@ -237,6 +262,11 @@ impl Default for DatabaseConfig {
             migrate: true,
             listen: true,
             install_triggers: false,
+            freshness: Freshness::Auto,
+            publication: "bloomgate".into(),
+            slot: None,
+            install_feed: false,
+            wal_poll_interval: Duration::from_millis(5),
             replica_urls: Vec::new(),
             max_replica_lag: Duration::from_secs(1),
             replica_check_interval: Duration::from_millis(250),
@@ -254,6 +284,11 @@ impl fmt::Debug for DatabaseConfig {
             .field("migrate", &self.migrate)
             .field("listen", &self.listen)
             .field("install_triggers", &self.install_triggers)
+            .field("freshness", &self.freshness)
+            .field("publication", &self.publication)
+            .field("slot", &self.slot)
+            .field("install_feed", &self.install_feed)
+            .field("wal_poll_interval", &self.wal_poll_interval)
             .field(
                 "replica_urls",
                 &self
@@ -266,6 +301,16 @@ impl fmt::Debug for DatabaseConfig {
             .field("replica_check_interval", &self.replica_check_interval)
             .finish()
     }
+}
+
+/// `database.freshness`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Freshness {
+    Auto,
+    Wal,
+    Notify,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]

@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::apply::{Applied, Applier, Route};
-use crate::config::Config;
+use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
 use crate::feed::{self, Lsn, Watch, WatchedColumn, WatchedTable, notify};
@@ -48,6 +48,28 @@ pub struct Gateway {
     /// The commit LSN the applier has applied up to (see `apply`).
     applied: Applied,
     applied_tx: Mutex<Option<watch::Sender<Lsn>>>,
+    /// The change feed start-up chose (see [`FeedMode`]).
+    feed_mode: OnceLock<FeedMode>,
+    /// The `wal` feed's counters (zero in the other modes).
+    pub wal_stats: Arc<feed::wal::Stats>,
+}
+
+/// The change feed in force: `database.freshness` resolved at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedMode {
+    Wal,
+    Notify,
+    Off,
+}
+
+impl FeedMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeedMode::Wal => "wal",
+            FeedMode::Notify => "notify",
+            FeedMode::Off => "off",
+        }
+    }
 }
 
 /// Counters that belong to no single resource. The `notify` source's
@@ -119,6 +141,8 @@ impl Gateway {
             watch: OnceLock::new(),
             applied,
             applied_tx: Mutex::new(Some(applied_tx)),
+            feed_mode: OnceLock::new(),
+            wal_stats: Arc::default(),
         })
     }
 
@@ -182,7 +206,12 @@ impl Gateway {
             self.keep(tokio::spawn(replicas.clone().run_checks(every)));
         }
         let (routes, watch) = self.resolve().await?;
-        if self.config.database.install_triggers {
+        let mode = self.choose_feed(&watch).await?;
+        let _ = self.feed_mode.set(mode);
+        if mode == FeedMode::Wal && self.config.database.install_feed {
+            self.remove_triggers(&watch).await;
+        }
+        if self.config.database.install_triggers && mode == FeedMode::Notify {
             for (table, r) in self.install_triggers_for(&watch).await {
                 match r {
                     Ok(columns) => {
@@ -205,7 +234,7 @@ impl Gateway {
                 }
             }));
         }
-        self.start_feed(routes, &watch).await?;
+        self.start_feed(routes, &watch, mode).await?;
         let _ = self.watch.set(watch);
         for r in &self.resources {
             if !r.config.filter.enabled {
@@ -329,7 +358,12 @@ impl Gateway {
     /// The applier task, and the change feed feeding it, subscribed before
     /// this returns (so before the first scan takes its snapshot: see
     /// `feed::notify`).
-    async fn start_feed(&self, routes: Vec<Route>, watch: &Watch) -> Result<(), StartError> {
+    async fn start_feed(
+        &self,
+        routes: Vec<Route>,
+        watch: &Watch,
+        mode: FeedMode,
+    ) -> Result<(), StartError> {
         let Some(applied) = self
             .applied_tx
             .lock()
@@ -344,14 +378,37 @@ impl Gateway {
                 .with_replicas(self.db.replicas().cloned())
                 .run(rx),
         ));
-        if !self.config.database.listen || watch.tables.is_empty() {
+        if mode == FeedMode::Off {
             return Ok(());
+        }
+        let (ready_tx, ready) = oneshot::channel();
+        if mode == FeedMode::Wal {
+            let opts = feed::wal::Options {
+                connect: (*self.db.pool().connect_options()).clone(),
+                publication: self.config.database.publication.clone(),
+                slot: self.config.database.slot.clone(),
+                poll: self.config.database.wal_poll_interval,
+            };
+            self.keep(tokio::spawn(feed::wal::run(
+                opts,
+                watch.clone(),
+                tx,
+                self.applied.clone(),
+                self.wal_stats.clone(),
+                ready_tx,
+            )));
+            return match ready.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(StartError::Feed(e)),
+                Err(_) => Err(StartError::Feed(
+                    "the WAL feed stopped before its slot existed".into(),
+                )),
+            };
         }
         let opts = notify::Options {
             connect: (*self.db.pool().connect_options()).clone(),
             counters: self.stats.notify.clone(),
         };
-        let (ready_tx, ready) = oneshot::channel();
         self.keep(tokio::spawn(feed::notify::run(
             opts,
             watch.clone(),
@@ -365,6 +422,100 @@ impl Gateway {
                 "the feed stopped before it was subscribed".into(),
             )),
         }
+    }
+
+    /// The change feed in force, once start-up has chosen it.
+    pub fn feed_mode(&self) -> Option<FeedMode> {
+        self.feed_mode.get().copied()
+    }
+
+    /// `database.freshness` resolved (see its doc); one log line says which
+    /// and why.
+    async fn choose_feed(&self, watch: &Watch) -> Result<FeedMode, StartError> {
+        let db = &self.config.database;
+        if !db.listen || db.freshness == Freshness::Off || watch.tables.is_empty() {
+            tracing::info!(
+                freshness = "off",
+                "change feed off: rows change in the gateway only at rebuilds and TTLs"
+            );
+            return Ok(FeedMode::Off);
+        }
+        let pool = self.db.pool();
+        match db.freshness {
+            Freshness::Notify => {
+                tracing::info!(
+                    freshness = "notify",
+                    "change feed: triggers and LISTEN (database.freshness = notify)"
+                );
+                Ok(FeedMode::Notify)
+            }
+            Freshness::Wal => {
+                if db.install_feed {
+                    self.install_publication(watch).await?;
+                }
+                feed::wal::check(pool, watch, &db.publication)
+                    .await
+                    .map_err(StartError::Feed)?;
+                tracing::info!(freshness = "wal", publication = %db.publication, "change feed: logical decoding of the WAL (database.freshness = wal)");
+                Ok(FeedMode::Wal)
+            }
+            Freshness::Auto | Freshness::Off => {
+                let why = match feed::wal::readiness(pool).await {
+                    Ok(r) if r.wal_level != "logical" => {
+                        format!("wal_level is {}, not logical", r.wal_level)
+                    }
+                    Ok(r) if !r.can_replicate => "the role lacks REPLICATION".to_string(),
+                    Ok(_) => {
+                        if db.install_feed {
+                            self.install_publication(watch).await?;
+                        }
+                        match feed::wal::check(pool, watch, &db.publication).await {
+                            Ok(()) => {
+                                tracing::info!(freshness = "wal", publication = %db.publication, "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
+                                return Ok(FeedMode::Wal);
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                    Err(e) => format!("cannot read wal_level: {e}"),
+                };
+                tracing::info!(freshness = "notify", reason = %why, "change feed: triggers and LISTEN (auto: the WAL feed is not possible)");
+                Ok(FeedMode::Notify)
+            }
+        }
+    }
+
+    async fn install_publication(&self, watch: &Watch) -> Result<(), StartError> {
+        feed::wal::install(self.db.pool(), watch, &self.config.database.publication)
+            .await
+            .map_err(|e| StartError::Feed(format!("cannot create the publication: {e}")))?;
+        tracing::info!(publication = %self.config.database.publication, "publication covers every resource table");
+        Ok(())
+    }
+
+    /// Drops bloomgate's notification triggers from every watched table:
+    /// with the WAL feed in force, writers must not pay for them.
+    pub async fn remove_triggers(&self, watch: &Watch) {
+        for t in &watch.tables {
+            let sql = crate::db::triggers::uninstall_sql(&t.name);
+            match sqlx::raw_sql(&sql).execute(self.db.pool()).await {
+                Ok(_) => {
+                    tracing::info!(table = %t.name, "notification triggers removed (WAL feed in force)")
+                }
+                Err(e) => {
+                    tracing::warn!(table = %t.name, error = %e, "cannot remove the notification triggers")
+                }
+            }
+        }
+    }
+
+    /// `bloomgate install-feed`: the publication over every resource table,
+    /// and bloomgate's triggers removed.
+    pub async fn install_feed(&self) -> Result<(), StartError> {
+        let (_, watch) = self.resolve().await?;
+        self.install_publication(&watch).await?;
+        self.remove_triggers(&watch).await;
+        Ok(())
     }
 
     /// Starts each resource's scheduled rebuilds.
