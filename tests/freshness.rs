@@ -857,3 +857,40 @@ async fn the_applier_keeps_the_feed_contract() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Start-up says so when a watched table has no notification trigger (the
+/// migration that dropped the first version, `install_triggers` off) or one
+/// that does not announce a key column this config needs.
+#[tokio::test]
+async fn a_missing_or_partial_trigger_is_named_at_start_up() {
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let (logs, _guard) = capture_logs();
+    let gw = started(config(&db.url, "install_triggers = false")).await;
+    let text = logs.text();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("no notification trigger") && l.contains("public.users")),
+        "{text}"
+    );
+    gw.stop();
+    // Installed by a config that serves users by id only...
+    started(config(&db.url, "")).await.stop();
+    // ...then started with users by email too, without installing.
+    let (logs, _guard) = capture_logs();
+    let gw = started(config(
+        &db.url,
+        &format!("install_triggers = false\n{BY_EMAIL}"),
+    ))
+    .await;
+    let text = logs.text();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("does not announce these key columns")
+                && l.contains("email")
+                && !l.contains("no notification trigger")),
+        "{text}"
+    );
+    assert!(!text.contains("no notification trigger"), "{text}");
+    gw.stop();
+}
