@@ -2,6 +2,9 @@
 # Runs the test suite against a real PostgreSQL (started if none is running).
 # Each test creates its own database and drops it afterwards.
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
+# Without arguments (the whole suite, as CI runs it) the outside checks
+# follow: Schemathesis and REDbot against the live gateway
+# (scripts/contract.sh; BLOOMGATE_SKIP_CONTRACT=1 leaves them out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
@@ -16,4 +19,8 @@ if [ -z "${BLOOMGATE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; th
 fi
 export BLOOMGATE_TEST_DATABASE_URL="$PG_BASE_URL/postgres"
 echo "test.sh: using $BLOOMGATE_TEST_DATABASE_URL" >&2
-exec cargo test "$@"
+if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then
+  exec cargo test "$@"
+fi
+cargo test
+scripts/contract.sh

@@ -364,10 +364,12 @@ pub struct CacheConfig {
     pub negative_max_entries: u64,
     /// `Cache-Control` of a row (200, and the 304 that revalidates it), for
     /// the browsers, CDNs and shared caches in front of the gateway. Default
-    /// `"no-cache, stale-if-error=300"`: a downstream cache may store the
-    /// row but must revalidate it on every use (a cheap 304 thanks to the
-    /// ETag), so it never serves a row the gateway has invalidated; while
-    /// the gateway is unreachable it may serve what it has for 5 minutes.
+    /// `"max-age=0, stale-if-error=300"`: a downstream cache may store the
+    /// row but it is stale at once, so it is revalidated on every use (a
+    /// cheap 304 thanks to the ETag) and never served after the gateway
+    /// invalidated it; while the gateway is unreachable it may serve what it
+    /// has for 5 minutes (RFC 5861). Not `no-cache`: that forbids any use
+    /// without revalidation and so overrides `stale-if-error`.
     /// `"max-age=N, stale-while-revalidate=M"` trades N seconds of possible
     /// staleness for fewer requests. Directives are checked at start-up.
     pub http_cache_control: String,
@@ -387,7 +389,7 @@ impl Default for CacheConfig {
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
             negative_max_entries: 100_000,
-            http_cache_control: "no-cache, stale-if-error=300".into(),
+            http_cache_control: "max-age=0, stale-if-error=300".into(),
             http_cache_control_not_found: "no-cache".into(),
         }
     }

@@ -332,71 +332,155 @@ async fn admin_endpoints_act() {
 }
 
 #[tokio::test]
-async fn the_openapi_document_matches_the_routers() {
+async fn each_listener_documents_exactly_what_it_serves() {
     let db = TestDb::new().await;
     db.seed_users(3).await;
     let gw = started(config(&db.url, "listen = false")).await;
-    let r = get(&gw, "/openapi.json").await;
-    assert_eq!(r.status, StatusCode::OK);
-    // It parses as an OpenAPI 3.1 document.
-    let doc: utoipa::openapi::OpenApi = serde_json::from_slice(&r.body).unwrap();
-    let json = r.json();
-    assert!(json["openapi"].as_str().unwrap().starts_with("3.1"));
-    let paths: BTreeSet<String> = doc.paths.paths.keys().cloned().collect();
-    let expected: BTreeSet<String> = [
-        "/healthz",
-        "/readyz",
-        "/openapi.json",
-        "/users/{id}",
-        "/articles/{id}",
-        "/metrics",
-        "/admin/resources",
-        "/admin/stats",
-        "/admin/resources/{name}",
-        "/admin/resources/{name}/rebuild",
-        "/admin/resources/{name}/cache",
-        "/admin/resources/{name}/cache/keys/{key}",
-        "/admin/resources/{name}/cache/clear",
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect();
-    assert_eq!(paths, expected);
+    let public = get(&gw, "/openapi.json").await;
+    assert_eq!(public.status, StatusCode::OK);
+    let admin_doc = admin(&gw, Method::GET, "/admin/openapi.json", Some(TOKEN)).await;
+    assert_eq!(admin_doc.status, StatusCode::OK);
+    let no_token = admin(&gw, Method::GET, "/admin/openapi.json", None).await;
+    assert_eq!(no_token.status, StatusCode::UNAUTHORIZED);
 
-    // Every documented operation is served (no fallback, no 405), on the
-    // listener it belongs to, and every operation documents its responses.
-    for (path, item) in &json["paths"].as_object().unwrap().clone() {
-        let concrete = path
-            .replace("{id}", "1")
-            .replace("{name}", "users")
-            .replace("{key}", "1");
-        for (method, op) in item.as_object().unwrap() {
-            assert!(
-                !op["responses"].as_object().unwrap().is_empty(),
-                "{method} {path}"
-            );
-            let method: Method = method.to_uppercase().parse().unwrap();
-            let r = if path.starts_with("/admin") || path == "/metrics" {
-                admin(&gw, method.clone(), &concrete, Some(TOKEN)).await
-            } else {
-                let req = Request::builder()
-                    .method(method.clone())
-                    .uri(&concrete)
-                    .body(Body::empty())
-                    .unwrap();
-                get_with(&gw, req).await
-            };
-            assert_ne!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
-            if r.status == StatusCode::NOT_FOUND && !r.body.is_empty() {
-                assert_ne!(
-                    r.json()["error"],
-                    "no_route",
-                    "{method} {path} is documented but not served"
+    let paths = |r: &Resp| -> BTreeSet<String> {
+        // It parses as an OpenAPI 3.1 document.
+        let doc: utoipa::openapi::OpenApi = serde_json::from_slice(&r.body).unwrap();
+        assert!(r.json()["openapi"].as_str().unwrap().starts_with("3.1"));
+        doc.paths.paths.keys().cloned().collect()
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(
+        paths(&public),
+        set(&[
+            "/healthz",
+            "/readyz",
+            "/openapi.json",
+            "/users/{id}",
+            "/articles/{id}"
+        ])
+    );
+    assert_eq!(
+        paths(&admin_doc),
+        set(&[
+            "/admin/openapi.json",
+            "/metrics",
+            "/admin/resources",
+            "/admin/stats",
+            "/admin/resources/{name}",
+            "/admin/resources/{name}/rebuild",
+            "/admin/resources/{name}/cache",
+            "/admin/resources/{name}/cache/keys/{key}",
+            "/admin/resources/{name}/cache/clear",
+        ])
+    );
+
+    // This project's info, not utoipa's package metadata.
+    for doc in [public.json(), admin_doc.json()] {
+        assert_eq!(doc["info"]["license"]["identifier"], "Apache-2.0");
+        assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"));
+        assert!(doc["info"].get("contact").is_none(), "{}", doc["info"]);
+        assert!(
+            doc["info"]["title"]
+                .as_str()
+                .unwrap()
+                .starts_with("bloomgate")
+        );
+    }
+
+    // Every documented operation is served on the listener that documents
+    // it (no fallback, no 405), and documents its responses; every admin
+    // operation requires the bearer token.
+    for (doc, on_admin) in [(public.json(), false), (admin_doc.json(), true)] {
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            let concrete = path
+                .replace("{id}", "1")
+                .replace("{name}", "users")
+                .replace("{key}", "1");
+            for (method, op) in item.as_object().unwrap() {
+                assert!(
+                    !op["responses"].as_object().unwrap().is_empty(),
+                    "{method} {path}"
                 );
+                if on_admin {
+                    assert_eq!(op["security"][0]["bearer"], serde_json::json!([]), "{path}");
+                }
+                let method: Method = method.to_uppercase().parse().unwrap();
+                let r = if on_admin {
+                    admin(&gw, method.clone(), &concrete, Some(TOKEN)).await
+                } else {
+                    let req = Request::builder()
+                        .method(method.clone())
+                        .uri(&concrete)
+                        .body(Body::empty())
+                        .unwrap();
+                    get_with(&gw, req).await
+                };
+                assert_ne!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+                if r.status == StatusCode::NOT_FOUND && !r.body.is_empty() {
+                    assert_ne!(
+                        r.json()["error"],
+                        "no_route",
+                        "{method} {path} is documented but not served"
+                    );
+                }
             }
         }
     }
-    assert!(json["components"]["securitySchemes"]["bearer"].is_object());
+    assert!(admin_doc.json()["components"]["securitySchemes"]["bearer"].is_object());
+    assert!(public.json()["components"].get("securitySchemes").is_none());
+}
+
+/// The row schema says what the gateway sends: each column with the JSON
+/// type of its Postgres type, nullable where the column is; the key
+/// parameter with its type, pattern and length. Checked against real rows.
+#[tokio::test]
+async fn the_row_schema_is_typed_from_the_database() {
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    let doc = get(&gw, "/openapi.json").await.json();
+    let op = &doc["paths"]["/users/{id}"]["get"];
+    let row = &op["responses"]["200"]["content"]["application/json"]["schema"];
+    assert_eq!(row["properties"]["id"]["type"], "integer");
+    assert_eq!(row["properties"]["id"]["format"], "int64");
+    assert_eq!(row["additionalProperties"], false);
+    assert_eq!(row["required"], serde_json::json!(["id", "email", "name"]));
+    let body = get(&gw, "/users/2").await.json();
+    for (col, value) in body.as_object().unwrap() {
+        let ty = &row["properties"][col]["type"];
+        let json_type = match value {
+            serde_json::Value::Null => "null",
+            serde_json::Value::Number(n) if n.is_i64() => "integer",
+            serde_json::Value::String(_) => "string",
+            v => panic!("{col}: unexpected {v}"),
+        };
+        let allowed: Vec<&str> = match ty {
+            serde_json::Value::String(s) => vec![s.as_str()],
+            serde_json::Value::Array(a) => a.iter().map(|t| t.as_str().unwrap()).collect(),
+            t => panic!("{col}: type {t}"),
+        };
+        assert!(allowed.contains(&json_type), "{col}: {value} is not {ty}");
+    }
+    let key = &op["parameters"][0]["schema"];
+    assert_eq!(key["type"], "integer");
+    assert_eq!(key["pattern"], "^-?[0-9]+$");
+    let statuses: BTreeSet<&str> = op["responses"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "200", "304", "400", "404", "405", "413", "431", "503", "504"
+        ]
+        .into_iter()
+        .collect()
+    );
+    assert!(op["responses"]["503"]["headers"]["Retry-After"].is_object());
+    assert!(op["responses"]["200"]["headers"]["ETag"].is_object());
 }
 
 /// Issue 10, item 9: an admin rebuild is no longer cut off by the public

@@ -108,7 +108,12 @@ pub fn app(gateway: Arc<Gateway>, token: &str) -> Router {
             async move { middleware_error(&gw, err) }
         }))
         .timeout(gateway.config.admin.request_timeout);
+    let doc = super::openapi::to_json(&super::openapi::admin_document());
     let router = timed
+        .route(
+            "/admin/openapi.json",
+            get(move || async move { json_bytes(StatusCode::OK, doc.clone()) }),
+        )
         .route_layer(deadline)
         .merge(rebuild)
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token))
@@ -206,9 +211,9 @@ pub struct ResourceView {
     key_type: String,
     ready: bool,
     generation: u64,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     filter: Option<crate::filter::FilterStats>,
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     last_build: Option<crate::resource::BuildReport>,
     cache_rows: u64,
     cache_negative: u64,
@@ -230,14 +235,14 @@ pub struct ResourceView {
     rebuild: RebuildView,
     /// The latest swap the shrink guard refused: when, and how many of the
     /// keys its scan found were missing from the live filter and added.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     last_refusal: Option<crate::resource::RefusalReport>,
     /// Keys a refused rebuild found missing from the filter and added, in
     /// all.
     recovered_keys: u64,
     /// How far the filter decayed since its build (estimated false-positive
     /// rate, inserts, deletes) and the limits past which it is rebuilt.
-    #[schema(value_type = Object)]
+    #[schema(value_type = Option<Object>)]
     protection: Option<crate::resource::Protection>,
     /// Rebuilds the decay limits asked for.
     decay_rebuilds: u64,
@@ -365,11 +370,14 @@ async fn stats(State(s): St) -> Response {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct RebuildParams {
-    /// Swap even if the scan shrank past `max_shrink`.
+    /// Swap even if the scan shrank past `max_shrink`. Default false.
+    #[param(nullable = false)]
     force: Option<bool>,
     /// Wait for the outcome (up to `admin.rebuild_wait`) instead of
-    /// answering 202 at once.
+    /// answering 202 at once. Default false.
+    #[param(nullable = false)]
     wait: Option<bool>,
 }
 
@@ -397,6 +405,7 @@ struct Accepted {
     params(("name" = String, Path, description = "Resource name"), RebuildParams),
     responses((status = 200, description = "`wait=true`: the new filter's build report", body = Object),
               (status = 202, description = "Requested (or still running after `admin.rebuild_wait`); `Location` is where to watch", body = Accepted),
+              (status = 400, description = "`force` or `wait` is not `true` or `false`", body = super::openapi::ErrorBody),
               (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody),
               (status = 404, description = "No such resource", body = super::openapi::ErrorBody),
               (status = 409, description = "Refused by the shrink guard (the keys it found are served meanwhile), or the filter is disabled", body = super::openapi::ErrorBody),
@@ -404,8 +413,16 @@ struct Accepted {
 async fn rebuild(
     State(s): St,
     Path(name): Path<String>,
-    Query(p): Query<RebuildParams>,
+    p: Result<Query<RebuildParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
+    // axum's own rejection is plain text; every error here is JSON.
+    let Ok(Query(p)) = p else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "bad_query",
+            "force and wait take true or false",
+        );
+    };
     let Some(r) = s.gateway.resource(&name) else {
         return no_resource();
     };

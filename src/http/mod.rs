@@ -49,14 +49,10 @@ use response::{json_bytes, json_error};
 /// The public router for `gateway`.
 pub fn app(gateway: Arc<Gateway>) -> Router {
     let (router, doc) = public_routes(&gateway).split_for_parts();
-    let doc = Bytes::from(
-        openapi::document(doc, &gateway)
-            .to_json()
-            .unwrap_or_default(),
-    );
+    let doc = Arc::new(openapi::Served::new(doc, gateway.clone()));
     let router = router.route(
         "/openapi.json",
-        get(move || async move { json_bytes(StatusCode::OK, doc.clone()) }),
+        get(move || async move { json_bytes(StatusCode::OK, doc.json().await) }),
     );
     with_middleware(
         router.fallback(no_route).with_state(gateway.clone()),

@@ -1,18 +1,33 @@
-//! The OpenAPI document served at `/openapi.json`.
+//! The OpenAPI documents: the public one at `/openapi.json` on the public
+//! listener, the admin one at `/admin/openapi.json` on the admin listener
+//! (behind the token). Each lists only what its listener serves.
 //!
 //! Static routes carry their own `#[utoipa::path]` entries, collected by
 //! the routers that serve them; resource routes come from the config, so
 //! their entries are generated here from the same config the router uses.
+//! A row's properties are typed from the database's catalog (the column's
+//! type, domains resolved, nullability), as the JSON that `row_to_json`
+//! emits for that type: a client generated from the document parses what
+//! the gateway sends. Until the catalog has been read (the database not
+//! reachable yet) the public document types the columns as "any value" and
+//! is rebuilt on the next request.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
 use serde::Serialize;
 use utoipa::ToSchema;
+use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::schema::{ArrayBuilder, Schema, SchemaType};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{
-    ContentBuilder, KnownFormat, ObjectBuilder, OpenApi, Ref, Required, ResponseBuilder,
-    SchemaFormat, Type,
+    ContentBuilder, InfoBuilder, KnownFormat, LicenseBuilder, ObjectBuilder, OpenApi, Ref,
+    Required, ResponseBuilder, SchemaFormat, Type,
 };
 
+use crate::db::catalog::{self, ColumnInfo};
 use crate::gateway::Gateway;
 use crate::key::KeyType;
 
@@ -34,17 +49,46 @@ pub struct ErrorBody {
     pub message: String,
 }
 
-/// The public routes' document (`public`), plus `/openapi.json`, one path
-/// per resource and the admin API.
-pub fn document(public: OpenApi, gw: &Gateway) -> OpenApi {
+/// Each resource's columns as the catalog describes them, by resource
+/// name; a resource missing from the map is typed loosely.
+pub type Columns = HashMap<String, Vec<ColumnInfo>>;
+
+/// Reads every resource's column types. A resource whose table is gone is
+/// left out (start-up reports it).
+pub async fn read_columns(gw: &Gateway) -> Result<Columns, sqlx::Error> {
+    let mut out = Columns::new();
+    for r in &gw.resources {
+        if let Some(info) = catalog::table_info(gw.db.pool(), &r.config.table).await? {
+            out.insert(r.name().to_string(), info.columns);
+        }
+    }
+    Ok(out)
+}
+
+/// `info` for both documents: this project's, never utoipa's defaults.
+fn info(title: &str, description: &str) -> utoipa::openapi::Info {
+    InfoBuilder::new()
+        .title(title)
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(Some(description))
+        .license(Some(
+            LicenseBuilder::new()
+                .name(env!("CARGO_PKG_LICENSE"))
+                .identifier(Some(env!("CARGO_PKG_LICENSE")))
+                .build(),
+        ))
+        .build()
+}
+
+/// The public document: health, `/openapi.json` and one path per resource.
+pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> OpenApi {
     let mut doc = public;
-    doc.info.title = "bloomgate".into();
-    doc.info.version = env!("CARGO_PKG_VERSION").into();
-    doc.info.description = Some(
-        "Lookups by key in front of PostgreSQL. Every response carries an RFC 9211 \
-         `Cache-Status` header. The admin paths are served on the admin listener \
-         (`admin.listen`) only, with a bearer token."
-            .into(),
+    doc.info = info(
+        "bloomgate",
+        "Lookups by key in front of PostgreSQL, with a filter that answers 404 for keys \
+         that do not exist without touching the database. Every lookup response carries \
+         an RFC 9211 `Cache-Status` header and a `Cache-Control` for caches in front of \
+         the gateway.",
     );
     doc.paths.add_path_operation(
         "/openapi.json",
@@ -55,19 +99,85 @@ pub fn document(public: OpenApi, gw: &Gateway) -> OpenApi {
             .summary(Some("This document"))
             .response(
                 "200",
-                ResponseBuilder::new().description("OpenAPI 3.1 JSON"),
+                ResponseBuilder::new()
+                    .description("OpenAPI 3.1 JSON")
+                    .content("application/json", ContentBuilder::new().build()),
             ),
     );
     for r in &gw.resources {
-        add_resource(&mut doc, r);
+        add_resource(
+            &mut doc,
+            r,
+            gw.config.server.max_key_length,
+            columns.get(r.name()).map(Vec::as_slice),
+        );
     }
-    let (_, admin) = super::admin::routes().split_for_parts();
-    doc.merge(admin);
+    add_bodies(&mut doc);
+    doc
+}
+
+/// The admin document: the authenticated admin routes, each requiring the
+/// bearer token.
+pub fn admin_document() -> OpenApi {
+    let (_, mut doc) = super::admin::routes().split_for_parts();
+    doc.info = info(
+        "bloomgate admin",
+        "The admin listener: metrics, resource state, cache purges and rebuilds. Every \
+         operation needs `Authorization: Bearer <admin token>`.",
+    );
+    doc.paths.add_path_operation(
+        "/admin/openapi.json",
+        vec![HttpMethod::Get],
+        OperationBuilder::new()
+            .tag("admin")
+            .operation_id(Some("admin_openapi"))
+            .summary(Some("This document"))
+            .response(
+                "200",
+                ResponseBuilder::new()
+                    .description("OpenAPI 3.1 JSON")
+                    .content("application/json", ContentBuilder::new().build()),
+            )
+            .response(
+                "401",
+                ResponseBuilder::new()
+                    .description("Missing or wrong token")
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name("ErrorBody")))
+                            .build(),
+                    ),
+            ),
+    );
+    for item in doc.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.put,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            op.security = Some(vec![SecurityRequirement::new(
+                "bearer",
+                Vec::<String>::new(),
+            )]);
+        }
+    }
     let components = doc.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
         "bearer",
         SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
     );
+    add_bodies(&mut doc);
+    doc
+}
+
+fn add_bodies(doc: &mut OpenApi) {
+    let components = doc.components.get_or_insert_with(Default::default);
     for (name, schema) in [
         ("ErrorBody", <ErrorBody as utoipa::PartialSchema>::schema()),
         (
@@ -77,37 +187,209 @@ pub fn document(public: OpenApi, gw: &Gateway) -> OpenApi {
     ] {
         components.schemas.insert(name.into(), schema);
     }
-    doc
 }
 
-fn add_resource(doc: &mut OpenApi, r: &crate::resource::Resource) {
+/// The public document as served: built with the column types once they
+/// could be read, rebuilt on each request until then.
+pub struct Served {
+    routes: OpenApi,
+    gw: Arc<Gateway>,
+    typed: tokio::sync::OnceCell<Bytes>,
+}
+
+impl Served {
+    pub fn new(routes: OpenApi, gw: Arc<Gateway>) -> Self {
+        Self {
+            routes,
+            gw,
+            typed: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    pub async fn json(&self) -> Bytes {
+        if let Some(b) = self.typed.get() {
+            return b.clone();
+        }
+        let read =
+            tokio::time::timeout(std::time::Duration::from_secs(2), read_columns(&self.gw)).await;
+        match read {
+            Ok(Ok(columns)) => {
+                let doc = to_json(&public_document(self.routes.clone(), &self.gw, &columns));
+                self.typed.get_or_init(|| async { doc }).await.clone()
+            }
+            _ => to_json(&public_document(
+                self.routes.clone(),
+                &self.gw,
+                &Columns::new(),
+            )),
+        }
+    }
+}
+
+pub fn to_json(doc: &OpenApi) -> Bytes {
+    Bytes::from(doc.to_json().unwrap_or_default())
+}
+
+/// The JSON a column's values become in a row (`row_to_json`), as a schema.
+pub fn column_schema(c: &ColumnInfo) -> Schema {
+    let mut s = match c.element.as_deref() {
+        Some(element) => Schema::Array(
+            ArrayBuilder::new()
+                .items(base_schema(element, &c.declared).build())
+                .description(Some(format!("`{}`", c.declared)))
+                .build(),
+        ),
+        None => Schema::Object(
+            base_schema(&c.base, &c.declared)
+                .description(Some(format!("`{}`", c.declared)))
+                .build(),
+        ),
+    };
+    if !c.not_null {
+        match &mut s {
+            Schema::Object(o) => o.schema_type = nullable(o.schema_type.clone()),
+            Schema::Array(a) => a.schema_type = nullable(a.schema_type.clone()),
+            _ => {}
+        }
+    }
+    s
+}
+
+fn nullable(t: SchemaType) -> SchemaType {
+    match t {
+        SchemaType::Type(t) => SchemaType::Array(vec![t, Type::Null]),
+        SchemaType::Array(mut v) => {
+            if !v.contains(&Type::Null) {
+                v.push(Type::Null);
+            }
+            SchemaType::Array(v)
+        }
+        SchemaType::AnyValue => SchemaType::AnyValue,
+    }
+}
+
+/// By the base type's `typname`, what `to_json` emits for it.
+fn base_schema(typname: &str, declared: &str) -> ObjectBuilder {
+    let o = ObjectBuilder::new();
+    let known = |f: KnownFormat| Some(SchemaFormat::KnownFormat(f));
+    let custom = |f: &str| Some(SchemaFormat::Custom(f.into()));
+    match typname {
+        "int2" | "int4" => o
+            .schema_type(Type::Integer)
+            .format(known(KnownFormat::Int32)),
+        "int8" => o
+            .schema_type(Type::Integer)
+            .format(known(KnownFormat::Int64)),
+        "oid" => o
+            .schema_type(Type::Integer)
+            .format(known(KnownFormat::Int64)),
+        // Finite values are JSON numbers; `NaN` and the infinities are sent
+        // as the strings Postgres spells them with.
+        "float4" | "float8" | "numeric" => {
+            o.schema_type(SchemaType::Array(vec![Type::Number, Type::String]))
+        }
+        "bool" => o.schema_type(Type::Boolean),
+        "uuid" => o.schema_type(Type::String).format(custom("uuid")),
+        "timestamptz" => o
+            .schema_type(Type::String)
+            .format(known(KnownFormat::DateTime)),
+        // No offset: not an RFC 3339 date-time.
+        "timestamp" => o
+            .schema_type(Type::String)
+            .format(custom("local-date-time")),
+        "date" => o.schema_type(Type::String).format(known(KnownFormat::Date)),
+        "time" => o.schema_type(Type::String).format(custom("local-time")),
+        "timetz" => o.schema_type(Type::String).format(custom("time")),
+        "bytea" => o
+            .schema_type(Type::String)
+            .pattern(Some("^\\\\x([0-9a-f]{2})*$")),
+        "json" | "jsonb" => o.schema_type(SchemaType::AnyValue),
+        "text" | "varchar" | "bpchar" | "char" | "name" | "citext" | "interval" | "inet"
+        | "cidr" | "macaddr" | "money" | "xml" | "tsvector" | "bit" | "varbit" => {
+            o.schema_type(Type::String)
+        }
+        _ => {
+            // Enums are strings; anything else, whatever its output is.
+            let _ = declared;
+            o.schema_type(SchemaType::AnyValue)
+        }
+    }
+}
+
+fn add_resource(
+    doc: &mut OpenApi,
+    r: &crate::resource::Resource,
+    max_key_length: usize,
+    columns: Option<&[ColumnInfo]>,
+) {
     let cfg = &r.config;
     let param = cfg
         .route
         .split('/')
         .find_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
         .unwrap_or("key");
+    // What `key::parse` accepts, so a client knows before it asks.
     let key_schema = match cfg.key_type {
         KeyType::Bigint => ObjectBuilder::new()
             .schema_type(Type::Integer)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64))),
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .pattern(Some("^-?[0-9]+$"))
+            .max_length(Some(20)),
         KeyType::Uuid => ObjectBuilder::new()
             .schema_type(Type::String)
-            .format(Some(SchemaFormat::Custom("uuid".into()))),
-        KeyType::Text => ObjectBuilder::new().schema_type(Type::String),
+            .format(Some(SchemaFormat::Custom("uuid".into())))
+            .pattern(Some(
+                "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|[0-9a-fA-F]{32})$",
+            ))
+            .max_length(Some(36)),
+        KeyType::Text => ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(format!(
+                "At most {max_key_length} bytes once percent-decoded; no control characters"
+            )))
+            .pattern(Some("^[^\\u0000-\\u001f\\u007f]+$"))
+            .min_length(Some(1))
+            .max_length(Some(max_key_length)),
     };
-    let mut row = ObjectBuilder::new().schema_type(Type::Object);
+    let mut row = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(
+            utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+        ));
     for c in &cfg.columns {
-        row = row.property(c, ObjectBuilder::new());
+        let info = columns.and_then(|cols| cols.iter().find(|i| &i.name == c));
+        let schema = match info {
+            Some(i) => column_schema(i),
+            None => Schema::Object(
+                ObjectBuilder::new()
+                    .schema_type(SchemaType::AnyValue)
+                    .description(Some("type not read from the database yet"))
+                    .build(),
+            ),
+        };
+        row = row.property(c, schema).required(c);
     }
-    let error = |d: &str| {
-        ResponseBuilder::new().description(d).content(
-            "application/json",
-            ContentBuilder::new()
-                .schema(Some(Ref::from_schema_name("ErrorBody")))
-                .build(),
-        )
+    let header = |d: &str| {
+        HeaderBuilder::new()
+            .schema(Some(ObjectBuilder::new().schema_type(Type::String).build()))
+            .description(Some(d))
+            .build()
     };
+    let cache_status = || header("RFC 9211: which step answered (filter, cache, database)");
+    let error = |d: &str| {
+        ResponseBuilder::new()
+            .description(d)
+            .header("Cache-Status", cache_status())
+            .header("Cache-Control", header("`no-store`"))
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+    };
+    let unavailable =
+        |d: &str| error(d).header("Retry-After", header("Seconds to wait before trying again"));
     let op = OperationBuilder::new()
         .tag(cfg.name.clone())
         .operation_id(Some(format!("get_{}", cfg.name)))
@@ -125,7 +407,10 @@ fn add_resource(doc: &mut OpenApi, r: &crate::resource::Resource) {
         .response(
             "200",
             ResponseBuilder::new()
-                .description("The row as a JSON object, with an ETag")
+                .description("The row as a JSON object")
+                .header("ETag", header("Strong validator of this representation"))
+                .header("Cache-Status", cache_status())
+                .header("Cache-Control", header("`cache.http_cache_control`"))
                 .content(
                     "application/json",
                     ContentBuilder::new().schema(Some(row)).build(),
@@ -133,18 +418,101 @@ fn add_resource(doc: &mut OpenApi, r: &crate::resource::Resource) {
         )
         .response(
             "304",
-            ResponseBuilder::new().description("If-None-Match matched the ETag"),
+            ResponseBuilder::new()
+                .description("If-None-Match matched the ETag")
+                .header("ETag", header("The row's ETag"))
+                .header("Cache-Status", cache_status())
+                .header("Cache-Control", header("`cache.http_cache_control`")),
         )
         .response("400", error("Malformed key"))
         .response(
             "404",
-            error("No such row (the filter or the database said so)"),
+            error("No such row (the filter or the database said so)").header(
+                "Cache-Control",
+                header("`cache.http_cache_control_not_found`"),
+            ),
+        )
+        .response(
+            "405",
+            ResponseBuilder::new()
+                .description("Only GET and HEAD")
+                .header("Allow", header("The methods this route takes"))
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                ),
+        )
+        .response(
+            "413",
+            ResponseBuilder::new()
+                .description("A declared body over `server.max_body_bytes`")
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                ),
+        )
+        .response(
+            "431",
+            ResponseBuilder::new()
+                .description("Request head over `server.max_header_bytes` or `max_headers`"),
         )
         .response(
             "503",
-            error("Not ready, database unavailable or overloaded; see Retry-After"),
+            unavailable("Not ready, database unavailable or overloaded"),
         )
         .response("504", error("Request timed out"));
     doc.paths
         .add_path_operation(&cfg.route, vec![HttpMethod::Get, HttpMethod::Head], op);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn col(base: &str, element: Option<&str>, not_null: bool) -> ColumnInfo {
+        ColumnInfo {
+            name: "c".into(),
+            declared: base.into(),
+            base: base.into(),
+            element: element.map(Into::into),
+            not_null,
+        }
+    }
+
+    fn json(s: Schema) -> serde_json::Value {
+        serde_json::to_value(s).unwrap()
+    }
+
+    #[test]
+    fn columns_are_typed_as_row_to_json_emits_them() {
+        let t = |base, nn| json(column_schema(&col(base, None, nn)))["type"].clone();
+        assert_eq!(t("int8", true), "integer");
+        assert_eq!(t("int4", false), serde_json::json!(["integer", "null"]));
+        assert_eq!(t("bool", true), "boolean");
+        assert_eq!(t("text", true), "string");
+        assert_eq!(t("bpchar", true), "string");
+        assert_eq!(t("numeric", true), serde_json::json!(["number", "string"]));
+        assert_eq!(
+            t("numeric", false),
+            serde_json::json!(["number", "string", "null"])
+        );
+        let f = |base| json(column_schema(&col(base, None, true)))["format"].clone();
+        assert_eq!(f("uuid"), "uuid");
+        assert_eq!(f("timestamptz"), "date-time");
+        assert_eq!(f("date"), "date");
+        assert_eq!(f("int8"), "int64");
+        // json and jsonb: any value, so no "type" at all.
+        assert!(
+            json(column_schema(&col("jsonb", None, true)))
+                .get("type")
+                .is_none()
+        );
+        let a = json(column_schema(&col("_int4", Some("int4"), false)));
+        assert_eq!(a["type"], serde_json::json!(["array", "null"]));
+        assert_eq!(a["items"]["type"], "integer");
+    }
 }
