@@ -26,6 +26,9 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 case "${1:-start}" in
   start)
+    # One start at a time (parallel test binaries).
+    exec 9>"$dir.lock"
+    flock 9
     if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port"; then
       if [ ! -s "$dir/PG_VERSION" ]; then
         rm -rf "$dir" && mkdir -p "$dir"

@@ -223,6 +223,9 @@ impl Gateway {
                 }
             }
         }
+        if self.config.database.listen {
+            self.check_triggers(&watch).await;
+        }
         {
             let weak = Arc::downgrade(self);
             self.keep(tokio::spawn(async move {
@@ -335,6 +338,53 @@ impl Gateway {
     ) -> Result<Vec<(TableName, Result<Vec<String>, DbError>)>, StartError> {
         let (_, watch) = self.resolve().await?;
         Ok(self.install_triggers_for(&watch).await)
+    }
+
+    /// Warns for every watched table whose notification trigger is missing
+    /// (never installed, or dropped by the migration that removed the first
+    /// version) or does not announce every key column this config needs
+    /// (another config installed it last): its changes would otherwise be
+    /// seen only at rebuilds, silently.
+    async fn check_triggers(&self, watch: &Watch) {
+        for t in &watch.tables {
+            let name = crate::db::triggers::function_name(&t.name);
+            let source: Result<Option<String>, _> = sqlx::query_scalar(
+                "SELECT p.prosrc FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
+                  WHERE g.tgrelid = to_regclass($1) AND g.tgname = $2 AND g.tgenabled <> 'D'",
+            )
+            .bind(catalog::quote_table(&t.name))
+            .bind(&name)
+            .fetch_optional(self.db.pool())
+            .await;
+            let missing: Vec<&str> = match &source {
+                Ok(Some(src)) => t
+                    .columns
+                    .iter()
+                    .map(|c| &*c.name)
+                    .filter(|c| !src.contains(&format!("NEW.{}::text", catalog::quote(c))))
+                    .collect(),
+                Ok(None) => {
+                    tracing::warn!(
+                        table = %t.name,
+                        trigger = %name,
+                        "no notification trigger: changes to this table are seen only at rebuilds; run `bloomgate install-triggers` or set database.install_triggers = true"
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(table = %t.name, error = %e, "cannot check the notification trigger");
+                    continue;
+                }
+            };
+            if !missing.is_empty() {
+                tracing::warn!(
+                    table = %t.name,
+                    trigger = %name,
+                    columns = ?missing,
+                    "the notification trigger does not announce these key columns (installed by another config?): their resources see changes only at rebuilds; run `bloomgate install-triggers`"
+                );
+            }
+        }
     }
 
     /// One function and trigger pair per watched table, with the key
