@@ -223,7 +223,7 @@ impl Gateway {
                 }
             }
         }
-        if self.config.database.listen {
+        if mode == FeedMode::Notify {
             self.check_triggers(&watch).await;
         }
         {
