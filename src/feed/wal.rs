@@ -202,8 +202,8 @@ pub async fn install(
 /// resolved when its `Relation` message arrives.
 struct Rel {
     table: super::TableName,
-    /// (column name, type, index in the tuple)
-    columns: Vec<(Arc<str>, super::ColumnType, usize)>,
+    /// (column name, type, index in the tuple, in the replica identity)
+    columns: Vec<(Arc<str>, super::ColumnType, usize, bool)>,
 }
 
 /// Runs until aborted or `tx` closes. `ready` gets `Ok` once the slot
@@ -365,7 +365,8 @@ async fn session(
                             .iter()
                             .filter_map(|c| {
                                 let i = r.columns.iter().position(|n| *n == *c.name)?;
-                                Some((c.name.clone(), c.ty, i))
+                                let identity = r.identity.get(i).copied().unwrap_or(false);
+                                Some((c.name.clone(), c.ty, i, identity))
                             })
                             .collect(),
                     });
@@ -377,7 +378,7 @@ async fn session(
                         c.1.push(RowChange {
                             table: r.table.clone(),
                             op: Op::Insert,
-                            new: Some(columns(r, &new)),
+                            new: Some(columns(r, &new, false)),
                             old: None,
                         });
                     }
@@ -388,11 +389,11 @@ async fn session(
                         c.1.push(RowChange {
                             table: r.table.clone(),
                             op: Op::Update,
-                            new: Some(columns(r, &new)),
+                            new: Some(columns(r, &new, false)),
                             // No old tuple: no replica identity column
                             // changed, and every watched column is in the
                             // identity (checked at start-up).
-                            old: old.map(|o| columns(r, &o)),
+                            old: old.map(|o| columns(r, &o, true)),
                         });
                     }
                 }
@@ -403,7 +404,7 @@ async fn session(
                             table: r.table.clone(),
                             op: Op::Delete,
                             new: None,
-                            old: Some(columns(r, &old)),
+                            old: Some(columns(r, &old, true)),
                         });
                     }
                 }
@@ -527,11 +528,18 @@ async fn wait_visible(conn: &mut PgConnection, xids: &[u32]) -> Result<(), sqlx:
     }
 }
 
-fn columns(rel: &Rel, tuple: &pgoutput::Tuple) -> Columns {
+/// The watched columns of `tuple`. In an `old` tuple, a column outside the
+/// replica identity is not carried (pgoutput sends it as null): it is
+/// [`Value::Unknown`], never `Null`, or a deleted row's key would stay in
+/// the filter and its cached row be served on.
+fn columns(rel: &Rel, tuple: &pgoutput::Tuple, old: bool) -> Columns {
     Columns(
         rel.columns
             .iter()
-            .map(|(name, ty, i)| {
+            .map(|(name, ty, i, identity)| {
+                if old && !identity {
+                    return (name.clone(), Value::Unknown);
+                }
                 let v = match tuple.0.get(*i) {
                     Some(Datum::Text(t)) => Value::Text(canonical_text(*ty, t).to_string()),
                     Some(Datum::Null) => Value::Null,
