@@ -248,3 +248,31 @@ async fn a_hundred_thousand_row_transaction_is_one_commit() {
     }
     assert!(seen[1..].iter().all(|s| *s));
 }
+
+/// The Visible phase waits for a committed transaction to be visible to
+/// new snapshots. A transaction still running is not visible, also when it
+/// is the newest one (its xid at or past the snapshot's xmax, so absent
+/// from the snapshot's list of running xids).
+#[tokio::test]
+async fn a_running_transaction_is_not_visible_even_the_newest() {
+    let db = logical_db().await;
+    let mut open = db.pool.acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *open).await.unwrap();
+    let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::int8 % 4294967296")
+        .fetch_one(&mut *open)
+        .await
+        .unwrap();
+    let mut probe = db.pool.acquire().await.unwrap();
+    assert!(
+        !feed::wal::all_visible(&mut probe, &[xid as u32])
+            .await
+            .unwrap(),
+        "a running transaction reported visible"
+    );
+    sqlx::query("COMMIT").execute(&mut *open).await.unwrap();
+    assert!(
+        feed::wal::all_visible(&mut probe, &[xid as u32])
+            .await
+            .unwrap()
+    );
+}
