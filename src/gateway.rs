@@ -47,7 +47,7 @@ pub struct Gateway {
     watch: OnceLock<Watch>,
     /// The commit LSN the applier has applied up to (see `apply`).
     applied: Applied,
-    applied_tx: Mutex<Option<watch::Sender<Lsn>>>,
+    applied_tx: watch::Sender<Lsn>,
 }
 
 /// Counters that belong to no single resource. The `notify` source's
@@ -118,7 +118,7 @@ impl Gateway {
             started: tokio::sync::Mutex::new(false),
             watch: OnceLock::new(),
             applied,
-            applied_tx: Mutex::new(Some(applied_tx)),
+            applied_tx,
         })
     }
 
@@ -374,14 +374,9 @@ impl Gateway {
     /// this returns (so before the first scan takes its snapshot: see
     /// `feed::notify`).
     async fn start_feed(&self, routes: Vec<Route>, watch: &Watch) -> Result<(), StartError> {
-        let Some(applied) = self
-            .applied_tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
-            return Ok(());
-        };
+        // A start that failed after this point may be retried: its tasks
+        // were stopped (`stop`) or will be, and new ones start here.
+        let applied = self.applied_tx.clone();
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
         self.keep(tokio::spawn(Applier::new(routes, applied).run(rx)));
         if !self.config.database.listen || watch.tables.is_empty() {
