@@ -22,8 +22,16 @@ use tower::ServiceExt;
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let server = args.get(1).expect("server URL").trim_end_matches('/').to_string();
-    let mode = args.get(2).map(String::as_str).unwrap_or("notify").to_string();
+    let server = args
+        .get(1)
+        .expect("server URL")
+        .trim_end_matches('/')
+        .to_string();
+    let mode = args
+        .get(2)
+        .map(String::as_str)
+        .unwrap_or("notify")
+        .to_string();
     let n: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let name = format!("bloomgate_latency_{}", std::process::id());
     let admin = PgPoolOptions::new()
@@ -61,7 +69,11 @@ async fn main() {
     let gw = bloomgate::gateway::Gateway::new(config).unwrap();
     gw.start().await.expect("start");
     let app = bloomgate::http::app(gw.clone());
-    let pool = PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap();
     let mut lat = Vec::with_capacity(n);
     for i in 0..n as i64 {
         let id = 1_000_000 + i;
@@ -82,7 +94,10 @@ async fn main() {
             if r.status() == StatusCode::OK {
                 break;
             }
-            assert!(committed.elapsed() < Duration::from_secs(10), "{path} never servable");
+            assert!(
+                committed.elapsed() < Duration::from_secs(10),
+                "{path} never servable"
+            );
             tokio::time::sleep(Duration::from_micros(100)).await;
         }
         lat.push(committed.elapsed());
