@@ -125,7 +125,9 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
     // loads off the replica.
     let (db, replica, extra) = setup_lag(100, "600s").await;
     let gw = started_with(&db, &extra).await;
+    let gw2 = started_with(&db, &extra).await;
     let _ = get(&gw, "/users/7").await;
+    let _ = get(&gw2, "/users/7").await;
     replica
         .execute("SELECT pg_wal_replay_pause()")
         .await
