@@ -54,6 +54,9 @@ use crate::key::{self, Key};
 use crate::rebuild::Reason;
 use crate::resource::{Provenance, Resource};
 
+/// Events applied together at most (see [`Applier::run`]).
+const BATCH: usize = 1024;
+
 /// Who publishes how far the applier got, and who reads it.
 pub type Applied = watch::Receiver<Lsn>;
 
@@ -92,12 +95,63 @@ impl Applier {
 
     /// Applies events until every sender is gone (or the task is aborted).
     pub async fn run(self, mut events: mpsc::Receiver<Event>) {
+        let mut batch = Vec::new();
         while let Some(event) = events.recv().await {
-            self.apply(event).await;
+            // What is queued already is applied with it: with read replicas,
+            // one read of the primary's position covers the whole batch.
+            batch.push(event);
+            while batch.len() < BATCH {
+                match events.try_recv() {
+                    Ok(e) => batch.push(e),
+                    Err(_) => break,
+                }
+            }
+            self.note_lsns(&batch).await;
+            for event in batch.drain(..) {
+                self.apply_noted(event).await;
+            }
         }
     }
 
+    /// Applies one event (its LSN noted for the replicas first).
     pub async fn apply(&self, event: Event) {
+        let one = [event];
+        self.note_lsns(&one).await;
+        let [event] = one;
+        self.apply_noted(event).await;
+    }
+
+    /// Before anything of `events` is applied, raises the replicas'
+    /// required LSN past every commit in them (see `db::replicas`): a load
+    /// that starts after an invalidation below must not read a replica
+    /// behind that commit. A commit from the WAL carries its LSN; a
+    /// notification does not, but its commit happened before it was sent,
+    /// so the primary's position read now (after every event of the batch
+    /// was received) is past all of them.
+    async fn note_lsns(&self, events: &[Event]) {
+        let Some(reps) = &self.replicas else {
+            return;
+        };
+        let commits = events.iter().filter_map(|e| match e {
+            Event::Commit(c) => Some(c),
+            _ => None,
+        });
+        let mut unknown = false;
+        for c in commits {
+            match c.lsn {
+                Some(lsn) => reps.note_change(lsn.0),
+                None => unknown = true,
+            }
+        }
+        if unknown {
+            match reps.primary_lsn().await {
+                Ok(lsn) => reps.note_change(lsn),
+                Err(_) => reps.note_unknown_change(),
+            }
+        }
+    }
+
+    async fn apply_noted(&self, event: Event) {
         match event {
             Event::Commit(c) => self.commit(c).await,
             Event::Resync(r) => {
@@ -124,19 +178,6 @@ impl Applier {
     }
 
     async fn commit(&self, c: Commit) {
-        if let Some(reps) = &self.replicas {
-            // Before anything is applied: a load that starts after an
-            // invalidation below must not read a replica behind this commit.
-            match c.lsn {
-                Some(lsn) => reps.note_change(lsn.0),
-                // A notification: the commit happened before it was sent,
-                // so the primary's position now is past it.
-                None => match reps.primary_lsn().await {
-                    Ok(lsn) => reps.note_change(lsn),
-                    Err(_) => reps.note_unknown_change(),
-                },
-            }
-        }
         let from = if c.lsn.is_some() {
             Provenance::Trusted
         } else {
