@@ -71,11 +71,75 @@ stop_throwaway_postgres() {
   [ -s "$dir/PG_VERSION" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop
 }
 
+# A throwaway primary with one streaming replica, from the local binaries,
+# for tests/replicas.rs and the fleet benchmarks: the primary on
+# 127.0.0.1:${BLOOMGATE_PRIMARY_PORT:-54332} (wal_level = logical, so either
+# change feed works), the replica on ${BLOOMGATE_REPLICA_PORT:-54333}, made
+# with `pg_basebackup -R` (it streams from the primary and answers read-only
+# queries). Idempotent; exports BLOOMGATE_TEST_PRIMARY_URL and
+# BLOOMGATE_TEST_REPLICA_URL (no database). Never touches :5432.
+ensure_replica_pair() {
+  local bindir run=() pport=${BLOOMGATE_PRIMARY_PORT:-54332} rport=${BLOOMGATE_REPLICA_PORT:-54333}
+  local pdir=${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary} rdir=${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}
+  bindir=$(bg_pg_bindir)
+  if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
+    bg_pg_install || return 1
+    bindir=$(bg_pg_bindir)
+  fi
+  if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    run=(runuser -u postgres --)
+  fi
+  export BLOOMGATE_TEST_PRIMARY_URL="postgres://postgres@127.0.0.1:$pport"
+  export BLOOMGATE_TEST_REPLICA_URL="postgres://postgres@127.0.0.1:$rport"
+  if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$pport"; then
+    if [ ! -s "$pdir/PG_VERSION" ]; then
+      bg_pg_log "starting a throwaway primary in $pdir on port $pport"
+      rm -rf "$pdir" && mkdir -p "$pdir"
+      [ "$(id -u)" -eq 0 ] && chown postgres "$pdir"
+      "${run[@]}" "$bindir/initdb" -D "$pdir" -U postgres --auth=trust -E UTF8 >"$pdir.initdb.log" 2>&1 \
+        || { cat "$pdir.initdb.log" >&2; return 1; }
+      # Replication connections from 127.0.0.1 (initdb's trust lines cover
+      # "replication" for local sockets and 127.0.0.1 already).
+    fi
+    "${run[@]}" "$bindir/pg_ctl" -D "$pdir" -w -t 60 -l "$pdir/server.log" \
+      -o "-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB" start >&2 \
+      || { cat "$pdir/server.log" >&2; return 1; }
+  fi
+  if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$rport"; then
+    if [ ! -s "$rdir/PG_VERSION" ]; then
+      bg_pg_log "making a streaming replica of it in $rdir on port $rport (pg_basebackup)"
+      rm -rf "$rdir" && mkdir -p "$rdir"
+      [ "$(id -u)" -eq 0 ] && chown postgres "$rdir"
+      chmod 700 "$rdir"
+      # A physical slot keeps the WAL the replica has not received (tests
+      # stop and pause it), so it can always catch up.
+      "$bindir/psql" -h 127.0.0.1 -p "$pport" -U postgres -d postgres -qAtc \
+        "SELECT pg_drop_replication_slot('bloomgate_replica') FROM pg_replication_slots WHERE slot_name = 'bloomgate_replica'" >/dev/null
+      "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$rdir" -R -X stream \
+        -C -S bloomgate_replica >&2 || return 1
+    fi
+    "${run[@]}" "$bindir/pg_ctl" -D "$rdir" -w -t 60 -l "$rdir/server.log" \
+      -o "-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on" start >&2 \
+      || { cat "$rdir/server.log" >&2; return 1; }
+  fi
+}
+
+stop_replica_pair() {
+  local bindir run=()
+  bindir=$(bg_pg_bindir)
+  [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
+  for d in "${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}" "${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary}"; do
+    [ -s "$d/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$d" -m fast stop >&2 || true
+  done
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -euo pipefail
   case "${1:-start}" in
     start) ensure_postgres && echo "$PG_BASE_URL" ;;
-    stop) stop_throwaway_postgres ;;
-    *) echo "usage: scripts/pg.sh [start|stop]" >&2; exit 2 ;;
+    replicas) ensure_replica_pair && echo "$BLOOMGATE_TEST_PRIMARY_URL $BLOOMGATE_TEST_REPLICA_URL" ;;
+    stop) stop_replica_pair; stop_throwaway_postgres ;;
+    *) echo "usage: scripts/pg.sh [start|replicas|stop]" >&2; exit 2 ;;
   esac
 fi

@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 ensure_postgres
+# tests/replicas.rs: a throwaway primary with a streaming replica.
+ensure_replica_pair
 # The status-page test drives a headless Chromium.
 if [ -z "${BLOOMGATE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
   echo "test.sh: installing chromium for the status-page test" >&2

@@ -48,6 +48,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::db::replicas::Replicas;
 use crate::feed::{Columns, Commit, Event, Lsn, Op, Phase, RowChange, TableName, Value};
 use crate::key::{self, Key};
 use crate::rebuild::Reason;
@@ -70,11 +71,23 @@ pub struct Route {
 pub struct Applier {
     routes: Vec<Route>,
     applied: watch::Sender<Lsn>,
+    /// Told the LSN of each change before it is applied (read-your-writes
+    /// on replicas; see `db::replicas`).
+    replicas: Option<Arc<Replicas>>,
 }
 
 impl Applier {
     pub fn new(routes: Vec<Route>, applied: watch::Sender<Lsn>) -> Self {
-        Self { routes, applied }
+        Self {
+            routes,
+            applied,
+            replicas: None,
+        }
+    }
+
+    pub fn with_replicas(mut self, replicas: Option<Arc<Replicas>>) -> Self {
+        self.replicas = replicas;
+        self
     }
 
     /// Applies events until every sender is gone (or the task is aborted).
@@ -111,6 +124,19 @@ impl Applier {
     }
 
     async fn commit(&self, c: Commit) {
+        if let Some(reps) = &self.replicas {
+            // Before anything is applied: a load that starts after an
+            // invalidation below must not read a replica behind this commit.
+            match c.lsn {
+                Some(lsn) => reps.note_change(lsn.0),
+                // A notification: the commit happened before it was sent,
+                // so the primary's position now is past it.
+                None => match reps.primary_lsn().await {
+                    Ok(lsn) => reps.note_change(lsn),
+                    Err(_) => reps.note_unknown_change(),
+                },
+            }
+        }
         let from = if c.lsn.is_some() {
             Provenance::Trusted
         } else {

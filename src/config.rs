@@ -210,6 +210,46 @@ pub struct DatabaseConfig {
     /// privilege to create triggers on those tables). Default false:
     /// `bloomgate install-triggers` does it once; the shipped config sets it.
     pub install_triggers: bool,
+    /// How changes committed in Postgres reach the gateway: `"wal"` (logical
+    /// decoding of the write-ahead log through a replication slot: writers
+    /// pay nothing, nobody can forge a change, a permanent `slot` resumes
+    /// without a rebuild; needs `wal_level = logical`, the REPLICATION
+    /// attribute and the publication), `"notify"` (the triggers and
+    /// `LISTEN`), `"off"`, or `"auto"`: `wal` when the server and role allow
+    /// it and the publication covers every resource table (or
+    /// `install_feed` may create it), else `notify`, with one log line
+    /// saying which and why. Default `"auto"`. `listen = false` is `"off"`.
+    pub freshness: Freshness,
+    /// The publication the `wal` feed reads. Default `"bloomgate"`.
+    pub publication: String,
+    /// A permanent replication slot for the `wal` feed, resumed after a
+    /// reconnect or restart without a rebuild (it holds WAL while the gateway
+    /// is away: set `max_slot_wal_keep_size`; an invalidated slot is
+    /// detected, recreated, and every filter rebuilt). Default: a temporary
+    /// slot per connection, dropped by Postgres when the gateway goes.
+    pub slot: Option<String>,
+    /// At start-up with the `wal` feed: create or update the publication
+    /// and remove bloomgate's notification triggers (what `bloomgate
+    /// install-feed` does). Default false.
+    pub install_feed: bool,
+    /// How often the `wal` feed asks the slot for new commits. Default `5ms`.
+    #[serde(with = "humantime_serde")]
+    pub wal_poll_interval: Duration,
+    /// Streaming read replicas of the primary (`url`): row loads and key
+    /// scans go to one that has replayed far enough (read-your-writes by
+    /// LSN; see `db::replicas`), the change feed stays on the primary.
+    /// `BLOOMGATE_DATABASE__REPLICA_URLS='["postgres://…", "postgres://…"]'`.
+    /// Default none.
+    pub replica_urls: Vec<String>,
+    /// A replica further behind the primary than this is not used, and a
+    /// rebuild waits at most this long for one to catch up before it scans
+    /// the primary. Default `1s`.
+    #[serde(with = "humantime_serde")]
+    pub max_replica_lag: Duration,
+    /// How often each replica's health and replay position are read.
+    /// Default `250ms`.
+    #[serde(with = "humantime_serde")]
+    pub replica_check_interval: Duration,
 }
 
 impl Default for DatabaseConfig {
@@ -222,6 +262,14 @@ impl Default for DatabaseConfig {
             migrate: true,
             listen: true,
             install_triggers: false,
+            freshness: Freshness::Auto,
+            publication: "bloomgate".into(),
+            slot: None,
+            install_feed: false,
+            wal_poll_interval: Duration::from_millis(5),
+            replica_urls: Vec::new(),
+            max_replica_lag: Duration::from_secs(1),
+            replica_check_interval: Duration::from_millis(250),
         }
     }
 }
@@ -236,8 +284,33 @@ impl fmt::Debug for DatabaseConfig {
             .field("migrate", &self.migrate)
             .field("listen", &self.listen)
             .field("install_triggers", &self.install_triggers)
+            .field("freshness", &self.freshness)
+            .field("publication", &self.publication)
+            .field("slot", &self.slot)
+            .field("install_feed", &self.install_feed)
+            .field("wal_poll_interval", &self.wal_poll_interval)
+            .field(
+                "replica_urls",
+                &self
+                    .replica_urls
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("max_replica_lag", &self.max_replica_lag)
+            .field("replica_check_interval", &self.replica_check_interval)
             .finish()
     }
+}
+
+/// `database.freshness`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Freshness {
+    Auto,
+    Wal,
+    Notify,
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -628,6 +701,9 @@ impl Config {
     pub fn to_redacted_toml(&self) -> String {
         let mut c = self.clone();
         c.database.url = redact_url(&c.database.url);
+        for u in &mut c.database.replica_urls {
+            *u = redact_url(u);
+        }
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
 
@@ -717,6 +793,21 @@ impl Config {
             return Err(bad(
                 "database.url".into(),
                 "must be a postgres:// or postgresql:// URL".into(),
+            ));
+        }
+        for (i, u) in self.database.replica_urls.iter().enumerate() {
+            if !u.starts_with("postgres://") && !u.starts_with("postgresql://") {
+                return Err(bad(
+                    format!("database.replica_urls[{i}]"),
+                    "must be a postgres:// or postgresql:// URL".into(),
+                ));
+            }
+        }
+        if !self.database.replica_urls.is_empty() && self.database.replica_check_interval.is_zero()
+        {
+            return Err(bad(
+                "database.replica_check_interval".into(),
+                "must be above 0".into(),
             ));
         }
         validate_filter(&self.filter, "filter").map_err(|(k, p)| bad(k, p))?;

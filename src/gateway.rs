@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::apply::{Applied, Applier, Route};
-use crate::config::Config;
+use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
 use crate::feed::{self, Lsn, Watch, WatchedColumn, WatchedTable, notify};
@@ -47,7 +47,29 @@ pub struct Gateway {
     watch: OnceLock<Watch>,
     /// The commit LSN the applier has applied up to (see `apply`).
     applied: Applied,
-    applied_tx: Mutex<Option<watch::Sender<Lsn>>>,
+    applied_tx: watch::Sender<Lsn>,
+    /// The change feed start-up chose (see [`FeedMode`]).
+    feed_mode: OnceLock<FeedMode>,
+    /// The `wal` feed's counters (zero in the other modes).
+    pub wal_stats: Arc<feed::wal::Stats>,
+}
+
+/// The change feed in force: `database.freshness` resolved at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedMode {
+    Wal,
+    Notify,
+    Off,
+}
+
+impl FeedMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FeedMode::Wal => "wal",
+            FeedMode::Notify => "notify",
+            FeedMode::Off => "off",
+        }
+    }
 }
 
 /// Counters that belong to no single resource. The `notify` source's
@@ -118,7 +140,9 @@ impl Gateway {
             started: tokio::sync::Mutex::new(false),
             watch: OnceLock::new(),
             applied,
-            applied_tx: Mutex::new(Some(applied_tx)),
+            applied_tx,
+            feed_mode: OnceLock::new(),
+            wal_stats: Arc::default(),
         })
     }
 
@@ -175,8 +199,19 @@ impl Gateway {
         if self.config.database.migrate {
             self.db.migrate().await?;
         }
+        if let Some(replicas) = self.db.replicas() {
+            // Known before the first scan, which may then run on one.
+            replicas.check().await;
+            let every = self.config.database.replica_check_interval;
+            self.keep(tokio::spawn(replicas.clone().run_checks(every)));
+        }
         let (routes, watch) = self.resolve().await?;
-        if self.config.database.install_triggers {
+        let mode = self.choose_feed(&watch).await?;
+        let _ = self.feed_mode.set(mode);
+        if mode == FeedMode::Wal && self.config.database.install_feed {
+            self.remove_triggers(&watch).await;
+        }
+        if self.config.database.install_triggers && mode == FeedMode::Notify {
             for (table, r) in self.install_triggers_for(&watch).await {
                 match r {
                     Ok(columns) => {
@@ -187,6 +222,9 @@ impl Gateway {
                     }
                 }
             }
+        }
+        if mode == FeedMode::Notify {
+            self.check_triggers(&watch).await;
         }
         {
             let weak = Arc::downgrade(self);
@@ -199,7 +237,7 @@ impl Gateway {
                 }
             }));
         }
-        self.start_feed(routes, &watch).await?;
+        self.start_feed(routes, &watch, mode).await?;
         let _ = self.watch.set(watch);
         for r in &self.resources {
             if !r.config.filter.enabled {
@@ -302,6 +340,53 @@ impl Gateway {
         Ok(self.install_triggers_for(&watch).await)
     }
 
+    /// Warns for every watched table whose notification trigger is missing
+    /// (never installed, or dropped by the migration that removed the first
+    /// version) or does not announce every key column this config needs
+    /// (another config installed it last): its changes would otherwise be
+    /// seen only at rebuilds, silently.
+    async fn check_triggers(&self, watch: &Watch) {
+        for t in &watch.tables {
+            let name = crate::db::triggers::function_name(&t.name);
+            let source: Result<Option<String>, _> = sqlx::query_scalar(
+                "SELECT p.prosrc FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
+                  WHERE g.tgrelid = to_regclass($1) AND g.tgname = $2 AND g.tgenabled <> 'D'",
+            )
+            .bind(catalog::quote_table(&t.name))
+            .bind(&name)
+            .fetch_optional(self.db.pool())
+            .await;
+            let missing: Vec<&str> = match &source {
+                Ok(Some(src)) => t
+                    .columns
+                    .iter()
+                    .map(|c| &*c.name)
+                    .filter(|c| !src.contains(&format!("NEW.{}::text", catalog::quote(c))))
+                    .collect(),
+                Ok(None) => {
+                    tracing::warn!(
+                        table = %t.name,
+                        trigger = %name,
+                        "no notification trigger: changes to this table are seen only at rebuilds; run `bloomgate install-triggers` or set database.install_triggers = true"
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(table = %t.name, error = %e, "cannot check the notification trigger");
+                    continue;
+                }
+            };
+            if !missing.is_empty() {
+                tracing::warn!(
+                    table = %t.name,
+                    trigger = %name,
+                    columns = ?missing,
+                    "the notification trigger does not announce these key columns (installed by another config?): their resources see changes only at rebuilds; run `bloomgate install-triggers`"
+                );
+            }
+        }
+    }
+
     /// One function and trigger pair per watched table, with the key
     /// columns of every resource on it (see `db::triggers`).
     async fn install_triggers_for(
@@ -323,25 +408,52 @@ impl Gateway {
     /// The applier task, and the change feed feeding it, subscribed before
     /// this returns (so before the first scan takes its snapshot: see
     /// `feed::notify`).
-    async fn start_feed(&self, routes: Vec<Route>, watch: &Watch) -> Result<(), StartError> {
-        let Some(applied) = self
-            .applied_tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
-            return Ok(());
-        };
+    async fn start_feed(
+        &self,
+        routes: Vec<Route>,
+        watch: &Watch,
+        mode: FeedMode,
+    ) -> Result<(), StartError> {
+        // A start that failed after this point may be retried: its tasks
+        // were stopped (`stop`) or will be, and new ones start here.
+        let applied = self.applied_tx.clone();
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
-        self.keep(tokio::spawn(Applier::new(routes, applied).run(rx)));
-        if !self.config.database.listen || watch.tables.is_empty() {
+        self.keep(tokio::spawn(
+            Applier::new(routes, applied)
+                .with_replicas(self.db.replicas().cloned())
+                .run(rx),
+        ));
+        if mode == FeedMode::Off {
             return Ok(());
+        }
+        let (ready_tx, ready) = oneshot::channel();
+        if mode == FeedMode::Wal {
+            let opts = feed::wal::Options {
+                connect: (*self.db.pool().connect_options()).clone(),
+                publication: self.config.database.publication.clone(),
+                slot: self.config.database.slot.clone(),
+                poll: self.config.database.wal_poll_interval,
+            };
+            self.keep(tokio::spawn(feed::wal::run(
+                opts,
+                watch.clone(),
+                tx,
+                self.applied.clone(),
+                self.wal_stats.clone(),
+                ready_tx,
+            )));
+            return match ready.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(StartError::Feed(e)),
+                Err(_) => Err(StartError::Feed(
+                    "the WAL feed stopped before its slot existed".into(),
+                )),
+            };
         }
         let opts = notify::Options {
             connect: (*self.db.pool().connect_options()).clone(),
             counters: self.stats.notify.clone(),
         };
-        let (ready_tx, ready) = oneshot::channel();
         self.keep(tokio::spawn(feed::notify::run(
             opts,
             watch.clone(),
@@ -355,6 +467,100 @@ impl Gateway {
                 "the feed stopped before it was subscribed".into(),
             )),
         }
+    }
+
+    /// The change feed in force, once start-up has chosen it.
+    pub fn feed_mode(&self) -> Option<FeedMode> {
+        self.feed_mode.get().copied()
+    }
+
+    /// `database.freshness` resolved (see its doc); one log line says which
+    /// and why.
+    async fn choose_feed(&self, watch: &Watch) -> Result<FeedMode, StartError> {
+        let db = &self.config.database;
+        if !db.listen || db.freshness == Freshness::Off || watch.tables.is_empty() {
+            tracing::info!(
+                freshness = "off",
+                "change feed off: rows change in the gateway only at rebuilds and TTLs"
+            );
+            return Ok(FeedMode::Off);
+        }
+        let pool = self.db.pool();
+        match db.freshness {
+            Freshness::Notify => {
+                tracing::info!(
+                    freshness = "notify",
+                    "change feed: triggers and LISTEN (database.freshness = notify)"
+                );
+                Ok(FeedMode::Notify)
+            }
+            Freshness::Wal => {
+                if db.install_feed {
+                    self.install_publication(watch).await?;
+                }
+                feed::wal::check(pool, watch, &db.publication)
+                    .await
+                    .map_err(StartError::Feed)?;
+                tracing::info!(freshness = "wal", publication = %db.publication, "change feed: logical decoding of the WAL (database.freshness = wal)");
+                Ok(FeedMode::Wal)
+            }
+            Freshness::Auto | Freshness::Off => {
+                let why = match feed::wal::readiness(pool).await {
+                    Ok(r) if r.wal_level != "logical" => {
+                        format!("wal_level is {}, not logical", r.wal_level)
+                    }
+                    Ok(r) if !r.can_replicate => "the role lacks REPLICATION".to_string(),
+                    Ok(_) => {
+                        if db.install_feed {
+                            self.install_publication(watch).await?;
+                        }
+                        match feed::wal::check(pool, watch, &db.publication).await {
+                            Ok(()) => {
+                                tracing::info!(freshness = "wal", publication = %db.publication, "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
+                                return Ok(FeedMode::Wal);
+                            }
+                            Err(e) => e,
+                        }
+                    }
+                    Err(e) => format!("cannot read wal_level: {e}"),
+                };
+                tracing::info!(freshness = "notify", reason = %why, "change feed: triggers and LISTEN (auto: the WAL feed is not possible)");
+                Ok(FeedMode::Notify)
+            }
+        }
+    }
+
+    async fn install_publication(&self, watch: &Watch) -> Result<(), StartError> {
+        feed::wal::install(self.db.pool(), watch, &self.config.database.publication)
+            .await
+            .map_err(|e| StartError::Feed(format!("cannot create the publication: {e}")))?;
+        tracing::info!(publication = %self.config.database.publication, "publication covers every resource table");
+        Ok(())
+    }
+
+    /// Drops bloomgate's notification triggers from every watched table:
+    /// with the WAL feed in force, writers must not pay for them.
+    pub async fn remove_triggers(&self, watch: &Watch) {
+        for t in &watch.tables {
+            let sql = crate::db::triggers::uninstall_sql(&t.name);
+            match sqlx::raw_sql(&sql).execute(self.db.pool()).await {
+                Ok(_) => {
+                    tracing::info!(table = %t.name, "notification triggers removed (WAL feed in force)")
+                }
+                Err(e) => {
+                    tracing::warn!(table = %t.name, error = %e, "cannot remove the notification triggers")
+                }
+            }
+        }
+    }
+
+    /// `bloomgate install-feed`: the publication over every resource table,
+    /// and bloomgate's triggers removed.
+    pub async fn install_feed(&self) -> Result<(), StartError> {
+        let (_, watch) = self.resolve().await?;
+        self.install_publication(&watch).await?;
+        self.remove_triggers(&watch).await;
+        Ok(())
     }
 
     /// Starts each resource's scheduled rebuilds.

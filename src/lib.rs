@@ -30,12 +30,16 @@
 //!   knows nothing of the database.
 //! - [`db`]: the pool, the row query, streaming keys with binary COPY,
 //!   [`db::catalog`]: canonical table names, column types, replica identity,
-//!   and [`db::triggers`]: the notification triggers' SQL.
+//!   [`db::triggers`]: the notification triggers' SQL, and
+//!   [`db::replicas`]: streaming read replicas for loads and scans, used
+//!   only once they have replayed past every applied change (by LSN).
 //! - [`feed`]: change feeds turned into one [`feed::Event`] type; they know
 //!   nothing of the gateway, which applies their events. [`feed::notify`]:
 //!   `LISTEN bloomgate`, fed by the triggers [`db::triggers`] generates (one
 //!   small function per table, its key columns written in); resyncs after
-//!   every reconnect, refuses a hot standby.
+//!   every reconnect, refuses a hot standby. [`feed::wal`]: logical decoding
+//!   of the WAL through a replication slot ([`feed::pgoutput`] decodes it),
+//!   advanced only past what the applier has applied.
 //! - [`apply`]: the gateway's applier: every feed event, in order, to every
 //!   resource on its table, each by its own key column (new keys into the
 //!   filter, stale rows out of the cache, rebuilds on truncate, resync and

@@ -42,6 +42,13 @@ enum Command {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Prepare the WAL change feed: create (or update) the publication
+    /// `database.publication` over every resource table, and remove
+    /// bloomgate's notification triggers (writers stop paying for them).
+    InstallFeed {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
     /// Insert demo rows (idempotent): users 1..=N and M articles.
     Seed {
         #[arg(long, default_value = config::DEFAULT_PATH)]
@@ -100,6 +107,15 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             if failed > 0 {
                 return Err(format!("{failed} table(s) without triggers").into());
             }
+        }
+        Command::InstallFeed { config } => {
+            let config = Config::load(&config)?;
+            let publication = config.database.publication.clone();
+            let gateway = bloomgate::gateway::Gateway::new(config)?;
+            gateway.install_feed().await?;
+            println!(
+                "publication {publication:?} covers every resource table; bloomgate's triggers removed"
+            );
         }
         Command::Seed {
             config,

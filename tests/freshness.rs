@@ -731,3 +731,166 @@ async fn a_partitioned_table_is_fresh_through_its_parent() {
     db.exec("TRUNCATE events").await;
     eventually(&gw, "/events/5", |r| r.status == StatusCode::NOT_FOUND).await;
 }
+
+/// The applier's contract with the feed sources (DESIGN.md): a commit with
+/// an LSN is trusted (raises the high-water mark), its LSN is published once
+/// applied and never goes back; a `Visible` re-delivery only invalidates
+/// (no second count); an unchanged key the source could not carry clears
+/// the cache; an inserted row whose key it could not carry asks for a
+/// rebuild.
+#[tokio::test]
+async fn the_applier_keeps_the_feed_contract() {
+    use bloomgate::apply::{Applier, Route};
+    use bloomgate::feed::{Columns, Commit, Event, Lsn, Op, Phase, RowChange, Value};
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(
+        &db.url,
+        "listen = false\n[filter]\nverify_above_high_water = true",
+    ))
+    .await;
+    let users = gw.resource("users").unwrap().clone();
+    let table: Arc<str> = Arc::from("public.users");
+    let id: Arc<str> = Arc::from("id");
+    let (tx, applied) = tokio::sync::watch::channel(Lsn::ZERO);
+    let applier = Applier::new(
+        vec![Route {
+            table: table.clone(),
+            column: id.clone(),
+            resource: users.clone(),
+        }],
+        tx,
+    );
+    let row = |v: Value| Some(Columns(vec![(id.clone(), v)]));
+    let commit = |lsn: u64, phase, op, new, old| {
+        Event::Commit(Commit {
+            xid: Some(7),
+            lsn: Some(Lsn(lsn)),
+            committed_at: None,
+            phase,
+            changes: vec![RowChange {
+                table: table.clone(),
+                op,
+                new,
+                old,
+            }],
+            truncated: Vec::new(),
+        })
+    };
+    // The row exists (the WAL says so): trusted, so the mark rises at once.
+    insert_user(&db, 5000).await;
+    let text = |s: &str| Value::Text(s.into());
+    applier
+        .apply(commit(
+            100,
+            Phase::Received,
+            Op::Insert,
+            row(text("5000")),
+            None,
+        ))
+        .await;
+    assert!(users.filter_contains(&Key::Int(5000)));
+    assert_eq!(users.high_water(), Some(5000));
+    assert_eq!(*applied.borrow(), Lsn(100));
+    let inserts = users.stats.live_inserts.load(Ordering::Relaxed);
+    applier
+        .apply(commit(
+            100,
+            Phase::Visible,
+            Op::Insert,
+            row(text("5000")),
+            None,
+        ))
+        .await;
+    assert_eq!(
+        users.stats.live_inserts.load(Ordering::Relaxed),
+        inserts,
+        "a Visible re-delivery counted the insert again"
+    );
+    // An older LSN never moves "applied" back.
+    applier
+        .apply(commit(
+            50,
+            Phase::Received,
+            Op::Delete,
+            None,
+            row(text("9")),
+        ))
+        .await;
+    assert_eq!(*applied.borrow(), Lsn(100));
+    assert_eq!(users.stats.deletes.load(Ordering::Relaxed), 1);
+
+    // An update whose unchanged key was not carried: the cache is cleared.
+    assert_eq!(get(&gw, "/users/3").await.status, StatusCode::OK);
+    assert_eq!(
+        get(&gw, "/users/3").await.header("cache-status"),
+        "bloomgate; hit"
+    );
+    applier
+        .apply(commit(
+            200,
+            Phase::Received,
+            Op::Update,
+            row(Value::Unknown),
+            None,
+        ))
+        .await;
+    assert_eq!(
+        get(&gw, "/users/3").await.header("cache-status"),
+        "bloomgate; fwd=miss; stored"
+    );
+    assert_eq!(*applied.borrow(), Lsn(200));
+    // An insert whose key was not carried: only a scan can find it.
+    let gen0 = users.generation();
+    applier
+        .apply(commit(
+            300,
+            Phase::Received,
+            Op::Insert,
+            row(Value::Unknown),
+            None,
+        ))
+        .await;
+    let began = Instant::now();
+    while users.generation() == gen0 {
+        assert!(began.elapsed() < Duration::from_secs(10), "no rebuild");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Start-up says so when a watched table has no notification trigger (the
+/// migration that dropped the first version, `install_triggers` off) or one
+/// that does not announce a key column this config needs.
+#[tokio::test]
+async fn a_missing_or_partial_trigger_is_named_at_start_up() {
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let (logs, _guard) = capture_logs();
+    let gw = started(config(&db.url, "install_triggers = false")).await;
+    let text = logs.text();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("no notification trigger") && l.contains("public.users")),
+        "{text}"
+    );
+    gw.stop();
+    // Installed by a config that serves users by id only...
+    started(config(&db.url, "")).await.stop();
+    // ...then started with users by email too, without installing.
+    let (logs, _guard) = capture_logs();
+    let gw = started(config(
+        &db.url,
+        &format!("install_triggers = false\n{BY_EMAIL}"),
+    ))
+    .await;
+    let text = logs.text();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("does not announce these key columns")
+                && l.contains("email")
+                && !l.contains("no notification trigger")),
+        "{text}"
+    );
+    assert!(!text.contains("no notification trigger"), "{text}");
+    gw.stop();
+}

@@ -13,7 +13,13 @@ use std::time::Duration;
 use bloomgate::feed::{Watch, notify};
 use common::*;
 
+/// Started once per test binary (the tests run in parallel).
 fn standby_url() -> String {
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URL.get_or_init(start_standby).clone()
+}
+
+fn start_standby() -> String {
     let out = std::process::Command::new("scripts/standby.sh")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()

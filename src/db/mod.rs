@@ -7,6 +7,7 @@
 
 pub mod catalog;
 pub mod copy;
+pub mod replicas;
 pub mod triggers;
 
 use std::str::FromStr;
@@ -51,11 +52,12 @@ pub enum DbError {
     Copy(#[from] CopyError),
 }
 
-/// The pool plus counters.
+/// The pool plus counters, and the read replicas if any.
 pub struct Db {
     pool: PgPool,
     queries: AtomicU64,
     errors: AtomicU64,
+    replicas: Option<Arc<replicas::Replicas>>,
 }
 
 /// The SQL for one resource, built from identifiers that config validation
@@ -125,7 +127,11 @@ impl Db {
                 })
             })
             .connect_lazy_with(opts);
-        Ok(Self::from_pool(pool))
+        let replicas = replicas::Replicas::new(cfg, pool.clone())?.map(Arc::new);
+        Ok(Self {
+            replicas,
+            ..Self::from_pool(pool)
+        })
     }
 
     pub fn from_pool(pool: PgPool) -> Self {
@@ -133,7 +139,13 @@ impl Db {
             pool,
             queries: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            replicas: None,
         }
+    }
+
+    /// The read replicas, if `database.replica_urls` names any.
+    pub fn replicas(&self) -> Option<&Arc<replicas::Replicas>> {
+        self.replicas.as_ref()
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -204,6 +216,27 @@ impl Db {
     where
         K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Clone + Send + 'static,
     {
+        // A replica far enough along for this load (see `replicas`); if its
+        // query fails, the primary answers instead.
+        if let Some(reps) = &self.replicas
+            && let Some(replica) = reps.for_load().await
+        {
+            let r = sqlx::query_scalar::<_, String>(sql)
+                .bind(key.clone())
+                .fetch_optional(replica.pool())
+                .await;
+            match r {
+                Ok(row) => {
+                    replica.queries.fetch_add(1, Ordering::Relaxed);
+                    self.queries.fetch_add(1, Ordering::Relaxed);
+                    return Ok(row.map(Bytes::from));
+                }
+                Err(e) => {
+                    tracing::debug!(replica = %replica.name, error = %e, "replica load failed; using the primary");
+                    replica.failed();
+                }
+            }
+        }
         let mut stale = 0;
         loop {
             let r = sqlx::query_scalar::<_, String>(sql)
@@ -249,12 +282,23 @@ impl Db {
         mut add: impl FnMut(&mut S, &[u8]),
     ) -> Result<(S, u64), DbError> {
         self.queries.fetch_add(1, Ordering::Relaxed);
+        // On a replica that has replayed everything applied before this
+        // call (the caller opened its journal first; see `replicas`).
+        let replica = match &self.replicas {
+            Some(reps) => reps.for_scan().await,
+            None => None,
+        };
+        let pool = replica.as_ref().map_or(&self.pool, |r| r.pool());
+        if let Some(r) = &replica {
+            r.queries.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(replica = %r.name, "key scan on a read replica");
+        }
         let r = async {
             let mut scan = ScanConn {
-                conn: Some(self.pool.acquire().await?),
+                conn: Some(pool.acquire().await?),
                 pid: None,
                 state: ScanState::Running,
-                connect: (*self.pool.connect_options()).clone(),
+                connect: (*pool.connect_options()).clone(),
             };
             let r = scan_keys_on(&mut scan, q, start, &mut add).await;
             scan.state = match r {

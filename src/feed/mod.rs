@@ -24,6 +24,8 @@
 //! text to it.
 
 pub mod notify;
+pub mod pgoutput;
+pub mod wal;
 
 use std::fmt;
 use std::sync::Arc;

@@ -342,7 +342,40 @@ pub struct StatsView {
     listener_reconnects: u64,
     shed: u64,
     timeouts: u64,
+    /// The change feed in force: `wal`, `notify` or `off` (`database.freshness`
+    /// resolved at start-up; absent before).
+    freshness: Option<&'static str>,
+    /// The `wal` feed's counters (zero in the other modes).
+    #[schema(value_type = Object)]
+    wal: WalView,
+    /// Each read replica: in use or not, lag, replay position, queries.
+    #[schema(value_type = Vec<Object>)]
+    replicas: Vec<ReplicaView>,
     resources: Vec<ResourceView>,
+}
+
+#[derive(Serialize)]
+struct WalView {
+    commits: u64,
+    inserts: u64,
+    updates: u64,
+    deletes: u64,
+    truncates: u64,
+    reconnects: u64,
+    slot_invalidations: u64,
+    applied_lsn: String,
+    lag_bytes: u64,
+    lag_ms: f64,
+}
+
+#[derive(Serialize)]
+struct ReplicaView {
+    name: String,
+    usable: bool,
+    lag_ms: u64,
+    replay_lsn: String,
+    queries: u64,
+    errors: u64,
 }
 
 /// Counters for the status page.
@@ -364,6 +397,39 @@ async fn stats(State(s): St) -> Response {
         listener_reconnects: l(&gw.stats.listener_reconnects),
         shed: l(&gw.stats.shed),
         timeouts: l(&gw.stats.timeouts),
+        freshness: gw.feed_mode().map(|m| m.as_str()),
+        wal: {
+            let w = &gw.wal_stats;
+            WalView {
+                commits: l(&w.commits),
+                inserts: l(&w.inserts),
+                updates: l(&w.updates),
+                deletes: l(&w.deletes),
+                truncates: l(&w.truncates),
+                reconnects: l(&w.reconnects),
+                slot_invalidations: l(&w.slot_invalidations),
+                applied_lsn: crate::feed::Lsn(l(&w.applied_lsn)).to_string(),
+                lag_bytes: l(&w.lag_bytes),
+                lag_ms: l(&w.lag_us) as f64 / 1000.0,
+            }
+        },
+        replicas: gw
+            .db
+            .replicas()
+            .map(|reps| {
+                reps.members()
+                    .iter()
+                    .map(|r| ReplicaView {
+                        name: r.name.clone(),
+                        usable: r.is_usable(),
+                        lag_ms: r.lag().as_millis() as u64,
+                        replay_lsn: crate::feed::Lsn(r.replay_lsn()).to_string(),
+                        queries: l(&r.queries),
+                        errors: l(&r.errors),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         resources: gw.resources.iter().map(|r| view(r)).collect(),
     };
     json(StatusCode::OK, &body)

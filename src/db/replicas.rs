@@ -1,0 +1,333 @@
+//! Streaming read replicas (`database.replica_urls`): row loads and key
+//! scans go to a replica that is up, within `max_replica_lag` of the
+//! primary and far enough along, and to the primary otherwise. The change
+//! feed stays on the primary.
+//!
+//! # Read-your-writes by LSN
+//! A replica replays the primary's WAL behind it. A replica that has not
+//! replayed a change can return the old row, or no row, for its key; served
+//! after the gateway applied that change, either breaks the promise (a stale
+//! row; a 404 for a row that exists). So the gateway keeps one number, the
+//! *required LSN*: a position in the primary's WAL at or past the commit of
+//! every change it has applied. The applier raises it **before** it applies
+//! a change (the WAL feed knows the commit's end LSN; for a `NOTIFY` the
+//! applier reads `pg_current_wal_lsn()` on the primary, which is past the
+//! commit, as the commit had happened when the notification was sent).
+//!
+//! - **Loads.** A load goes to a replica only if the replica's replay
+//!   position is at or past the required LSN read when the load starts.
+//!   Every change applied before that moment has its commit at or below it,
+//!   so the replica sees the row as the primary does after the change (new
+//!   row, no row, updated row). A change applied *during* the load
+//!   invalidates the key, and the cache discards what that load stores
+//!   (`cache`'s per-load marks): a negative entry is never created from a
+//!   replica that is behind the change that created the row. A replica that
+//!   is behind is asked once for its current position before the primary is
+//!   used (the bounded wait: one round trip).
+//! - **Scans.** A rebuild opens its journal, then scans. Everything applied
+//!   before the journal opened committed before it, so at or below the
+//!   primary's `pg_current_wal_lsn()` read after the journal opened; the
+//!   scan waits (up to `max_replica_lag`) for a replica to replay that far,
+//!   and reads its snapshot there. Changes after the journal opened are
+//!   journaled and replayed into the new filter; changes in both are applied
+//!   twice, which is idempotent. A scan that cannot find such a replica in
+//!   time runs on the primary.
+//!
+//! The required LSN only rises, so a replica's cached replay position (which
+//! only rises too) that satisfies it once satisfies it for good; a stale
+//! health reading can only send a load to the primary, never to a replica
+//! that is behind.
+//!
+//! # Health
+//! A background task reads, every `replica_check_interval`, the primary's
+//! WAL position and each replica's `pg_is_in_recovery()` and replay
+//! position. A replica is used while it answers, is in recovery, and its
+//! lag (time since the primary first wrote WAL the replica has not
+//! replayed) is within `max_replica_lag`. A query that fails on a replica
+//! marks it down until the next check and is retried on the primary.
+
+use std::collections::VecDeque;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use crate::config::DatabaseConfig;
+
+/// One replica: its pool, its state as last checked, its counters.
+pub struct Replica {
+    /// `host:port`, for logs and metrics (never the URL: it may hold a
+    /// password).
+    pub name: String,
+    pool: PgPool,
+    /// Replay position (LSN as a number) at the last check or refresh.
+    replay: AtomicU64,
+    /// Up, in recovery and within `max_replica_lag` at the last check.
+    usable: AtomicBool,
+    /// Lag at the last check, in milliseconds.
+    lag_ms: AtomicU64,
+    pub queries: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl Replica {
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn is_usable(&self) -> bool {
+        self.usable.load(Ordering::Relaxed)
+    }
+
+    pub fn lag(&self) -> Duration {
+        Duration::from_millis(self.lag_ms.load(Ordering::Relaxed))
+    }
+
+    pub fn replay_lsn(&self) -> u64 {
+        self.replay.load(Ordering::Relaxed)
+    }
+
+    /// A query failed here: not used again until a check says it is back.
+    pub fn failed(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.usable.store(false, Ordering::Relaxed);
+    }
+
+    /// Reads the replay position now; returns it.
+    async fn refresh(&self) -> Result<u64, sqlx::Error> {
+        let lsn: i64 = sqlx::query_scalar(REPLAY_LSN).fetch_one(&self.pool).await?;
+        let lsn = u64::try_from(lsn).unwrap_or(0);
+        self.replay.fetch_max(lsn, Ordering::Relaxed);
+        Ok(lsn)
+    }
+}
+
+const REPLAY_LSN: &str = "SELECT (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8";
+const PRIMARY_LSN: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8";
+
+pub struct Replicas {
+    members: Vec<Arc<Replica>>,
+    next: AtomicUsize,
+    max_lag: Duration,
+    /// See the module doc.
+    required: AtomicU64,
+    /// Changes applied whose LSN could not be read (the primary did not
+    /// answer): until a check reads the primary's position after them,
+    /// every read goes to the primary.
+    unknown: AtomicU64,
+    primary: PgPool,
+    /// The primary's WAL position at recent checks, oldest first, for lag.
+    history: Mutex<VecDeque<(Instant, u64)>>,
+}
+
+impl Replicas {
+    /// `None` when no replica is configured.
+    pub fn new(cfg: &DatabaseConfig, primary: PgPool) -> Result<Option<Self>, sqlx::Error> {
+        if cfg.replica_urls.is_empty() {
+            return Ok(None);
+        }
+        let timeout_ms = cfg.statement_timeout.as_millis().to_string();
+        let mut members = Vec::new();
+        for url in &cfg.replica_urls {
+            let opts = PgConnectOptions::from_str(url)?
+                .application_name("bloomgate")
+                .options([("statement_timeout", timeout_ms.as_str())]);
+            let name = format!("{}:{}", opts.get_host(), opts.get_port());
+            let pool = PgPoolOptions::new()
+                .max_connections(cfg.pool_size)
+                // A replica that does not answer quickly is skipped for the
+                // primary, not waited on for the request's whole budget.
+                .acquire_timeout(cfg.acquire_timeout.min(Duration::from_millis(500)))
+                .connect_lazy_with(opts);
+            members.push(Arc::new(Replica {
+                name,
+                pool,
+                replay: AtomicU64::new(0),
+                usable: AtomicBool::new(false),
+                lag_ms: AtomicU64::new(0),
+                queries: AtomicU64::new(0),
+                errors: AtomicU64::new(0),
+            }));
+        }
+        Ok(Some(Self {
+            members,
+            next: AtomicUsize::new(0),
+            max_lag: cfg.max_replica_lag,
+            required: AtomicU64::new(0),
+            unknown: AtomicU64::new(0),
+            primary,
+            history: Mutex::new(VecDeque::new()),
+        }))
+    }
+
+    pub fn members(&self) -> &[Arc<Replica>] {
+        &self.members
+    }
+
+    /// Raises the required LSN (see the module doc); call before applying a
+    /// change committed at or below `lsn`.
+    pub fn note_change(&self, lsn: u64) {
+        self.required.fetch_max(lsn, Ordering::SeqCst);
+    }
+
+    /// A change is about to be applied whose LSN is not known.
+    pub fn note_unknown_change(&self) {
+        self.unknown.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn required(&self) -> u64 {
+        self.required.load(Ordering::SeqCst)
+    }
+
+    /// The primary's current WAL position.
+    pub async fn primary_lsn(&self) -> Result<u64, sqlx::Error> {
+        let lsn: i64 = sqlx::query_scalar(PRIMARY_LSN)
+            .fetch_one(&self.primary)
+            .await?;
+        Ok(u64::try_from(lsn).unwrap_or(0))
+    }
+
+    /// A usable replica that has replayed at least `required`, round robin.
+    fn pick_cached(&self, required: u64) -> Option<&Arc<Replica>> {
+        let n = self.members.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|i| &self.members[(start + i) % n])
+            .find(|r| r.is_usable() && r.replay_lsn() >= required)
+    }
+
+    /// Where a row load for a key goes: a replica that is far enough along
+    /// (asking a lagging one once for its position), or `None` (the
+    /// primary).
+    pub async fn for_load(&self) -> Option<Arc<Replica>> {
+        if self.unknown.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let required = self.required();
+        if let Some(r) = self.pick_cached(required) {
+            return Some(r.clone());
+        }
+        let behind = self
+            .members
+            .iter()
+            .find(|r| r.is_usable() && r.replay_lsn() < required)?;
+        match behind.refresh().await {
+            Ok(lsn) if lsn >= required => Some(behind.clone()),
+            Ok(_) => None,
+            Err(_) => {
+                behind.failed();
+                None
+            }
+        }
+    }
+
+    /// Where a key scan goes: a replica that has replayed past everything
+    /// applied so far (see the module doc), waiting up to `max_replica_lag`
+    /// for one, or `None` (the primary).
+    pub async fn for_scan(&self) -> Option<Arc<Replica>> {
+        // Read after the journal opened: past every change applied before.
+        let Ok(primary) = self.primary_lsn().await else {
+            return None;
+        };
+        if self.unknown.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        let required = primary.max(self.required());
+        let deadline = Instant::now() + self.max_lag;
+        loop {
+            if let Some(r) = self.pick_cached(required) {
+                return Some(r.clone());
+            }
+            for r in self.members.iter().filter(|r| r.is_usable()) {
+                match r.refresh().await {
+                    Ok(lsn) if lsn >= required => return Some(r.clone()),
+                    Ok(_) => {}
+                    Err(_) => r.failed(),
+                }
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Reads the primary's position and every replica's state once.
+    pub async fn check(&self) {
+        let now = Instant::now();
+        let unknown = self.unknown.load(Ordering::SeqCst);
+        if let Ok(lsn) = self.primary_lsn().await {
+            if unknown != 0 {
+                // Those changes committed before this read: past them now.
+                self.note_change(lsn);
+                let _ =
+                    self.unknown
+                        .compare_exchange(unknown, 0, Ordering::SeqCst, Ordering::SeqCst);
+            }
+            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            if h.back().is_none_or(|&(_, last)| lsn > last) {
+                h.push_back((now, lsn));
+            }
+            // Enough history to tell a lag beyond the limit.
+            while h.len() > 2
+                && h.get(1)
+                    .is_some_and(|&(t, _)| now.duration_since(t) > self.max_lag * 4)
+            {
+                h.pop_front();
+            }
+        }
+        for r in &self.members {
+            let state: Result<(bool, i64), sqlx::Error> = sqlx::query_as(
+                "SELECT pg_is_in_recovery(), \
+                 (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8",
+            )
+            .fetch_one(&r.pool)
+            .await;
+            let usable = match state {
+                Ok((in_recovery, replay)) => {
+                    let replay = u64::try_from(replay).unwrap_or(0);
+                    r.replay.fetch_max(replay, Ordering::Relaxed);
+                    let lag = self.lag_of(r.replay_lsn(), now);
+                    r.lag_ms.store(
+                        lag.as_millis().try_into().unwrap_or(u64::MAX),
+                        Ordering::Relaxed,
+                    );
+                    // A replica promoted to primary is a different server:
+                    // its positions are not the primary's.
+                    in_recovery && lag <= self.max_lag
+                }
+                Err(_) => false,
+            };
+            if usable != r.is_usable() {
+                if usable {
+                    tracing::info!(replica = %r.name, "read replica in use");
+                } else {
+                    tracing::warn!(replica = %r.name, "read replica down, in no recovery, or lagging: using the primary");
+                }
+            }
+            r.usable.store(usable, Ordering::Relaxed);
+        }
+    }
+
+    /// How long ago the primary first had WAL past `replay`: zero if the
+    /// replica has everything the primary had at the last check.
+    fn lag_of(&self, replay: u64, now: Instant) -> Duration {
+        let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        h.iter()
+            .find(|&&(_, lsn)| lsn > replay)
+            .map_or(Duration::ZERO, |&(t, _)| now.duration_since(t))
+    }
+
+    /// Checks until aborted.
+    pub async fn run_checks(self: Arc<Self>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.check().await;
+        }
+    }
+}

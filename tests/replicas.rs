@@ -1,0 +1,303 @@
+//! Read replicas against a real primary and a real streaming replica
+//! (`scripts/pg.sh replicas`: made with `pg_basebackup`, started from the
+//! local binaries by `scripts/test.sh`): scans and loads go to the replica,
+//! never a 404 or a stale row while it lags, the primary when it is down.
+//!
+//! The tests share one replica (one stops it): they run one at a time.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use bloomgate::gateway::Gateway;
+use common::*;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, PgPool};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn pair() -> (String, String) {
+    let p = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
+        .expect("run with scripts/test.sh, which starts a primary and a streaming replica");
+    let r = std::env::var("BLOOMGATE_TEST_REPLICA_URL").unwrap();
+    (p, r)
+}
+
+/// A database on the primary (migrated, `n` users), once the replica has
+/// it too; the gateway's config pointing at both.
+async fn setup(n: i64) -> (TestDb, PgPool, String) {
+    setup_lag(n, "2s").await
+}
+
+async fn setup_lag(n: i64, max_lag: &str) -> (TestDb, PgPool, String) {
+    let (primary, replica) = pair();
+    // Every test in this binary uses the primary: TestDb creates (and
+    // drops) its database there.
+    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", format!("{primary}/postgres")) };
+    let db = TestDb::new().await;
+    db.seed_users(n).await;
+    let replica_db = format!("{replica}/{}", db.name);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pool = loop {
+        if let Ok(pool) = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&replica_db)
+            .await
+        {
+            let count: Result<i64, _> = sqlx::query_scalar("SELECT count(*) FROM users")
+                .fetch_one(&pool)
+                .await;
+            if count.is_ok_and(|c| c == n) {
+                break pool;
+            }
+        }
+        assert!(Instant::now() < deadline, "the replica never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let extra = format!(
+        "install_triggers = true\nreplica_urls = [\"{replica_db}\"]\n\
+         max_replica_lag = \"{max_lag}\"\nreplica_check_interval = \"50ms\"\n"
+    );
+    (db, pool, extra)
+}
+
+async fn seq_scans(pool: &PgPool) -> i64 {
+    // Statistics reach the views up to a second after the scan.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    sqlx::query_scalar(
+        "SELECT coalesce(seq_scan, 0) FROM pg_stat_user_tables WHERE relname = 'users'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+fn replica_queries(gw: &Gateway) -> u64 {
+    gw.db.replicas().unwrap().members()[0]
+        .queries
+        .load(Ordering::Relaxed)
+}
+
+async fn started_with(db: &TestDb, extra: &str) -> Arc<Gateway> {
+    started(config(&db.url, extra)).await
+}
+
+#[tokio::test]
+async fn scans_and_loads_run_on_the_replica() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, replica, extra) = setup(500).await;
+    let (p0, r0) = (seq_scans(&db.pool).await, seq_scans(&replica).await);
+    let gw = started_with(&db, &extra).await;
+    let users = gw.resource("users").unwrap();
+    users.rebuild(true).await.unwrap();
+    let before = replica_queries(&gw);
+    for id in 1..=20 {
+        assert_eq!(
+            get(&gw, &format!("/users/{id}")).await.status,
+            StatusCode::OK
+        );
+    }
+    assert_eq!(
+        replica_queries(&gw) - before,
+        20,
+        "every load on the replica"
+    );
+    let (p1, r1) = (seq_scans(&db.pool).await, seq_scans(&replica).await);
+    assert_eq!(p1 - p0, 0, "a key scan ran on the primary");
+    // Start-up's scan of users and the forced rebuild.
+    assert!(r1 - r0 >= 2, "replica seq scans {r0} -> {r1}");
+    gw.stop();
+}
+
+/// Replay paused on the replica while 4 writers insert 20,000 rows and one
+/// row is updated: every inserted key answers 200 through both gateways
+/// once they have the change (the load goes to the primary, as the replica
+/// is behind it), and the update is never answered with the old row after
+/// a gateway applied it. Without the LSN check the replica's "no such row"
+/// would be cached and answered 404.
+#[tokio::test]
+async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    // A lag limit the pause stays far within: only the LSN check keeps
+    // loads off the replica.
+    let (db, replica, extra) = setup_lag(100, "600s").await;
+    let gw = started_with(&db, &extra).await;
+    let gw2 = started_with(&db, &extra).await;
+    let _ = get(&gw, "/users/7").await;
+    let _ = get(&gw2, "/users/7").await;
+    replica
+        .execute("SELECT pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    let resume = Resume;
+
+    let mut writers = Vec::new();
+    for w in 0..4i64 {
+        let pool = db.pool.clone();
+        writers.push(tokio::spawn(async move {
+            for batch in 0..50i64 {
+                let from = 1000 + w * 5000 + batch * 100;
+                sqlx::query(
+                    "INSERT INTO users (id, email, name) SELECT g, 'n' || g || '@example.com', 'New ' || g \
+                     FROM generate_series($1::bigint, $1::bigint + 99) g",
+                )
+                .bind(from)
+                .execute(&pool)
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    db.exec("UPDATE users SET name = 'Renamed' WHERE id = 7")
+        .await;
+    // The gateway applies the notifications within milliseconds; wait for
+    // the last of them, then ask for every key.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&gw, "/users/20999").await.status != StatusCode::OK
+        || get(&gw2, "/users/20999").await.status != StatusCode::OK
+        || get(&gw, "/users/7").await.json()["name"] != "Renamed"
+        || get(&gw2, "/users/7").await.json()["name"] != "Renamed"
+    {
+        assert!(Instant::now() < deadline, "notifications never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lagging: bool = sqlx::query_scalar("SELECT pg_is_wal_replay_paused()")
+        .fetch_one(&replica)
+        .await
+        .unwrap();
+    assert!(
+        lagging,
+        "the replica must still be behind for this test to mean anything"
+    );
+    for id in 1000..21000 {
+        for g in [&gw, &gw2] {
+            let r = get(g, &format!("/users/{id}")).await;
+            assert_eq!(r.status, StatusCode::OK, "/users/{id}: {:?}", r.body);
+        }
+    }
+    for _ in 0..20 {
+        assert_eq!(get(&gw, "/users/7").await.json()["name"], "Renamed");
+        assert_eq!(get(&gw2, "/users/7").await.json()["name"], "Renamed");
+    }
+    gw2.stop();
+    replica
+        .execute("SELECT pg_wal_replay_resume()")
+        .await
+        .unwrap();
+    drop(resume);
+    // Caught up again: loads return to the replica.
+    let before = replica_queries(&gw);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut id = 20;
+    while replica_queries(&gw) == before {
+        assert!(
+            Instant::now() < deadline,
+            "loads never returned to the replica"
+        );
+        let _ = get(&gw, &format!("/users/{id}")).await;
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop();
+}
+
+/// Resumes replay when dropped, even if the test fails (over its own
+/// connection: the test's pools belong to the test's runtime).
+struct Resume;
+impl Drop for Resume {
+    fn drop(&mut self) {
+        let (_, replica) = pair();
+        let _ = std::process::Command::new("psql")
+            .args([
+                &format!("{replica}/postgres"),
+                "-qAtc",
+                "SELECT pg_wal_replay_resume()",
+            ])
+            .status();
+    }
+}
+
+fn pg_ctl(action: &str) {
+    let dir = std::env::var("BLOOMGATE_REPLICA_DIR")
+        .unwrap_or_else(|_| "/tmp/bloomgate-pg-replica".into());
+    if action == "start" {
+        let ok = std::process::Command::new("bash")
+            .args(["-c", ". scripts/pg.sh && ensure_replica_pair"])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cannot restart the replica");
+        return;
+    }
+    let bindir = std::process::Command::new("bash")
+        .args(["-c", ". scripts/pg.sh && bg_pg_bindir"])
+        .output()
+        .unwrap();
+    let bindir = String::from_utf8(bindir.stdout).unwrap().trim().to_string();
+    let uid = std::process::Command::new("id").arg("-u").output().unwrap();
+    let mut cmd = if String::from_utf8_lossy(&uid.stdout).trim() == "0" {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--"]);
+        c.arg(format!("{bindir}/pg_ctl"));
+        c
+    } else {
+        std::process::Command::new(format!("{bindir}/pg_ctl"))
+    };
+    let ok = cmd
+        .args(["-D", &dir, "-m", "fast", "-w", action])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "pg_ctl {action} failed");
+}
+
+#[tokio::test]
+async fn a_stopped_replica_falls_back_to_the_primary_and_is_used_again() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, _replica, extra) = setup(300).await;
+    let gw = started_with(&db, &extra).await;
+    assert_eq!(get(&gw, "/users/1").await.status, StatusCode::OK);
+    assert!(replica_queries(&gw) >= 1);
+    pg_ctl("stop");
+    let restart = Restart;
+    for id in 2..=100 {
+        let r = get(&gw, &format!("/users/{id}")).await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "/users/{id} with the replica down: {:?}",
+            r.body
+        );
+    }
+    drop(restart);
+    let before = replica_queries(&gw);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut id = 101;
+    while replica_queries(&gw) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted replica was never used again"
+        );
+        assert_eq!(
+            get(&gw, &format!("/users/{id}")).await.status,
+            StatusCode::OK
+        );
+        id += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    gw.stop();
+}
+
+/// Starts the replica again when dropped, even if the test fails.
+struct Restart;
+impl Drop for Restart {
+    fn drop(&mut self) {
+        pg_ctl("start");
+    }
+}

@@ -1,0 +1,260 @@
+//! The `wal` change feed against a real server with `wal_level = logical`
+//! (the throwaway primary of `scripts/pg.sh replicas`, started by
+//! `scripts/test.sh`; the server on :5432 is never reconfigured).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use bloomgate::gateway::{FeedMode, Gateway};
+use common::*;
+
+/// Tests that kill the feed's backend must not kill another test's.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn logical_db(n: i64) -> TestDb {
+    let primary = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
+        .expect("run with scripts/test.sh, which starts a server with wal_level = logical");
+    // TestDb creates (and drops) its database on the logical server.
+    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", format!("{primary}/postgres")) };
+    let db = TestDb::new().await;
+    db.seed_users(n).await;
+    db
+}
+
+const BY_EMAIL: &str = r#"
+[[resource]]
+name = "users_by_email"
+route = "/users-by-email/{email}"
+table = "users"
+key_column = "email"
+key_type = "text"
+columns = ["id", "email", "name"]
+"#;
+
+fn wal_config(db: &TestDb, extra: &str) -> bloomgate::config::Config {
+    config(
+        &db.url,
+        &format!("freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"2ms\"\n{extra}"),
+    )
+}
+
+/// Polls until `f` holds (the feed applies within milliseconds; the
+/// deadline only bounds a failing test).
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
+    get(gw, path).await.status
+}
+
+#[tokio::test]
+async fn the_wal_feed_keeps_two_resources_on_one_table_fresh() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(10).await;
+    // The email route needs the old email on UPDATE and DELETE.
+    db.exec("ALTER TABLE users REPLICA IDENTITY FULL").await;
+    let gw = started(wal_config(&db, BY_EMAIL)).await;
+    assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    let triggers: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'users'::regclass AND NOT tgisinternal",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(triggers, 0, "writers must not pay for triggers in wal mode");
+
+    db.exec("INSERT INTO users (id, email, name) VALUES (500, 'five@x.org', 'Five')")
+        .await;
+    eventually("insert servable on both routes", || async {
+        status(&gw, "/users/500").await == StatusCode::OK
+            && status(&gw, "/users-by-email/five@x.org").await == StatusCode::OK
+    })
+    .await;
+    db.exec("UPDATE users SET email = 'cinq@x.org' WHERE id = 500")
+        .await;
+    eventually("update of the key column on both routes", || async {
+        get(&gw, "/users/500").await.json()["email"] == "cinq@x.org"
+            && status(&gw, "/users-by-email/cinq@x.org").await == StatusCode::OK
+            && status(&gw, "/users-by-email/five@x.org").await == StatusCode::NOT_FOUND
+    })
+    .await;
+    db.exec("DELETE FROM users WHERE id = 500").await;
+    eventually("delete on both routes", || async {
+        status(&gw, "/users/500").await == StatusCode::NOT_FOUND
+            && status(&gw, "/users-by-email/cinq@x.org").await == StatusCode::NOT_FOUND
+    })
+    .await;
+
+    // A rolled-back transaction has no effect; a forged NOTIFY neither.
+    db.exec(
+        "BEGIN; INSERT INTO users (id, email, name) VALUES (600, 'six@x.org', 'Six'); ROLLBACK",
+    )
+    .await;
+    db.exec(r#"NOTIFY bloomgate, '{"t":"public.users","op":"INSERT","k":{"id":"777"}}'"#)
+        .await;
+    // A later commit has been applied, so anything before it was too.
+    db.exec("INSERT INTO users (id, email, name) VALUES (501, 'x@x.org', 'X')")
+        .await;
+    eventually("the later insert", || async {
+        status(&gw, "/users/501").await == StatusCode::OK
+    })
+    .await;
+    for path in ["/users/600", "/users/777"] {
+        let r = get(&gw, path).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            r.header("cache-status"),
+            "bloomgate; detail=filter-absent",
+            "{path}"
+        );
+    }
+    assert!(gw.wal_stats.commits.load(Ordering::Relaxed) >= 4);
+    gw.stop();
+}
+
+#[tokio::test]
+async fn a_big_transaction_and_a_truncate() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(10).await;
+    let gw = started(wal_config(&db, "")).await;
+    db.exec(
+        "INSERT INTO users (id, email, name) SELECT g, 'b' || g || '@x.org', 'B' \
+         FROM generate_series(1000, 100999) g",
+    )
+    .await;
+    eventually("the last row of a 100,000-row transaction", || async {
+        status(&gw, "/users/100999").await == StatusCode::OK
+    })
+    .await;
+    for id in (1000..=100_999).step_by(997) {
+        assert_eq!(
+            status(&gw, &format!("/users/{id}")).await,
+            StatusCode::OK,
+            "{id}"
+        );
+    }
+    let _ = get(&gw, "/users/5").await;
+    assert_eq!(
+        get(&gw, "/users/5").await.header("cache-status"),
+        "bloomgate; hit"
+    );
+    db.exec("TRUNCATE users CASCADE").await;
+    // The cache is cleared at once (the rebuild that follows is refused by
+    // the shrink guard, which keeps every key it had: no false negative).
+    eventually("a cleared cache after TRUNCATE", || async {
+        status(&gw, "/users/5").await == StatusCode::NOT_FOUND
+    })
+    .await;
+    gw.stop();
+}
+
+/// The feed's backend killed while rows are inserted: no key is lost. With
+/// a temporary slot the reconnect resyncs (a rebuild); with a permanent one
+/// it resumes where it was, without a rebuild.
+#[tokio::test]
+async fn a_killed_feed_loses_nothing_and_a_permanent_slot_resumes_without_a_rebuild() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    for permanent in [false, true] {
+        let db = logical_db(10).await;
+        let slot = format!("bg_test_{}", db.name.rsplit('_').next().unwrap());
+        let extra = if permanent {
+            format!("slot = \"{slot}\"\n")
+        } else {
+            String::new()
+        };
+        let gw = started(wal_config(&db, &extra)).await;
+        let users = gw.resource("users").unwrap();
+        let rebuilds = users.stats.rebuilds.load(Ordering::Relaxed);
+        for batch in 0..10i64 {
+            db.exec(&format!(
+                "INSERT INTO users (id, email, name) SELECT g, 'k' || g || '@x.org', 'K' \
+                 FROM generate_series({}, {}) g",
+                2000 + batch * 100,
+                2099 + batch * 100
+            ))
+            .await;
+            if batch == 4 {
+                db.exec(&format!(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = '{}' AND application_name = 'bloomgate-wal-feed'",
+                    db.name
+                ))
+                .await;
+            }
+        }
+        eventually("every key after the kill", || async {
+            status(&gw, "/users/2999").await == StatusCode::OK
+        })
+        .await;
+        for id in 2000..3000 {
+            assert_eq!(
+                status(&gw, &format!("/users/{id}")).await,
+                StatusCode::OK,
+                "{id} ({permanent})"
+            );
+        }
+        assert!(
+            gw.wal_stats.reconnects.load(Ordering::Relaxed) >= 1,
+            "the kill did not land"
+        );
+        let after = users.stats.rebuilds.load(Ordering::Relaxed);
+        if permanent {
+            assert_eq!(
+                after, rebuilds,
+                "a permanent slot resumes without a rebuild"
+            );
+        } else {
+            eventually("a resync after a temporary slot was lost", || async {
+                users.stats.rebuilds.load(Ordering::Relaxed) > rebuilds
+            })
+            .await;
+        }
+        gw.stop();
+        if permanent {
+            // Not held by anyone now: drop it, or it keeps WAL.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(&slot)
+                .execute(&db.pool)
+                .await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(3).await;
+    let gw = started(config(&db.url, "install_feed = true\n")).await;
+    assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    gw.stop();
+    // Without the publication and not allowed to make it: notify.
+    let db = logical_db(3).await;
+    let gw = started(config(&db.url, "publication = \"nope\"\n")).await;
+    assert_eq!(gw.feed_mode(), Some(FeedMode::Notify));
+    gw.stop();
+    // Asked for explicitly without what it needs: a start-up error naming
+    // the fix.
+    let err = gateway(config(
+        &db.url,
+        "freshness = \"wal\"\npublication = \"nope\"\n",
+    ))
+    .start()
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("install-feed"), "{err}");
+}
