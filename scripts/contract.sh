@@ -3,6 +3,7 @@
 #   - Schemathesis (every check, its default) on the public document and,
 #     with the token, on the admin one: zero failures;
 #   - REDbot on a 200 (with its own If-None-Match revalidation: the 304), a
+#     200 large enough to be compressed (with REDbot's gzip negotiation), a
 #     filtered 404, a negative 404 and a 503: no note of level BAD or WARN.
 # Both tools are pinned and installed with pip into a virtualenv under
 # target/; their reports go to target/test-artifacts/. Everything runs on
@@ -48,6 +49,10 @@ token="contract-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
 export DATABASE_URL="$PG_BASE_URL/$db"
 $bin migrate >&2
 $bin seed --users 500 --articles 100 >&2
+# One row large enough to be stored compressed (cache.compress_min_bytes):
+# REDbot checks its gzip negotiation, Vary and per-coding ETag too.
+article=$(psql "$DATABASE_URL" -Atqc "UPDATE articles SET body = repeat('All work and no play. ', 100)
+  WHERE id = md5('article-1')::uuid RETURNING id")
 BLOOMGATE_ADMIN_TOKEN=$token BLOOMGATE_SERVER__LISTEN=127.0.0.1:$public \
   BLOOMGATE_ADMIN__LISTEN=127.0.0.1:$admin $bin serve >"$art/contract-gateway.log" 2>&1 &
 pids+=($!)
@@ -104,6 +109,9 @@ PY
 }
 log "redbot"
 redbot_check row "http://127.0.0.1:$public/users/42" 200
+redbot_check compressed "http://127.0.0.1:$public/articles/$article" 200
+grep -q "Content negotiation for gzip compression is supported" "$art/redbot-compressed.txt" \
+  || { log "redbot: the large row was not served gzip-compressed on request"; fail=1; }
 redbot_check filtered "http://127.0.0.1:$public/users/987654321" 404
 redbot_check negative "http://127.0.0.1:$public/users/321" 404
 redbot_check unavailable "http://127.0.0.1:$down/users/1" 503

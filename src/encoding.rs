@@ -156,16 +156,22 @@ pub fn negotiate<'a>(
                 // A malformed weight: ignore the item rather than guess.
                 continue;
             };
-            let slot = match name.to_ascii_lowercase().as_str() {
-                "identity" => 0,
-                "gzip" | "x-gzip" => 1,
-                "br" => 2,
-                "zstd" => 3,
-                "*" => {
-                    star = Some(quality);
-                    continue;
-                }
-                _ => continue,
+            // Compared in place: lowercasing a copy would allocate on every
+            // hit of a compressed row.
+            let is = |token: &str| name.eq_ignore_ascii_case(token);
+            let slot = if is("identity") {
+                0
+            } else if is("gzip") || is("x-gzip") {
+                1
+            } else if is("br") {
+                2
+            } else if is("zstd") {
+                3
+            } else if name == "*" {
+                star = Some(quality);
+                continue;
+            } else {
+                continue;
             };
             q[slot] = Some(q[slot].map_or(quality, |old| old.max(quality)));
         }
