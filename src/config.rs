@@ -239,7 +239,9 @@ pub struct DatabaseConfig {
     /// scans go to one that has replayed far enough (read-your-writes by
     /// LSN; see `db::replicas`), the change feed stays on the primary.
     /// `BLOOMGATE_DATABASE__REPLICA_URLS='["postgres://…", "postgres://…"]'`.
+    /// A plain comma-separated list is taken too (`postgres://a/db,postgres://b/db`).
     /// Default none.
+    #[serde(deserialize_with = "url_list")]
     pub replica_urls: Vec<String>,
     /// A replica further behind the primary than this is not used, and a
     /// rebuild waits at most this long for one to catch up before it scans
@@ -250,6 +252,27 @@ pub struct DatabaseConfig {
     /// Default `250ms`.
     #[serde(with = "humantime_serde")]
     pub replica_check_interval: Duration,
+}
+
+/// A list of URLs, or one text of comma-separated URLs: what an
+/// environment variable holding plain text gives (`postgres://h/db` alone is
+/// not a TOML array).
+fn url_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        Many(Vec<String>),
+        One(String),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::Many(v) => v,
+        OneOrMany::One(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(String::from)
+            .collect(),
+    })
 }
 
 impl Default for DatabaseConfig {
@@ -1183,6 +1206,31 @@ pub fn redact_url(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// `BLOOMGATE_DATABASE__REPLICA_URLS` as a TOML array, as one URL and as
+    /// comma-separated URLs: figment's environment provider hands the
+    /// latter two over as plain strings.
+    #[test]
+    fn replica_urls_from_the_environment_take_an_array_or_plain_text() {
+        use figment::providers::Env;
+        let both = ["postgres://u:p@a:5432/db", "postgres://b/db"];
+        for (text, want) in [
+            (format!("[\"{}\", \"{}\"]", both[0], both[1]), &both[..]),
+            (format!("{},{}", both[0], both[1]), &both[..]),
+            (format!(" {} ", both[0]), &both[..1]),
+        ] {
+            // A prefix of its own: nothing else reads these variables.
+            #[allow(clippy::result_large_err)] // figment's Jail signature
+            figment::Jail::expect_with(|jail| {
+                jail.set_env("BGTEST_DATABASE__REPLICA_URLS", &text);
+                let fig = Figment::from(Serialized::defaults(Config::default()))
+                    .merge(Env::prefixed("BGTEST_").split("__"));
+                let c: Config = fig.extract()?;
+                assert_eq!(c.database.replica_urls, want, "{text}");
+                Ok(())
+            });
+        }
+    }
+
     use super::*;
 
     const MINIMAL: &str = r#"

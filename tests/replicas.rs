@@ -301,3 +301,150 @@ impl Drop for Restart {
         pg_ctl("start");
     }
 }
+
+/// A gateway served on `listener` until the returned sender fires.
+fn serve_on(
+    gw: &Arc<Gateway>,
+    listener: tokio::net::TcpListener,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), bloomgate::server::ServeError>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(bloomgate::server::serve(
+        gw.clone(),
+        listener,
+        None,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, task)
+}
+
+/// nginx (Debian's package: `apt-get install nginx-light`) started on the
+/// shipped deploy/nginx-fleet.conf, its upstreams and port replaced by the
+/// test's; stopped when dropped.
+struct Nginx {
+    child: std::process::Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Nginx {
+    fn start(upstreams: [u16; 2]) -> Self {
+        let dir = std::env::temp_dir().join(format!("bloomgate-nginx-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let d = dir.display();
+        // The shipped file is an `http`-level snippet (conf.d): wrapped in
+        // a main config of the test's own.
+        let snippet = std::fs::read_to_string("deploy/nginx-fleet.conf")
+            .unwrap()
+            .replace("gateway-a:8080", &format!("127.0.0.1:{}", upstreams[0]))
+            .replace("gateway-b:8080", &format!("127.0.0.1:{}", upstreams[1]))
+            .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"));
+        let conf = format!(
+            "daemon off;\nuser root;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n access_log off;\n client_body_temp_path {d}/cb;\n proxy_temp_path {d}/pt;\n\
+             fastcgi_temp_path {d}/ft;\n uwsgi_temp_path {d}/ut;\n scgi_temp_path {d}/st;\n{snippet}\n}}\n"
+        );
+        let path = dir.join("nginx.conf");
+        std::fs::write(&path, conf).unwrap();
+        let child = std::process::Command::new("nginx")
+            .args(["-p", &d.to_string(), "-c", &path.display().to_string()])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx (apt-get install nginx-light)");
+        Self { child, port, dir }
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // TERM: the master stops its workers (a KILL would orphan them).
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Two gateways behind nginx; a client asks without pause while each
+/// gateway in turn is shut down and a new one started on its port (a
+/// rolling restart): no request fails at the load balancer.
+#[tokio::test]
+async fn a_rolling_restart_behind_nginx_fails_no_request() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, _replica, extra) = setup(500).await;
+    let mut ports = [0u16; 2];
+    let mut running = Vec::new();
+    for p in &mut ports {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        *p = l.local_addr().unwrap().port();
+        let gw = gateway(config(&db.url, &extra));
+        running.push(serve_on(&gw, l));
+        wait_ready(format!("127.0.0.1:{p}").parse().unwrap(), String::new).await;
+    }
+    let nginx = Nginx::start(ports);
+    let lb = format!("127.0.0.1:{}", nginx.port).parse().unwrap();
+    wait_ready(lb, String::new).await;
+
+    let (stop_client, client_stop) = tokio::sync::watch::channel(false);
+    let client = tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        let (mut ok, mut failed) = (0u64, Vec::new());
+        let mut id = 0;
+        while !*client_stop.borrow() {
+            id = id % 500 + 1;
+            match http.get(format!("http://{lb}/users/{id}")).send().await {
+                Ok(r) if r.status() == reqwest::StatusCode::OK => ok += 1,
+                Ok(r) => failed.push(format!("/users/{id}: {}", r.status())),
+                Err(e) => failed.push(format!("/users/{id}: {e}")),
+            }
+        }
+        (ok, failed)
+    });
+
+    for (i, port) in ports.iter().enumerate() {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (stop, task) = running.remove(0);
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let l = tokio::net::TcpListener::bind(("127.0.0.1", *port))
+            .await
+            .unwrap();
+        let gw = gateway(config(&db.url, &extra));
+        running.push(serve_on(&gw, l));
+        wait_ready(format!("127.0.0.1:{port}").parse().unwrap(), || {
+            format!("gateway {i} after its restart")
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_client.send(true).unwrap();
+    let (ok, failed) = client.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {:?}",
+        failed.len(),
+        ok + failed.len() as u64,
+        &failed[..failed.len().min(10)]
+    );
+    assert!(ok > 100, "only {ok} requests");
+    for (stop, task) in running {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+    drop(nginx);
+}
