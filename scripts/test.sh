@@ -19,6 +19,17 @@ if [ -z "${BLOOMGATE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; th
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >&2
 fi
+# The rolling-restart test of tests/replicas.rs runs Debian's nginx in front
+# of two gateways.
+if ! command -v nginx >/dev/null 2>&1; then
+  echo "test.sh: installing nginx-light for the rolling-restart test" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light >&2
+  # Only the binary is wanted: no service of its own.
+  $sudo systemctl disable --now nginx >/dev/null 2>&1 || $sudo service nginx stop >/dev/null 2>&1 || true
+fi
 export BLOOMGATE_TEST_DATABASE_URL="$PG_BASE_URL/postgres"
 echo "test.sh: using $BLOOMGATE_TEST_DATABASE_URL" >&2
 if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then

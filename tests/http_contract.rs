@@ -255,6 +255,11 @@ async fn rows_are_served_in_the_coding_the_client_prefers() {
         assert_eq!(r304.status, StatusCode::NOT_MODIFIED, "{ae}");
         assert_eq!(r304.header("etag"), tag);
         assert_eq!(r304.header("vary"), "accept-encoding");
+        assert_eq!(
+            r304.header("content-encoding"),
+            "",
+            "a 304 has no body to encode"
+        );
         let other = get_with(&gw, with(None, Some(&tag))).await;
         assert_eq!(
             other.status,

@@ -170,13 +170,16 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
     };
     let etag = HeaderValue::from_maybe_shared(etag.clone())
         .expect("hex digits, a coding name and quotes are a valid header value");
-    let mut resp = if if_none_match(headers, &etag) {
+    let not_modified = if_none_match(headers, &etag);
+    let mut resp = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         json_bytes(StatusCode::OK, body.clone())
     };
     let h = resp.headers_mut();
-    if coding != Coding::Identity {
+    // A 304 carries the validators and caching fields, not representation
+    // metadata such as Content-Encoding (RFC 9110 §15.4.5).
+    if coding != Coding::Identity && !not_modified {
         h.insert(
             header::CONTENT_ENCODING,
             HeaderValue::from_static(coding.token()),
