@@ -80,7 +80,9 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             bloomgate::server::run(config, bloomgate::server::shutdown_signal()).await?;
         }
         Command::CheckConfig { config } => {
-            print!("{}", Config::load(&config)?.to_redacted_toml());
+            let config = Config::load(&config)?;
+            print!("{}", config.to_redacted_toml());
+            print!("{}", describe_database(config).await);
         }
         Command::Migrate { config } => {
             let config = Config::load(&config)?;
@@ -133,4 +135,73 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// What `check-config` can tell from the database, as TOML comments (so the
+/// output stays valid TOML): whether it is reachable, what the change feed
+/// needs, and each resource's columns with the JSON type the gateway sends
+/// for them (as the OpenAPI document declares them). Nothing is changed.
+async fn describe_database(config: Config) -> String {
+    use std::fmt::Write;
+    let freshness = config.database.freshness;
+    let Ok(gw) = bloomgate::gateway::Gateway::new(config) else {
+        return String::new();
+    };
+    let probe = async {
+        let ready = bloomgate::feed::wal::readiness(gw.db.pool()).await?;
+        let columns = bloomgate::http::openapi::read_columns(&gw).await?;
+        Ok::<_, sqlx::Error>((ready, columns))
+    };
+    let mut out = String::from("\n");
+    match tokio::time::timeout(std::time::Duration::from_secs(3), probe).await {
+        Err(_) => out.push_str("# database: not reachable within 3 s; columns not checked\n"),
+        Ok(Err(e)) => {
+            let _ = writeln!(out, "# database: not reachable ({e}); columns not checked");
+        }
+        Ok(Ok((ready, columns))) => {
+            let wal = ready.wal_level == "logical" && ready.can_replicate;
+            let _ = writeln!(
+                out,
+                "# database: reachable; wal_level = {}, REPLICATION: {}; freshness = {:?}: {}",
+                ready.wal_level,
+                if ready.can_replicate { "yes" } else { "no" },
+                freshness,
+                if wal {
+                    "the WAL feed is possible (with the publication: bloomgate install-feed)"
+                } else {
+                    "the WAL feed is not possible here (notify)"
+                }
+            );
+            for r in &gw.resources {
+                let Some(cols) = columns.get(r.name()) else {
+                    let _ = writeln!(
+                        out,
+                        "# resource {}: table {} not found",
+                        r.name(),
+                        r.config.table
+                    );
+                    continue;
+                };
+                let described: Vec<String> = r
+                    .config
+                    .columns
+                    .iter()
+                    .map(|c| match cols.iter().find(|i| &i.name == c) {
+                        Some(i) => {
+                            let schema =
+                                serde_json::to_value(bloomgate::http::openapi::column_schema(i))
+                                    .unwrap_or_default();
+                            let ty = schema
+                                .get("type")
+                                .map_or("any".to_string(), |t| t.to_string());
+                            format!("{c} {} -> {}", i.declared, ty.replace('"', ""))
+                        }
+                        None => format!("{c} MISSING"),
+                    })
+                    .collect();
+                let _ = writeln!(out, "# resource {}: {}", r.name(), described.join(", "));
+            }
+        }
+    }
+    out
 }
