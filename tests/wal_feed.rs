@@ -240,6 +240,26 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
     let db = logical_db(3).await;
     let gw = started(config(&db.url, "install_feed = true\n")).await;
     assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    // The admin API and the status page's stats say which feed is in force.
+    for path in ["/admin/resources", "/admin/stats"] {
+        let token = "s3cret-admin-token-for-tests";
+        let r = send(
+            bloomgate::http::admin::app(gw.clone(), token),
+            axum::http::Request::get(path)
+                .header("authorization", format!("Bearer {token}"))
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+        let j = r.json();
+        let freshness = if path == "/admin/stats" {
+            &j["freshness"]
+        } else {
+            &j[0]["freshness"]
+        };
+        assert_eq!(freshness, "wal", "{path}: {j}");
+    }
     gw.stop();
     // Without the publication and not allowed to make it: notify.
     let db = logical_db(3).await;

@@ -439,7 +439,12 @@ async fn session(
                         });
                     }
                 }
-                Message::Other(_) => {}
+                // Origin, type names, logical messages and unknown types
+                // change no row.
+                Message::Origin { .. }
+                | Message::Type { .. }
+                | Message::LogicalMessage { .. }
+                | Message::Other(_) => {}
             }
         }
         let upto = commits
