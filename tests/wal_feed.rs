@@ -278,3 +278,83 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
     .to_string();
     assert!(err.contains("install-feed"), "{err}");
 }
+
+#[tokio::test]
+async fn a_published_table_outside_the_resources_is_ignored() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(3).await;
+    let gw = started(wal_config(&db, "")).await;
+    // Published (someone else's publication change, or FOR ALL TABLES),
+    // but no resource serves it: its rows must reach no filter, even with
+    // ids and a column named like a watched table's key.
+    db.exec(
+        "CREATE TABLE other_users (id bigint PRIMARY KEY, email text);
+         ALTER PUBLICATION bloomgate ADD TABLE other_users;
+         INSERT INTO other_users VALUES (900, 'nine@x.org');
+         UPDATE other_users SET id = 901 WHERE id = 900;",
+    )
+    .await;
+    // A later commit on a watched table has been applied, so the earlier
+    // ones on other_users were read (and skipped) before it.
+    db.exec("INSERT INTO users (id, email, name) VALUES (902, 'w@x.org', 'W')")
+        .await;
+    eventually("the later insert", || async {
+        status(&gw, "/users/902").await == StatusCode::OK
+    })
+    .await;
+    for path in ["/users/900", "/users/901"] {
+        let r = get(&gw, path).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            r.header("cache-status"),
+            "bloomgate; detail=filter-absent",
+            "{path}"
+        );
+    }
+    gw.stop();
+}
+
+/// Commit to servable in `wal` mode, as `commit_to_servable_latency` in
+/// tests/freshness.rs measures it in `notify` mode (BENCHMARKS.md): the
+/// clock starts when the INSERT is acknowledged and stops when the key
+/// passes the live filter. The default poll interval (5 ms) is used, as a
+/// deployment would.
+#[tokio::test]
+async fn commit_to_servable_latency_wal() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(1000).await;
+    let gw = started(config(
+        &db.url,
+        "freshness = \"wal\"\ninstall_feed = true\n",
+    ))
+    .await;
+    assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    let users = gw.resource("users").unwrap().clone();
+    let mut lat = Vec::new();
+    for id in 50_000..51_000i64 {
+        db.exec(&format!(
+            "INSERT INTO users (id, email, name) VALUES ({id}, 'u{id}@x.org', 'U')"
+        ))
+        .await;
+        let committed = Instant::now();
+        let key = bloomgate::key::Key::Int(id);
+        while !users.filter_contains(&key) {
+            assert!(
+                committed.elapsed() < Duration::from_secs(10),
+                "{id} never arrived"
+            );
+            tokio::task::yield_now().await;
+        }
+        lat.push(committed.elapsed());
+    }
+    lat.sort();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    println!(
+        "wal commit-to-servable over {} inserts: p50 {:?}, p99 {:?}, max {:?}",
+        lat.len(),
+        pct(0.5),
+        pct(0.99),
+        lat[lat.len() - 1]
+    );
+    gw.stop();
+}
