@@ -483,18 +483,18 @@ async fn session(
                 continue;
             }
         }
-        sqlx::query("SELECT pg_replication_slot_advance($1, $2::pg_lsn)")
-            .bind(slot)
-            .bind(upto.to_string())
-            .execute(&mut conn)
-            .await?;
+        // One round trip for the advance and the lag: it is on the path of
+        // every batch, so of commit-to-servable of the next one.
+        let lag: Option<i64> = sqlx::query_scalar(
+            "SELECT (pg_current_wal_lsn() - $2::pg_lsn)::int8
+               FROM pg_replication_slot_advance($1, $2::pg_lsn)",
+        )
+        .bind(slot)
+        .bind(upto.to_string())
+        .fetch_one(&mut conn)
+        .await?;
         stats.applied_lsn.store(upto.0, Ordering::Relaxed);
-        if let Ok(lag) =
-            sqlx::query_scalar::<_, i64>("SELECT (pg_current_wal_lsn() - $1::pg_lsn)::int8")
-                .bind(upto.to_string())
-                .fetch_one(&mut conn)
-                .await
-        {
+        if let Some(lag) = lag {
             stats.lag_bytes.store(lag.max(0) as u64, Ordering::Relaxed);
         }
     }
