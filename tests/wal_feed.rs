@@ -259,6 +259,10 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
             &j[0]["freshness"]
         };
         assert_eq!(freshness, "wal", "{path}: {j}");
+        if path == "/admin/stats" {
+            assert!(j["wal"]["applied_lsn"].is_string(), "{j}");
+            assert!(j["wal"]["reconnects"].is_u64(), "{j}");
+        }
     }
     gw.stop();
     // Without the publication and not allowed to make it: notify.

@@ -355,7 +355,49 @@ pub struct StatsView {
     /// The change feed in force (`wal`, `notify`, `off`); `null` before
     /// start-up has chosen.
     freshness: Option<&'static str>,
+    /// The WAL feed's counters when it is in force, else `null`.
+    #[schema(value_type = Option<Object>)]
+    wal: Option<WalView>,
     resources: Vec<ResourceView>,
+}
+
+/// The WAL feed's counters (see `feed::wal::Stats`).
+#[derive(Serialize)]
+struct WalView {
+    commits: u64,
+    inserts: u64,
+    updates: u64,
+    deletes: u64,
+    truncates: u64,
+    reconnects: u64,
+    slot_invalidations: u64,
+    /// The LSN the slot was last advanced to (applied), as Postgres writes
+    /// it.
+    applied_lsn: String,
+    /// WAL bytes between the primary's position and the slot's.
+    lag_bytes: u64,
+    /// Commit to receipt of the latest transaction.
+    lag_seconds: f64,
+}
+
+fn wal_view(gw: &Gateway) -> Option<WalView> {
+    if gw.feed_mode() != Some(crate::gateway::FeedMode::Wal) {
+        return None;
+    }
+    let w = &gw.wal_stats;
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    Some(WalView {
+        commits: l(&w.commits),
+        inserts: l(&w.inserts),
+        updates: l(&w.updates),
+        deletes: l(&w.deletes),
+        truncates: l(&w.truncates),
+        reconnects: l(&w.reconnects),
+        slot_invalidations: l(&w.slot_invalidations),
+        applied_lsn: crate::feed::Lsn(l(&w.applied_lsn)).to_string(),
+        lag_bytes: l(&w.lag_bytes),
+        lag_seconds: l(&w.lag_us) as f64 / 1e6,
+    })
 }
 
 /// Counters for the status page.
@@ -378,6 +420,7 @@ async fn stats(State(s): St) -> Response {
         shed: l(&gw.stats.shed),
         timeouts: l(&gw.stats.timeouts),
         freshness: gw.feed_mode().map(|m| m.as_str()),
+        wal: wal_view(gw),
         resources: gw.resources.iter().map(|r| view(gw, r)).collect(),
     };
     json(StatusCode::OK, &body)
