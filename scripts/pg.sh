@@ -103,7 +103,7 @@ ensure_replica_pair() {
       # "replication" for local sockets and 127.0.0.1 already).
     fi
     "${run[@]}" "$bindir/pg_ctl" -D "$pdir" -w -t 60 -l "$pdir/server.log" \
-      -o "-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on" start >&2 \
+      -o "-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB" start >&2 \
       || { cat "$pdir/server.log" >&2; return 1; }
   fi
   if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$rport"; then
@@ -112,8 +112,12 @@ ensure_replica_pair() {
       rm -rf "$rdir" && mkdir -p "$rdir"
       [ "$(id -u)" -eq 0 ] && chown postgres "$rdir"
       chmod 700 "$rdir"
-      "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$rdir" -R -X stream >&2 \
-        || return 1
+      # A physical slot keeps the WAL the replica has not received (tests
+      # stop and pause it), so it can always catch up.
+      "$bindir/psql" -h 127.0.0.1 -p "$pport" -U postgres -d postgres -qAtc \
+        "SELECT pg_drop_replication_slot('bloomgate_replica') FROM pg_replication_slots WHERE slot_name = 'bloomgate_replica'" >/dev/null
+      "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$rdir" -R -X stream \
+        -C -S bloomgate_replica >&2 || return 1
     fi
     "${run[@]}" "$bindir/pg_ctl" -D "$rdir" -w -t 60 -l "$rdir/server.log" \
       -o "-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on" start >&2 \

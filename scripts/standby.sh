@@ -26,19 +26,20 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 case "${1:-start}" in
   start)
-    # One start at a time (parallel test binaries).
+    # One start at a time (parallel test binaries); the server must not
+    # inherit the lock's descriptor (9>&- below), or it holds it for good.
     exec 9>"$dir.lock"
     flock 9
     if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port"; then
       if [ ! -s "$dir/PG_VERSION" ]; then
         rm -rf "$dir" && mkdir -p "$dir"
         [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
-        "${run[@]}" "$bindir/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >"$dir.initdb.log" 2>&1 \
+        "${run[@]}" "$bindir/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >"$dir.initdb.log" 2>&1 9>&- \
           || { cat "$dir.initdb.log" >&2; exit 1; }
       fi
       "${run[@]}" touch "$dir/standby.signal"
       "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
-        -o "-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c hot_standby=on" start >&2 \
+        -o "-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c hot_standby=on" start >&2 9>&- \
         || { cat "$dir/server.log" >&2; exit 1; }
     fi
     echo "postgres://postgres@127.0.0.1:$port"

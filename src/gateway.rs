@@ -47,7 +47,7 @@ pub struct Gateway {
     watch: OnceLock<Watch>,
     /// The commit LSN the applier has applied up to (see `apply`).
     applied: Applied,
-    applied_tx: Mutex<Option<watch::Sender<Lsn>>>,
+    applied_tx: watch::Sender<Lsn>,
     /// The change feed start-up chose (see [`FeedMode`]).
     feed_mode: OnceLock<FeedMode>,
     /// The `wal` feed's counters (zero in the other modes).
@@ -140,7 +140,7 @@ impl Gateway {
             started: tokio::sync::Mutex::new(false),
             watch: OnceLock::new(),
             applied,
-            applied_tx: Mutex::new(Some(applied_tx)),
+            applied_tx,
             feed_mode: OnceLock::new(),
             wal_stats: Arc::default(),
         })
@@ -414,14 +414,9 @@ impl Gateway {
         watch: &Watch,
         mode: FeedMode,
     ) -> Result<(), StartError> {
-        let Some(applied) = self
-            .applied_tx
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        else {
-            return Ok(());
-        };
+        // A start that failed after this point may be retried: its tasks
+        // were stopped (`stop`) or will be, and new ones start here.
+        let applied = self.applied_tx.clone();
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
         self.keep(tokio::spawn(
             Applier::new(routes, applied)

@@ -151,6 +151,47 @@ fn describe() {
         "Keys added to the live filter from notifications."
     );
     describe_counter!(
+        "bloomgate_wal_changes_total",
+        "Row changes the WAL feed delivered, by operation."
+    );
+    describe_counter!(
+        "bloomgate_wal_commits_total",
+        "Transactions the WAL feed delivered."
+    );
+    describe_counter!("bloomgate_wal_reconnects_total", "WAL feed reconnects.");
+    describe_counter!(
+        "bloomgate_wal_slot_invalidations_total",
+        "Permanent slots found invalidated (and recreated, with a rebuild)."
+    );
+    describe_gauge!(
+        "bloomgate_wal_applied_lsn",
+        "The LSN the slot was advanced to (applied)."
+    );
+    describe_gauge!(
+        "bloomgate_wal_lag_bytes",
+        "WAL between the primary's position and the slot's."
+    );
+    describe_gauge!(
+        "bloomgate_wal_lag_seconds",
+        "Commit to receipt of the latest transaction."
+    );
+    describe_counter!(
+        "bloomgate_replica_queries_total",
+        "Queries sent to each read replica."
+    );
+    describe_counter!(
+        "bloomgate_replica_errors_total",
+        "Queries that failed on each read replica."
+    );
+    describe_gauge!(
+        "bloomgate_replica_lag_seconds",
+        "Each read replica's lag at the last check."
+    );
+    describe_gauge!(
+        "bloomgate_replica_usable",
+        "1 while a read replica is used."
+    );
+    describe_counter!(
         "bloomgate_notifications_total",
         "Key-change notifications received."
     );
@@ -181,6 +222,37 @@ fn snapshot(gw: &Gateway) {
     counter!("bloomgate_notifications_total").absolute(load(&g.notifications));
     counter!("bloomgate_listener_reconnects_total").absolute(load(&g.listener_reconnects));
     counter!("bloomgate_requests_shed_total").absolute(load(&g.shed));
+    let w = &gw.wal_stats;
+    for (op, v) in [
+        ("insert", &w.inserts),
+        ("update", &w.updates),
+        ("delete", &w.deletes),
+        ("truncate", &w.truncates),
+    ] {
+        counter!("bloomgate_wal_changes_total", "op" => op).absolute(load(v));
+    }
+    counter!("bloomgate_wal_commits_total").absolute(load(&w.commits));
+    counter!("bloomgate_wal_reconnects_total").absolute(load(&w.reconnects));
+    counter!("bloomgate_wal_slot_invalidations_total").absolute(load(&w.slot_invalidations));
+    gauge!("bloomgate_wal_applied_lsn").set(load(&w.applied_lsn) as f64);
+    gauge!("bloomgate_wal_lag_bytes").set(load(&w.lag_bytes) as f64);
+    gauge!("bloomgate_wal_lag_seconds").set(load(&w.lag_us) as f64 / 1e6);
+    if let Some(reps) = gw.db.replicas() {
+        for r in reps.members() {
+            let name = r.name.clone();
+            counter!("bloomgate_replica_queries_total", "replica" => name.clone())
+                .absolute(load(&r.queries));
+            counter!("bloomgate_replica_errors_total", "replica" => name.clone())
+                .absolute(load(&r.errors));
+            gauge!("bloomgate_replica_lag_seconds", "replica" => name.clone())
+                .set(r.lag().as_secs_f64());
+            gauge!("bloomgate_replica_usable", "replica" => name).set(if r.is_usable() {
+                1.0
+            } else {
+                0.0
+            });
+        }
+    }
     counter!("bloomgate_requests_timed_out_total").absolute(load(&g.timeouts));
     gauge!("bloomgate_notification_lag_seconds")
         .set(load(&g.last_notification_lag_us) as f64 / 1e6);

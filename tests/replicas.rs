@@ -112,11 +112,11 @@ async fn scans_and_loads_run_on_the_replica() {
     gw.stop();
 }
 
-/// Replay paused on the replica while 4 writers insert 4,000 rows and one
-/// row is updated: every inserted key answers 200 once the gateway has the
-/// notification (the load goes to the primary, as the replica is behind the
-/// change), and the update is never answered with the old row after the
-/// gateway applied it. Without the LSN check the replica's "no such row"
+/// Replay paused on the replica while 4 writers insert 20,000 rows and one
+/// row is updated: every inserted key answers 200 through both gateways
+/// once they have the change (the load goes to the primary, as the replica
+/// is behind it), and the update is never answered with the old row after
+/// a gateway applied it. Without the LSN check the replica's "no such row"
 /// would be cached and answered 404.
 #[tokio::test]
 async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
@@ -125,7 +125,9 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
     // loads off the replica.
     let (db, replica, extra) = setup_lag(100, "600s").await;
     let gw = started_with(&db, &extra).await;
+    let gw2 = started_with(&db, &extra).await;
     let _ = get(&gw, "/users/7").await;
+    let _ = get(&gw2, "/users/7").await;
     replica
         .execute("SELECT pg_wal_replay_pause()")
         .await
@@ -136,8 +138,8 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
     for w in 0..4i64 {
         let pool = db.pool.clone();
         writers.push(tokio::spawn(async move {
-            for batch in 0..10i64 {
-                let from = 1000 + w * 1000 + batch * 100;
+            for batch in 0..50i64 {
+                let from = 1000 + w * 5000 + batch * 100;
                 sqlx::query(
                     "INSERT INTO users (id, email, name) SELECT g, 'n' || g || '@example.com', 'New ' || g \
                      FROM generate_series($1::bigint, $1::bigint + 99) g",
@@ -157,8 +159,10 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
     // The gateway applies the notifications within milliseconds; wait for
     // the last of them, then ask for every key.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while get(&gw, "/users/4999").await.status != StatusCode::OK
+    while get(&gw, "/users/20999").await.status != StatusCode::OK
+        || get(&gw2, "/users/20999").await.status != StatusCode::OK
         || get(&gw, "/users/7").await.json()["name"] != "Renamed"
+        || get(&gw2, "/users/7").await.json()["name"] != "Renamed"
     {
         assert!(Instant::now() < deadline, "notifications never applied");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -171,15 +175,17 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
         lagging,
         "the replica must still be behind for this test to mean anything"
     );
-    for w in 0..4i64 {
-        for id in (1000 + w * 1000)..(2000 + w * 1000) {
-            let r = get(&gw, &format!("/users/{id}")).await;
+    for id in 1000..21000 {
+        for g in [&gw, &gw2] {
+            let r = get(g, &format!("/users/{id}")).await;
             assert_eq!(r.status, StatusCode::OK, "/users/{id}: {:?}", r.body);
         }
     }
     for _ in 0..20 {
         assert_eq!(get(&gw, "/users/7").await.json()["name"], "Renamed");
+        assert_eq!(get(&gw2, "/users/7").await.json()["name"], "Renamed");
     }
+    gw2.stop();
     replica
         .execute("SELECT pg_wal_replay_resume()")
         .await

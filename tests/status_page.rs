@@ -120,6 +120,9 @@ async fn the_status_page_shows_a_card_per_resource() {
         dom.contains("data-resource=\"articles\""),
         "no articles card"
     );
+    // The change feed in force (the server on :5432 has wal_level =
+    // replica, so auto takes notify).
+    assert!(dom.contains("change feed: notify"), "no change feed mode");
     assert_eq!(
         field(&dom, "users", "keys").as_deref(),
         Some("102"),

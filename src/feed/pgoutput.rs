@@ -75,6 +75,11 @@ pub struct Relation {
     pub namespace: String,
     pub name: String,
     pub columns: Vec<String>,
+    /// Per column: part of the replica identity (flag bit 1). An old tuple
+    /// carries only these; pgoutput sends the others as null, which does
+    /// not mean the old value was null. Under REPLICA IDENTITY FULL every
+    /// column is flagged.
+    pub identity: Vec<bool>,
 }
 
 /// One value per column, in the relation's column order.
@@ -189,8 +194,9 @@ pub fn decode(msg: &[u8]) -> Result<Message, DecodeError> {
             let _identity = r.u8()?;
             let n = r.u16()?;
             let mut columns = Vec::with_capacity(usize::from(n).min(r.buf.len()));
+            let mut identity = Vec::with_capacity(usize::from(n).min(r.buf.len()));
             for _ in 0..n {
-                let _flags = r.u8()?;
+                identity.push(r.u8()? & 1 == 1);
                 columns.push(r.cstr()?);
                 let _type = r.u32()?;
                 let _typmod = r.u32()?;
@@ -205,6 +211,7 @@ pub fn decode(msg: &[u8]) -> Result<Message, DecodeError> {
                 },
                 name,
                 columns,
+                identity,
             })
         }
         b'I' => {
@@ -320,8 +327,8 @@ mod tests {
         rel.extend(b"public\0users\0");
         rel.push(b'd');
         rel.extend(2u16.to_be_bytes());
-        for name in ["id", "email"] {
-            rel.push(1);
+        for (name, flags) in [("id", 1), ("email", 0)] {
+            rel.push(flags);
             rel.extend(name.as_bytes());
             rel.push(0);
             rel.extend(20u32.to_be_bytes());
@@ -334,6 +341,7 @@ mod tests {
                     (16384, "public", "users")
                 );
                 assert_eq!(r.columns, ["id", "email"]);
+                assert_eq!(r.identity, [true, false]);
             }
             m => panic!("{m:?}"),
         }

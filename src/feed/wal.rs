@@ -47,9 +47,10 @@
 //! transaction is visible to new snapshots on the primary. A load in that
 //! moment could read the old row after the applier invalidated it and cache
 //! it. So each commit is delivered at [`Phase::Received`] and again at
-//! [`Phase::Visible`] once `pg_current_snapshot()` no longer lists its xid
-//! as running; applying twice is idempotent, and the second application
-//! invalidates again.
+//! [`Phase::Visible`] once a snapshot taken by `pg_current_snapshot()` sees
+//! its xid as finished (`pg_visible_in_snapshot`: not in the running list
+//! *and* below `xmax`, see [`all_visible`]); applying twice is idempotent,
+//! and the second application invalidates again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -202,8 +203,8 @@ pub async fn install(
 /// resolved when its `Relation` message arrives.
 struct Rel {
     table: super::TableName,
-    /// (column name, type, index in the tuple)
-    columns: Vec<(Arc<str>, super::ColumnType, usize)>,
+    /// (column name, type, index in the tuple, in the replica identity)
+    columns: Vec<(Arc<str>, super::ColumnType, usize, bool)>,
 }
 
 /// Runs until aborted or `tx` closes. `ready` gets `Ok` once the slot
@@ -365,7 +366,8 @@ async fn session(
                             .iter()
                             .filter_map(|c| {
                                 let i = r.columns.iter().position(|n| *n == *c.name)?;
-                                Some((c.name.clone(), c.ty, i))
+                                let identity = r.identity.get(i).copied().unwrap_or(false);
+                                Some((c.name.clone(), c.ty, i, identity))
                             })
                             .collect(),
                     });
@@ -377,7 +379,7 @@ async fn session(
                         c.1.push(RowChange {
                             table: r.table.clone(),
                             op: Op::Insert,
-                            new: Some(columns(r, &new)),
+                            new: Some(columns(r, &new, false)),
                             old: None,
                         });
                     }
@@ -388,11 +390,11 @@ async fn session(
                         c.1.push(RowChange {
                             table: r.table.clone(),
                             op: Op::Update,
-                            new: Some(columns(r, &new)),
+                            new: Some(columns(r, &new, false)),
                             // No old tuple: no replica identity column
                             // changed, and every watched column is in the
                             // identity (checked at start-up).
-                            old: old.map(|o| columns(r, &o)),
+                            old: old.map(|o| columns(r, &o, true)),
                         });
                     }
                 }
@@ -403,7 +405,7 @@ async fn session(
                             table: r.table.clone(),
                             op: Op::Delete,
                             new: None,
-                            old: Some(columns(r, &old)),
+                            old: Some(columns(r, &old, true)),
                         });
                     }
                 }
@@ -519,24 +521,54 @@ async fn create_permanent(conn: &mut PgConnection, name: &str) -> Result<(), sql
 async fn wait_visible(conn: &mut PgConnection, xids: &[u32]) -> Result<(), sqlx::Error> {
     let deadline = Instant::now() + Duration::from_secs(1);
     loop {
-        let running: Vec<i64> = sqlx::query_scalar(
-            "SELECT (x::text::int8 % 4294967296) FROM pg_snapshot_xip(pg_current_snapshot()) AS x",
-        )
-        .fetch_all(&mut *conn)
-        .await?;
-        let any = xids.iter().any(|x| running.contains(&i64::from(*x)));
-        if !any || Instant::now() > deadline {
+        if all_visible(conn, xids).await? || Instant::now() > deadline {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
-fn columns(rel: &Rel, tuple: &pgoutput::Tuple) -> Columns {
+/// Whether a snapshot taken now on the primary sees every transaction in
+/// `xids` (32-bit, as pgoutput sends them) as finished.
+///
+/// Not "absent from the snapshot's running list": that list (`xip`) holds
+/// only xids below the snapshot's `xmax`, and the newest transaction, still
+/// running, is at or past it. So each xid is widened to its 64-bit form
+/// (the one within 2^31 of `xmax`; a transaction just decoded is far
+/// closer) and asked with `pg_visible_in_snapshot`, which applies both
+/// rules.
+pub async fn all_visible(conn: &mut PgConnection, xids: &[u32]) -> Result<bool, sqlx::Error> {
+    if xids.is_empty() {
+        return Ok(true);
+    }
+    let xids: Vec<i64> = xids.iter().map(|x| i64::from(*x)).collect();
+    let visible: Option<bool> = sqlx::query_scalar(
+        "WITH s AS (SELECT pg_current_snapshot() AS s),
+              m AS (SELECT s, pg_snapshot_xmax(s)::text::int8 AS xmax FROM s)
+         SELECT bool_and(pg_visible_in_snapshot(
+                  (xmax + ((x - xmax % 4294967296 + 2147483648) % 4294967296 + 4294967296)
+                          % 4294967296 - 2147483648)::text::xid8,
+                  s))
+         FROM m, unnest($1::int8[]) AS x",
+    )
+    .bind(&xids)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(visible.unwrap_or(true))
+}
+
+/// The watched columns of `tuple`. In an `old` tuple, a column outside the
+/// replica identity is not carried (pgoutput sends it as null): it is
+/// [`Value::Unknown`], never `Null`, or a deleted row's key would stay in
+/// the filter and its cached row be served on.
+fn columns(rel: &Rel, tuple: &pgoutput::Tuple, old: bool) -> Columns {
     Columns(
         rel.columns
             .iter()
-            .map(|(name, ty, i)| {
+            .map(|(name, ty, i, identity)| {
+                if old && !identity {
+                    return (name.clone(), Value::Unknown);
+                }
                 let v = match tuple.0.get(*i) {
                     Some(Datum::Text(t)) => Value::Text(canonical_text(*ty, t).to_string()),
                     Some(Datum::Null) => Value::Null,

@@ -352,16 +352,18 @@ pub struct StatsView {
     listener_reconnects: u64,
     shed: u64,
     timeouts: u64,
-    /// The change feed in force (`wal`, `notify`, `off`); `null` before
-    /// start-up has chosen.
+    /// The change feed in force: `wal`, `notify` or `off` (`database.freshness`
+    /// resolved at start-up; absent before).
     freshness: Option<&'static str>,
-    /// The WAL feed's counters when it is in force, else `null`.
-    #[schema(value_type = Option<Object>)]
-    wal: Option<WalView>,
+    /// The `wal` feed's counters (zero in the other modes).
+    #[schema(value_type = Object)]
+    wal: WalView,
+    /// Each read replica: in use or not, lag, replay position, queries.
+    #[schema(value_type = Vec<Object>)]
+    replicas: Vec<ReplicaView>,
     resources: Vec<ResourceView>,
 }
 
-/// The WAL feed's counters (see `feed::wal::Stats`).
 #[derive(Serialize)]
 struct WalView {
     commits: u64,
@@ -371,33 +373,19 @@ struct WalView {
     truncates: u64,
     reconnects: u64,
     slot_invalidations: u64,
-    /// The LSN the slot was last advanced to (applied), as Postgres writes
-    /// it.
     applied_lsn: String,
-    /// WAL bytes between the primary's position and the slot's.
     lag_bytes: u64,
-    /// Commit to receipt of the latest transaction.
-    lag_seconds: f64,
+    lag_ms: f64,
 }
 
-fn wal_view(gw: &Gateway) -> Option<WalView> {
-    if gw.feed_mode() != Some(crate::gateway::FeedMode::Wal) {
-        return None;
-    }
-    let w = &gw.wal_stats;
-    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    Some(WalView {
-        commits: l(&w.commits),
-        inserts: l(&w.inserts),
-        updates: l(&w.updates),
-        deletes: l(&w.deletes),
-        truncates: l(&w.truncates),
-        reconnects: l(&w.reconnects),
-        slot_invalidations: l(&w.slot_invalidations),
-        applied_lsn: crate::feed::Lsn(l(&w.applied_lsn)).to_string(),
-        lag_bytes: l(&w.lag_bytes),
-        lag_seconds: l(&w.lag_us) as f64 / 1e6,
-    })
+#[derive(Serialize)]
+struct ReplicaView {
+    name: String,
+    usable: bool,
+    lag_ms: u64,
+    replay_lsn: String,
+    queries: u64,
+    errors: u64,
 }
 
 /// Counters for the status page.
@@ -420,7 +408,38 @@ async fn stats(State(s): St) -> Response {
         shed: l(&gw.stats.shed),
         timeouts: l(&gw.stats.timeouts),
         freshness: gw.feed_mode().map(|m| m.as_str()),
-        wal: wal_view(gw),
+        wal: {
+            let w = &gw.wal_stats;
+            WalView {
+                commits: l(&w.commits),
+                inserts: l(&w.inserts),
+                updates: l(&w.updates),
+                deletes: l(&w.deletes),
+                truncates: l(&w.truncates),
+                reconnects: l(&w.reconnects),
+                slot_invalidations: l(&w.slot_invalidations),
+                applied_lsn: crate::feed::Lsn(l(&w.applied_lsn)).to_string(),
+                lag_bytes: l(&w.lag_bytes),
+                lag_ms: l(&w.lag_us) as f64 / 1000.0,
+            }
+        },
+        replicas: gw
+            .db
+            .replicas()
+            .map(|reps| {
+                reps.members()
+                    .iter()
+                    .map(|r| ReplicaView {
+                        name: r.name.clone(),
+                        usable: r.is_usable(),
+                        lag_ms: r.lag().as_millis() as u64,
+                        replay_lsn: crate::feed::Lsn(r.replay_lsn()).to_string(),
+                        queries: l(&r.queries),
+                        errors: l(&r.errors),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         resources: gw.resources.iter().map(|r| view(gw, r)).collect(),
     };
     json(StatusCode::OK, &body)
