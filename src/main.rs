@@ -82,6 +82,19 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::CheckConfig { config } => {
             let config = Config::load(&config)?;
             print!("{}", config.to_redacted_toml());
+            // On stderr, so stdout stays the TOML it always was.
+            eprintln!(
+                "freshness: {}",
+                match config.database.freshness {
+                    bloomgate::config::Freshness::Auto =>
+                        "auto (start-up chooses wal when the server has wal_level = logical and the role may replicate, otherwise notify, and logs why)",
+                    bloomgate::config::Freshness::Wal =>
+                        "wal (logical decoding; start-up fails if the server cannot provide it)",
+                    bloomgate::config::Freshness::Notify => "notify (triggers and LISTEN)",
+                    bloomgate::config::Freshness::Off =>
+                        "off (no change feed: filters change only by rebuilds)",
+                }
+            );
             print!("{}", describe_database(config).await);
         }
         Command::Migrate { config } => {

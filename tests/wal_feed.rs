@@ -240,6 +240,30 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
     let db = logical_db(3).await;
     let gw = started(config(&db.url, "install_feed = true\n")).await;
     assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    // The admin API and the status page's stats say which feed is in force.
+    for path in ["/admin/resources", "/admin/stats"] {
+        let token = "s3cret-admin-token-for-tests";
+        let r = send(
+            bloomgate::http::admin::app(gw.clone(), token),
+            axum::http::Request::get(path)
+                .header("authorization", format!("Bearer {token}"))
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+        let j = r.json();
+        let freshness = if path == "/admin/stats" {
+            &j["freshness"]
+        } else {
+            &j[0]["freshness"]
+        };
+        assert_eq!(freshness, "wal", "{path}: {j}");
+        if path == "/admin/stats" {
+            assert!(j["wal"]["applied_lsn"].is_string(), "{j}");
+            assert!(j["wal"]["reconnects"].is_u64(), "{j}");
+        }
+    }
     gw.stop();
     // Without the publication and not allowed to make it: notify.
     let db = logical_db(3).await;
@@ -257,4 +281,39 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("install-feed"), "{err}");
+}
+
+#[tokio::test]
+async fn a_published_table_outside_the_resources_is_ignored() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(3).await;
+    let gw = started(wal_config(&db, "")).await;
+    // Published (someone else's publication change, or FOR ALL TABLES),
+    // but no resource serves it: its rows must reach no filter, even with
+    // ids and a column named like a watched table's key.
+    db.exec(
+        "CREATE TABLE other_users (id bigint PRIMARY KEY, email text);
+         ALTER PUBLICATION bloomgate ADD TABLE other_users;
+         INSERT INTO other_users VALUES (900, 'nine@x.org');
+         UPDATE other_users SET id = 901 WHERE id = 900;",
+    )
+    .await;
+    // A later commit on a watched table has been applied, so the earlier
+    // ones on other_users were read (and skipped) before it.
+    db.exec("INSERT INTO users (id, email, name) VALUES (902, 'w@x.org', 'W')")
+        .await;
+    eventually("the later insert", || async {
+        status(&gw, "/users/902").await == StatusCode::OK
+    })
+    .await;
+    for path in ["/users/900", "/users/901"] {
+        let r = get(&gw, path).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            r.header("cache-status"),
+            "bloomgate; detail=filter-absent",
+            "{path}"
+        );
+    }
+    gw.stop();
 }

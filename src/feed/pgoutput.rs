@@ -42,7 +42,30 @@ pub enum Message {
     Truncate {
         rels: Vec<u32>,
     },
-    /// Anything else (origin, type, logical message): nothing to apply.
+    /// The transaction came from another node (`O`): replicated by
+    /// logical replication into this primary. Still a change to apply.
+    Origin {
+        lsn: u64,
+        name: String,
+    },
+    /// A user-defined type's name (`Y`), sent before a relation that uses
+    /// it. Values reach us as text, so nothing to apply.
+    Type {
+        id: u32,
+        namespace: String,
+        name: String,
+    },
+    /// `pg_logical_emit_message` (`M`), sent only when the `messages`
+    /// option is on. Never a row change: nothing to apply, but decoded so
+    /// a malformed one is an error rather than silently skipped.
+    LogicalMessage {
+        transactional: bool,
+        lsn: u64,
+        prefix: String,
+        content: Vec<u8>,
+    },
+    /// A message type this decoder does not know (a newer protocol's):
+    /// nothing to apply.
     Other(u8),
 }
 
@@ -238,6 +261,28 @@ pub fn decode(msg: &[u8]) -> Result<Message, DecodeError> {
             }
             Message::Truncate { rels }
         }
+        b'O' => Message::Origin {
+            lsn: r.u64()?,
+            name: r.cstr()?,
+        },
+        b'Y' => Message::Type {
+            id: r.u32()?,
+            namespace: r.cstr()?,
+            name: r.cstr()?,
+        },
+        b'M' => {
+            let flags = r.u8()?;
+            let lsn = r.u64()?;
+            let prefix = r.cstr()?;
+            let len = r.u32()? as usize;
+            let content = r.take(len)?.to_vec();
+            Message::LogicalMessage {
+                transactional: flags & 1 == 1,
+                lsn,
+                prefix,
+                content,
+            }
+        }
         other => Message::Other(other),
     })
 }
@@ -344,6 +389,62 @@ mod tests {
                 assert!(decode(&m[..n]).is_err(), "prefix {n} of {m:?}");
             }
         }
+    }
+
+    #[test]
+    fn decodes_origin_type_and_logical_message() {
+        let mut origin = vec![b'O'];
+        origin.extend(0x2_0000_0100u64.to_be_bytes());
+        origin.extend(b"node_b\0");
+        assert_eq!(
+            decode(&origin).unwrap(),
+            Message::Origin {
+                lsn: 0x2_0000_0100,
+                name: "node_b".into()
+            }
+        );
+
+        let mut ty = vec![b'Y'];
+        ty.extend(16500u32.to_be_bytes());
+        ty.extend(b"public\0mood\0");
+        assert_eq!(
+            decode(&ty).unwrap(),
+            Message::Type {
+                id: 16500,
+                namespace: "public".into(),
+                name: "mood".into()
+            }
+        );
+
+        let mut msg = vec![b'M', 1];
+        msg.extend(0x30u64.to_be_bytes());
+        msg.extend(b"bloomgate\0");
+        msg.extend(3u32.to_be_bytes());
+        msg.extend(b"hi!");
+        assert_eq!(
+            decode(&msg).unwrap(),
+            Message::LogicalMessage {
+                transactional: true,
+                lsn: 0x30,
+                prefix: "bloomgate".into(),
+                content: b"hi!".to_vec()
+            }
+        );
+        // A content length past the end is an error, never a panic or a
+        // huge allocation.
+        let mut short = vec![b'M', 0];
+        short.extend(0x30u64.to_be_bytes());
+        short.extend(b"p\0");
+        short.extend(u32::MAX.to_be_bytes());
+        assert!(decode(&short).is_err());
+        // Every prefix of a valid message is an error.
+        for m in [&origin, &ty, &msg] {
+            for n in 0..m.len() {
+                assert!(decode(&m[..n]).is_err(), "{:?}", &m[..n]);
+            }
+        }
+        // An unknown type is skipped, not an error.
+        assert_eq!(decode(b"Z").unwrap(), Message::Other(b'Z'));
     }
 
     proptest! {

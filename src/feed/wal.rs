@@ -441,7 +441,12 @@ async fn session(
                         });
                     }
                 }
-                Message::Other(_) => {}
+                // Origin, type names, logical messages and unknown types
+                // change no row.
+                Message::Origin { .. }
+                | Message::Type { .. }
+                | Message::LogicalMessage { .. }
+                | Message::Other(_) => {}
             }
         }
         let upto = commits
@@ -480,18 +485,18 @@ async fn session(
                 continue;
             }
         }
-        sqlx::query("SELECT pg_replication_slot_advance($1, $2::pg_lsn)")
-            .bind(slot)
-            .bind(upto.to_string())
-            .execute(&mut conn)
-            .await?;
+        // One round trip for the advance and the lag: it is on the path of
+        // every batch, so of commit-to-servable of the next one.
+        let lag: Option<i64> = sqlx::query_scalar(
+            "SELECT (pg_current_wal_lsn() - $2::pg_lsn)::int8
+               FROM pg_replication_slot_advance($1, $2::pg_lsn)",
+        )
+        .bind(slot)
+        .bind(upto.to_string())
+        .fetch_one(&mut conn)
+        .await?;
         stats.applied_lsn.store(upto.0, Ordering::Relaxed);
-        if let Ok(lag) =
-            sqlx::query_scalar::<_, i64>("SELECT (pg_current_wal_lsn() - $1::pg_lsn)::int8")
-                .bind(upto.to_string())
-                .fetch_one(&mut conn)
-                .await
-        {
+        if let Some(lag) = lag {
             stats.lag_bytes.store(lag.max(0) as u64, Ordering::Relaxed);
         }
     }
@@ -514,10 +519,26 @@ async fn create_permanent(conn: &mut PgConnection, name: &str) -> Result<(), sql
 /// Waits (briefly) until no snapshot taken now would see any of `xids` as
 /// running.
 async fn wait_visible(conn: &mut PgConnection, xids: &[u32]) -> Result<(), sqlx::Error> {
-    let deadline = Instant::now() + Duration::from_secs(1);
+    // Normally microseconds. It can take long when commits wait for a
+    // synchronous standby: delivering `Visible` early would reopen the
+    // window it closes, so keep waiting, and say so. Past a minute the
+    // feed moves on rather than stall every resource (logged as an error).
+    let began = Instant::now();
+    let mut warned = began;
     loop {
-        if all_visible(conn, xids).await? || Instant::now() > deadline {
+        if all_visible(conn, xids).await? {
             return Ok(());
+        }
+        if began.elapsed() > Duration::from_secs(60) {
+            tracing::error!(
+                ?xids,
+                "transactions decoded a minute ago are still not visible; delivering them as visible anyway"
+            );
+            return Ok(());
+        }
+        if warned.elapsed() > Duration::from_secs(5) {
+            tracing::warn!(?xids, waited = ?began.elapsed(), "decoded transactions not yet visible (a synchronous standby?): waiting");
+            warned = Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

@@ -209,6 +209,10 @@ pub struct ResourceView {
     route: String,
     table: String,
     key_type: String,
+    /// The change feed keeping this resource fresh: `wal`, `notify` or
+    /// `off` (`database.freshness`; `auto` is resolved at start-up).
+    /// `null` before start-up has chosen.
+    freshness: Option<&'static str>,
     ready: bool,
     generation: u64,
     #[schema(value_type = Option<Object>)]
@@ -261,7 +265,7 @@ struct RebuildView {
     last: Option<crate::resource::LastOutcome>,
 }
 
-fn view(r: &Resource) -> ResourceView {
+fn view(gw: &Gateway, r: &Resource) -> ResourceView {
     let s = &r.stats;
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let counts = s.by_outcome();
@@ -273,6 +277,7 @@ fn view(r: &Resource) -> ResourceView {
         route: r.config.route.clone(),
         table: r.config.table.clone(),
         key_type: r.config.key_type.sql_type().into(),
+        freshness: gw.feed_mode().map(|m| m.as_str()),
         ready: r.is_ready(),
         generation: r.generation(),
         filter: r.filter_stats(),
@@ -310,7 +315,12 @@ fn view(r: &Resource) -> ResourceView {
               (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody)))]
 async fn resources(State(s): St) -> Response {
     sync_caches(&s.gateway).await;
-    let all: Vec<ResourceView> = s.gateway.resources.iter().map(|r| view(r)).collect();
+    let all: Vec<ResourceView> = s
+        .gateway
+        .resources
+        .iter()
+        .map(|r| view(&s.gateway, r))
+        .collect();
     json(StatusCode::OK, &all)
 }
 
@@ -327,7 +337,7 @@ async fn resource(State(s): St, Path(name): Path<String>) -> Response {
         return no_resource();
     };
     r.sync_cache().await;
-    json(StatusCode::OK, &view(r))
+    json(StatusCode::OK, &view(&s.gateway, r))
 }
 
 /// A snapshot for the status page's charts: counters with a timestamp, so
@@ -430,7 +440,7 @@ async fn stats(State(s): St) -> Response {
                     .collect()
             })
             .unwrap_or_default(),
-        resources: gw.resources.iter().map(|r| view(r)).collect(),
+        resources: gw.resources.iter().map(|r| view(gw, r)).collect(),
     };
     json(StatusCode::OK, &body)
 }
