@@ -93,16 +93,7 @@ pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> Open
     doc.paths.add_path_operation(
         "/openapi.json",
         vec![HttpMethod::Get],
-        OperationBuilder::new()
-            .tag("health")
-            .operation_id(Some("openapi"))
-            .summary(Some("This document"))
-            .response(
-                "200",
-                ResponseBuilder::new()
-                    .description("OpenAPI 3.1 JSON")
-                    .content("application/json", ContentBuilder::new().build()),
-            ),
+        this_document("health", "openapi"),
     );
     for r in &gw.resources {
         add_resource(
@@ -114,6 +105,20 @@ pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> Open
     }
     add_bodies(&mut doc);
     doc
+}
+
+/// The operation that serves a document itself.
+fn this_document(tag: &str, id: &str) -> OperationBuilder {
+    OperationBuilder::new()
+        .tag(tag)
+        .operation_id(Some(id))
+        .summary(Some("This document"))
+        .response(
+            "200",
+            ResponseBuilder::new()
+                .description("OpenAPI 3.1 JSON")
+                .content("application/json", ContentBuilder::new().build()),
+        )
 }
 
 /// The admin document: the authenticated admin routes, each requiring the
@@ -128,27 +133,17 @@ pub fn admin_document() -> OpenApi {
     doc.paths.add_path_operation(
         "/admin/openapi.json",
         vec![HttpMethod::Get],
-        OperationBuilder::new()
-            .tag("admin")
-            .operation_id(Some("admin_openapi"))
-            .summary(Some("This document"))
-            .response(
-                "200",
-                ResponseBuilder::new()
-                    .description("OpenAPI 3.1 JSON")
-                    .content("application/json", ContentBuilder::new().build()),
-            )
-            .response(
-                "401",
-                ResponseBuilder::new()
-                    .description("Missing or wrong token")
-                    .content(
-                        "application/json",
-                        ContentBuilder::new()
-                            .schema(Some(Ref::from_schema_name("ErrorBody")))
-                            .build(),
-                    ),
-            ),
+        this_document("admin", "admin_openapi").response(
+            "401",
+            ResponseBuilder::new()
+                .description("Missing or wrong token")
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                ),
+        ),
     );
     for item in doc.paths.paths.values_mut() {
         for op in [
