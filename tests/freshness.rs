@@ -437,17 +437,6 @@ async fn junk_notifications_are_ignored_without_a_log_flood() {
     );
 }
 
-/// A second resource on `users`, by email.
-const BY_EMAIL: &str = r#"
-    [[resource]]
-    name = "users_by_email"
-    route = "/users-by-email/{email}"
-    table = "users"
-    key_column = "email"
-    key_type = "text"
-    columns = ["id", "email", "name"]
-"#;
-
 /// Issue 10, item 1: two resources on one table each get their own key, old
 /// and new, on insert, update (of either key) and delete; both routes stay
 /// fresh.

@@ -25,16 +25,6 @@ async fn logical_db(n: i64) -> TestDb {
     db
 }
 
-const BY_EMAIL: &str = r#"
-[[resource]]
-name = "users_by_email"
-route = "/users-by-email/{email}"
-table = "users"
-key_column = "email"
-key_type = "text"
-columns = ["id", "email", "name"]
-"#;
-
 fn wal_config(db: &TestDb, extra: &str) -> bloomgate::config::Config {
     config(
         &db.url,

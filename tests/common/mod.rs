@@ -27,6 +27,17 @@ pub fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
+/// A second resource on `users`, by email (two resources on one table).
+pub const BY_EMAIL: &str = r#"
+    [[resource]]
+    name = "users_by_email"
+    route = "/users-by-email/{email}"
+    table = "users"
+    key_column = "email"
+    key_type = "text"
+    columns = ["id", "email", "name"]
+"#;
+
 /// A resource served from the `slow_users` view (see `add_slow_view`).
 pub const SLOW: &str = r#"
     [[resource]]
