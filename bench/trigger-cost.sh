@@ -64,32 +64,8 @@ listen = "127.0.0.1:0"
 url = "$URL"
 migrate = false
 install_triggers = false
-[filter]
-rebuild_interval = "0s"
-rebuild_insert_fraction = 0
-rebuild_fp_multiple = 0
-[[resource]]
-name = "users"
-route = "/users/{id}"
-table = "tc_users"
-key_column = "id"
-key_type = "bigint"
-columns = ["id", "email"]
-[[resource]]
-name = "users_by_email"
-route = "/users-by-email/{email}"
-table = "tc_users"
-key_column = "email"
-key_type = "text"
-columns = ["id", "email"]
-[[resource]]
-name = "docs"
-route = "/docs/{id}"
-table = "tc_docs"
-key_column = "id"
-key_type = "bigint"
-columns = ["id", "n"]
 EOF
+cat bench/pgbench/resources.toml >>"$work/bench.toml"
 env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$work/bench.toml"
 env -u BLOOMGATE_ADMIN_TOKEN nice -n 19 "$BIN" serve --config "$work/bench.toml" >"$work/gateway.log" 2>&1 &
 gw_pid=$!

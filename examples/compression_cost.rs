@@ -26,11 +26,11 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use bloomgate::config::Config;
 use bloomgate::gateway::Gateway;
+use bloomgate::http::App;
 use tower::ServiceExt;
 
 /// Polls a future that must be ready at once (a hit waits on nothing).
@@ -52,7 +52,7 @@ fn request(path: &str, accept: &str) -> Request<Body> {
 
 /// The counted part: `n` hits, request built, routed, answered, dropped.
 #[inline(never)]
-fn measured_hits(router: &Router, path: &str, accept: &str, n: u64) -> u64 {
+fn measured_hits(router: &App, path: &str, accept: &str, n: u64) -> u64 {
     let mut bytes = 0;
     for _ in 0..n {
         let resp = ready(router.clone().oneshot(request(path, accept))).expect("infallible");
@@ -105,7 +105,7 @@ fn main() {
 }
 
 #[inline(never)]
-fn measured_warmup(router: &Router, path: &str, accept: &str) {
+fn measured_warmup(router: &App, path: &str, accept: &str) {
     for _ in 0..100 {
         let resp = ready(router.clone().oneshot(request(path, accept))).expect("infallible");
         black_box(resp);

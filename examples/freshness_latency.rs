@@ -1,7 +1,7 @@
 //! Commit → servable: how long after an INSERT commits its key answers 200
 //! through the gateway, for BENCHMARKS.md ("Freshness: commit to servable").
 //!
-//!     cargo run --release --example freshness_latency -- <server URL> <wal|notify> [N]
+//!     cargo run --release --example freshness_latency -- <server URL> <wal|notify> [N] [replica URL]
 //!
 //! Creates a scratch database on the server (`postgres://user@host:port`,
 //! no database), starts a gateway on it in this process with the given
@@ -9,7 +9,12 @@
 //! moment the COMMIT returns asks the router (no socket) for the key every
 //! 100 µs until it answers 200. Prints p50/p90/p99/max. The WAL feed needs
 //! `wal_level = logical` (`scripts/pg.sh replicas` starts such a server on
-//! :54332).
+//! :54332). `WAL_POLL_INTERVAL` overrides the shipped `wal_poll_interval`.
+//!
+//! With a replica URL (a streaming replica of the server, e.g. :54333), row
+//! loads go to it (`replica_urls`), gated by LSN: the figure then includes
+//! the wait for the replica to replay the insert (issue 13, "added latency
+//! of the LSN wait").
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +38,8 @@ async fn main() {
         .unwrap_or("notify")
         .to_string();
     let n: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1000);
+    let replica = args.get(4).map(|r| r.trim_end_matches('/').to_string());
+    let poll = std::env::var("WAL_POLL_INTERVAL").unwrap_or_else(|_| "5ms".into());
     let name = format!("bloomgate_latency_{}", std::process::id());
     let admin = PgPoolOptions::new()
         .max_connections(1)
@@ -44,6 +51,26 @@ async fn main() {
         .await
         .unwrap();
     let url = format!("{server}/{name}");
+    if let Some(r) = &replica {
+        // The new database reaches the replica by replay.
+        let began = Instant::now();
+        while PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&format!("{r}/{name}"))
+            .await
+            .is_err()
+        {
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "replica never saw {name}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let replicas = match &replica {
+        Some(r) => format!("replica_urls = [\"{r}/{name}\"]"),
+        None => String::new(),
+    };
     let toml = format!(
         r#"
         [database]
@@ -51,7 +78,8 @@ async fn main() {
         freshness = "{mode}"
         install_feed = {wal}
         install_triggers = {notify}
-        wal_poll_interval = "2ms"
+        wal_poll_interval = "{poll}"
+        {replicas}
         [log]
         level = "warn"
         [[resource]]
@@ -110,8 +138,13 @@ async fn main() {
         .await;
     lat.sort();
     let q = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    let via = if replica.is_some() {
+        " (loads from the replica)"
+    } else {
+        ""
+    };
     println!(
-        "{mode}: {n} inserts, commit -> servable p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "{mode}{via}: {n} inserts, commit -> servable p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         q(0.50).as_secs_f64() * 1e3,
         q(0.90).as_secs_f64() * 1e3,
         q(0.99).as_secs_f64() * 1e3,

@@ -2,8 +2,8 @@
 # Runs the test suite against a real PostgreSQL (started if none is running).
 # Each test creates its own database and drops it afterwards.
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
-# Without arguments (the whole suite, as CI runs it) the outside checks
-# follow: Schemathesis and REDbot against the live gateway
+# Without arguments (the whole suite, as CI runs it) tests/freshness.rs runs
+# a second time on the WAL feed, and the outside checks follow: Schemathesis and REDbot against the live gateway
 # (scripts/contract.sh; BLOOMGATE_SKIP_CONTRACT=1 leaves them out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,4 +36,6 @@ if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then
   exec cargo test "$@"
 fi
 cargo test
+# Every freshness test once more, on the WAL feed (tests/common: wal_mode).
+BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness
 scripts/contract.sh

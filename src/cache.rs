@@ -34,6 +34,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use axum::http::HeaderValue;
 use bytes::Bytes;
 use moka::future::Cache;
 
@@ -47,8 +48,9 @@ pub struct Row {
     pub body: Bytes,
     /// The entity tag, quoted (`"0123456789abcdef"`): a hash of the body,
     /// so equal bodies give equal tags on every replica. Formatted once, when
-    /// the row is loaded, not on every hit.
-    pub etag: Bytes,
+    /// the row is loaded, not on every hit, straight into the header value
+    /// every response for it clones (a reference count, no validation).
+    pub etag: HeaderValue,
     /// The body in each content coding that shrinks it, made once when the
     /// row enters the cache (see [`crate::encoding`]); empty for a small
     /// body or with compression off.
@@ -67,8 +69,9 @@ impl Row {
         // SipHash with fixed keys: deterministic, and an ETag needs no secret.
         let mut h = std::hash::DefaultHasher::new();
         body.hash(&mut h);
-        let etag = Bytes::from(format!("\"{:016x}\"", h.finish()));
-        let variants = encoding::compress(&body, &etag, compress_min);
+        let etag = HeaderValue::from_maybe_shared(Bytes::from(format!("\"{:016x}\"", h.finish())))
+            .expect("hex digits in quotes are a valid header value");
+        let variants = encoding::compress(&body, etag.as_bytes(), compress_min);
         Self {
             etag,
             body,

@@ -25,6 +25,11 @@ use crate::key::KeyType;
 /// The path used when `--config` is not given.
 pub const DEFAULT_PATH: &str = "config/bloomgate.toml";
 
+/// `server.max_headers` by default: hyper's `DEFAULT_MAX_HEADERS`, the size of
+/// the header arrays it keeps inline. Left at it, hyper is not told a limit
+/// at all and the 431 past 100 headers is its own.
+pub const DEFAULT_MAX_HEADERS: usize = 100;
+
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -70,7 +75,10 @@ pub struct ServerConfig {
     /// Largest request head (request line and headers) accepted, in bytes;
     /// at least 8192. Larger: 431. Default 16384.
     pub max_header_bytes: usize,
-    /// Most request headers accepted. More: 431. Default 64.
+    /// Most request headers accepted. More: 431. Default 100, hyper's own
+    /// limit, which it parses into arrays on the stack; any other value
+    /// makes hyper size and initialise them on every request (about 1,400
+    /// instructions per request, BENCHMARKS.md).
     pub max_headers: usize,
     /// A request declaring a larger body gets 413; smaller bodies are
     /// ignored (every route is a GET). Default 65536.
@@ -103,7 +111,7 @@ impl Default for ServerConfig {
             shutdown_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 16 * 1024,
-            max_headers: 64,
+            max_headers: DEFAULT_MAX_HEADERS,
             max_body_bytes: 64 * 1024,
             idle_timeout: Duration::from_secs(75),
             max_connections: 10_000,
@@ -348,7 +356,8 @@ pub enum LogFormat {
 pub struct LogConfig {
     /// `human` or `json`. Default `human`.
     pub format: LogFormat,
-    /// A `tracing` filter such as `info` or `bloomgate=debug,tower_http=info`;
+    /// A `tracing` filter such as `info` or `info,bloomgate::http::front=debug`
+    /// (a span and a line per request);
     /// `RUST_LOG` overrides it. Default `info`.
     pub level: String,
 }

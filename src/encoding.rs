@@ -21,6 +21,7 @@
 
 use std::io::Write;
 
+use axum::http::HeaderValue;
 use bytes::Bytes;
 
 /// A content coding this gateway can send.
@@ -52,8 +53,8 @@ impl Coding {
 pub struct Variant {
     pub coding: Coding,
     pub body: Bytes,
-    /// The identity ETag with `-<coding>` inside the quotes.
-    pub etag: Bytes,
+    /// The identity ETag with `-<coding>` inside the quotes, ready to send.
+    pub etag: HeaderValue,
 }
 
 /// Compresses `body` in every coding that makes it smaller, if it is at
@@ -107,7 +108,7 @@ fn encode(coding: Coding, body: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// `"abc"` + br → `"abc-br"`.
-fn tagged(etag: &[u8], coding: Coding) -> Bytes {
+fn tagged(etag: &[u8], coding: Coding) -> HeaderValue {
     let inner = etag
         .strip_prefix(b"\"")
         .and_then(|e| e.strip_suffix(b"\""))
@@ -118,7 +119,8 @@ fn tagged(etag: &[u8], coding: Coding) -> Bytes {
     v.push(b'-');
     v.extend_from_slice(coding.token().as_bytes());
     v.push(b'"');
-    Bytes::from(v)
+    HeaderValue::from_maybe_shared(Bytes::from(v))
+        .expect("an ETag and a coding token are a valid header value")
 }
 
 /// The coding to send, given the request's `Accept-Encoding` values and
@@ -286,7 +288,7 @@ mod tests {
         let v = compress(&[b'x'; 5000], etag, Some(1024));
         let codings: Vec<Coding> = v.iter().map(|v| v.coding).collect();
         assert_eq!(codings, Coding::COMPRESSED);
-        assert_eq!(&v[0].etag[..], b"\"0123456789abcdef-br\"");
+        assert_eq!(v[0].etag.as_bytes(), b"\"0123456789abcdef-br\"");
     }
 
     fn decode(v: &Variant) -> Vec<u8> {
@@ -320,7 +322,7 @@ mod tests {
             for v in &variants {
                 prop_assert_eq!(decode(v), body.as_bytes());
                 prop_assert!(v.body.len() < body.len());
-                prop_assert!(tags.insert(v.etag.clone()));
+                prop_assert!(tags.insert(Bytes::copy_from_slice(v.etag.as_bytes())));
             }
         }
     }

@@ -78,10 +78,11 @@ impl FeedMode {
 #[derive(Debug, Default)]
 pub struct GatewayStats {
     pub notify: Arc<notify::Counters>,
-    /// Requests refused because `max_concurrency` were in flight.
-    pub shed: AtomicU64,
-    /// Requests that ran past `request_timeout`.
-    pub timeouts: AtomicU64,
+    /// Requests refused because `max_concurrency` were in flight (shared
+    /// with the HTTP front layer, which counts them).
+    pub shed: Arc<AtomicU64>,
+    /// Requests that ran past `request_timeout` (shared likewise).
+    pub timeouts: Arc<AtomicU64>,
 }
 
 impl Deref for GatewayStats {

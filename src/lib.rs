@@ -11,8 +11,9 @@
 //! A request flows one way, `http → key → filter → cache → db`; lower
 //! modules never import higher ones.
 //!
-//! - [`http`]: the router ([`http::app`]), middleware, and the one mapping
-//!   from [`error::Error`] to status codes.
+//! - [`http`]: the router ([`http::app`]) behind its one middleware layer
+//!   ([`http::front`]: request id, trace span, body limit, load shedding,
+//!   deadline), and the one mapping from [`error::Error`] to status codes.
 //! - [`resource`]: one table served by key; puts the request path together
 //!   (parse, filter, cache, database) and rebuilds its filter without losing
 //!   live inserts, resetting its high-water mark and watching it decay.

@@ -189,7 +189,7 @@ pub async fn serve(
 /// the admin listener.
 async fn accept_loop(
     listener: TcpListener,
-    app: axum::Router,
+    app: http::App,
     cfg: ServerConfig,
     stop: watch::Receiver<bool>,
     name: &'static str,
@@ -290,8 +290,10 @@ fn http_builder(cfg: &ServerConfig) -> Builder<TokioExecutor> {
         // moment a kept-alive connection turns idle, so it would also cut
         // idle connections at `header_read_timeout`.
         .header_read_timeout(None)
-        .max_buf_size(cfg.max_header_bytes)
-        .max_headers(cfg.max_headers);
+        .max_buf_size(cfg.max_header_bytes);
+    if cfg.max_headers != crate::config::DEFAULT_MAX_HEADERS {
+        builder.http1().max_headers(cfg.max_headers);
+    }
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -308,7 +310,7 @@ fn http_builder(cfg: &ServerConfig) -> Builder<TokioExecutor> {
 /// `max_connections`, given back when the socket is closed.
 async fn serve_connection(
     stream: TcpStream,
-    app: axum::Router,
+    app: http::App,
     builder: Arc<Builder<TokioExecutor>>,
     limits: conn::Limits,
     stop: watch::Receiver<bool>,

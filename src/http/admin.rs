@@ -24,13 +24,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use axum::BoxError;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{BoxError, Router};
 use bytes::Bytes;
 use highway::{HighwayHash, HighwayHasher};
 use serde::{Deserialize, Serialize};
@@ -94,7 +94,7 @@ pub struct AdminState {
 type St = State<Arc<AdminState>>;
 
 /// The admin router for `gateway`, guarded by `token`.
-pub fn app(gateway: Arc<Gateway>, token: &str) -> Router {
+pub fn app(gateway: Arc<Gateway>, token: &str) -> super::App {
     let state = Arc::new(AdminState {
         gateway: gateway.clone(),
         token: TokenCheck::new(token),

@@ -168,9 +168,7 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
         Some(v) => (&v.body, &v.etag),
         None => (&row.body, &row.etag),
     };
-    let etag = HeaderValue::from_maybe_shared(etag.clone())
-        .expect("hex digits, a coding name and quotes are a valid header value");
-    let not_modified = if_none_match(headers, &etag);
+    let not_modified = if_none_match(headers, etag);
     let mut resp = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -188,7 +186,7 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
     if route.vary {
         h.insert(header::VARY, VARY);
     }
-    h.insert(header::ETAG, etag);
+    h.insert(header::ETAG, etag.clone());
     h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
     // On the 304 too (RFC 9110 §15.4.5): it refreshes the stored response.
     h.insert(header::CACHE_CONTROL, route.row_cache_control.clone());

@@ -6,18 +6,18 @@
 //! and their OpenAPI entries are registered together (utoipa-axum), so the
 //! document lists exactly what is served.
 //!
-//! Middleware, outermost first: request id, tracing, a 413 for requests
-//! declaring a body over `max_body_bytes`, then the error handler for the
-//! layers below it: timeout (504), load shedding (503 when the concurrency
-//! limit is reached, rather than queueing without bound), concurrency limit.
-//! `Router::layer` wraps each route (and the fallbacks) in its own copy of
-//! the stack, so the limit is a `GlobalConcurrencyLimitLayer`: one semaphore
-//! that every copy shares. (Wrapping the router in an outer router instead
-//! would route every request twice: measured at about a tenth of the CPU of
-//! a filtered lookup; see BENCHMARKS.md.)
+//! Middleware: one layer, [`front::FrontLayer`], wrapped once around the
+//! whole router ([`App`]): request id, trace span (only while DEBUG is on),
+//! 413 for a declared body over `max_body_bytes`, 503 past
+//! `max_concurrency` requests in flight, 504 past the request timeout.
+//! Around the router rather than inside it (`Router::layer`): axum would
+//! wrap each route in its own boxed copy of the layer and clone those boxes
+//! on every request (3 allocations and ~1,300 instructions a hit,
+//! BENCHMARKS.md); and not in an outer `Router`, which would route every
+//! request twice.
 
 pub mod admin;
-mod limit;
+pub mod front;
 mod lookup;
 pub mod openapi;
 pub mod response;
@@ -26,18 +26,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::body::Body;
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::State;
 use axum::http::{HeaderValue, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{BoxError, Router};
 use bytes::Bytes;
-use tower::ServiceBuilder;
-use tower::limit::GlobalConcurrencyLimitLayer;
-use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::{DefaultOnFailure, DefaultOnResponse, TraceLayer};
-use tracing::Level;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -46,8 +40,14 @@ use crate::gateway::Gateway;
 use lookup::Route;
 use response::{json_bytes, json_error};
 
-/// The public router for `gateway`.
-pub fn app(gateway: Arc<Gateway>) -> Router {
+/// What [`app`] and [`admin::app`] return: the router behind the front
+/// layer. The layer wraps the whole router once rather than each route
+/// (`Router::layer`), which would box and clone every route's service
+/// stack per request (BENCHMARKS.md).
+pub type App = front::Front<Router>;
+
+/// The public router for `gateway`, behind the front layer.
+pub fn app(gateway: Arc<Gateway>) -> App {
     let (router, doc) = public_routes(&gateway).split_for_parts();
     let doc = Arc::new(openapi::Served::new(doc, gateway.clone()));
     let router = router.route(
@@ -82,7 +82,7 @@ pub fn public_routes(gateway: &Arc<Gateway>) -> OpenApiRouter<Arc<Gateway>> {
 
 /// The one middleware stack, shared by the public and admin routers, with
 /// `server.request_timeout`.
-pub fn with_middleware(router: Router, gateway: &Arc<Gateway>) -> Router {
+pub fn with_middleware(router: Router, gateway: &Arc<Gateway>) -> App {
     let timeout = gateway.config.server.request_timeout;
     with_middleware_timeout(router, gateway, Some(timeout))
 }
@@ -94,41 +94,28 @@ pub fn with_middleware_timeout(
     router: Router,
     gateway: &Arc<Gateway>,
     timeout: Option<std::time::Duration>,
-) -> Router {
+) -> App {
+    tower::Layer::layer(
+        &front_layer(gateway, timeout),
+        router.method_not_allowed_fallback(method_not_allowed),
+    )
+}
+
+/// The [`front::FrontLayer`] of a router: one in-flight count per call.
+pub fn front_layer(
+    gateway: &Arc<Gateway>,
+    timeout: Option<std::time::Duration>,
+) -> front::FrontLayer {
     let server = &gateway.config.server;
-    let gw = gateway.clone();
-    let router = router.method_not_allowed_fallback(method_not_allowed);
-    let stack = ServiceBuilder::new()
-        .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-        .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(|req: &Request<_>| {
-                    let id = req
-                        .headers()
-                        .get("x-request-id")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default();
-                    tracing::debug_span!("request", method = %req.method(), path = %req.uri().path(), id)
-                })
-                .on_response(DefaultOnResponse::new().level(Level::DEBUG))
-                // Its default is one ERROR line per 5xx: one per request in
-                // an outage or while shedding load. Those are counted in the
-                // metrics; the causes are logged where they arise (internal
-                // errors always, load failures throttled).
-                .on_failure(DefaultOnFailure::new().level(Level::DEBUG)),
-        )
-        .layer(PropagateRequestIdLayer::x_request_id())
-        .layer(limit::BodyLimitLayer {
-            max: server.max_body_bytes,
-        })
-        .layer(HandleErrorLayer::new(move |err: BoxError| {
-            let gw = gw.clone();
-            async move { middleware_error(&gw, err) }
-        }))
-        .option_layer(timeout.map(tower::timeout::TimeoutLayer::new))
-        .load_shed()
-        .layer(GlobalConcurrencyLimitLayer::new(server.max_concurrency));
-    router.layer(stack)
+    front::FrontLayer::new(
+        server.max_body_bytes,
+        server.max_concurrency,
+        timeout,
+        front::Counters {
+            shed: gateway.stats.shed.clone(),
+            timeouts: gateway.stats.timeouts.clone(),
+        },
+    )
 }
 
 async fn method_not_allowed() -> Response {
@@ -139,8 +126,8 @@ async fn method_not_allowed() -> Response {
     )
 }
 
-/// The response for an error of the middleware (timeout: 504, shed: 503),
-/// counted in the gateway's stats.
+/// The response for an error of a tower layer (the admin routes' deadline:
+/// 504), counted in the gateway's stats.
 pub fn middleware_error(gw: &Gateway, err: BoxError) -> Response {
     if err.is::<tower::timeout::error::Elapsed>() {
         gw.stats.timeouts.fetch_add(1, Ordering::Relaxed);

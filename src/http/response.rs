@@ -4,13 +4,15 @@
 //! `Error`'s `Display`, which never carries SQL, database text or secrets.
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use crate::error::Error;
 
-pub const CACHE_STATUS: &str = "cache-status";
+/// RFC 9211. A `HeaderName` rather than a `&str`: a string name is parsed
+/// and hashed into one on every insert.
+pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 impl Error {

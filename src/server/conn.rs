@@ -33,9 +33,25 @@
 //!   idle, so the idle deadline bounds it too. While a request is handled
 //!   the watchdog sets no deadline: `request_timeout` bounds the handler.
 //!
-//! Cost per request: one uncontended mutex lock at each end, one
-//! [`Notify`] when the connection turns idle, one boxed future; per read,
-//! one relaxed atomic load.
+//! # Who tells the connection's task about a new deadline: nobody
+//!
+//! The task that drives the connection sleeps until the next deadline, but
+//! never longer than one *tick*, `min(header_read_timeout, idle_timeout)`
+//! (100 ms while shutting down; never under 10 ms), and re-reads the state
+//! whenever it wakes.
+//! Requests and reads only update the state; they never wake the task.
+//! That is enough, because every deadline a request or a read can create
+//! is at least one tick after the moment it is created, so after the
+//! task's next wake-up: a new head is due `header_read_timeout` after its
+//! first byte, an idle connection `idle_timeout` after its last response.
+//! The only deadline that can be nearer, the [`GRACE`] after the last
+//! response once a shutdown began, is covered by the short tick while
+//! shutting down (so it may pass up to 100 ms late). A busy connection
+//! thus costs its task one wake-up per tick; a request costs one
+//! uncontended mutex lock at each end and no wake-up, and a read one
+//! relaxed atomic load. (Waking the task at the end of every request, as
+//! a `Notify` did before, cost ~1,000 instructions per request:
+//! BENCHMARKS.md.)
 
 use std::fmt;
 use std::future::Future;
@@ -48,8 +64,9 @@ use std::time::Duration;
 
 use axum::http::{Request, Version};
 use hyper_util::server::graceful::GracefulConnection;
+use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// How long a graceful shutdown may take before the socket is closed
@@ -57,6 +74,15 @@ use tokio::time::Instant;
 /// peer never acknowledges. One second, as Go's HTTP/2 server waits after
 /// its GOAWAY.
 pub const GRACE: Duration = Duration::from_secs(1);
+
+/// How often the task re-reads the state while shutting down: the
+/// lateness allowed to [`GRACE`].
+const SHUTDOWN_TICK: Duration = Duration::from_millis(100);
+
+/// The shortest tick: timeouts configured below it (unusual: they are
+/// seconds in practice) may pass up to this late, rather than the task
+/// waking every few microseconds for the connection's whole life.
+const MIN_TICK: Duration = Duration::from_millis(10);
 
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
@@ -138,9 +164,6 @@ impl State {
 pub struct Watchdog {
     limits: Limits,
     state: Mutex<State>,
-    /// Wakes the connection's task when a deadline appears or moves earlier
-    /// (never needed when one moves later: the task re-checks on waking).
-    changed: Notify,
     /// Set while an HTTP/1 connection is idle and no byte of the next head
     /// has been read: only then does the read path report a byte.
     watch_reads: AtomicBool,
@@ -164,7 +187,6 @@ impl Watchdog {
                 head_since: None,
                 closing_since: None,
             }),
-            changed: Notify::new(),
             watch_reads: AtomicBool::new(false),
         })
     }
@@ -204,8 +226,6 @@ impl Watchdog {
             if s.http1 && s.closing_since.is_none() {
                 self.watch_reads.store(true, Ordering::Relaxed);
             }
-            drop(s);
-            self.changed.notify_one();
         }
     }
 
@@ -215,8 +235,6 @@ impl Watchdog {
             let mut s = self.state();
             if s.in_flight == 0 && s.head_since.is_none() {
                 s.head_since = Some(now);
-                drop(s);
-                self.changed.notify_one();
             }
         }
     }
@@ -231,7 +249,7 @@ impl Watchdog {
 }
 
 /// Marks a request as being handled until dropped.
-struct InFlight(Arc<Watchdog>);
+pub struct InFlight(Arc<Watchdog>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -252,25 +270,42 @@ impl<S> Tracked<S> {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, B> hyper::service::Service<Request<B>> for Tracked<S>
 where
     S: hyper::service::Service<Request<B>>,
-    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = BoxFuture<Result<S::Response, S::Error>>;
+    type Future = TrackedFuture<S::Future>;
 
     fn call(&self, req: Request<B>) -> Self::Future {
         let in_flight = self.dog.begin(req.version());
-        let response = self.inner.call(req);
-        Box::pin(async move {
-            let response = response.await;
-            drop(in_flight);
-            response
-        })
+        TrackedFuture {
+            inner: self.inner.call(req),
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+pin_project! {
+    /// The response future with the request's [`InFlight`] guard, released
+    /// as soon as the response is ready (or the future dropped). A struct
+    /// rather than a boxed `async` block: no allocation per request.
+    pub struct TrackedFuture<F> {
+        #[pin]
+        inner: F,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<F: Future> Future for TrackedFuture<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = std::task::ready!(this.inner.poll(cx));
+        this.in_flight.take();
+        Poll::Ready(out)
     }
 }
 
@@ -352,11 +387,15 @@ where
     let sleep = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(sleep);
     let mut shutting_down = false;
+    let tick = dog.limits.header_read.min(dog.limits.idle).max(MIN_TICK);
     loop {
+        // See the module doc: no deadline can appear before the next tick.
+        let tick = if shutting_down { SHUTDOWN_TICK } else { tick };
+        let check = Instant::now() + tick;
         let due = dog.due();
-        if let Some((at, _)) = due {
-            sleep.as_mut().reset(at);
-        }
+        sleep
+            .as_mut()
+            .reset(due.map_or(check, |(at, _)| at.min(check)));
         tokio::select! {
             done = conn.as_mut() => return Ended::Done(done),
             () = stopped(&mut stop), if !shutting_down => {
@@ -364,8 +403,7 @@ where
                 dog.closing_at(Instant::now());
                 conn.as_mut().graceful_shutdown();
             }
-            () = dog.changed.notified() => {}
-            () = &mut sleep, if due.is_some() => {
+            () = &mut sleep => {
                 // Re-check: a request may have begun since `due` was read.
                 if let Some((at, why)) = dog.due()
                     && at <= Instant::now()
@@ -501,7 +539,7 @@ mod tests {
         impl hyper::service::Service<Request<bool>> for Svc {
             type Response = ();
             type Error = std::convert::Infallible;
-            type Future = BoxFuture<Result<(), Self::Error>>;
+            type Future = Pin<Box<dyn Future<Output = Result<(), Self::Error>> + Send>>;
             fn call(&self, req: Request<bool>) -> Self::Future {
                 let answer = *req.body();
                 Box::pin(async move {

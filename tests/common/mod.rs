@@ -23,8 +23,34 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 pub fn admin_url() -> String {
+    if wal_mode() {
+        let primary = std::env::var("BLOOMGATE_TEST_PRIMARY_URL").expect(
+            "BLOOMGATE_TEST_FRESHNESS=wal needs the logical server: run with scripts/test.sh",
+        );
+        return format!("{primary}/postgres");
+    }
     std::env::var("BLOOMGATE_TEST_DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// Whether this run's gateways take their changes from the WAL:
+/// `BLOOMGATE_TEST_FRESHNESS=wal` (scripts/test.sh runs tests/freshness.rs
+/// once without, once with it) puts every [`TestDb`] on the
+/// `wal_level = logical` server and every [`config`] on the `wal` feed,
+/// unless the test chose a feed itself.
+pub fn wal_mode() -> bool {
+    std::env::var("BLOOMGATE_TEST_FRESHNESS").is_ok_and(|m| m == "wal")
+}
+
+/// Changes the gateway has received from its feed: notifications, or
+/// commits read from the WAL.
+pub fn changes_received(gw: &Gateway) -> u64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    if wal_mode() {
+        gw.wal_stats.commits.load(Relaxed)
+    } else {
+        gw.stats.notifications.load(Relaxed)
+    }
 }
 
 /// A second resource on `users`, by email (two resources on one table).
@@ -206,7 +232,13 @@ pub fn db_addr() -> SocketAddr {
 pub fn config(url: &str, extra: &str) -> Config {
     // The notification triggers are installed at start-up unless `extra`
     // says otherwise.
-    let triggers = if extra.contains("install_triggers") {
+    let chose_feed = extra.contains("listen =") || extra.contains("freshness =");
+    let feed = if wal_mode() && !chose_feed {
+        "freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"2ms\""
+    } else {
+        ""
+    };
+    let triggers = if extra.contains("install_triggers") || !feed.is_empty() {
         ""
     } else {
         "install_triggers = true"
@@ -219,6 +251,7 @@ pub fn config(url: &str, extra: &str) -> Config {
         acquire_timeout = "1s"
         migrate = false
         {triggers}
+        {feed}
         {extra}
 
         [[resource]]
@@ -287,7 +320,7 @@ pub async fn get_with(gw: &Arc<Gateway>, req: Request<Body>) -> Resp {
 }
 
 /// One request through any router, the whole response collected.
-pub async fn send(app: axum::Router, req: Request<Body>) -> Resp {
+pub async fn send(app: bloomgate::http::App, req: Request<Body>) -> Resp {
     let resp = app.oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();

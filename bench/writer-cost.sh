@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# bench/writer-cost.sh: what capturing changes costs the application's
+# writers (issue 11, "Writer cost"), side by side in one run: pgbench TPS
+# with no capture, with the notification triggers, and with the WAL feed,
+# GATEWAYS gateways attached in the two capturing arms.
+#
+# Runs on the throwaway primary of scripts/pg.sh (`ensure_replica_pair`:
+# wal_level = logical, port 54332, fsync off, its streaming replica
+# attached in every arm), never on a server it did not start. In a scratch
+# database it creates the tables of bench/pgbench/setup.sql (`tc_users`
+# gets REPLICA IDENTITY FULL in every arm, since it is served under two
+# keys), then alternates, round by round, three arms:
+#
+#   none      no trigger, no gateway: the writers alone
+#   triggers  `bloomgate install-triggers` enabled, GATEWAYS gateways with
+#             `freshness = "notify"` (LISTEN, applying every notification)
+#   wal       no trigger, GATEWAYS gateways with `freshness = "wal"` (one
+#             temporary logical slot each, read every `wal_poll_interval`)
+#
+# for each workload of bench/trigger-cost.sh (insert: single-row inserts;
+# update: an integer column of rows holding 100 kB of text). The arms' order
+# rotates from round to round. Prints the median TPS per arm and the cost
+# of each capturing arm: the median over the rounds of 1 - arm/none, each
+# round's arms run back to back.
+#
+# Environment (defaults in brackets): DURATION [5] seconds per pgbench run,
+# ROUNDS [5], CLIENTS [4], THREADS [2], GATEWAYS [2].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-5}
+CLIENTS=${CLIENTS:-4}
+THREADS=${THREADS:-2}
+GATEWAYS=${GATEWAYS:-2}
+. scripts/pg.sh
+ensure_replica_pair
+SERVER=$BLOOMGATE_TEST_PRIMARY_URL
+DB=bloomgate_writer_cost
+URL="$SERVER/$DB"
+host=${SERVER#*@}
+export PGHOST=${host%:*} PGPORT=${host##*:} PGUSER=postgres
+psql() { command psql -X -q -v ON_ERROR_STOP=1 "$@"; }
+
+cargo build -q --release --bin bloomgate
+BIN=target/release/bloomgate
+work=$(mktemp -d)
+pids=()
+stop_gateways() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+cleanup() {
+  stop_gateways
+  psql -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+psql -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
+psql -d "$DB" -f bench/pgbench/setup.sql -c "ALTER TABLE tc_users REPLICA IDENTITY FULL"
+
+config() { # freshness -> path
+  cat >"$work/$1.toml" <<EOF
+[server]
+listen = "127.0.0.1:0"
+[database]
+url = "$URL"
+migrate = false
+install_triggers = false
+freshness = "$1"
+EOF
+  cat bench/pgbench/resources.toml >>"$work/$1.toml"
+  echo "$work/$1.toml"
+}
+notify_cfg=$(config notify)
+wal_cfg=$(config wal)
+env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$notify_cfg" >/dev/null
+env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-feed --config "$wal_cfg" >/dev/null
+# install-feed removed the triggers again; put them back, disabled: the
+# triggers arm enables them.
+env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$notify_cfg" >/dev/null
+
+triggers() { # enable|disable
+  psql -d "$DB" -c "ALTER TABLE tc_users ${1^^} TRIGGER USER" -c "ALTER TABLE tc_docs ${1^^} TRIGGER USER"
+}
+start_gateways() { # config
+  local i log
+  for i in $(seq "$GATEWAYS"); do
+    log="$work/gw-$i-$(date +%s%N).log"
+    env -u BLOOMGATE_ADMIN_TOKEN RUST_LOG=info "$BIN" serve --config "$1" >"$log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 150); do
+      grep -q 'ready' "$log" && break
+      kill -0 "${pids[-1]}" 2>/dev/null || { cat "$log" >&2; exit 1; }
+      sleep 0.1
+    done
+  done
+}
+arm() { # none|triggers|wal
+  stop_gateways
+  case $1 in
+    none) triggers disable ;;
+    triggers) triggers enable; start_gateways "$notify_cfg" ;;
+    wal) triggers disable; start_gateways "$wal_cfg" ;;
+  esac
+}
+run() { # script -> TPS
+  pgbench -n -f "bench/pgbench/$1.sql" -c "$CLIENTS" -j "$THREADS" -T "$DURATION" "$DB" 2>/dev/null \
+    | awk '/^tps = /{print $3}'
+}
+median() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+
+arms=(none triggers wal)
+echo "workload round arm tps" >"$work/raw.txt"
+for w in insert update; do
+  for r in $(seq "$ROUNDS"); do
+    for k in 0 1 2; do
+      a=${arms[$(((r + k) % 3))]}
+      arm "$a"
+      echo "$w $r $a $(run "$w")" | tee -a "$work/raw.txt"
+    done
+  done
+done
+stop_gateways
+
+echo
+echo "pgbench -c $CLIENTS -j $THREADS -T $DURATION, $ROUNDS rounds, $GATEWAYS gateways per capturing arm, $(nproc) cores, $(psql -d "$DB" -Atc 'SHOW server_version')"
+printf '%-8s %10s %14s %10s %15s %10s %15s\n' workload "TPS none" "TPS triggers" "cost" "range" "TPS wal" "cost / range"
+for w in insert update; do
+  tps() { awk -v w="$w" -v a="$1" '$1==w && $3==a {print $4}' "$work/raw.txt" | median; }
+  costs() { # arm -> one cost per round, in %
+    awk -v w="$w" -v a="$1" '$1==w && $3=="none" {n[$2]=$4} $1==w && $3==a {x[$2]=$4}
+      END {for (r in x) print (1 - x[r] / n[r]) * 100}' "$work/raw.txt"
+  }
+  range() { costs "$1" | sort -g | awk 'NR==1{lo=$1} {hi=$1} END{printf "%.1f..%.1f%%", lo, hi}'; }
+  printf '%-8s %10.0f %14.0f %9.1f%% %15s %10.0f %9.1f%% %s\n' "$w" "$(tps none)" "$(tps triggers)" \
+    "$(costs triggers | median)" "$(range triggers)" "$(tps wal)" "$(costs wal | median)" "$(range wal)"
+done
+echo
+echo "raw (workload round arm tps):"
+tail -n +2 "$work/raw.txt"

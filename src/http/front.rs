@@ -1,0 +1,427 @@
+//! `FrontLayer`: the one middleware in front of every route, public and
+//! admin. In order, for each request:
+//!
+//! 1. **Request id.** The client's `x-request-id` if it sent one, else a new
+//!    UUID v4; the response carries it (unless the handler set its own).
+//! 2. **Trace span.** `request` at DEBUG with method, path and id, and one
+//!    DEBUG event with status and latency when the response is ready; not
+//!    built at all, and no clock read, while DEBUG is off for this module.
+//! 3. **Body limit.** A request declaring a body over `server.max_body_bytes`
+//!    gets 413 before any other work. Bodies are never read (every route is
+//!    a GET), so a smaller one is simply ignored.
+//! 4. **Load shedding.** At most `server.max_concurrency` requests are
+//!    handled at once (per router: the public and the admin router count
+//!    apart); one more is answered 503 with `Retry-After` at once and counted
+//!    in `shed`, rather than queued without bound.
+//! 5. **Deadline.** A request not answered within the timeout gets 504 and
+//!    is counted in `timeouts`; its handler future is dropped.
+//!
+//! # Why one layer, and what it costs
+//!
+//! This replaces tower-http's `SetRequestId` + `Trace` + `PropagateRequestId`
+//! and tower's `HandleError` + `Timeout` + `LoadShed` +
+//! `GlobalConcurrencyLimit`, with the same responses and counters. Those
+//! seven layers cost a cached hit about 9,000 instructions and 14 heap
+//! allocations on top of a bare handler (BENCHMARKS.md, "Where a hit and a
+//! filtered 404 spend their time"): the id formatted into a `String`, copied
+//! into the request's headers and a boxed `Extensions` entry and back out;
+//! a `Sleep` built for every request; `HandleError`'s per-request `Box::pin`
+//! of the whole nest of futures. Here:
+//! - the id is made once, straight into the `HeaderValue` the response
+//!   carries (one allocation), and never stored in the request;
+//! - the concurrency limit is one shared atomic counter (no semaphore, no
+//!   `poll_ready` handshake); the slot is given back when the response
+//!   future completes or is dropped;
+//! - the deadline's timer is armed only if the handler does not answer on
+//!   its first poll: a hit or a filtered 404 answers there and never touches
+//!   the timer wheel; a load that waits on Postgres arms it, from the first
+//!   poll, which follows the call immediately;
+//! - the future is a plain struct, not boxed, so nothing is moved into a
+//!   second allocation.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue, Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower::{Layer, Service};
+use tracing::Span;
+
+use super::response::json_error;
+use crate::error::Error;
+
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Where the front layer counts what it refuses.
+#[derive(Clone, Debug)]
+pub struct Counters {
+    pub shed: Arc<AtomicU64>,
+    pub timeouts: Arc<AtomicU64>,
+}
+
+/// The layer; every route's copy (axum clones it per route) shares one
+/// in-flight count.
+#[derive(Clone, Debug)]
+pub struct FrontLayer {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    max_body: u64,
+    max_in_flight: usize,
+    in_flight: AtomicUsize,
+    timeout: Option<Duration>,
+    counters: Counters,
+}
+
+impl FrontLayer {
+    pub fn new(
+        max_body: u64,
+        max_in_flight: usize,
+        timeout: Option<Duration>,
+        counters: Counters,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                max_body,
+                max_in_flight,
+                in_flight: AtomicUsize::new(0),
+                timeout,
+                counters,
+            }),
+        }
+    }
+
+    /// Requests being handled now.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+impl<S> Layer<S> for FrontLayer {
+    type Service = Front<S>;
+
+    fn layer(&self, inner: S) -> Front<S> {
+        Front {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Front<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// A slot under `max_concurrency`, given back on drop.
+struct Slot(Arc<Shared>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Release);
+    }
+}
+
+fn new_request_id() -> HeaderValue {
+    let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    let id = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+    HeaderValue::from_str(id).expect("a hyphenated UUID is a valid header value")
+}
+
+impl<S, B> Service<Request<B>> for Front<S>
+where
+    S: Service<Request<B>, Response = Response, Error = std::convert::Infallible>,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = FrontFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let id = match req.headers().get(&X_REQUEST_ID) {
+            Some(v) => v.clone(),
+            None => new_request_id(),
+        };
+        let span = tracing::debug_span!(
+            "request",
+            method = %req.method(),
+            path = %req.uri().path(),
+            id = id.to_str().unwrap_or_default(),
+        );
+        let began = (!span.is_disabled()).then(std::time::Instant::now);
+        let shared = &self.shared;
+        let state = if declared_body(&req).is_some_and(|n| n > shared.max_body) {
+            State::Ready {
+                response: Some(json_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "body_too_large",
+                    &format!("request bodies are limited to {} bytes", shared.max_body),
+                )),
+            }
+        } else if shared
+            .in_flight
+            // Never above the limit, not even for a moment: a refused
+            // request must not hide a slot that was just given back.
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
+                (n < shared.max_in_flight).then_some(n + 1)
+            })
+            .is_err()
+        {
+            shared.counters.shed.fetch_add(1, Ordering::Relaxed);
+            State::Ready {
+                response: Some(Error::Overloaded.into_response()),
+            }
+        } else {
+            let slot = Slot(shared.clone());
+            let inner = {
+                let _entered = span.enter();
+                self.inner.call(req)
+            };
+            State::Running {
+                inner,
+                sleep: None,
+                _slot: slot,
+            }
+        };
+        FrontFuture {
+            state,
+            id: Some(id),
+            span,
+            began,
+            timeout: shared.timeout,
+            timeouts: shared.counters.timeouts.clone(),
+        }
+    }
+}
+
+fn declared_body<B>(req: &Request<B>) -> Option<u64> {
+    req.headers()
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Running {
+            #[pin]
+            inner: F,
+            // Armed on the first poll that finds the handler pending.
+            #[pin]
+            sleep: Option<Sleep>,
+            _slot: Slot,
+        },
+        Ready { response: Option<Response> },
+    }
+}
+
+pin_project! {
+    pub struct FrontFuture<F> {
+        #[pin]
+        state: State<F>,
+        id: Option<HeaderValue>,
+        span: Span,
+        began: Option<std::time::Instant>,
+        timeout: Option<Duration>,
+        timeouts: Arc<AtomicU64>,
+    }
+}
+
+impl<F> Future for FrontFuture<F>
+where
+    F: Future<Output = Result<Response, std::convert::Infallible>>,
+{
+    type Output = Result<Response, std::convert::Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let _entered = (!this.span.is_disabled()).then(|| this.span.enter());
+        let mut response = match this.state.as_mut().project() {
+            StateProj::Ready { response } => response.take().expect("polled after completion"),
+            StateProj::Running {
+                inner, mut sleep, ..
+            } => match inner.poll(cx) {
+                Poll::Ready(Ok(response)) => response,
+                Poll::Ready(Err(never)) => match never {},
+                Poll::Pending => {
+                    let Some(timeout) = *this.timeout else {
+                        return Poll::Pending;
+                    };
+                    if sleep.is_none() {
+                        sleep.set(Some(tokio::time::sleep_until(Instant::now() + timeout)));
+                    }
+                    let sleep = sleep.as_pin_mut().expect("armed above");
+                    ready!(sleep.poll(cx));
+                    this.timeouts.fetch_add(1, Ordering::Relaxed);
+                    Error::Timeout.into_response()
+                }
+            },
+        };
+        // Answered: the handler's future and the slot go now, not when
+        // whoever polled this drops it.
+        this.state.set(State::Ready { response: None });
+        if let Some(id) = this.id.take() {
+            response.headers_mut().entry(&X_REQUEST_ID).or_insert(id);
+        }
+        if let Some(began) = this.began {
+            tracing::debug!(
+                status = response.status().as_u16(),
+                latency_ms = began.elapsed().as_secs_f64() * 1e3,
+                "finished processing request"
+            );
+        }
+        Poll::Ready(Ok(response))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use std::convert::Infallible;
+    use tokio::sync::oneshot;
+
+    fn layer(max_in_flight: usize, timeout: Option<Duration>) -> (FrontLayer, Counters) {
+        let counters = Counters {
+            shed: Arc::default(),
+            timeouts: Arc::default(),
+        };
+        (
+            FrontLayer::new(100, max_in_flight, timeout, counters.clone()),
+            counters,
+        )
+    }
+
+    fn ok() -> Result<Response, Infallible> {
+        Ok(StatusCode::OK.into_response())
+    }
+
+    fn get() -> Request<Body> {
+        Request::get("/").body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_id_is_made_unless_the_client_sent_one_and_the_response_carries_it() {
+        let (l, _) = layer(4, None);
+        let mut svc = l.layer(tower::service_fn(|_req: Request<Body>| async { ok() }));
+        let a = svc.call(get()).await.unwrap();
+        let b = svc.call(get()).await.unwrap();
+        let (a, b) = (&a.headers()[&X_REQUEST_ID], &b.headers()[&X_REQUEST_ID]);
+        assert_ne!(a, b, "every request gets its own id");
+        assert!(uuid::Uuid::parse_str(a.to_str().unwrap()).is_ok());
+        let mut req = get();
+        req.headers_mut()
+            .insert(&X_REQUEST_ID, HeaderValue::from_static("abc-123"));
+        let c = svc.call(req).await.unwrap();
+        assert_eq!(c.headers()[&X_REQUEST_ID], "abc-123");
+    }
+
+    #[tokio::test]
+    async fn a_declared_body_over_the_limit_is_refused_before_the_handler() {
+        let (l, _) = layer(4, None);
+        let mut svc = l.layer(tower::service_fn(|_req: Request<Body>| async {
+            panic!("the handler must not run")
+        }));
+        let mut req = get();
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("101"));
+        let resp = svc.call(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(resp.headers().contains_key(&X_REQUEST_ID));
+    }
+
+    /// The limit holds, counts what it refuses, and a slot comes back when a
+    /// response future completes *or is dropped*.
+    #[tokio::test]
+    async fn past_the_limit_requests_are_shed_and_slots_come_back() {
+        let (l, counters) = layer(2, None);
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let svc = l.layer(tower::service_fn(move |_req: Request<Body>| {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|open| *open).await;
+                ok()
+            }
+        }));
+        let mut a = Box::pin(svc.clone().call(get()));
+        let mut b = Box::pin(svc.clone().call(get()));
+        assert!(futures_util::poll!(&mut a).is_pending());
+        assert!(futures_util::poll!(&mut b).is_pending());
+        assert_eq!(l.in_flight(), 2);
+        let shed = svc.clone().call(get()).await.unwrap();
+        assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(shed.headers().contains_key(header::RETRY_AFTER));
+        assert_eq!(counters.shed.load(Ordering::Relaxed), 1);
+        drop(b);
+        assert_eq!(l.in_flight(), 1, "a dropped request gives its slot back");
+        tx.send(true).unwrap();
+        assert_eq!((&mut a).await.unwrap().status(), StatusCode::OK);
+        assert_eq!(
+            l.in_flight(),
+            0,
+            "given back once answered, before the future is dropped"
+        );
+        drop(a);
+        let again = svc.clone().call(get()).await.unwrap();
+        assert_eq!(again.status(), StatusCode::OK);
+        assert_eq!(counters.shed.load(Ordering::Relaxed), 1);
+    }
+
+    // Real time, short deadlines: no paused clock (tokio's `test-util`
+    // would put a mutex into every `Instant::now` of every build that
+    // includes the dev-dependencies, the benchmarks' included).
+    #[tokio::test]
+    async fn a_handler_past_the_deadline_gets_504_and_is_dropped() {
+        let (l, counters) = layer(4, Some(Duration::from_millis(20)));
+        let (dropped_tx, dropped_rx) = oneshot::channel::<()>();
+        let dropped_tx = Arc::new(std::sync::Mutex::new(Some(dropped_tx)));
+        let mut svc = l.layer(tower::service_fn(move |_req: Request<Body>| {
+            let guard = dropped_tx.lock().unwrap().take();
+            async move {
+                let _guard = guard;
+                std::future::pending::<()>().await;
+                ok()
+            }
+        }));
+        let mut fut = Box::pin(svc.call(get()));
+        let resp = (&mut fut).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert!(resp.headers().contains_key(&X_REQUEST_ID));
+        assert_eq!(counters.timeouts.load(Ordering::Relaxed), 1);
+        // Both gone at the 504, while the response future still exists.
+        let dropped = tokio::time::timeout(Duration::from_secs(5), dropped_rx).await;
+        assert!(
+            matches!(dropped, Ok(Err(_))),
+            "the handler future is dropped at the 504"
+        );
+        assert_eq!(l.in_flight(), 0);
+        drop(fut);
+    }
+
+    #[tokio::test]
+    async fn a_slow_handler_within_the_deadline_is_answered() {
+        let (l, counters) = layer(4, Some(Duration::from_secs(30)));
+        let mut svc = l.layer(tower::service_fn(|_req: Request<Body>| async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            ok()
+        }));
+        let resp = svc.call(get()).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(counters.timeouts.load(Ordering::Relaxed), 0);
+    }
+}
