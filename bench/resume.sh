@@ -89,9 +89,9 @@ measure() { # temporary|permanent -> "seconds rebuilds"
   local r0 b0 pid target t0 t1 r a b
   r0=$(metric bloomgate_wal_reconnects_total)
   b0=$(metric bloomgate_rebuilds_total '{resource="users"}')
-  # The feed's connection (it holds a temporary slot all along; a permanent
-  # one only while it reads).
-  pid=$(psql -d postgres -Atc "SELECT pid FROM pg_stat_activity WHERE datname = '$DB' AND application_name = 'bloomgate-wal-feed'")
+  # The feed's replication connection: the walsender that holds its slot
+  # (the feed's other connection only does bookkeeping).
+  pid=$(psql -d postgres -Atc "SELECT pid FROM pg_stat_activity WHERE datname = '$DB' AND application_name = 'bloomgate-wal-feed' AND backend_type = 'walsender'")
   [ "$(echo "$pid" | grep -c .)" = 1 ] || { echo "not one feed connection for $DB: '$pid'" >&2; exit 1; }
   t0=$(date +%s%N)
   psql -d postgres -Atc "SELECT pg_terminate_backend($pid)" >/dev/null

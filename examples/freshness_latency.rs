@@ -9,7 +9,7 @@
 //! moment the COMMIT returns asks the router (no socket) for the key every
 //! 100 µs until it answers 200. Prints p50/p90/p99/max. The WAL feed needs
 //! `wal_level = logical` (`scripts/pg.sh replicas` starts such a server on
-//! :54332). `WAL_POLL_INTERVAL` overrides the shipped `wal_poll_interval`.
+//! :54332).
 //!
 //! With a replica URL (a streaming replica of the server, e.g. :54333), row
 //! loads go to it (`replica_urls`), gated by LSN: the figure then includes
@@ -39,7 +39,6 @@ async fn main() {
         .to_string();
     let n: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let replica = args.get(4).map(|r| r.trim_end_matches('/').to_string());
-    let poll = std::env::var("WAL_POLL_INTERVAL").unwrap_or_else(|_| "5ms".into());
     let name = format!("bloomgate_latency_{}", std::process::id());
     let admin = PgPoolOptions::new()
         .max_connections(1)
@@ -78,7 +77,6 @@ async fn main() {
         freshness = "{mode}"
         install_feed = {wal}
         install_triggers = {notify}
-        wal_poll_interval = "{poll}"
         {replicas}
         [log]
         level = "warn"

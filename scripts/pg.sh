@@ -106,6 +106,22 @@ ensure_replica_pair() {
       -o "-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB" start >&2 \
       || { cat "$pdir/server.log" >&2; return 1; }
   fi
+  # Three roles that must give a password, one per method the WAL feed's
+  # replication client speaks (tests/replication_auth.rs); every other role
+  # keeps trust. Added once, in front of initdb's lines (first match wins).
+  if [ -f "$pdir/pg_hba.conf" ] && ! grep -q bloomgate_scram "$pdir/pg_hba.conf"; then
+    local hba
+    hba=$(mktemp)
+    {
+      echo "host all bloomgate_scram 127.0.0.1/32 scram-sha-256"
+      echo "host all bloomgate_md5 127.0.0.1/32 md5"
+      echo "host all bloomgate_clear 127.0.0.1/32 password"
+      cat "$pdir/pg_hba.conf"
+    } >"$hba"
+    # Written in place: the file keeps its owner and mode.
+    cat "$hba" >"$pdir/pg_hba.conf" && rm -f "$hba"
+    "${run[@]}" "$bindir/pg_ctl" -D "$pdir" reload >&2
+  fi
   if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$rport"; then
     if [ ! -s "$rdir/PG_VERSION" ]; then
       bg_pg_log "making a streaming replica of it in $rdir on port $rport (pg_basebackup)"

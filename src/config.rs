@@ -240,9 +240,6 @@ pub struct DatabaseConfig {
     /// and remove bloomgate's notification triggers (what `bloomgate
     /// install-feed` does). Default false.
     pub install_feed: bool,
-    /// How often the `wal` feed asks the slot for new commits. Default `5ms`.
-    #[serde(with = "humantime_serde")]
-    pub wal_poll_interval: Duration,
     /// Streaming read replicas of the primary (`url`): row loads and key
     /// scans go to one that has replayed far enough (read-your-writes by
     /// LSN; see `db::replicas`), the change feed stays on the primary.
@@ -297,7 +294,6 @@ impl Default for DatabaseConfig {
             publication: "bloomgate".into(),
             slot: None,
             install_feed: false,
-            wal_poll_interval: Duration::from_millis(5),
             replica_urls: Vec::new(),
             max_replica_lag: Duration::from_secs(1),
             replica_check_interval: Duration::from_millis(250),
@@ -319,7 +315,6 @@ impl fmt::Debug for DatabaseConfig {
             .field("publication", &self.publication)
             .field("slot", &self.slot)
             .field("install_feed", &self.install_feed)
-            .field("wal_poll_interval", &self.wal_poll_interval)
             .field(
                 "replica_urls",
                 &self

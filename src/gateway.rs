@@ -433,7 +433,7 @@ impl Gateway {
                 connect: (*self.db.pool().connect_options()).clone(),
                 publication: self.config.database.publication.clone(),
                 slot: self.config.database.slot.clone(),
-                poll: self.config.database.wal_poll_interval,
+                password: feed::replication::password_from_url(&self.config.database.url),
             };
             self.keep(tokio::spawn(feed::wal::run(
                 opts,

@@ -39,8 +39,10 @@
 //!   `LISTEN bloomgate`, fed by the triggers [`db::triggers`] generates (one
 //!   small function per table, its key columns written in); resyncs after
 //!   every reconnect, refuses a hot standby. [`feed::wal`]: logical decoding
-//!   of the WAL through a replication slot ([`feed::pgoutput`] decodes it),
-//!   advanced only past what the applier has applied.
+//!   of the WAL streamed from a replication slot over the replication
+//!   protocol ([`feed::replication`], a small client of it;
+//!   [`feed::pgoutput`] decodes the messages), acknowledged only up to what
+//!   the applier has applied.
 //! - [`apply`]: the gateway's applier: every feed event, in order, to every
 //!   resource on its table, each by its own key column (new keys into the
 //!   filter, stale rows out of the cache, rebuilds on truncate, resync and

@@ -59,7 +59,7 @@ impl Feed {
             connect: db.url.parse::<PgConnectOptions>().unwrap(),
             publication: publication.into(),
             slot: None,
-            poll: Duration::from_millis(2),
+            password: None,
         };
         let task = tokio::spawn(feed::wal::run(
             opts,
@@ -249,6 +249,79 @@ async fn a_hundred_thousand_row_transaction_is_one_commit() {
     assert!(seen[1..].iter().all(|s| *s));
 }
 
+/// Protocol 2's streaming: with `logical_decoding_work_mem` at its minimum
+/// (set on this test's database, which the walsender reads), a large
+/// transaction comes in blocks while it runs. It is delivered once, at its
+/// commit, without the rows of a subtransaction rolled back inside it; a
+/// streamed transaction that aborts is never delivered. The server's
+/// `pg_stat_replication_slots.stream_txns` proves the streaming happened.
+#[tokio::test]
+async fn a_streamed_transaction_is_delivered_at_commit_without_its_aborts() {
+    let db = logical_db().await;
+    db.exec(&format!(
+        "ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'",
+        db.name
+    ))
+    .await;
+    db.exec("CREATE TABLE nums (n bigint PRIMARY KEY, pad text)")
+        .await;
+    let mut feed = Feed::start(
+        &db,
+        watch_of(&[("public.nums", "n", ColumnType::Int8)]),
+        "bloomgate",
+    )
+    .await;
+    // Aborted, and large enough to be streamed first.
+    let mut c = db.pool.acquire().await.unwrap();
+    sqlx::raw_sql(
+        "BEGIN;
+         INSERT INTO nums SELECT g, repeat('x', 100) FROM generate_series(100001, 105000) g;
+         ROLLBACK;",
+    )
+    .execute(&mut *c)
+    .await
+    .unwrap();
+    // Committed, with a rolled-back subtransaction in the middle.
+    sqlx::raw_sql(
+        "BEGIN;
+         INSERT INTO nums SELECT g, repeat('x', 100) FROM generate_series(1, 5000) g;
+         SAVEPOINT s;
+         INSERT INTO nums SELECT g, repeat('x', 100) FROM generate_series(200001, 205000) g;
+         ROLLBACK TO SAVEPOINT s;
+         INSERT INTO nums SELECT g, repeat('x', 100) FROM generate_series(5001, 6000) g;
+         COMMIT;",
+    )
+    .execute(&mut *c)
+    .await
+    .unwrap();
+    let got = feed.next_received().await;
+    let mut keys: Vec<i64> = got
+        .changes
+        .iter()
+        .map(|ch| match key(ch, "new", "n") {
+            Some(Value::Text(t)) => t.parse().unwrap(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(keys, (1..=6000).collect::<Vec<i64>>());
+    let mut streamed = 0i64;
+    for _ in 0..500 {
+        streamed = sqlx::query_scalar(
+            "SELECT coalesce(sum(stream_txns), 0)::int8 FROM pg_stat_replication_slots s
+               JOIN pg_replication_slots r USING (slot_name) WHERE r.database = current_database()",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if streamed >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(streamed >= 2, "the server streamed {streamed} transactions");
+}
+
 /// The Visible phase waits for a committed transaction to be visible to
 /// new snapshots. A transaction still running is not visible, also when it
 /// is the newest one (its xid at or past the snapshot's xmax, so absent
@@ -275,4 +348,141 @@ async fn a_running_transaction_is_not_visible_even_the_newest() {
             .await
             .unwrap()
     );
+}
+
+/// The replication client (`feed::replication`) against a real server:
+/// each password method `scripts/pg.sh` configures for its three roles
+/// (SCRAM-SHA-256, MD5, cleartext) admits the right password and refuses a
+/// wrong or missing one without echoing it; then, as the superuser, a
+/// temporary slot streams a committed insert and the server takes the
+/// acknowledged position as the slot's confirmed one.
+#[tokio::test]
+async fn the_replication_client_authenticates_and_streams() {
+    use bloomgate::feed::pgoutput::{self, Message};
+    use bloomgate::feed::replication::{Connection, Endpoint, Frame, ReplError};
+
+    let db = logical_db().await;
+    let opts: PgConnectOptions = db.url.parse().unwrap();
+    let endpoint = |user: &str, password: Option<&str>| Endpoint {
+        host: opts.get_host().to_owned(),
+        port: opts.get_port(),
+        socket: None,
+        user: user.to_owned(),
+        password: password.map(str::to_owned),
+        database: db.name.clone(),
+        application_name: "bloomgate-test".into(),
+    };
+    let password = "pässwörd 1'\"";
+    let mut admin = db.pool.acquire().await.unwrap();
+    for (role, method, stored) in [
+        ("bloomgate_scram", "scram-sha-256", "scram-sha-256"),
+        ("bloomgate_md5", "md5", "md5"),
+        ("bloomgate_clear", "password", "scram-sha-256"),
+    ] {
+        let rule: Option<String> = sqlx::query_scalar(
+            "SELECT auth_method FROM pg_hba_file_rules WHERE $1 = ANY(user_name) LIMIT 1",
+        )
+        .bind(role)
+        .fetch_optional(&mut *admin)
+        .await
+        .unwrap();
+        assert_eq!(
+            rule.as_deref(),
+            Some(method),
+            "the logical server lacks scripts/pg.sh's pg_hba line for {role}: run scripts/test.sh"
+        );
+        sqlx::raw_sql(&format!(
+            "DO $$ BEGIN CREATE ROLE {role} LOGIN REPLICATION; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             SET password_encryption = '{stored}';
+             ALTER ROLE {role} PASSWORD '{}';
+             RESET password_encryption;",
+            password.replace('\'', "''")
+        ))
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+
+        let mut c = Connection::connect(&endpoint(role, Some(password)))
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+        let rows = c.simple_query("IDENTIFY_SYSTEM").await.unwrap();
+        assert_eq!(rows.len(), 1, "{method}");
+        assert!(
+            rows[0][2].as_deref().and_then(Lsn::parse).is_some(),
+            "{method}: {rows:?}"
+        );
+
+        let wrong = "not the password";
+        match Connection::connect(&endpoint(role, Some(wrong))).await {
+            Err(e @ ReplError::Server { .. }) => {
+                let text = e.to_string();
+                assert!(text.contains("28P01"), "{method}: {text}");
+                assert!(!text.contains(wrong) && !text.contains(password), "{text}");
+            }
+            Err(e) => panic!("{method}: wrong password refused oddly: {e}"),
+            Ok(_) => panic!("{method}: a wrong password was accepted"),
+        }
+        assert!(
+            matches!(
+                Connection::connect(&endpoint(role, None)).await,
+                Err(ReplError::Auth(_))
+            ),
+            "{method}: no password"
+        );
+    }
+    drop(admin);
+
+    db.exec("CREATE TABLE t (id int PRIMARY KEY)").await;
+    db.exec("CREATE PUBLICATION p FOR TABLE t").await;
+    let mut c = Connection::connect(&endpoint("postgres", None))
+        .await
+        .unwrap();
+    let slot = format!("bloomgate_test_{}", std::process::id());
+    c.create_slot(&slot, true).await.unwrap();
+    let mut stream = c
+        .start(
+            &slot,
+            Lsn::ZERO,
+            &[("proto_version", "1"), ("publication_names", "\"p\"")],
+        )
+        .await
+        .unwrap();
+    db.exec("INSERT INTO t VALUES (42)").await;
+    let mut inserted = false;
+    let end = loop {
+        let frame = tokio::time::timeout(Duration::from_secs(30), stream.recv())
+            .await
+            .expect("the insert is streamed within 30 s")
+            .unwrap();
+        if let Frame::XLogData { data, .. } = frame {
+            match pgoutput::decode(&data).unwrap() {
+                Message::Insert { .. } => inserted = true,
+                Message::Commit { end_lsn, .. } => break Lsn(end_lsn),
+                _ => {}
+            }
+        }
+    };
+    assert!(inserted);
+    stream.send_status(end, end, false).await.unwrap();
+    let mut confirmed = Lsn::ZERO;
+    for _ in 0..1000 {
+        let at: Option<String> = sqlx::query_scalar(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+        )
+        .bind(&slot)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap()
+        .flatten();
+        confirmed = at.as_deref().and_then(Lsn::parse).unwrap_or(Lsn::ZERO);
+        if confirmed >= end {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        confirmed >= end,
+        "confirmed {confirmed}, acknowledged {end}"
+    );
+    drop(stream);
 }

@@ -28,7 +28,7 @@ async fn logical_db(n: i64) -> TestDb {
 fn wal_config(db: &TestDb, extra: &str) -> bloomgate::config::Config {
     config(
         &db.url,
-        &format!("freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"2ms\"\n{extra}"),
+        &format!("freshness = \"wal\"\ninstall_feed = true\n{extra}"),
     )
 }
 

@@ -1,12 +1,15 @@
-//! Fuzzes `bloomgate::feed::pgoutput::decode`, which reads every message the
-//! WAL feed receives: it must never panic, and a message it accepts must
-//! decode the same way again (no hidden state).
+//! Fuzzes `bloomgate::feed::pgoutput::decode_in`, which reads every message
+//! the WAL feed receives, inside a streamed block and out: it must never
+//! panic, and a message it accepts must decode the same way again (no
+//! hidden state).
 #![no_main]
 
-use bloomgate::feed::pgoutput::decode;
+use bloomgate::feed::pgoutput::decode_in;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let first = decode(data);
-    assert_eq!(first, decode(data));
+    for in_stream in [false, true] {
+        let first = decode_in(data, in_stream);
+        assert_eq!(first, decode_in(data, in_stream));
+    }
 });

@@ -25,6 +25,7 @@
 
 pub mod notify;
 pub mod pgoutput;
+pub mod replication;
 pub mod wal;
 
 use std::fmt;

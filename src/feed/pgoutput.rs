@@ -1,5 +1,12 @@
-//! Decoding of `pgoutput` messages (protocol version 1), the logical
-//! decoding output plugin every Postgres since 10 ships.
+//! Decoding of `pgoutput` messages (protocol versions 1 and 2), the
+//! logical decoding output plugin every Postgres since 10 ships.
+//!
+//! Version 2 (Postgres 14+, with `streaming 'on'`) may send a large
+//! transaction in progress, in blocks between Stream Start and Stream Stop,
+//! before it commits or aborts; inside a block, every message about a row
+//! or relation carries the (sub)transaction's xid after its type byte.
+//! Whether a message is inside a block is the reader's state, not the
+//! message's: [`decode_in`] takes it.
 //!
 //! Each message is one byte of type and a body; the decoder reads what the
 //! feed needs (transactions, relations, row changes, truncates) and skips
@@ -63,6 +70,27 @@ pub enum Message {
         lsn: u64,
         prefix: String,
         content: Vec<u8>,
+    },
+    /// A streamed transaction's block begins (`S`); `first`: its first.
+    StreamStart {
+        xid: u32,
+        first: bool,
+    },
+    /// The current streamed block ends (`E`).
+    StreamStop,
+    /// A streamed transaction committed (`c`).
+    StreamCommit {
+        xid: u32,
+        commit_lsn: u64,
+        end_lsn: u64,
+        /// Microseconds since 2000-01-01.
+        commit_time: i64,
+    },
+    /// A streamed transaction (`subxid == xid`) or one of its
+    /// subtransactions aborted (`A`): its changes never happened.
+    StreamAbort {
+        xid: u32,
+        subxid: u32,
     },
     /// A message type this decoder does not know (a newer protocol's):
     /// nothing to apply.
@@ -152,11 +180,10 @@ impl<'a> Reader<'a> {
                 b't' => {
                     let len = self.u32()? as usize;
                     let bytes = self.take(len)?;
-                    Datum::Text(
-                        std::str::from_utf8(bytes)
-                            .map_err(|_| DecodeError("value not UTF-8"))?
-                            .to_string(),
-                    )
+                    // A SQL_ASCII database can hold any bytes; a key the
+                    // gateway serves is UTF-8 (requests are), and another
+                    // column's value is never read.
+                    Datum::Text(String::from_utf8_lossy(bytes).into_owned())
                 }
                 _ => return Err(DecodeError("unknown tuple column kind")),
             });
@@ -165,10 +192,24 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decodes one message.
+/// Decodes one message outside a streamed block (all of protocol 1).
 pub fn decode(msg: &[u8]) -> Result<Message, DecodeError> {
+    decode_in(msg, false).map(|(_, m)| m)
+}
+
+/// Decodes one message; `in_stream`: it came between Stream Start and
+/// Stream Stop. Returns the (sub)transaction xid such a message carries.
+pub fn decode_in(msg: &[u8], in_stream: bool) -> Result<(Option<u32>, Message), DecodeError> {
     let mut r = Reader { buf: msg };
     let kind = r.u8()?;
+    let xid = match kind {
+        b'R' | b'Y' | b'I' | b'U' | b'D' | b'T' | b'M' if in_stream => Some(r.u32()?),
+        _ => None,
+    };
+    Ok((xid, decode_body(kind, &mut r)?))
+}
+
+fn decode_body(kind: u8, r: &mut Reader<'_>) -> Result<Message, DecodeError> {
     Ok(match kind {
         b'B' => {
             let final_lsn = r.u64()?;
@@ -283,6 +324,25 @@ pub fn decode(msg: &[u8]) -> Result<Message, DecodeError> {
                 content,
             }
         }
+        b'S' => Message::StreamStart {
+            xid: r.u32()?,
+            first: r.u8()? == 1,
+        },
+        b'E' => Message::StreamStop,
+        b'c' => {
+            let xid = r.u32()?;
+            let _flags = r.u8()?;
+            Message::StreamCommit {
+                xid,
+                commit_lsn: r.u64()?,
+                end_lsn: r.u64()?,
+                commit_time: r.u64()? as i64,
+            }
+        }
+        b'A' => Message::StreamAbort {
+            xid: r.u32()?,
+            subxid: r.u32()?,
+        },
         other => Message::Other(other),
     })
 }
@@ -447,10 +507,91 @@ mod tests {
         assert_eq!(decode(b"Z").unwrap(), Message::Other(b'Z'));
     }
 
+    #[test]
+    fn decodes_streamed_transactions() {
+        let mut start = vec![b'S'];
+        start.extend(900u32.to_be_bytes());
+        start.push(1);
+        assert_eq!(
+            decode(&start).unwrap(),
+            Message::StreamStart {
+                xid: 900,
+                first: true
+            }
+        );
+        // Inside a block a row message carries its (sub)transaction's xid
+        // first; read without that knowledge the relation id would be wrong.
+        let mut ins = vec![b'I'];
+        ins.extend(901u32.to_be_bytes());
+        ins.extend(16384u32.to_be_bytes());
+        ins.push(b'N');
+        ins.extend(tuple(&[Some("7")]));
+        assert_eq!(
+            decode_in(&ins, true).unwrap(),
+            (
+                Some(901),
+                Message::Insert {
+                    rel: 16384,
+                    new: Tuple(vec![Datum::Text("7".into())])
+                }
+            )
+        );
+        assert_ne!(
+            decode_in(&ins, false).ok().map(|(_, m)| m),
+            decode_in(&ins, true).ok().map(|(_, m)| m)
+        );
+        let mut trunc = vec![b'T'];
+        trunc.extend(900u32.to_be_bytes());
+        trunc.extend(1u32.to_be_bytes());
+        trunc.push(0);
+        trunc.extend(5u32.to_be_bytes());
+        assert_eq!(
+            decode_in(&trunc, true).unwrap(),
+            (Some(900), Message::Truncate { rels: vec![5] })
+        );
+        assert_eq!(decode(b"E").unwrap(), Message::StreamStop);
+        let mut commit = vec![b'c'];
+        commit.extend(900u32.to_be_bytes());
+        commit.push(0);
+        commit.extend(5u64.to_be_bytes());
+        commit.extend(9u64.to_be_bytes());
+        commit.extend(1u64.to_be_bytes());
+        assert_eq!(
+            decode(&commit).unwrap(),
+            Message::StreamCommit {
+                xid: 900,
+                commit_lsn: 5,
+                end_lsn: 9,
+                commit_time: 1
+            }
+        );
+        let mut abort = vec![b'A'];
+        abort.extend(900u32.to_be_bytes());
+        abort.extend(901u32.to_be_bytes());
+        assert_eq!(
+            decode(&abort).unwrap(),
+            Message::StreamAbort {
+                xid: 900,
+                subxid: 901
+            }
+        );
+        for (m, in_stream) in [
+            (&start, false),
+            (&ins, true),
+            (&trunc, true),
+            (&commit, false),
+            (&abort, false),
+        ] {
+            for n in 0..m.len() {
+                assert!(decode_in(&m[..n], in_stream).is_err(), "{:?}", &m[..n]);
+            }
+        }
+    }
+
     proptest! {
         #[test]
-        fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode(&bytes);
+        fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200), in_stream: bool) {
+            let _ = decode_in(&bytes, in_stream);
         }
     }
 }

@@ -234,7 +234,7 @@ pub fn config(url: &str, extra: &str) -> Config {
     // says otherwise.
     let chose_feed = extra.contains("listen =") || extra.contains("freshness =");
     let feed = if wal_mode() && !chose_feed {
-        "freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"2ms\""
+        "freshness = \"wal\"\ninstall_feed = true"
     } else {
         ""
     };
