@@ -15,7 +15,7 @@
 #   triggers  `bloomgate install-triggers` enabled, GATEWAYS gateways with
 #             `freshness = "notify"` (LISTEN, applying every notification)
 #   wal       no trigger, GATEWAYS gateways with `freshness = "wal"` (one
-#             temporary logical slot each, read every `wal_poll_interval`)
+#             temporary logical slot each, streamed to its walsender)
 #
 # for each workload of bench/trigger-cost.sh (insert: single-row inserts;
 # update: an integer column of rows holding 100 kB of text). The arms' order

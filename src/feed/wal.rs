@@ -37,9 +37,15 @@
 //! committed *and is visible*, so the rebuild's snapshot contains it.
 //!
 //! Why a hand-written client rather than a crate: sqlx does not speak the
-//! protocol (`CopyBoth`), and the crates that do either pull a C TLS stack
-//! into every build or are too young to rely on; the part the feed needs is
-//! small and tested against a real server (tests/wal_events.rs). Before
+//! protocol (`CopyBoth`). `pg_walstream` (0.1 to 0.9 within a year) builds
+//! on libpq (`libpq-sys`/`pq-sys`) or, by default, on rustls with aws-lc-rs,
+//! a C toolchain in every build; `pgwire-replication` (0.1 to 0.3, one
+//! maintainer, extracted from a CDC project) defaults to rustls with ring
+//! and owns the feedback loop. What the feed needs is small (start-up,
+//! four authentication methods, two commands, three frame types), adds no
+//! crate the build did not already compile for sqlx (hmac, sha2, md-5,
+//! base64, stringprep), and is tested against a real server
+//! (tests/wal_events.rs) and against RFC 7677's SCRAM example. Before
 //! this client the feed polled `pg_logical_slot_peek_binary_changes`
 //! through sqlx: every poll decoded the WAL again from the slot's position,
 //! and commit-to-servable paid up to one poll interval (BENCHMARKS.md).
