@@ -11,9 +11,12 @@
 //! permanent `database.slot`. `START_REPLICATION … LOGICAL` streams every
 //! committed transaction of the publication's tables as it is decoded;
 //! the feed reduces each row to the watched key columns as canonical text
-//! and sends one [`Event::Commit`] per transaction, in commit order. Frames
-//! that have already arrived are taken together as one batch (one
-//! visibility check, one acknowledgement). A second, ordinary connection
+//! and sends one [`Event::Commit`] per transaction, in commit order, as
+//! soon as it arrives. The `Visible` delivery (below) and the
+//! acknowledgement follow for all commits received meanwhile at most every
+//! [`VISIBLE_EVERY`] (5 ms): one snapshot query per commit, at thousands of
+//! commits a second and one feed per gateway, cost the writers 40 % of
+//! their TPS (bench/writer-cost.sh). A second, ordinary connection
 //! does the slot bookkeeping of a permanent slot and the visibility checks
 //! (a walsender runs no SQL while it streams).
 //!
@@ -330,6 +333,12 @@ const STATUS_EVERY: Duration = Duration::from_secs(1);
 /// acknowledgement cover them all.
 const BATCH_FRAMES: usize = 10_000;
 
+/// Commits are delivered at `Received` as they arrive, and checked for
+/// visibility (one query for all of them), delivered at `Visible` and
+/// acknowledged at most this often: a query per commit would cost the
+/// primary more than the writes it follows.
+const VISIBLE_EVERY: Duration = Duration::from_millis(5);
+
 /// Silent this long, the server is asked for a sign of life; silent this
 /// long, the connection is given up for dead.
 const SILENCE_ASK: Duration = Duration::from_secs(10);
@@ -430,11 +439,86 @@ async fn session(
     // as flushed: the slot's confirmed position).
     let mut received = Lsn::ZERO;
     let mut confirmed = Lsn::ZERO;
+    // The end of what the server has sent, from a keepalive received with
+    // no whole transaction half read: nothing before it is still to come.
+    let mut idle_upto: Option<Lsn> = None;
+    // Delivered at `Received`, waiting for their `Visible` delivery.
+    let mut pending = Pending::default();
+    let mut checked = Instant::now();
     let mut heard = Instant::now();
     loop {
-        let first_frame = match tokio::time::timeout(STATUS_EVERY, stream.recv()).await {
-            Ok(f) => f?,
-            Err(_) => {
+        let wait = if pending.commits.is_empty() {
+            STATUS_EVERY
+        } else {
+            VISIBLE_EVERY.saturating_sub(checked.elapsed())
+        };
+        // The server asked for a status; we ask it for a sign of life.
+        let mut reply = false;
+        let mut ask = false;
+        match tokio::time::timeout(wait, stream.recv()).await {
+            Ok(first) => {
+                heard = Instant::now();
+                let mut next = Some(first?);
+                let mut taken = 0;
+                while let Some(frame) = next.take() {
+                    match frame {
+                        Frame::XLogData {
+                            start,
+                            wal_end,
+                            data,
+                        } => {
+                            received = received.max(start);
+                            stats
+                                .lag_bytes
+                                .store(wal_end.0.saturating_sub(confirmed.0), Ordering::Relaxed);
+                            match pgoutput::decode_in(&data, asm.in_block()) {
+                                Ok((sub, msg)) => {
+                                    if let Some(done) = asm.push(sub, msg) {
+                                        stats.commits.fetch_add(1, Ordering::Relaxed);
+                                        let commit = pending.add(done);
+                                        if tx.send(Event::Commit(commit)).await.is_err() {
+                                            return Ok(());
+                                        }
+                                    }
+                                }
+                                Err(e) => {
+                                    // Nothing sane to apply. Its transaction
+                                    // may not be committed yet, and a rebuild
+                                    // now would not see its rows: rebuild
+                                    // once it is (see below).
+                                    tracing::error!(error = %e, "undecodable WAL message; every filter is rebuilt after its transaction");
+                                    asm.poison();
+                                }
+                            }
+                        }
+                        Frame::Keepalive {
+                            wal_end,
+                            reply_requested,
+                        } => {
+                            reply |= reply_requested;
+                            if !asm.in_transaction() {
+                                idle_upto = Some(wal_end);
+                            }
+                            received = received.max(wal_end);
+                            stats
+                                .lag_bytes
+                                .store(wal_end.0.saturating_sub(confirmed.0), Ordering::Relaxed);
+                        }
+                        Frame::End => {
+                            return Err(
+                                ReplError::Protocol("the server ended the stream".into()).into()
+                            );
+                        }
+                    }
+                    taken += 1;
+                    if taken < BATCH_FRAMES {
+                        stream.fill()?;
+                        next = stream.try_recv()?;
+                    }
+                }
+                pending.resync |= std::mem::take(&mut asm.stray_error);
+            }
+            Err(_) if pending.commits.is_empty() => {
                 // Quiet. We report every second, so the server never asks
                 // us anything: ask it, and give up on a peer that is gone
                 // (a crashed host, a failover) instead of waiting for TCP.
@@ -446,146 +530,110 @@ async fn session(
                     ))
                     .into());
                 }
-                stream
-                    .send_status(received, confirmed, silent >= SILENCE_ASK)
-                    .await?;
-                continue;
+                ask = silent >= SILENCE_ASK;
             }
-        };
-        heard = Instant::now();
-        let mut dones = Vec::new();
-        let mut reply = false;
-        // The end of what the server has sent, from a keepalive received
-        // with no whole transaction half read: nothing before it is still
-        // to come.
-        let mut idle_upto = None;
-        let mut next = Some(first_frame);
-        let mut taken = 0;
-        while let Some(frame) = next.take() {
-            match frame {
-                Frame::XLogData {
-                    start,
-                    wal_end,
-                    data,
-                } => {
-                    received = received.max(start);
-                    stats
-                        .lag_bytes
-                        .store(wal_end.0.saturating_sub(confirmed.0), Ordering::Relaxed);
-                    match pgoutput::decode_in(&data, asm.in_block()) {
-                        Ok((sub, msg)) => dones.extend(asm.push(sub, msg)),
-                        Err(e) => {
-                            // Nothing sane to apply. Its transaction may not
-                            // be committed yet, and a rebuild now would not
-                            // see its rows: rebuild once it is (see below).
-                            tracing::error!(error = %e, "undecodable WAL message; every filter is rebuilt after its transaction");
-                            asm.poison();
+            // Time for the visibility check.
+            Err(_) => {}
+        }
+        let mut upto = None;
+        if checked.elapsed() >= VISIBLE_EVERY || pending.commits.is_empty() {
+            checked = Instant::now();
+            if !pending.commits.is_empty() {
+                upto = pending.last;
+            }
+            let p = std::mem::take(&mut pending);
+            if !p.commits.is_empty() {
+                let xids: Vec<u32> = p.commits.iter().filter_map(|c| c.xid).collect();
+                if let Err(e) =
+                    wait_visible(&mut conn, &xids, &mut stream, (received, confirmed)).await
+                {
+                    // The side connection may have been closed while idle
+                    // (idle_session_timeout, a proxy): one new one, rather
+                    // than a new slot and a rebuild of everything.
+                    let SessionError::Sql(e) = e else {
+                        return Err(e);
+                    };
+                    tracing::warn!(error = %e, "WAL feed: visibility check failed; reconnecting its side connection");
+                    conn = side_connection(&connect).await?;
+                    wait_visible(&mut conn, &xids, &mut stream, (received, confirmed)).await?;
+                }
+                for mut c in p.commits {
+                    c.phase = Phase::Visible;
+                    if tx.send(Event::Commit(c)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                // Confirm only what the applier has applied. It is in this
+                // process and applies in order, so this is a short wait;
+                // the server hears from us meanwhile.
+                if let Some(target) = p.last {
+                    while *applied.borrow() < target {
+                        match tokio::time::timeout(STATUS_EVERY, applied.changed()).await {
+                            Ok(Ok(())) => {}
+                            // The applier is gone: the gateway is stopping.
+                            Ok(Err(_)) => return Ok(()),
+                            Err(_) => stream.send_status(received, confirmed, false).await?,
                         }
                     }
                 }
-                Frame::Keepalive {
-                    wal_end,
-                    reply_requested,
-                } => {
-                    reply |= reply_requested;
-                    if !asm.in_transaction() {
-                        idle_upto = Some(wal_end);
-                    }
-                    received = received.max(wal_end);
-                    stats
-                        .lag_bytes
-                        .store(wal_end.0.saturating_sub(confirmed.0), Ordering::Relaxed);
-                }
-                Frame::End => {
-                    return Err(ReplError::Protocol("the server ended the stream".into()).into());
-                }
             }
-            taken += 1;
-            if taken < BATCH_FRAMES {
-                stream.fill()?;
-                next = stream.try_recv()?;
-            }
-        }
-        let mut upto = idle_upto;
-        let mut resync = std::mem::take(&mut asm.stray_error);
-        let mut rescan: Vec<super::TableName> = Vec::new();
-        if !dones.is_empty() {
-            let last = dones.iter().filter_map(|d| d.commit.lsn).max();
-            upto = upto.max(last);
-            let xids: Vec<u32> = dones.iter().filter_map(|d| d.commit.xid).collect();
-            let mut visible = Vec::with_capacity(dones.len());
-            for d in dones {
-                stats.commits.fetch_add(1, Ordering::Relaxed);
-                resync |= d.resync;
-                for t in d.rescan {
-                    if !rescan.contains(&t) {
-                        rescan.push(t);
-                    }
-                }
-                visible.push(Commit {
-                    phase: Phase::Visible,
-                    ..d.commit.clone()
+            // What could not be carried, rescanned now that its
+            // transactions are visible (a rebuild's snapshot, taken after
+            // this, sees them).
+            if p.resync {
+                let ev = Event::Resync(Resync {
+                    reason: "WAL feed: undecodable message".into(),
+                    snapshot: None,
                 });
-                if tx.send(Event::Commit(d.commit)).await.is_err() {
+                if tx.send(ev).await.is_err() {
                     return Ok(());
                 }
             }
-            if let Err(e) = wait_visible(&mut conn, &xids, &mut stream, (received, confirmed)).await
-            {
-                // The side connection may have been closed while idle
-                // (idle_session_timeout, a proxy): one new one, rather than
-                // a new slot and a rebuild of everything.
-                let SessionError::Sql(e) = e else {
-                    return Err(e);
-                };
-                tracing::warn!(error = %e, "WAL feed: visibility check failed; reconnecting its side connection");
-                conn = side_connection(&connect).await?;
-                wait_visible(&mut conn, &xids, &mut stream, (received, confirmed)).await?;
-            }
-            for c in visible {
-                if tx.send(Event::Commit(c)).await.is_err() {
+            for t in p.rescan {
+                if tx.send(Event::Rescan(t)).await.is_err() {
                     return Ok(());
                 }
             }
-            // Confirm only what the applier has applied. It is in this
-            // process and applies in order, so this is a short wait; the
-            // server hears from us meanwhile.
-            if let Some(target) = last {
-                while *applied.borrow() < target {
-                    match tokio::time::timeout(STATUS_EVERY, applied.changed()).await {
-                        Ok(Ok(())) => {}
-                        // The applier is gone: the gateway is stopping.
-                        Ok(Err(_)) => return Ok(()),
-                        Err(_) => stream.send_status(received, confirmed, false).await?,
-                    }
-                }
-            }
-        }
-        // What could not be carried, rescanned now that its transactions
-        // are visible (a rebuild's snapshot, taken after this, sees them).
-        if resync {
-            let ev = Event::Resync(Resync {
-                reason: "WAL feed: undecodable message".into(),
-                snapshot: None,
-            });
-            if tx.send(ev).await.is_err() {
-                return Ok(());
-            }
-        }
-        for t in rescan {
-            if tx.send(Event::Rescan(t)).await.is_err() {
-                return Ok(());
-            }
+            // Everything received is applied and visible now: a keepalive
+            // position received meanwhile is safe to confirm too.
+            upto = upto.max(idle_upto);
         }
         let moved = upto.is_some_and(|u| u > confirmed);
         if let Some(u) = upto {
             confirmed = confirmed.max(u);
             received = received.max(confirmed);
         }
-        if moved || reply {
-            stream.send_status(received, confirmed, false).await?;
+        if moved || reply || ask || heard.elapsed() >= STATUS_EVERY {
+            stream.send_status(received, confirmed, ask).await?;
             stats.applied_lsn.store(confirmed.0, Ordering::Relaxed);
         }
+    }
+}
+
+/// Commits delivered at `Received` and not yet at `Visible`, and what
+/// they could not carry.
+#[derive(Default)]
+struct Pending {
+    /// Copies for the `Visible` delivery.
+    commits: Vec<Commit>,
+    /// The last one's end: confirmed once they are visible and applied.
+    last: Option<Lsn>,
+    resync: bool,
+    rescan: Vec<super::TableName>,
+}
+
+impl Pending {
+    /// Takes a completed transaction; returns its `Received` delivery.
+    fn add(&mut self, done: Done) -> Commit {
+        self.resync |= done.resync;
+        for t in done.rescan {
+            if !self.rescan.contains(&t) {
+                self.rescan.push(t);
+            }
+        }
+        self.last = self.last.max(done.commit.lsn);
+        self.commits.push(done.commit.clone());
+        done.commit
     }
 }
 
