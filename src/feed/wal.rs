@@ -14,9 +14,11 @@
 //! and sends one [`Event::Commit`] per transaction, in commit order, as
 //! soon as it arrives. The `Visible` delivery (below) and the
 //! acknowledgement follow for all commits received meanwhile at most every
-//! [`VISIBLE_EVERY`] (5 ms): one snapshot query per commit, at thousands of
-//! commits a second and one feed per gateway, cost the writers 40 % of
-//! their TPS (bench/writer-cost.sh). A second, ordinary connection
+//! [`VISIBLE_EVERY`] (5 ms): with one snapshot query per commit, at
+//! thousands of commits a second and one feed per gateway, the writers lost
+//! about 40 % of their TPS on the 2-core test box, against 28 % with the
+//! batching (bench/writer-cost.sh, one run each; BENCHMARKS.md has what
+//! the rest is). A second, ordinary connection
 //! does the slot bookkeeping of a permanent slot and the visibility checks
 //! (a walsender runs no SQL while it streams).
 //!
