@@ -9,7 +9,7 @@
 # so two builds can be compared in one run:
 #   for r in 1 2; do GW=2 bench/feed-cpu.sh; BIN=/tmp/old/bloomgate GW=2 bench/feed-cpu.sh; GW=0 bench/feed-cpu.sh; done
 set -euo pipefail
-cd /work/main
+cd "$(dirname "$0")/.."
 export PGHOST=127.0.0.1 PGPORT=54332 PGUSER=postgres
 DB=bloomgate_diag
 URL="postgres://postgres@127.0.0.1:54332/$DB"
@@ -17,22 +17,13 @@ BIN=${BIN:-target/release/bloomgate}
 [ -x "$BIN" ] || cargo build -q --release --bin bloomgate
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-psql -qd postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
-psql -qd "$DB" -f bench/pgbench/setup.sql -c "ALTER TABLE tc_users REPLICA IDENTITY FULL" >/dev/null
-cat >$work/wal.toml <<EOT
-[server]
-listen = "127.0.0.1:0"
-[database]
-url = "$URL"
-migrate = false
-install_triggers = false
-freshness = "wal"
-EOT
-cat bench/pgbench/resources.toml >>$work/wal.toml
-env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-feed --config $work/wal.toml >/dev/null
+. bench/lib.sh
+pgbench_db
+cfg=$(bench_config wal)
+env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-feed --config "$cfg" >/dev/null
 pids=()
 for i in $(seq ${GW:-2}); do
-  env -u BLOOMGATE_ADMIN_TOKEN RUST_LOG=warn "$BIN" serve --config $work/wal.toml >$work/gw$i.log 2>&1 &
+  env -u BLOOMGATE_ADMIN_TOKEN RUST_LOG=warn "$BIN" serve --config "$cfg" >$work/gw$i.log 2>&1 &
   pids+=($!)
 done
 sleep 3

@@ -61,12 +61,7 @@ cargo build -q --release --bin bloomgate
 BIN=$PWD/target/release/bloomgate
 work=$(mktemp -d)
 pids=()
-stop_gateways() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
+. bench/lib.sh
 cleanup() {
   stop_gateways
   psql_on "$PRIMARY" "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true

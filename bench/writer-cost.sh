@@ -45,12 +45,7 @@ cargo build -q --release --bin bloomgate
 BIN=target/release/bloomgate
 work=$(mktemp -d)
 pids=()
-stop_gateways() {
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
+. bench/lib.sh
 cleanup() {
   stop_gateways
   psql -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true
@@ -58,24 +53,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-psql -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
-psql -d "$DB" -f bench/pgbench/setup.sql -c "ALTER TABLE tc_users REPLICA IDENTITY FULL"
-
-config() { # freshness -> path
-  cat >"$work/$1.toml" <<EOF
-[server]
-listen = "127.0.0.1:0"
-[database]
-url = "$URL"
-migrate = false
-install_triggers = false
-freshness = "$1"
-EOF
-  cat bench/pgbench/resources.toml >>"$work/$1.toml"
-  echo "$work/$1.toml"
-}
-notify_cfg=$(config notify)
-wal_cfg=$(config wal)
+pgbench_db
+notify_cfg=$(bench_config notify)
+wal_cfg=$(bench_config wal)
 env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$notify_cfg" >/dev/null
 env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-feed --config "$wal_cfg" >/dev/null
 # install-feed removed the triggers again; put them back, disabled: the

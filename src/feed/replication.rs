@@ -30,6 +30,7 @@
 //!   passes to [`Stream::send_status`].
 
 use std::fmt;
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -551,8 +552,6 @@ impl Stream {
         self.conn.send(b'd', &b).await
     }
 }
-
-use std::future::Future;
 
 fn frame(m: Msg) -> Result<Option<Frame>, ReplError> {
     match m.tag {
