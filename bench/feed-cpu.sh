@@ -6,8 +6,9 @@
 # spent meanwhile by the gateways, by their walsenders, by their feeds'
 # other (SQL) connections and by all of the primary's processes, read from
 # /proc. BIN picks the gateway binary (default target/release/bloomgate),
-# so two builds can be compared in one run:
-#   for r in 1 2; do GW=2 bench/feed-cpu.sh; BIN=/tmp/old/bloomgate GW=2 bench/feed-cpu.sh; GW=0 bench/feed-cpu.sh; done
+# so two builds can be compared in one run, and POLL (e.g. 5ms) sets
+# `wal_poll_interval`, the feed polled instead of streamed:
+#   for r in 1 2; do GW=2 bench/feed-cpu.sh; POLL=5ms GW=2 bench/feed-cpu.sh; GW=0 bench/feed-cpu.sh; done
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PGHOST=127.0.0.1 PGPORT=54332 PGUSER=postgres
@@ -19,7 +20,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 . bench/lib.sh
 pgbench_db
-cfg=$(bench_config wal)
+cfg=$(bench_config wal wal "${POLL:+wal_poll_interval = \"$POLL\"}")
 env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-feed --config "$cfg" >/dev/null
 pids=()
 for i in $(seq ${GW:-2}); do
@@ -37,6 +38,6 @@ read g0 w0 s0 a0 < <(snap)
 tps=$(pgbench -n -f bench/pgbench/insert.sql -c 4 -j 2 -T 8 "$DB" 2>/dev/null | awk '/^tps = /{print $3}')
 read g1 w1 s1 a1 < <(snap)
 cs() { awk -v t="$1" 'BEGIN{printf "%.2f", t/100}'; }
-echo "gateways=${GW:-2} tps=$tps cpu_s: gateways=$(cs $((g1-g0))) walsenders=$(cs $((w1-w0))) feed_sql_conns=$(cs $((s1-s0))) primary_all=$(cs $((a1-a0)))"
+echo "gateways=${GW:-2}${POLL:+ poll=$POLL} tps=$tps cpu_s: gateways=$(cs $((g1-g0))) walsenders=$(cs $((w1-w0))) feed_sql_conns=$(cs $((s1-s0))) primary_all=$(cs $((a1-a0)))"
 for p in "${pids[@]}"; do kill $p; done; wait 2>/dev/null || true
 psql -qd postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null

@@ -1,6 +1,6 @@
 # Shared by the bench scripts that run gateways against the pgbench tables
-# of bench/pgbench/ (writer-cost.sh, feed-cpu.sh, replica-load.sh). Source
-# it after setting `work` (a scratch directory) and, where used, `URL`, `DB`
+# of bench/pgbench/ (writer-cost.sh, trigger-cost.sh, feed-cpu.sh,
+# replica-load.sh). Source it after setting `work` (a scratch directory) and, where used, `URL`, `DB`
 # and the `pids` array.
 
 # Creates $DB afresh with the tables of bench/pgbench/setup.sql
@@ -11,9 +11,11 @@ pgbench_db() {
 }
 
 # Writes a gateway config for $URL with the given change feed and the
-# resources of bench/pgbench/resources.toml; prints its path.
-bench_config() { # freshness
-  cat >"$work/$1.toml" <<EOT
+# resources of bench/pgbench/resources.toml; prints its path. A second
+# argument names the file, a third is more [database] settings.
+bench_config() { # freshness [name] [database settings]
+  local f="$work/${2:-$1}.toml"
+  cat >"$f" <<EOT
 [server]
 listen = "127.0.0.1:0"
 [database]
@@ -21,9 +23,10 @@ url = "$URL"
 migrate = false
 install_triggers = false
 freshness = "$1"
+${3:-}
 EOT
-  cat bench/pgbench/resources.toml >>"$work/$1.toml"
-  echo "$work/$1.toml"
+  cat bench/pgbench/resources.toml >>"$f"
+  echo "$f"
 }
 
 # Stops every gateway in `pids` and waits for each.

@@ -57,17 +57,10 @@ trap cleanup EXIT
 psql -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
 psql -d "$DB" -f bench/pgbench/setup.sql
 
-cat >"$work/bench.toml" <<EOF
-[server]
-listen = "127.0.0.1:0"
-[database]
-url = "$URL"
-migrate = false
-install_triggers = false
-EOF
-cat bench/pgbench/resources.toml >>"$work/bench.toml"
-env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$work/bench.toml"
-env -u BLOOMGATE_ADMIN_TOKEN nice -n 19 "$BIN" serve --config "$work/bench.toml" >"$work/gateway.log" 2>&1 &
+. bench/lib.sh
+cfg=$(bench_config notify bench)
+env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$cfg"
+env -u BLOOMGATE_ADMIN_TOKEN nice -n 19 "$BIN" serve --config "$cfg" >"$work/gateway.log" 2>&1 &
 gw_pid=$!
 for _ in $(seq 100); do
   grep -q '"ready"\|ready' "$work/gateway.log" && break

@@ -1,13 +1,15 @@
 //! Commit → servable: how long after an INSERT commits its key answers 200
 //! through the gateway, for BENCHMARKS.md ("Freshness: commit to servable").
 //!
-//!     cargo run --release --example freshness_latency -- <server URL> <wal|notify> [N] [replica URL]
+//!     cargo run --release --example freshness_latency -- <server URL> <wal|wal-poll[:interval]|notify> [N] [replica URL]
 //!
 //! Creates a scratch database on the server (`postgres://user@host:port`,
 //! no database), starts a gateway on it in this process with the given
 //! change feed, then N times (default 1000): inserts one row, and from the
 //! moment the COMMIT returns asks the router (no socket) for the key every
-//! 100 µs until it answers 200. Prints p50/p90/p99/max. The WAL feed needs
+//! 100 µs until it answers 200. Prints p50/p90/p99/max. `wal-poll` is the
+//! WAL feed polled (`database.wal_poll_interval`, default here `5ms`:
+//! `wal-poll:20ms` for another). The WAL feed needs
 //! `wal_level = logical` (`scripts/pg.sh replicas` starts such a server on
 //! :54332).
 //!
@@ -66,6 +68,17 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+    // `wal-poll:10ms`: the WAL feed, polled.
+    let (freshness, poll) = match mode.strip_prefix("wal-poll") {
+        Some(rest) => (
+            "wal",
+            format!(
+                "wal_poll_interval = \"{}\"",
+                rest.strip_prefix(':').unwrap_or("5ms")
+            ),
+        ),
+        None => (mode.as_str(), String::new()),
+    };
     let replicas = match &replica {
         Some(r) => format!("replica_urls = [\"{r}/{name}\"]"),
         None => String::new(),
@@ -74,7 +87,8 @@ async fn main() {
         r#"
         [database]
         url = "{url}"
-        freshness = "{mode}"
+        freshness = "{freshness}"
+        {poll}
         install_feed = {wal}
         install_triggers = {notify}
         {replicas}
@@ -88,7 +102,7 @@ async fn main() {
         key_type = "bigint"
         columns = ["id", "email", "name"]
         "#,
-        wal = mode == "wal",
+        wal = freshness == "wal",
         notify = mode == "notify",
     );
     let config = bloomgate::config::Config::from_toml(&toml).expect("config");

@@ -54,6 +54,15 @@ pub struct Gateway {
     pub wal_stats: Arc<feed::wal::Stats>,
 }
 
+/// How the `wal` feed reads the slot (`database.wal_poll_interval`), for
+/// the log line that says which feed is in force.
+pub fn wal_delivery(db: &crate::config::DatabaseConfig) -> String {
+    match db.wal_poll_interval {
+        None => "streamed".into(),
+        Some(every) => format!("polled every {}", humantime::format_duration(every)),
+    }
+}
+
 /// The change feed in force: `database.freshness` resolved at start-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FeedMode {
@@ -434,6 +443,8 @@ impl Gateway {
                 publication: self.config.database.publication.clone(),
                 slot: self.config.database.slot.clone(),
                 password: feed::replication::password_from_url(&self.config.database.url),
+                poll: self.config.database.wal_poll_interval,
+                silence_limit: feed::wal::SILENCE_LIMIT,
             };
             self.keep(tokio::spawn(feed::wal::run(
                 opts,
@@ -502,7 +513,7 @@ impl Gateway {
                 feed::wal::check(pool, watch, &db.publication)
                     .await
                     .map_err(StartError::Feed)?;
-                tracing::info!(freshness = "wal", publication = %db.publication, "change feed: logical decoding of the WAL (database.freshness = wal)");
+                tracing::info!(freshness = "wal", publication = %db.publication, delivery = %wal_delivery(db), "change feed: logical decoding of the WAL (database.freshness = wal)");
                 Ok(FeedMode::Wal)
             }
             Freshness::Auto | Freshness::Off => {
@@ -517,7 +528,7 @@ impl Gateway {
                         }
                         match feed::wal::check(pool, watch, &db.publication).await {
                             Ok(()) => {
-                                tracing::info!(freshness = "wal", publication = %db.publication, "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
+                                tracing::info!(freshness = "wal", publication = %db.publication, delivery = %wal_delivery(db), "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
                                 return Ok(FeedMode::Wal);
                             }
                             Err(e) => e,

@@ -40,9 +40,10 @@
 //!   small function per table, its key columns written in); resyncs after
 //!   every reconnect, refuses a hot standby. [`feed::wal`]: logical decoding
 //!   of the WAL streamed from a replication slot over the replication
-//!   protocol ([`feed::replication`], a small client of it;
-//!   [`feed::pgoutput`] decodes the messages), acknowledged only up to what
-//!   the applier has applied.
+//!   protocol ([`feed::replication`], a small client of it, with
+//!   [`feed::pgpass`] for the password file; [`feed::pgoutput`] decodes the
+//!   messages) or polled from it with SQL (`database.wal_poll_interval`),
+//!   acknowledged only up to what the applier has applied.
 //! - [`apply`]: the gateway's applier: every feed event, in order, to every
 //!   resource on its table, each by its own key column (new keys into the
 //!   filter, stale rows out of the cache, rebuilds on truncate, resync and

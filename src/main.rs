@@ -95,6 +95,14 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                         "off (no change feed: filters change only by rebuilds)",
                 }
             );
+            if config.database.freshness != bloomgate::config::Freshness::Notify
+                && config.database.freshness != bloomgate::config::Freshness::Off
+            {
+                eprintln!(
+                    "WAL feed delivery: {} (database.wal_poll_interval)",
+                    bloomgate::gateway::wal_delivery(&config.database)
+                );
+            }
             print!("{}", describe_database(config).await);
         }
         Command::Migrate { config } => {

@@ -42,10 +42,16 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
     );
     let (ok, out, err) = bloomgate(
         &["check-config", "--config", &path],
-        &[("BLOOMGATE_SERVER__LISTEN", "0.0.0.0:9000")],
+        &[
+            ("BLOOMGATE_SERVER__LISTEN", "0.0.0.0:9000"),
+            ("BLOOMGATE_DATABASE__WAL_POLL_INTERVAL", "7ms"),
+        ],
     );
     assert!(ok, "{err}");
     assert!(out.contains("listen = \"0.0.0.0:9000\""), "{out}");
+    // The WAL feed's delivery, from the environment, said on stderr.
+    assert!(out.contains("wal_poll_interval = \"7ms\""), "{out}");
+    assert!(err.contains("WAL feed delivery: polled every 7ms"), "{err}");
     // No database there: said, not fatal.
     assert!(out.contains("# database: not reachable"), "{out}");
     assert!(out.contains("postgres://app:***@db/x"), "{out}");

@@ -49,6 +49,36 @@ struct Feed {
 
 impl Feed {
     async fn start(db: &TestDb, watch: Watch, publication: &str) -> Feed {
+        Feed::start_with(db, watch, publication, None).await
+    }
+
+    /// `poll`: the polled feed (`database.wal_poll_interval`).
+    async fn start_with(
+        db: &TestDb,
+        watch: Watch,
+        publication: &str,
+        poll: Option<Duration>,
+    ) -> Feed {
+        Feed::start_full(
+            db,
+            &db.url,
+            watch,
+            publication,
+            poll,
+            feed::wal::SILENCE_LIMIT,
+        )
+        .await
+    }
+
+    /// `url`: where the feed connects (a [`Proxy`]'s, say).
+    async fn start_full(
+        db: &TestDb,
+        url: &str,
+        watch: Watch,
+        publication: &str,
+        poll: Option<Duration>,
+        silence_limit: Duration,
+    ) -> Feed {
         feed::wal::install(&db.pool, &watch, publication)
             .await
             .unwrap();
@@ -56,10 +86,12 @@ impl Feed {
         let (applied, applied_rx) = watch::channel(Lsn::ZERO);
         let (ready_tx, ready) = oneshot::channel();
         let opts = feed::wal::Options {
-            connect: db.url.parse::<PgConnectOptions>().unwrap(),
+            connect: url.parse::<PgConnectOptions>().unwrap(),
             publication: publication.into(),
             slot: None,
             password: None,
+            poll,
+            silence_limit,
         };
         let task = tokio::spawn(feed::wal::run(
             opts,
@@ -116,15 +148,25 @@ fn key(change: &RowChange, side: &str, column: &str) -> Option<Value> {
 
 #[tokio::test]
 async fn insert_update_with_key_change_delete_truncate_and_rollback_as_events() {
+    every_kind_of_change(None).await;
+}
+
+#[tokio::test]
+async fn the_polled_feed_sends_the_same_events() {
+    every_kind_of_change(Some(Duration::from_millis(5))).await;
+}
+
+async fn every_kind_of_change(poll: Option<Duration>) {
     let db = logical_db().await;
     db.exec("CREATE TABLE things (code text PRIMARY KEY, label text NOT NULL)")
         .await;
     // Outside the watch, but in the publication: its changes must not show.
     db.exec("CREATE TABLE other (id int PRIMARY KEY)").await;
-    let mut feed = Feed::start(
+    let mut feed = Feed::start_with(
         &db,
         watch_of(&[("public.things", "code", ColumnType::Text)]),
         "bloomgate",
+        poll,
     )
     .await;
     db.exec("ALTER PUBLICATION bloomgate ADD TABLE other").await;
@@ -222,19 +264,32 @@ async fn an_unchanged_toasted_key_outside_the_replica_identity_is_unknown() {
     assert_eq!(key(&c.changes[0], "old", "code"), Some(Value::Unknown));
 }
 
-/// 100,000 rows in one transaction arrive as one commit, every key once.
+/// 100,000 rows in one transaction arrive as one commit, every key once;
+/// polled, the same (one poll returns ten times its row limit, and the
+/// slot moves only to that commit's end), and the commit after it too.
 #[tokio::test]
 async fn a_hundred_thousand_row_transaction_is_one_commit() {
+    hundred_thousand_rows(None).await;
+}
+
+#[tokio::test]
+async fn a_hundred_thousand_row_transaction_is_one_commit_polled() {
+    hundred_thousand_rows(Some(Duration::from_millis(5))).await;
+}
+
+async fn hundred_thousand_rows(poll: Option<Duration>) {
     let db = logical_db().await;
     db.exec("CREATE TABLE nums (n bigint PRIMARY KEY)").await;
-    let mut feed = Feed::start(
+    let mut feed = Feed::start_with(
         &db,
         watch_of(&[("public.nums", "n", ColumnType::Int8)]),
         "bloomgate",
+        poll,
     )
     .await;
     db.exec("INSERT INTO nums SELECT generate_series(1, 100000)")
         .await;
+    db.exec("INSERT INTO nums VALUES (0)").await;
     let c = feed.next_received().await;
     assert_eq!(c.changes.len(), 100_000);
     let mut seen = vec![false; 100_001];
@@ -247,6 +302,55 @@ async fn a_hundred_thousand_row_transaction_is_one_commit() {
         seen[n] = true;
     }
     assert!(seen[1..].iter().all(|s| *s));
+    let c = feed.next_received().await;
+    assert_eq!(c.changes.len(), 1);
+    assert_eq!(key(&c.changes[0], "new", "n"), Some(text("0")));
+}
+
+/// Writes to tables outside the publication produce no change to deliver,
+/// yet the slot's confirmed position must follow the end of the WAL, or
+/// the slot holds WAL back (and, polled, every poll decodes more of it).
+#[tokio::test]
+async fn a_quiet_publication_does_not_hold_wal_back() {
+    for poll in [None, Some(Duration::from_millis(5))] {
+        let db = logical_db().await;
+        db.exec("CREATE TABLE watched (n bigint PRIMARY KEY); CREATE TABLE busy (n bigint)")
+            .await;
+        let _feed = Feed::start_with(
+            &db,
+            watch_of(&[("public.watched", "n", ColumnType::Int8)]),
+            "bloomgate",
+            poll,
+        )
+        .await;
+        db.exec("INSERT INTO busy SELECT generate_series(1, 20000)")
+            .await;
+        let end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        let began = std::time::Instant::now();
+        loop {
+            // Each test has its own database: the slot is this feed's.
+            let past: Option<bool> = sqlx::query_scalar(
+                "SELECT confirmed_flush_lsn >= $1::pg_lsn FROM pg_replication_slots
+                  WHERE database = current_database()",
+            )
+            .bind(&end)
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap()
+            .flatten();
+            if past == Some(true) {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "poll {poll:?}: the slot stays behind {end}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }
 
 /// Protocol 2's streaming: with `logical_decoding_work_mem` at its minimum
@@ -320,6 +424,94 @@ async fn a_streamed_transaction_is_delivered_at_commit_without_its_aborts() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(streamed >= 2, "the server streamed {streamed} transactions");
+}
+
+/// A server that stops talking (the connections open at that moment frozen
+/// in a proxy: a hung host or a cut network looks so, and TCP alone would
+/// take many minutes to say it) is given up after the silence limit: the
+/// feed reconnects at once on a new temporary slot (the server's old
+/// walsender, not yet aware, still holds the old one), asks for a rebuild
+/// (changes may have been missed meanwhile), and delivers what commits
+/// next. Polled, the poll gives up after ten silence limits.
+#[tokio::test]
+async fn a_silent_server_is_given_up_and_the_feed_reconnects() {
+    let silence = Duration::from_secs(3);
+    silent_server(None, silence, silence).await;
+}
+
+#[tokio::test]
+async fn a_silent_server_is_given_up_and_the_polled_feed_reconnects() {
+    // A poll gives up after ten silence limits.
+    let silence = Duration::from_secs(2);
+    silent_server(Some(Duration::from_millis(5)), silence, silence * 10).await;
+}
+
+/// `gives_up`: how long the feed must wait before it gives up (the
+/// silence limit, or a poll's time-out).
+async fn silent_server(poll: Option<Duration>, silence: Duration, gives_up: Duration) {
+    let db = logical_db().await;
+    db.exec("CREATE TABLE nums (n bigint PRIMARY KEY)").await;
+    let proxy = Proxy::start().await;
+    let mut feed = Feed::start_full(
+        &db,
+        &proxy.url(&db),
+        watch_of(&[("public.nums", "n", ColumnType::Int8)]),
+        "bloomgate",
+        poll,
+        silence,
+    )
+    .await;
+    db.exec("INSERT INTO nums VALUES (1)").await;
+    let first = feed.next_received().await;
+    assert_eq!(first.changes.len(), 1);
+    // Its Visible delivery, acknowledged: the feed is done with it and back
+    // to waiting for the server when the freeze comes.
+    match feed.rx.recv().await.expect("the feed is running") {
+        Event::Commit(c) if c.phase == Phase::Visible && c.lsn == first.lsn => {}
+        other => panic!("unexpected {other:?}"),
+    }
+    feed.applied
+        .send_modify(|a| *a = (*a).max(first.lsn.unwrap()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.freeze();
+    let began = std::time::Instant::now();
+    // Frozen, nothing reaches the feed (not even this insert); the next
+    // event must be the resync of a new session.
+    db.exec("INSERT INTO nums VALUES (2)").await;
+    loop {
+        // Generous: creating the new slot waits for every transaction
+        // running in the cluster to end (other tests hold some open) and
+        // then for a running-transactions record.
+        let ev = tokio::time::timeout(Duration::from_secs(120), feed.rx.recv())
+            .await
+            .expect("the feed gives up on a silent server and reconnects within 120 s")
+            .expect("the feed is running");
+        match ev {
+            Event::Resync(_) => break,
+            Event::Commit(c) => {
+                let keys: Vec<_> = c.changes.iter().map(|ch| key(ch, "new", "n")).collect();
+                assert!(
+                    keys.is_empty() || keys == [Some(text("1"))],
+                    "a frozen connection passed {keys:?}"
+                );
+                if let Some(lsn) = c.lsn {
+                    feed.applied.send_modify(|a| *a = (*a).max(lsn));
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Counted from the last word heard, which came a little before the
+    // freeze: a third of slack.
+    assert!(
+        began.elapsed() >= gives_up * 2 / 3,
+        "the feed gave up after {:?}, well before {gives_up:?}",
+        began.elapsed()
+    );
+    db.exec("INSERT INTO nums VALUES (3)").await;
+    let c = feed.next_received().await;
+    assert_eq!(key(&c.changes[0], "new", "n"), Some(text("3")));
+    proxy.cut();
 }
 
 /// The Visible phase waits for a committed transaction to be visible to
@@ -431,6 +623,48 @@ async fn the_replication_client_authenticates_and_streams() {
         );
     }
     drop(admin);
+
+    // No password in the URL or the environment: the password file's, as
+    // libpq and sqlx read it (its line escapes `:` and `\\`).
+    let dir = std::env::temp_dir().join(format!("bloomgate-pgpass-{}", db.name));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("pgpass");
+    let escaped = password.replace('\\', "\\\\").replace(':', "\\:");
+    std::fs::write(
+        &file,
+        format!(
+            "# the first line that matches wins\nelsewhere:*:*:*:wrong\n{}:{}:{}:bloomgate_scram:{escaped}\n*:*:*:bloomgate_scram:wrong\n",
+            opts.get_host(),
+            opts.get_port(),
+            db.name
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    // Looked up as `Endpoint::new` looks it up (without setting
+    // `PGPASSFILE`: other tests run in this process).
+    let found = bloomgate::feed::pgpass::lookup_in(
+        &file,
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database(),
+        "bloomgate_scram",
+    );
+    assert_eq!(found.as_deref(), Some(password), "the password file's line");
+    let via_file = Endpoint::new(
+        &opts.clone().username("bloomgate_scram"),
+        found,
+        "bloomgate-test",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    let mut c = Connection::connect(&via_file)
+        .await
+        .unwrap_or_else(|e| panic!("with the password file: {e}"));
+    assert_eq!(c.simple_query("IDENTIFY_SYSTEM").await.unwrap().len(), 1);
+    drop(c);
 
     db.exec("CREATE TABLE t (id int PRIMARY KEY)").await;
     db.exec("CREATE PUBLICATION p FOR TABLE t").await;

@@ -153,18 +153,21 @@ async fn a_big_transaction_and_a_truncate() {
 
 /// The feed's backend killed while rows are inserted: no key is lost. With
 /// a temporary slot the reconnect resyncs (a rebuild); with a permanent one
-/// it resumes where it was, without a rebuild.
+/// it resumes where it was, without a rebuild. Streamed and polled.
 #[tokio::test]
 async fn a_killed_feed_loses_nothing_and_a_permanent_slot_resumes_without_a_rebuild() {
     let _one = ONE_AT_A_TIME.lock().await;
-    for permanent in [false, true] {
+    for (permanent, polled) in [(false, false), (true, false), (false, true), (true, true)] {
         let db = logical_db(10).await;
         let slot = format!("bg_test_{}", db.name.rsplit('_').next().unwrap());
-        let extra = if permanent {
+        let mut extra = if permanent {
             format!("slot = \"{slot}\"\n")
         } else {
             String::new()
         };
+        if polled {
+            extra.push_str("wal_poll_interval = \"5ms\"\n");
+        }
         let gw = started(wal_config(&db, &extra)).await;
         let users = gw.resource("users").unwrap();
         let rebuilds = users.stats.rebuilds.load(Ordering::Relaxed);
@@ -193,7 +196,7 @@ async fn a_killed_feed_loses_nothing_and_a_permanent_slot_resumes_without_a_rebu
             assert_eq!(
                 status(&gw, &format!("/users/{id}")).await,
                 StatusCode::OK,
-                "{id} ({permanent})"
+                "{id} (permanent slot: {permanent}, polled: {polled})"
             );
         }
         assert!(

@@ -6,8 +6,10 @@
 //!
 //! - `notify`: `LISTEN bloomgate`, fed by the triggers `install-triggers`
 //!   writes (one small function per table, the key columns written in);
-//! - `wal`: logical replication (`pgoutput`) from a slot, which costs writers
-//!   nothing and cannot be forged.
+//! - `wal`: logical replication (`pgoutput`) from a slot, streamed over the
+//!   replication protocol (`replication`, which takes a password from the
+//!   URL, `PGPASSWORD` or the password file, `pgpass`) or polled; it cannot
+//!   be forged and puts nothing in the writers' transactions.
 //!
 //! Both deliver the same thing: for each committed transaction, in commit
 //! order, the changed rows reduced to the values of the *watched* columns
@@ -25,6 +27,7 @@
 
 pub mod notify;
 pub mod pgoutput;
+pub mod pgpass;
 pub mod replication;
 pub mod wal;
 

@@ -63,30 +63,41 @@ pub struct Endpoint {
 impl Endpoint {
     /// The pool's connection settings (host, port, socket, user, database,
     /// as sqlx resolved them from the URL and `PG*` variables) and the
-    /// password ([`password_from_url`]: sqlx does not hand it out).
+    /// password ([`password_from_url`]: sqlx does not hand it out), else
+    /// the password file's ([`super::pgpass`]), as sqlx and libpq do.
     pub fn new(
         opts: &sqlx::postgres::PgConnectOptions,
         password: Option<String>,
         application_name: &str,
     ) -> Self {
+        let database = opts
+            .get_database()
+            .unwrap_or(opts.get_username())
+            .to_owned();
+        // Looked up as sqlx looks it up for the pool (see `pgpass`).
+        let password = password.or_else(|| {
+            super::pgpass::lookup(
+                opts.get_host(),
+                opts.get_port(),
+                opts.get_database(),
+                opts.get_username(),
+            )
+        });
         Self {
             host: opts.get_host().to_owned(),
             port: opts.get_port(),
             socket: opts.get_socket().cloned(),
             user: opts.get_username().to_owned(),
             password,
-            database: opts
-                .get_database()
-                .unwrap_or(opts.get_username())
-                .to_owned(),
+            database,
             application_name: application_name.to_owned(),
         }
     }
 }
 
 /// The password a connection URL carries (`user:password@` or
-/// `?password=`), else `PGPASSWORD`'s. (sqlx also reads `~/.pgpass`; this
-/// does not.)
+/// `?password=`), else `PGPASSWORD`'s. (The password file comes next, in
+/// [`Endpoint::new`].)
 pub fn password_from_url(url: &str) -> Option<String> {
     let parsed = url::Url::parse(url).ok();
     let in_authority = parsed.as_ref().and_then(|u| {

@@ -5,7 +5,8 @@
 //!
 //! # How
 //! One replication connection per gateway ([`super::replication`], the
-//! streaming protocol) holds the slot: a **temporary** one by default
+//! streaming protocol; polled, an ordinary connection, see "Streamed or
+//! polled") holds the slot: a **temporary** one by default
 //! (`CREATE_REPLICATION_SLOT … TEMPORARY`: Postgres drops it when the
 //! connection ends, so a gateway that dies never holds WAL back), or the
 //! permanent `database.slot`. `START_REPLICATION … LOGICAL` streams every
@@ -22,6 +23,29 @@
 //! does the slot bookkeeping of a permanent slot and the visibility checks
 //! (a walsender runs no SQL while it streams).
 //!
+//! # Streamed or polled
+//! Streaming wakes the slot's walsender at every commit, in the writers'
+//! commit path, and on a primary without a spare core the walsenders'
+//! decoding and wake-ups come out of the writers' TPS (16–28 % on the
+//! 2-core test box with two gateways, BENCHMARKS.md). `database.wal_poll_interval` makes
+//! the feed poll instead ([`poll_session`]): one ordinary connection holds
+//! the slot and, once per interval, asks it with
+//! `pg_logical_slot_peek_binary_changes` for every transaction committed
+//! since, decoded in one go (protocol 1: whole transactions, no
+//! streaming). The polls take about as much of the primary's CPU as the
+//! walsenders do, but in a few bursts instead of a wake-up per commit:
+//! writers lost −2 to 23 % that way against 16 to 24 % streamed
+//! (BENCHMARKS.md; where writers fill every core, the decoding's CPU
+//! comes out of their TPS in either mode). Commit-to-servable grows by about one interval. The price
+//! beyond latency: each poll decodes from the slot's `restart_lsn`, and so
+//! does the slot advance after it (the server decodes the range twice);
+//! a long-running transaction holds `restart_lsn` back, so polls cost
+//! more while one is open. The connection holding the slot is an ordinary
+//! backend, which `wal_sender_timeout` does not cover: it gets TCP
+//! keepalives instead (`feed_connect`), and a poll or advance that takes
+//! ten silence limits (300 s) is given up. Everything else (the slot, `No
+//! gap`, `Visible twice`, what is confirmed when) is the same.
+//!
 //! # Acknowledgement
 //! The standby status update's flush position is what the server keeps the
 //! slot's WAL for and resumes a permanent slot from, so the feed reports
@@ -37,7 +61,8 @@
 //!
 //! # What cannot be carried
 //! A message that does not decode, or a transaction with more watched
-//! changes than [`MAX_ITEMS`], loses changes: the feed rebuilds every
+//! changes than [`MAX_ITEMS`] (or more key bytes than [`MAX_BYTES`]),
+//! loses changes: the feed rebuilds every
 //! filter (or rescans the tables it touched) once that transaction has
 //! committed *and is visible*, so the rebuild's snapshot contains it.
 //!
@@ -106,6 +131,13 @@ pub struct Options {
     /// The password for the replication connection (sqlx keeps the pool's
     /// to itself); see [`Endpoint::new`].
     pub password: Option<String>,
+    /// `None`: stream. `Some(every)`: poll the slot at this interval
+    /// instead (see "Streamed or polled").
+    pub poll: Option<Duration>,
+    /// A stream silent this long is given up for dead, and reconnected;
+    /// the server is asked for a sign of life after a third of it.
+    /// [`SILENCE_LIMIT`] unless a test wants it shorter.
+    pub silence_limit: Duration,
 }
 
 impl std::fmt::Debug for Options {
@@ -114,6 +146,8 @@ impl std::fmt::Debug for Options {
         f.debug_struct("Options")
             .field("publication", &self.publication)
             .field("slot", &self.slot)
+            .field("poll", &self.poll)
+            .field("silence_limit", &self.silence_limit)
             .finish_non_exhaustive()
     }
 }
@@ -262,24 +296,28 @@ pub async fn run(
 ) {
     let mut ready = Some(ready);
     let mut delay = Duration::from_millis(100);
-    let temp_name = format!(
-        "bloomgate_{}_{:x}",
-        std::process::id(),
-        rand::random::<u32>()
-    );
     let mut first = true;
     loop {
-        let r = session(
-            &opts,
-            &watch,
-            &tx,
-            &mut applied,
-            &stats,
-            &temp_name,
-            first,
-            &mut ready,
-        )
-        .await;
+        // A new temporary slot name for every session: the server may not
+        // yet know that the last connection is gone (a hung or cut-off
+        // peer: a walsender notices after `wal_sender_timeout`, a polling
+        // backend through the TCP keepalives of `feed_connect`), and its
+        // backend keeps the old slot until then; that slot goes with it.
+        let temp_name = format!(
+            "bloomgate_{}_{:x}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let cx = Ctx {
+            opts: &opts,
+            watch: &watch,
+            tx: &tx,
+            stats: &stats,
+        };
+        let r = match opts.poll {
+            None => session(cx, &mut applied, &temp_name, first, &mut ready).await,
+            Some(_) => poll_session(cx, &mut applied, &temp_name, first, &mut ready).await,
+        };
         if tx.is_closed() {
             return;
         }
@@ -297,6 +335,15 @@ pub async fn run(
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(5));
     }
+}
+
+/// What every session of one feed reads.
+#[derive(Clone, Copy)]
+struct Ctx<'a> {
+    opts: &'a Options,
+    watch: &'a Watch,
+    tx: &'a mpsc::Sender<Event>,
+    stats: &'a Stats,
 }
 
 /// What ends a session: the database refused or went away.
@@ -341,27 +388,30 @@ const BATCH_FRAMES: usize = 10_000;
 /// primary more than the writes it follows.
 const VISIBLE_EVERY: Duration = Duration::from_millis(5);
 
-/// Silent this long, the server is asked for a sign of life; silent this
-/// long, the connection is given up for dead.
-const SILENCE_ASK: Duration = Duration::from_secs(10);
-const SILENCE_LIMIT: Duration = Duration::from_secs(30);
+/// Silent this long, the replication connection is given up for dead (a
+/// crashed host, a failover, a cut network: TCP alone could take many
+/// minutes to say so); the server is asked for a sign of life after a
+/// third of it. The default of [`Options::silence_limit`].
+pub const SILENCE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Connecting and authenticating the replication connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[allow(clippy::too_many_arguments)]
 async fn session(
-    opts: &Options,
-    watch: &Watch,
-    tx: &mpsc::Sender<Event>,
+    cx: Ctx<'_>,
     applied: &mut watch::Receiver<Lsn>,
-    stats: &Stats,
     temp_name: &str,
     first: bool,
     ready: &mut Option<oneshot::Sender<Result<(), String>>>,
 ) -> Result<(), SessionError> {
+    let Ctx {
+        opts,
+        watch,
+        tx,
+        stats,
+    } = cx;
     // Named, so an operator can tell the feed's backends from the pool's.
-    let connect = opts.connect.clone().application_name("bloomgate-wal-feed");
+    let connect = feed_connect(opts);
     // For slot bookkeeping and the visibility checks: a walsender runs no
     // SQL once it streams.
     let mut conn = side_connection(&connect).await?;
@@ -379,54 +429,20 @@ async fn session(
             // committed while there was none was never delivered.
             !first
         }
-        Some(name) => {
-            let status: Option<Option<String>> = sqlx::query_scalar(
-                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
-            )
-            .bind(name)
-            .fetch_optional(&mut conn)
-            .await?;
-            match status {
-                Some(Some(s)) if s == "lost" => {
-                    stats.slot_invalidations.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(slot = %name, "replication slot invalidated (max_slot_wal_keep_size): recreating it and rebuilding every filter");
-                    sqlx::query("SELECT pg_drop_replication_slot($1)")
-                        .bind(name)
-                        .execute(&mut conn)
-                        .await?;
-                    create_permanent(&mut conn, name).await?;
-                    true
-                }
-                Some(_) => false,
-                None => {
-                    create_permanent(&mut conn, name).await?;
-                    // A slot that did not exist: unless this is start-up
-                    // (whose scan follows), changes may have been missed.
-                    !first
-                }
-            }
-        }
+        Some(name) => permanent_slot(&mut conn, name, stats, first, opts.silence_limit).await?,
     };
-    if let Some(ready) = ready.take() {
-        let _ = ready.send(Ok(()));
-    }
-    if resync
-        && tx
-            .send(Event::Resync(Resync {
-                reason: "WAL feed: new replication slot".into(),
-                snapshot: None,
-            }))
-            .await
-            .is_err()
-    {
+    if !slot_ready(ready, resync, tx).await {
         return Ok(());
     }
     // Protocol 2 (Postgres 14+) with streaming: a large transaction comes
     // in blocks while it runs instead of spilling to disk on the server
     // until it commits.
-    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
-        .fetch_one(&mut conn)
-        .await?;
+    let version: i32 = bounded(
+        opts.silence_limit,
+        sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+            .fetch_one(&mut conn),
+    )
+    .await?;
     let publications = replication::quote_ident(&opts.publication);
     let mut options = vec![("publication_names", publications.as_str())];
     if version >= 140_000 {
@@ -446,7 +462,10 @@ async fn session(
     let mut idle_upto: Option<Lsn> = None;
     // Delivered at `Received`, waiting for their `Visible` delivery.
     let mut pending = Pending::default();
-    let mut checked = Instant::now();
+    // As if checked long ago: the first commit is checked at once.
+    let mut checked = Instant::now()
+        .checked_sub(VISIBLE_EVERY)
+        .unwrap_or_else(Instant::now);
     let mut heard = Instant::now();
     loop {
         let wait = if pending.commits.is_empty() {
@@ -525,29 +544,38 @@ async fn session(
                 // us anything: ask it, and give up on a peer that is gone
                 // (a crashed host, a failover) instead of waiting for TCP.
                 let silent = heard.elapsed();
-                if silent >= SILENCE_LIMIT {
+                if silent >= opts.silence_limit {
                     return Err(ReplError::Protocol(format!(
                         "no word from the server for {}s",
                         silent.as_secs()
                     ))
                     .into());
                 }
-                ask = silent >= SILENCE_ASK;
+                ask = silent >= opts.silence_limit / 3;
             }
             // Time for the visibility check.
             Err(_) => {}
         }
         let mut upto = None;
         if checked.elapsed() >= VISIBLE_EVERY || pending.commits.is_empty() {
-            checked = Instant::now();
+            // Only a check restarts the clock: a commit after a quiet spell
+            // is checked at once (its stale window is one round trip), the
+            // rest at most every VISIBLE_EVERY.
             if !pending.commits.is_empty() {
+                checked = Instant::now();
                 upto = pending.last;
             }
             let p = std::mem::take(&mut pending);
+            let last = p.last;
             if !p.commits.is_empty() {
                 let xids: Vec<u32> = p.commits.iter().filter_map(|c| c.xid).collect();
-                if let Err(e) =
-                    wait_visible(&mut conn, &xids, &mut stream, (received, confirmed)).await
+                if let Err(e) = wait_visible(
+                    &mut conn,
+                    &xids,
+                    opts.silence_limit,
+                    Some((&mut stream, received, confirmed)),
+                )
+                .await
                 {
                     // The side connection may have been closed while idle
                     // (idle_session_timeout, a proxy): one new one, rather
@@ -557,43 +585,29 @@ async fn session(
                     };
                     tracing::warn!(error = %e, "WAL feed: visibility check failed; reconnecting its side connection");
                     conn = side_connection(&connect).await?;
-                    wait_visible(&mut conn, &xids, &mut stream, (received, confirmed)).await?;
-                }
-                for mut c in p.commits {
-                    c.phase = Phase::Visible;
-                    if tx.send(Event::Commit(c)).await.is_err() {
-                        return Ok(());
-                    }
-                }
-                // Confirm only what the applier has applied. It is in this
-                // process and applies in order, so this is a short wait;
-                // the server hears from us meanwhile.
-                if let Some(target) = p.last {
-                    while *applied.borrow() < target {
-                        match tokio::time::timeout(STATUS_EVERY, applied.changed()).await {
-                            Ok(Ok(())) => {}
-                            // The applier is gone: the gateway is stopping.
-                            Ok(Err(_)) => return Ok(()),
-                            Err(_) => stream.send_status(received, confirmed, false).await?,
-                        }
-                    }
+                    wait_visible(
+                        &mut conn,
+                        &xids,
+                        opts.silence_limit,
+                        Some((&mut stream, received, confirmed)),
+                    )
+                    .await?;
                 }
             }
-            // What could not be carried, rescanned now that its
-            // transactions are visible (a rebuild's snapshot, taken after
-            // this, sees them).
-            if p.resync {
-                let ev = Event::Resync(Resync {
-                    reason: "WAL feed: undecodable message".into(),
-                    snapshot: None,
-                });
-                if tx.send(ev).await.is_err() {
-                    return Ok(());
-                }
+            if !deliver_visible(p, tx).await {
+                return Ok(());
             }
-            for t in p.rescan {
-                if tx.send(Event::Rescan(t)).await.is_err() {
-                    return Ok(());
+            // Confirm only what the applier has applied. It is in this
+            // process and applies in order, so this is a short wait; the
+            // server hears from us meanwhile.
+            if let Some(target) = last {
+                while *applied.borrow() < target {
+                    match tokio::time::timeout(STATUS_EVERY, applied.changed()).await {
+                        Ok(Ok(())) => {}
+                        // The applier is gone: the gateway is stopping.
+                        Ok(Err(_)) => return Ok(()),
+                        Err(_) => stream.send_status(received, confirmed, false).await?,
+                    }
                 }
             }
             // Everything received is applied and visible now: a keepalive
@@ -608,6 +622,161 @@ async fn session(
         if moved || reply || ask || heard.elapsed() >= STATUS_EVERY {
             stream.send_status(received, confirmed, ask).await?;
             stats.applied_lsn.store(confirmed.0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Changes one poll asks for at most: decoding stops at the first commit
+/// past this many rows, so a batch holds whole transactions.
+const POLL_CHANGES: i32 = 10_000;
+
+/// A poll (or a slot advance, which decodes the same range again) that
+/// takes longer than this many silence limits (300 s by default) is
+/// taken for a dead connection. Generous: a poll after a long pause, or
+/// with a long transaction open, decodes everything written since.
+const POLL_TIMEOUT_LIMITS: u32 = 10;
+
+/// The polled session (`database.wal_poll_interval`; see "Streamed or
+/// polled"): one ordinary connection holds the slot and asks it, once per
+/// interval, for the transactions that committed before the server's flush
+/// position at that moment (`upto`).
+///
+/// The slot's confirmed position moves only past what was applied, as
+/// when streaming: to the last delivered commit's end once the applier has
+/// applied it, or to `upto` when the poll returned every transaction
+/// committed before it (fewer rows than [`POLL_CHANGES`]). Decoding with
+/// `upto_lsn` stops before the first record that starts at or past `upto`,
+/// and the server skips, on the next poll, only transactions whose commit
+/// record starts before the confirmed position: so nothing between the two
+/// polls is skipped, and a quiet publication does not hold WAL back.
+async fn poll_session(
+    cx: Ctx<'_>,
+    applied: &mut watch::Receiver<Lsn>,
+    temp_name: &str,
+    first: bool,
+    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
+) -> Result<(), SessionError> {
+    let Ctx {
+        opts,
+        watch,
+        tx,
+        stats,
+    } = cx;
+    use futures_util::TryStreamExt;
+    let every = opts.poll.unwrap_or(VISIBLE_EVERY);
+    let poll_timeout = opts.silence_limit * POLL_TIMEOUT_LIMITS;
+    let connect = feed_connect(opts);
+    let mut conn = side_connection(&connect).await?;
+    let slot = opts.slot.as_deref().unwrap_or(temp_name);
+    let resync = match &opts.slot {
+        None => {
+            // Temporary: dropped when this connection ends.
+            sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput', true)")
+                .bind(slot)
+                .execute(&mut conn)
+                .await?;
+            !first
+        }
+        Some(name) => permanent_slot(&mut conn, name, stats, first, opts.silence_limit).await?,
+    };
+    if !slot_ready(ready, resync, tx).await {
+        return Ok(());
+    }
+    let publications = replication::quote_ident(&opts.publication);
+    // Protocol 1: the SQL interface returns whole transactions only.
+    let peek = "SELECT w.upto::text AS upto, c.lsn::text AS lsn, c.data
+                  FROM (SELECT pg_current_wal_flush_lsn() AS upto) w
+                  LEFT JOIN LATERAL pg_logical_slot_peek_binary_changes(
+                      $1, w.upto, $3, 'proto_version', '1', 'publication_names', $2) c ON true";
+    let mut asm = Assembler::new(watch, stats);
+    let mut confirmed = Lsn::ZERO;
+    loop {
+        let began = Instant::now();
+        let mut pending = Pending::default();
+        let mut upto = Lsn::ZERO;
+        let mut rows_seen = 0usize;
+        let poll = async {
+            let mut rows = sqlx::query(peek)
+                .bind(slot)
+                .bind(&publications)
+                .bind(POLL_CHANGES)
+                .fetch(&mut conn);
+            while let Some(row) = rows.try_next().await? {
+                upto = Lsn::parse(row.try_get("upto")?).unwrap_or(Lsn::ZERO);
+                let Some(data) = row.try_get::<Option<&[u8]>, _>("data")? else {
+                    continue;
+                };
+                rows_seen += 1;
+                match pgoutput::decode_in(data, false) {
+                    Ok((sub, msg)) => {
+                        if let Some(done) = asm.push(sub, msg) {
+                            stats.commits.fetch_add(1, Ordering::Relaxed);
+                            let commit = pending.add(done);
+                            if tx.send(Event::Commit(commit)).await.is_err() {
+                                return Ok::<bool, sqlx::Error>(false);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "undecodable WAL message; every filter is rebuilt after its transaction");
+                        asm.poison();
+                    }
+                }
+            }
+            Ok(true)
+        };
+        match tokio::time::timeout(poll_timeout, poll).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return Ok(()),
+            Ok(Err(e)) => return Err(e.into()),
+            Err(_) => {
+                return Err(ReplError::Protocol(format!(
+                    "a poll of the slot took over {}s",
+                    poll_timeout.as_secs()
+                ))
+                .into());
+            }
+        }
+        pending.resync |= std::mem::take(&mut asm.stray_error);
+        let last = pending.last;
+        if !pending.commits.is_empty() {
+            let xids: Vec<u32> = pending.commits.iter().filter_map(|c| c.xid).collect();
+            wait_visible(&mut conn, &xids, opts.silence_limit, None).await?;
+        }
+        if !deliver_visible(pending, tx).await {
+            return Ok(());
+        }
+        if let Some(target) = last {
+            while *applied.borrow() < target {
+                if applied.changed().await.is_err() {
+                    // The applier is gone: the gateway is stopping.
+                    return Ok(());
+                }
+            }
+        }
+        let whole = rows_seen < POLL_CHANGES as usize;
+        let target = if whole { last.max(Some(upto)) } else { last };
+        if let Some(target) = target.filter(|t| *t > confirmed) {
+            // The advance and the lag in one round trip.
+            let lag: Option<i64> = bounded(
+                poll_timeout,
+                sqlx::query_scalar(
+                    "SELECT (pg_current_wal_lsn() - $2::pg_lsn)::int8
+                       FROM pg_replication_slot_advance($1, $2::pg_lsn)",
+                )
+                .bind(slot)
+                .bind(target.to_string())
+                .fetch_one(&mut conn),
+            )
+            .await?;
+            confirmed = target;
+            stats.applied_lsn.store(confirmed.0, Ordering::Relaxed);
+            if let Some(lag) = lag {
+                stats.lag_bytes.store(lag.max(0) as u64, Ordering::Relaxed);
+            }
+        }
+        if whole {
+            tokio::time::sleep(every.saturating_sub(began.elapsed())).await;
         }
     }
 }
@@ -639,10 +808,12 @@ impl Pending {
     }
 }
 
-/// Changes one transaction may hold in memory until its commit; past
-/// this its changes are dropped and the tables it touched rescanned after
-/// it commits (a rebuild sees every row it wrote).
+/// Changes one transaction may hold in memory until its commit, and the
+/// bytes they may take (keys can be long text); past either its changes
+/// are dropped and the tables it touched rescanned after it commits (a
+/// rebuild sees every row it wrote).
 const MAX_ITEMS: usize = 1_000_000;
+const MAX_BYTES: usize = 256 << 20;
 
 /// Turns decoded pgoutput messages into commits of watched changes. The
 /// server sends a transaction either whole at its commit (Begin … Commit),
@@ -655,7 +826,9 @@ const MAX_ITEMS: usize = 1_000_000;
 /// Guarantees (tested below): every watched change of a committed
 /// transaction is either in its [`Done::commit`] or covered by a rescan
 /// ([`Done::rescan`], [`Done::resync`]) requested once the commit is
-/// visible; memory per transaction is bounded by `max_items`.
+/// visible; memory per transaction is bounded by `max_items` changes and
+/// about `max_bytes` (each change counted as its key text plus a fixed
+/// overhead, when it arrives).
 struct Assembler<'a> {
     watch: &'a Watch,
     stats: &'a Stats,
@@ -670,6 +843,7 @@ struct Assembler<'a> {
     /// transaction: every filter is rebuilt at the end of the batch.
     stray_error: bool,
     max_items: usize,
+    max_bytes: usize,
 }
 
 /// One transaction's watched changes until its commit.
@@ -677,7 +851,10 @@ struct Assembler<'a> {
 struct Txn {
     /// Each with the (sub)transaction it belongs to.
     items: Vec<(u32, Item)>,
-    /// Past `max_items`: only the tables touched (the items are dropped).
+    /// What `items` took when they arrived (see [`Item::size`]).
+    bytes: usize,
+    /// Past `max_items` or `max_bytes`: only the tables touched (the items
+    /// are dropped).
     overflow: Option<Vec<super::TableName>>,
     /// One of its messages could not be decoded.
     broken: bool,
@@ -690,6 +867,25 @@ enum Item {
 }
 
 impl Item {
+    /// Its memory, roughly: the key text it holds plus a fixed overhead
+    /// for the row change, each column and the vectors holding them.
+    fn size(&self) -> usize {
+        let columns = |c: &Option<Columns>| {
+            c.as_ref().map_or(0, |c| {
+                c.0.iter()
+                    .map(|(_, v)| match v {
+                        Value::Text(t) => 48 + t.len(),
+                        Value::Null | Value::Unknown => 48,
+                    })
+                    .sum()
+            })
+        };
+        match self {
+            Item::Row(r) => 96 + columns(&r.new) + columns(&r.old),
+            Item::Truncated(_) => 96,
+        }
+    }
+
     fn table(&self) -> &super::TableName {
         match self {
             Item::Row(r) => &r.table,
@@ -718,6 +914,7 @@ impl<'a> Assembler<'a> {
             block: None,
             stray_error: false,
             max_items: MAX_ITEMS,
+            max_bytes: MAX_BYTES,
         }
     }
 
@@ -760,7 +957,8 @@ impl<'a> Assembler<'a> {
             }
             return;
         }
-        if txn.items.len() >= self.max_items {
+        let size = item.size();
+        if txn.items.len() >= self.max_items || txn.bytes + size > self.max_bytes {
             let mut tables: Vec<super::TableName> = Vec::new();
             for t in txn
                 .items
@@ -774,12 +972,15 @@ impl<'a> Assembler<'a> {
             }
             tracing::warn!(
                 changes = txn.items.len(),
-                "a transaction changed more watched rows than the feed holds; its tables are rescanned once it commits"
+                bytes = txn.bytes,
+                "a transaction changed more watched rows (or key bytes) than the feed holds; its tables are rescanned once it commits"
             );
             txn.items = Vec::new();
+            txn.bytes = 0;
             txn.overflow = Some(tables);
             return;
         }
+        txn.bytes += size;
         txn.items.push((sub, item));
     }
 
@@ -931,11 +1132,122 @@ impl<'a> Assembler<'a> {
     }
 }
 
+/// The feed's ordinary connections: named, so an operator can tell them
+/// from the pool's, and with TCP keepalives on the server's side, so that
+/// a connection whose gateway vanished (a crashed host, a cut network) is
+/// closed within about half a minute. That matters when polled: the
+/// connection then holds the slot, and no `wal_sender_timeout` applies
+/// to an ordinary backend; the system default would be two hours.
+fn feed_connect(opts: &Options) -> PgConnectOptions {
+    opts.connect
+        .clone()
+        .application_name("bloomgate-wal-feed")
+        .options([
+            ("tcp_keepalives_idle", "10"),
+            ("tcp_keepalives_interval", "5"),
+            ("tcp_keepalives_count", "3"),
+        ])
+}
+
 async fn side_connection(connect: &PgConnectOptions) -> Result<PgConnection, SessionError> {
     tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(connect))
         .await
         .map_err(|_| SessionError::Sql(sqlx::Error::PoolTimedOut))?
         .map_err(SessionError::Sql)
+}
+
+/// Opens the permanent slot `name`, creating it if it does not exist and
+/// recreating it if `max_slot_wal_keep_size` invalidated it, within
+/// `limit` (a hung connection); returns whether changes may have been
+/// missed (every filter must be rebuilt).
+async fn permanent_slot(
+    conn: &mut PgConnection,
+    name: &str,
+    stats: &Stats,
+    first: bool,
+    limit: Duration,
+) -> Result<bool, sqlx::Error> {
+    bounded(limit, open_permanent(conn, name, stats, first)).await
+}
+
+async fn open_permanent(
+    conn: &mut PgConnection,
+    name: &str,
+    stats: &Stats,
+    first: bool,
+) -> Result<bool, sqlx::Error> {
+    let status: Option<Option<String>> =
+        sqlx::query_scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(name)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(match status {
+        Some(Some(s)) if s == "lost" => {
+            stats.slot_invalidations.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(slot = %name, "replication slot invalidated (max_slot_wal_keep_size): recreating it and rebuilding every filter");
+            sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(name)
+                .execute(&mut *conn)
+                .await?;
+            create_permanent(conn, name).await?;
+            true
+        }
+        Some(_) => false,
+        None => {
+            create_permanent(conn, name).await?;
+            // A slot that did not exist: unless this is start-up (whose
+            // scan follows), changes may have been missed.
+            !first
+        }
+    })
+}
+
+/// The slot exists: tells start-up, and asks for a rebuild of every
+/// filter if changes may have been missed. False once the gateway is gone.
+async fn slot_ready(
+    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
+    resync: bool,
+    tx: &mpsc::Sender<Event>,
+) -> bool {
+    if let Some(ready) = ready.take() {
+        let _ = ready.send(Ok(()));
+    }
+    !resync
+        || tx
+            .send(Event::Resync(Resync {
+                reason: "WAL feed: new replication slot".into(),
+                snapshot: None,
+            }))
+            .await
+            .is_ok()
+}
+
+/// Delivers a batch at `Visible` once [`wait_visible`] has seen its
+/// transactions finished, then asks for what they could not carry: a
+/// rebuild's snapshot, taken after this, sees them. False once the gateway
+/// is gone.
+async fn deliver_visible(p: Pending, tx: &mpsc::Sender<Event>) -> bool {
+    for mut c in p.commits {
+        c.phase = Phase::Visible;
+        if tx.send(Event::Commit(c)).await.is_err() {
+            return false;
+        }
+    }
+    if p.resync {
+        let ev = Event::Resync(Resync {
+            reason: "WAL feed: undecodable message".into(),
+            snapshot: None,
+        });
+        if tx.send(ev).await.is_err() {
+            return false;
+        }
+    }
+    for t in p.rescan {
+        if tx.send(Event::Rescan(t)).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 async fn create_permanent(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::Error> {
@@ -951,8 +1263,10 @@ async fn create_permanent(conn: &mut PgConnection, name: &str) -> Result<(), sql
 async fn wait_visible(
     conn: &mut PgConnection,
     xids: &[u32],
-    stream: &mut Stream,
-    at: (Lsn, Lsn),
+    // One check taking longer is a hung connection (an error).
+    limit: Duration,
+    // Streaming: the stream and the positions to keep reporting on it.
+    mut stream: Option<(&mut Stream, Lsn, Lsn)>,
 ) -> Result<(), SessionError> {
     // Normally microseconds. It can take long when commits wait for a
     // synchronous standby: delivering `Visible` early would reopen the
@@ -963,11 +1277,13 @@ async fn wait_visible(
     let mut warned = began;
     let mut told = began;
     loop {
-        if all_visible(conn, xids).await? {
+        if bounded(limit, all_visible(conn, xids)).await? {
             return Ok(());
         }
         if told.elapsed() >= STATUS_EVERY {
-            stream.send_status(at.0, at.1, false).await?;
+            if let Some((stream, received, confirmed)) = stream.as_mut() {
+                stream.send_status(*received, *confirmed, false).await?;
+            }
             told = Instant::now();
         }
         if began.elapsed() > Duration::from_secs(60) {
@@ -983,6 +1299,18 @@ async fn wait_visible(
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// `query`, given up after `limit` as an I/O time-out: a connection to a
+/// hung host or across a cut network would otherwise wait forever (sqlx
+/// sets no time-out of its own on a query).
+async fn bounded<T>(
+    limit: Duration,
+    query: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(limit, query)
+        .await
+        .unwrap_or_else(|_| Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())))
 }
 
 /// Whether a snapshot taken now on the primary sees every transaction in
@@ -1220,6 +1548,49 @@ mod tests {
         );
         // Only a streamed transaction is open: its commit is still ahead.
         assert!(!asm.in_transaction());
+    }
+
+    /// The byte bound: three inserts of short keys fit in 500 bytes, four
+    /// do not; each transaction counts its own.
+    #[test]
+    fn too_many_bytes_become_a_rescan() {
+        let (w, stats) = (watch(), Stats::default());
+        let mut asm = Assembler::new(&w, &stats);
+        asm.max_items = usize::MAX;
+        asm.max_bytes = 500;
+        let txn = |xid: u32, ids: std::ops::Range<i64>| {
+            let mut m = vec![(
+                None,
+                Message::Begin {
+                    final_lsn: u64::from(xid),
+                    xid,
+                },
+            )];
+            m.extend(ids.map(|i| (None, insert(i))));
+            m.push((
+                None,
+                Message::Commit {
+                    commit_lsn: u64::from(xid),
+                    end_lsn: u64::from(xid) + 1,
+                    commit_time: 0,
+                },
+            ));
+            m
+        };
+        let mut msgs = vec![(None, relation())];
+        msgs.extend(txn(10, 0..3));
+        msgs.extend(txn(20, 0..4));
+        msgs.extend(txn(30, 5..8));
+        let done = run(&mut asm, msgs);
+        assert_eq!(keys(&done[0]), ["0", "1", "2"]);
+        assert!(done[0].rescan.is_empty());
+        assert!(done[1].commit.changes.is_empty());
+        assert_eq!(done[1].rescan, [Arc::<str>::from("public.t")]);
+        assert_eq!(
+            keys(&done[2]),
+            ["5", "6", "7"],
+            "the bound is per transaction"
+        );
     }
 
     #[test]

@@ -34,12 +34,18 @@ pub fn admin_url() -> String {
 }
 
 /// Whether this run's gateways take their changes from the WAL:
-/// `BLOOMGATE_TEST_FRESHNESS=wal` (scripts/test.sh runs tests/freshness.rs
-/// once without, once with it) puts every [`TestDb`] on the
+/// `BLOOMGATE_TEST_FRESHNESS=wal` or `wal-poll` (scripts/test.sh runs
+/// tests/freshness.rs without, with `wal` and with `wal-poll`) puts every [`TestDb`] on the
 /// `wal_level = logical` server and every [`config`] on the `wal` feed,
 /// unless the test chose a feed itself.
 pub fn wal_mode() -> bool {
-    std::env::var("BLOOMGATE_TEST_FRESHNESS").is_ok_and(|m| m == "wal")
+    std::env::var("BLOOMGATE_TEST_FRESHNESS").is_ok_and(|m| m == "wal" || m == "wal-poll")
+}
+
+/// `BLOOMGATE_TEST_FRESHNESS=wal-poll`: the WAL feed polled
+/// (`database.wal_poll_interval`) instead of streamed.
+pub fn wal_polled() -> bool {
+    std::env::var("BLOOMGATE_TEST_FRESHNESS").is_ok_and(|m| m == "wal-poll")
 }
 
 /// Changes the gateway has received from its feed: notifications, or
@@ -233,7 +239,9 @@ pub fn config(url: &str, extra: &str) -> Config {
     // The notification triggers are installed at start-up unless `extra`
     // says otherwise.
     let chose_feed = extra.contains("listen =") || extra.contains("freshness =");
-    let feed = if wal_mode() && !chose_feed {
+    let feed = if wal_polled() && !chose_feed {
+        "freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"5ms\""
+    } else if wal_mode() && !chose_feed {
         "freshness = \"wal\"\ninstall_feed = true"
     } else {
         ""
@@ -400,10 +408,14 @@ impl Served {
 }
 
 /// A TCP proxy to the test database that can be cut: existing connections
-/// are closed and new ones refused until restored.
+/// are closed and new ones refused until restored. Or frozen: the
+/// connections open at that moment stay open and pass nothing more (a hung
+/// host, a cut network), new ones pass.
 pub struct Proxy {
     pub addr: SocketAddr,
     cut: watch::Sender<bool>,
+    /// How many times it was frozen.
+    frozen: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -413,6 +425,7 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (cut, cut_rx) = watch::channel(false);
+        let (frozen, frozen_rx) = watch::channel(0u64);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
@@ -423,18 +436,38 @@ impl Proxy {
                     continue;
                 }
                 let mut cut_rx = cut_rx.clone();
+                let mut frozen_rx = frozen_rx.clone();
+                let born = *frozen_rx.borrow();
                 tokio::spawn(async move {
                     let Ok(mut server) = TcpStream::connect(upstream).await else {
                         return;
                     };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = cut_rx.wait_for(|c| *c) => {}
+                    let frozen = tokio::select! {
+                        // A freeze wins over bytes ready to pass.
+                        biased;
+                        f = frozen_rx.wait_for(|f| *f > born) => f.is_ok(),
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+                        _ = cut_rx.wait_for(|c| *c) => false,
+                    };
+                    if frozen {
+                        // Both ends held open, nothing passed.
+                        let _ = cut_rx.wait_for(|c| *c).await.is_ok();
+                        drop((client, server));
                     }
                 });
             }
         });
-        Self { addr, cut, task }
+        Self {
+            addr,
+            cut,
+            frozen,
+            task,
+        }
+    }
+
+    /// Every connection open now stops passing bytes, and stays open.
+    pub fn freeze(&self) {
+        self.frozen.send_modify(|f| *f += 1);
     }
 
     /// `url` rewritten to go through this proxy.
