@@ -150,12 +150,94 @@ stop_replica_pair() {
   done
 }
 
+# A throwaway TLS-only server for tests/tls.rs, from the local binaries:
+# 127.0.0.1:${BLOOMGATE_TLS_PORT:-54335}, data in
+# ${BLOOMGATE_TLS_DIR:-/tmp/bloomgate-pg-tls}, `ssl = on` with a
+# self-signed CA and a server certificate it signed (CN localhost, SAN
+# DNS:localhost and IP:127.0.0.1) made with the openssl CLI, and
+# wal_level = logical (the WAL feed's replication connection runs over TLS
+# too). Its pg_hba.conf takes TCP only through `hostssl` (trust): a
+# plaintext connection is refused. A second CA that signed nothing here is
+# made for the wrong-CA tests. Idempotent; exports BLOOMGATE_TEST_TLS_URL
+# (no database, no sslmode), BLOOMGATE_TEST_TLS_CA (the CA file) and
+# BLOOMGATE_TEST_TLS_OTHER_CA. Never touches another server.
+ensure_tls_server() {
+  local bindir run=() port=${BLOOMGATE_TLS_PORT:-54335} dir=${BLOOMGATE_TLS_DIR:-/tmp/bloomgate-pg-tls}
+  local certs=${BLOOMGATE_TLS_DIR:-/tmp/bloomgate-pg-tls}.certs
+  bindir=$(bg_pg_bindir)
+  if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
+    bg_pg_install || return 1
+    bindir=$(bg_pg_bindir)
+  fi
+  if ! command -v openssl >/dev/null 2>&1; then
+    bg_pg_log "no openssl CLI (for the TLS server's certificates); installing the openssl package"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openssl >&2 || return 1
+  fi
+  if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    run=(runuser -u postgres --)
+  fi
+  export BLOOMGATE_TEST_TLS_URL="postgres://postgres@localhost:$port"
+  export BLOOMGATE_TEST_TLS_CA="$certs/ca.crt"
+  export BLOOMGATE_TEST_TLS_OTHER_CA="$certs/other-ca.crt"
+  if "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port" && [ -s "$certs/ca.crt" ] && [ -s "$dir/server.crt" ]; then
+    return 0
+  fi
+  if [ ! -s "$dir/PG_VERSION" ] || [ ! -s "$certs/ca.crt" ]; then
+    bg_pg_log "starting a throwaway TLS-only server in $dir on port $port"
+    # A data directory of ours that is running without its certificates is
+    # stopped before it is made again.
+    [ -s "$dir/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop >&2
+    rm -rf "$dir" "$certs" && mkdir -p "$dir" "$certs"
+    local ext
+    ext=$(mktemp)
+    printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1\n' >"$ext"
+    {
+      for ca in ca other-ca; do
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+          -subj "/CN=bloomgate test $ca" -addext basicConstraints=critical,CA:TRUE \
+          -addext keyUsage=critical,keyCertSign,cRLSign \
+          -keyout "$certs/$ca.key" -out "$certs/$ca.crt" || return 1
+      done
+      openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localhost" \
+        -keyout "$dir/server.key" -out "$certs/server.csr" || return 1
+      openssl x509 -req -in "$certs/server.csr" -CA "$certs/ca.crt" -CAkey "$certs/ca.key" \
+        -CAcreateserial -days 3650 -extfile "$ext" -out "$dir/server.crt" || return 1
+    } >"$certs/openssl.log" 2>&1 || { cat "$certs/openssl.log" >&2; rm -f "$ext"; return 1; }
+    rm -f "$ext"
+    chmod 600 "$dir/server.key"
+    [ "$(id -u)" -eq 0 ] && chown postgres "$dir" "$dir/server.key" "$dir/server.crt"
+    # initdb wants an empty directory: the certificates wait next to it.
+    mv "$dir/server.key" "$dir/server.crt" "$certs/"
+    "${run[@]}" "$bindir/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >"$dir.initdb.log" 2>&1 \
+      || { cat "$dir.initdb.log" >&2; return 1; }
+    mv "$certs/server.key" "$certs/server.crt" "$dir/"
+    # TCP only with TLS; the Unix socket (for pg_ctl and psql here) stays.
+    printf 'local all all trust\nlocal replication all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n' \
+      >"$dir/pg_hba.conf"
+  fi
+  "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
+    -o "-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=100 -c fsync=off -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10" start >&2 \
+    || { cat "$dir/server.log" >&2; return 1; }
+}
+
+stop_tls_server() {
+  local bindir run=() dir=${BLOOMGATE_TLS_DIR:-/tmp/bloomgate-pg-tls}
+  bindir=$(bg_pg_bindir)
+  [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
+  [ -s "$dir/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop >&2 || true
+}
+
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   set -euo pipefail
   case "${1:-start}" in
     start) ensure_postgres && echo "$PG_BASE_URL" ;;
     replicas) ensure_replica_pair && echo "$BLOOMGATE_TEST_PRIMARY_URL $BLOOMGATE_TEST_REPLICA_URL" ;;
-    stop) stop_replica_pair; stop_throwaway_postgres ;;
-    *) echo "usage: scripts/pg.sh [start|replicas|stop]" >&2; exit 2 ;;
+    tls) ensure_tls_server && echo "$BLOOMGATE_TEST_TLS_URL $BLOOMGATE_TEST_TLS_CA" ;;
+    stop) stop_tls_server; stop_replica_pair; stop_throwaway_postgres ;;
+    *) echo "usage: scripts/pg.sh [start|replicas|tls|stop]" >&2; exit 2 ;;
   esac
 fi

@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 ensure_postgres
 # tests/replicas.rs: a throwaway primary with a streaming replica.
 ensure_replica_pair
+# tests/tls.rs: a throwaway TLS-only server (hostssl) with its own CA.
+ensure_tls_server
 # The status-page test drives a headless Chromium.
 if [ -z "${BLOOMGATE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
   echo "test.sh: installing chromium for the status-page test" >&2

@@ -191,7 +191,15 @@ impl AdminConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct DatabaseConfig {
     /// Postgres URL. Default `postgres://postgres@127.0.0.1:5432/bloomgate`;
-    /// `DATABASE_URL` overrides it.
+    /// `DATABASE_URL` overrides it. TLS follows libpq's parameters, for
+    /// every connection made to this server (the pool, the feeds, the WAL
+    /// feed's replication connection): `sslmode=disable|prefer|require|
+    /// verify-ca|verify-full` (default `prefer`; `PGSSLMODE` when unset) and
+    /// `sslrootcert=/path/ca.pem` (`PGSSLROOTCERT`) for a CA the host does
+    /// not trust, such as a managed service's; `require` with a root
+    /// certificate checks the chain, as in libpq. See `db::tls` and the
+    /// README's "TLS to PostgreSQL". `replica_urls` take the same
+    /// parameters.
     pub url: String,
     /// Connections in the pool: also the most database queries at once.
     /// Default 16.

@@ -8,9 +8,9 @@
 pub mod catalog;
 pub mod copy;
 pub mod replicas;
+pub mod tls;
 pub mod triggers;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -105,7 +105,8 @@ impl Db {
     /// not fail while the database is still coming up.
     pub fn connect_lazy(cfg: &DatabaseConfig) -> Result<Self, sqlx::Error> {
         let timeout_ms = cfg.statement_timeout.as_millis().to_string();
-        let opts = PgConnectOptions::from_str(&cfg.url)?
+        // TLS as the URL's libpq parameters say (see `tls`).
+        let opts = tls::connect_options(&cfg.url)?
             .application_name("bloomgate")
             .options([("statement_timeout", timeout_ms.as_str())]);
         let pool = PgPoolOptions::new()

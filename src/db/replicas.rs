@@ -47,13 +47,12 @@
 //! marks it down until the next check and is retried on the primary.
 
 use std::collections::VecDeque;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 
 use crate::config::DatabaseConfig;
 
@@ -132,7 +131,7 @@ impl Replicas {
         let timeout_ms = cfg.statement_timeout.as_millis().to_string();
         let mut members = Vec::new();
         for url in &cfg.replica_urls {
-            let opts = PgConnectOptions::from_str(url)?
+            let opts = super::tls::connect_options(url)?
                 .application_name("bloomgate")
                 .options([("statement_timeout", timeout_ms.as_str())]);
             let name = format!("{}:{}", opts.get_host(), opts.get_port());

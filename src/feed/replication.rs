@@ -7,9 +7,13 @@
 //! small, so it is written here against the protocol documentation
 //! ("Streaming Replication Protocol", "Message Formats"):
 //!
+//! - TLS over TCP as the pool has it ([`crate::db::tls`]: the URL's
+//!   `sslmode` and `sslrootcert`, libpq's meaning of each mode, rustls on
+//!   the provider sqlx uses): `SSLRequest` first, then the handshake on the
+//!   server's `S`; its `N` is refused unless the mode is `prefer`. A Unix
+//!   socket never uses TLS.
 //! - start-up with `replication=database`, authentication by trust,
-//!   cleartext, MD5 or SCRAM-SHA-256 (no channel binding: like the rest of
-//!   the gateway's connections, no TLS);
+//!   cleartext, MD5 or SCRAM-SHA-256 (no channel binding);
 //! - simple queries (replication commands such as `CREATE_REPLICATION_SLOT`),
 //!   rows as text;
 //! - `START_REPLICATION … LOGICAL`, then [`Frame`]s out of `CopyData`
@@ -21,7 +25,13 @@
 //!   [`MAX_MESSAGE`], is a [`ReplError::Protocol`] and the caller
 //!   reconnects.
 //! - **No secret in an error.** Errors carry the server's message, never the
-//!   password or a SCRAM value.
+//!   password or a SCRAM value; a TLS error names the mode, the certificate
+//!   problem or the `sslrootcert` file, never the URL.
+//! - **The mode is kept.** Under `require` and `verify-*` nothing but the
+//!   `SSLRequest` is sent before the handshake succeeds; under
+//!   `verify-ca`/`verify-full` a certificate that does not chain to a
+//!   trusted root (or, for `verify-full`, does not name the host) ends the
+//!   connection before any start-up message.
 //! - **The server's word is checked.** A SCRAM exchange fails unless the
 //!   server proves it knows the password too (its signature is verified);
 //!   "authenticated" before that proof is refused.
@@ -39,6 +49,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::Lsn;
+use crate::db::tls::{self, Tls};
 
 /// Longest backend message accepted. A pgoutput message carries a whole
 /// row of a published table (every column, unchanged TOASTed values
@@ -65,6 +76,8 @@ impl Endpoint {
     /// as sqlx resolved them from the URL and `PG*` variables) and the
     /// password ([`password_from_url`]: sqlx does not hand it out), else
     /// the password file's ([`super::pgpass`]), as sqlx and libpq do.
+    /// How to secure it comes from the same options, with
+    /// [`Tls::from_options`], and is passed to [`Connection::connect_with`].
     pub fn new(
         opts: &sqlx::postgres::PgConnectOptions,
         password: Option<String>,
@@ -142,6 +155,10 @@ pub enum ReplError {
     },
     /// What the server sent makes no sense here.
     Protocol(String),
+    /// TLS was required and refused, the handshake failed (a certificate
+    /// the mode does not accept, among others), or the TLS set-up cannot
+    /// work (an unreadable `sslrootcert`).
+    Tls(String),
     /// An authentication method this client does not speak, or a password
     /// needed and not given.
     Auth(String),
@@ -155,6 +172,7 @@ impl fmt::Display for ReplError {
                 write!(f, "replication connection: {message} (SQLSTATE {code})")
             }
             ReplError::Protocol(m) => write!(f, "replication protocol: {m}"),
+            ReplError::Tls(m) => write!(f, "replication connection TLS: {m}"),
             ReplError::Auth(m) => write!(f, "replication authentication: {m}"),
         }
     }
@@ -188,9 +206,16 @@ struct Msg {
 }
 
 impl Connection {
-    /// Connects, starts a logical replication session on the endpoint's
-    /// database and authenticates.
+    /// [`Connection::connect_with`] as libpq's default, `sslmode=prefer`,
+    /// does it: TLS if the server offers it, no certificate check.
     pub async fn connect(ep: &Endpoint) -> Result<Self, ReplError> {
+        Self::connect_with(ep, &Tls::default()).await
+    }
+
+    /// Connects (over TCP secured as `tls` says; see [`Tls::from_options`]
+    /// for the pool's settings), starts a logical replication session on
+    /// the endpoint's database and authenticates.
+    pub async fn connect_with(ep: &Endpoint, tls: &Tls) -> Result<Self, ReplError> {
         let io: Box<dyn Io> = if let Some(socket) = &ep.socket {
             #[cfg(unix)]
             {
@@ -208,7 +233,7 @@ impl Connection {
         } else {
             let s = tokio::net::TcpStream::connect((ep.host.as_str(), ep.port)).await?;
             s.set_nodelay(true)?;
-            Box::new(s)
+            secure(s, &ep.host, tls).await?
         };
         let mut c = Connection {
             io,
@@ -561,6 +586,60 @@ impl Stream {
         b.put_i64(pg_now());
         b.put_u8(u8::from(reply_requested));
         self.conn.send(b'd', &b).await
+    }
+}
+
+/// `SSLRequest`: length 8, then the code 1234 5679 (80877103).
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// Asks the server on `s` for TLS when `tls` says so, and acts on its
+/// one-byte answer: `S`, the handshake (the certificate checked as the
+/// mode says, against `host`); `N`, plaintext under `prefer` and an error
+/// otherwise; anything else, a protocol error.
+async fn secure<S>(mut s: S, host: &str, tls: &Tls) -> Result<Box<dyn Io>, ReplError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if !tls.requested() {
+        return Ok(Box::new(s));
+    }
+    // Set up before anything is sent: a bad sslrootcert fails here.
+    let config = match tls.client_config() {
+        Ok(c) => c,
+        Err(e) => return Err(ReplError::Tls(e.to_string())),
+    };
+    s.write_all(&SSL_REQUEST).await?;
+    let mut reply = [0u8; 1];
+    s.read_exact(&mut reply).await?;
+    match reply[0] {
+        b'S' => {
+            let name = tls::server_name(host).map_err(|e| ReplError::Tls(e.to_string()))?;
+            // Exactly one byte was read, nothing buffered: whatever the
+            // server (or a man in the middle) sent after the `S` goes to
+            // the handshake, which fails on it (CVE-2021-23222).
+            let stream = tokio_rustls::TlsConnector::from(config)
+                .connect(name, s)
+                .await
+                .map_err(tls_failure)?;
+            Ok(Box::new(stream))
+        }
+        b'N' if tls.required() => Err(ReplError::Tls(format!(
+            "the server does not accept TLS, and sslmode={} requires it",
+            tls.mode_name()
+        ))),
+        b'N' => Ok(Box::new(s)),
+        other => Err(protocol(format!(
+            "unexpected reply 0x{other:02x} to the TLS request"
+        ))),
+    }
+}
+
+/// A failed handshake: rustls' reason (a certificate problem reads
+/// "invalid peer certificate: …"), or the socket's error.
+fn tls_failure(e: std::io::Error) -> ReplError {
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(r) => ReplError::Tls(format!("handshake failed: {r}")),
+        None => ReplError::Io(e),
     }
 }
 
@@ -969,5 +1048,297 @@ mod tests {
     fn identifiers_and_literals_are_quoted() {
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+
+    // TLS negotiation over an in-memory stream. The certificates were
+    // made once with the openssl CLI, valid 2000-2100: a CA, a server
+    // certificate it signed for DNS:localhost, and a second CA that signed
+    // nothing. The key is a test key and protects nothing.
+    const CA: &str = "\
+-----BEGIN CERTIFICATE-----
+MIIBazCCARGgAwIBAgIBATAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
+dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowHDEa
+MBgGA1UEAwwRYmxvb21nYXRlIHVuaXQgY2EwWTATBgcqhkjOPQIBBggqhkjOPQMB
+BwNCAASt2Tn4fuLPLLh1YcOQ70ZVUZWyEeR3XnQO+rjotavkVxnXHObkLsCjf1TS
+G/wWoU2OHXQZYpOm/PpPcwCnBAP4o0IwQDAPBgNVHRMBAf8EBTADAQH/MA4GA1Ud
+DwEB/wQEAwICBDAdBgNVHQ4EFgQUSeEPR9RRsUx0/T31NML94jaPPuswCgYIKoZI
+zj0EAwIDSAAwRQIhANBXn14M24rO0YX127fFxf+ZEJokqeZEJyejYf0sO0TMAiAH
+s+JqczBzrchsY5l4yq+X+KgXdgGpjBf5WktvL69WoQ==
+-----END CERTIFICATE-----";
+    const OTHER_CA: &str = "\
+-----BEGIN CERTIFICATE-----
+MIIBcDCCARegAwIBAgIBATAKBggqhkjOPQQDAjAfMR0wGwYDVQQDDBRibG9vbWdh
+dGUgdW5pdCBvdGhlcjAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFow
+HzEdMBsGA1UEAwwUYmxvb21nYXRlIHVuaXQgb3RoZXIwWTATBgcqhkjOPQIBBggq
+hkjOPQMBBwNCAATgsTQqpQ0p03DiQe6wx/0lWBOKB1ispRZrgSKLLtLqpX0taFaM
++FcIZUyorqIDmZCYcd4IDM+yqQNDviOGOWsdo0IwQDAPBgNVHRMBAf8EBTADAQH/
+MA4GA1UdDwEB/wQEAwICBDAdBgNVHQ4EFgQUdRzdbevhv2A/ES3GfM/y51xgts8w
+CgYIKoZIzj0EAwIDRwAwRAIgTxzKr4Oylx8/4PndUju75vBLzznN1yKN3LOu8qjM
+lPUCIBwhEyqpRhnN94CEtUrX7G+f/REMqzrsn0ceYCDOwvQJ
+-----END CERTIFICATE-----";
+    const SERVER_CERT: &str = "\
+-----BEGIN CERTIFICATE-----
+MIIBrjCCAVSgAwIBAgIBAjAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
+dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowFDES
+MBAGA1UEAwwJbG9jYWxob3N0MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEDRq1
+fHg4hN4D8KyTpnDGKMT2pjeNa4//OEfK2qfpEMPlLq4LJASW0MdJ+39171/Qf+Rx
+OgTW3esrWDVaqdnv/KOBjDCBiTAMBgNVHRMBAf8EAjAAMA4GA1UdDwEB/wQEAwIH
+gDATBgNVHSUEDDAKBggrBgEFBQcDATAUBgNVHREEDTALgglsb2NhbGhvc3QwHwYD
+VR0jBBgwFoAUSeEPR9RRsUx0/T31NML94jaPPuswHQYDVR0OBBYEFPyGWPSMkZqH
+s+JoQIV9jboWJ7xIMAoGCCqGSM49BAMCA0gAMEUCIQDmgTLfMO+R9hWu4aQDUsFi
+1BhSNFvapbPH3/QT+I4EpgIgbbtDBg5OyBlDm1aIgB4MKNAs97DIzwwrJN2YppxY
+wAk=
+-----END CERTIFICATE-----";
+    const SERVER_KEY: &str = "\
+-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgEC+79ssfsVG6zVGz
+m7Phdq7echyiGB+C94/IIkjFsX2hRANCAAQNGrV8eDiE3gPwrJOmcMYoxPamN41r
+j/84R8rap+kQw+UurgskBJbQx0n7f3XvX9B/5HE6BNbd6ytYNVqp2e/8
+-----END PRIVATE KEY-----";
+
+    use std::sync::Arc;
+
+    use sqlx::postgres::PgSslMode;
+    use tokio::io::DuplexStream;
+
+    fn tls_of(mode: PgSslMode, ca: Option<&str>) -> Tls {
+        Tls {
+            mode,
+            root_cert: ca.map(|c| tls::RootCert::Pem(c.as_bytes().to_vec())),
+        }
+    }
+
+    /// Every exchange here is bounded: a failure must not hang the suite.
+    async fn bounded<T>(f: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(20), f)
+            .await
+            .expect("the exchange hung")
+    }
+
+    /// A server end that expects the SSLRequest and answers `reply`.
+    async fn answers(server: &mut DuplexStream, reply: &[u8]) {
+        let mut req = [0u8; 8];
+        server.read_exact(&mut req).await.unwrap();
+        assert_eq!(req, SSL_REQUEST, "an SSLRequest first");
+        server.write_all(reply).await.unwrap();
+    }
+
+    /// Negotiates `tls` against a server that answers `reply` and then
+    /// does `then` with its end; returns the client's outcome.
+    async fn negotiate<F, Fut>(
+        tls: Tls,
+        host: &str,
+        reply: &'static [u8],
+        then: F,
+    ) -> Result<Box<dyn Io>, ReplError>
+    where
+        F: FnOnce(DuplexStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send,
+    {
+        let (client, mut server) = tokio::io::duplex(64 * 1024);
+        let server = tokio::spawn(async move {
+            answers(&mut server, reply).await;
+            then(server).await;
+        });
+        let r = bounded(secure(client, host, &tls)).await;
+        if r.is_err() {
+            server.abort();
+        }
+        r
+    }
+
+    /// Whether bytes written through the client end arrive at `server`.
+    async fn passes(mut client: Box<dyn Io>, server: tokio::task::JoinHandle<Vec<u8>>) {
+        client.write_all(b"ping").await.unwrap();
+        client.flush().await.unwrap();
+        assert_eq!(bounded(server).await.unwrap(), b"ping");
+    }
+
+    #[tokio::test]
+    async fn disable_sends_nothing_before_the_start_up() {
+        let (client, mut server) = tokio::io::duplex(1024);
+        let c = bounded(secure(
+            client,
+            "localhost",
+            &tls_of(PgSslMode::Disable, Some(CA)),
+        ))
+        .await
+        .unwrap();
+        let read = tokio::spawn(async move {
+            let mut b = vec![0u8; 4];
+            server.read_exact(&mut b).await.unwrap();
+            b
+        });
+        passes(c, read).await;
+    }
+
+    #[tokio::test]
+    async fn n_is_plaintext_under_prefer_and_refused_otherwise() {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let c = negotiate(
+            tls_of(PgSslMode::Prefer, None),
+            "localhost",
+            b"N",
+            |mut s| async move {
+                let mut b = vec![0u8; 4];
+                s.read_exact(&mut b).await.unwrap();
+                let _ = tx.send(b);
+            },
+        )
+        .await
+        .unwrap();
+        passes(c, tokio::spawn(async move { rx.await.unwrap() })).await;
+
+        for (mode, name) in [
+            (PgSslMode::Require, "require"),
+            (PgSslMode::VerifyCa, "verify-ca"),
+            (PgSslMode::VerifyFull, "verify-full"),
+        ] {
+            let r = negotiate(tls_of(mode, Some(CA)), "localhost", b"N", |_| async {}).await;
+            match r {
+                Err(ReplError::Tls(m)) => {
+                    assert!(m.contains("does not accept TLS"), "{m}");
+                    assert!(m.contains(name), "{m}");
+                }
+                Err(e) => panic!("{name}: {e}"),
+                Ok(_) => panic!("{name}: a server without TLS accepted"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn any_other_reply_is_a_protocol_error() {
+        for reply in [&b"X"[..], b"E", b"\0"] {
+            let reply: &'static [u8] = reply;
+            for mode in [PgSslMode::Prefer, PgSslMode::Require] {
+                let r = negotiate(tls_of(mode, None), "localhost", reply, |_| async {}).await;
+                assert!(
+                    matches!(&r, Err(ReplError::Protocol(m)) if m.contains("TLS request")),
+                    "{reply:?} under {mode:?}: {:?}",
+                    r.err()
+                );
+            }
+        }
+        // A server that hangs up instead of answering.
+        let (client, mut server) = tokio::io::duplex(1024);
+        let hang_up = tokio::spawn(async move {
+            let mut req = [0u8; 8];
+            server.read_exact(&mut req).await.unwrap();
+        });
+        let r = bounded(secure(
+            client,
+            "localhost",
+            &tls_of(PgSslMode::Require, None),
+        ))
+        .await;
+        bounded(hang_up).await.unwrap();
+        assert!(matches!(r, Err(ReplError::Io(_))), "{:?}", r.err());
+    }
+
+    /// A TLS server on `s` with the test certificate; what it reads first.
+    async fn tls_server(s: DuplexStream) -> Result<Vec<u8>, std::io::Error> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![CertificateDer::from_pem_slice(SERVER_CERT.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(SERVER_KEY.as_bytes()).unwrap(),
+            )
+            .unwrap();
+        let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(config))
+            .accept(s)
+            .await?;
+        let mut b = vec![0u8; 4];
+        tls.read_exact(&mut b).await?;
+        Ok(b)
+    }
+
+    /// `S`, then a handshake with the test server as `tls` and `host` say.
+    async fn handshake(tls: Tls, host: &str) -> Result<(), ReplError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let c = negotiate(tls, host, b"S", |s| async move {
+            let _ = tx.send(tls_server(s).await);
+        })
+        .await?;
+        passes(
+            c,
+            tokio::spawn(async move { rx.await.unwrap().expect("the server's side") }),
+        )
+        .await;
+        Ok(())
+    }
+
+    fn is_certificate_error(r: Result<(), ReplError>) -> bool {
+        matches!(&r, Err(ReplError::Tls(m)) if m.contains("certificate"))
+    }
+
+    #[tokio::test]
+    async fn s_starts_the_handshake_and_the_modes_check_what_libpq_checks() {
+        // Chain and name.
+        handshake(tls_of(PgSslMode::VerifyFull, Some(CA)), "localhost")
+            .await
+            .unwrap();
+        let wrong_ca = handshake(tls_of(PgSslMode::VerifyFull, Some(OTHER_CA)), "localhost").await;
+        assert!(is_certificate_error(wrong_ca));
+        let wrong_name = handshake(tls_of(PgSslMode::VerifyFull, Some(CA)), "db.example.org").await;
+        assert!(is_certificate_error(wrong_name));
+        // The chain only.
+        handshake(tls_of(PgSslMode::VerifyCa, Some(CA)), "db.example.org")
+            .await
+            .unwrap();
+        let wrong_ca = handshake(tls_of(PgSslMode::VerifyCa, Some(OTHER_CA)), "localhost").await;
+        assert!(is_certificate_error(wrong_ca));
+        // Encryption, no check.
+        handshake(tls_of(PgSslMode::Require, None), "db.example.org")
+            .await
+            .unwrap();
+        handshake(tls_of(PgSslMode::Prefer, None), "localhost")
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn bytes_after_s_go_to_the_handshake_not_to_the_start_up() {
+        // A man in the middle answering `S` and, in the same packet,
+        // plaintext meant to pass as the server's (CVE-2021-23222).
+        for mode in [PgSslMode::Require, PgSslMode::VerifyFull] {
+            let r = negotiate(
+                tls_of(mode, Some(CA)),
+                "localhost",
+                b"SR\0\0\0\x08\0\0\0\0",
+                |mut s| async move {
+                    let mut sink = vec![0u8; 4096];
+                    while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                },
+            )
+            .await;
+            assert!(
+                matches!(r, Err(ReplError::Tls(_))),
+                "{mode:?}: {:?}",
+                r.err()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_root_certificate_fails_before_anything_is_sent() {
+        let (client, mut server) = tokio::io::duplex(1024);
+        let bad = Tls {
+            mode: PgSslMode::VerifyCa,
+            root_cert: Some(tls::RootCert::File("/nonexistent/bloomgate-ca.pem".into())),
+        };
+        let r = bounded(secure(client, "localhost", &bad)).await;
+        assert!(
+            matches!(&r, Err(ReplError::Tls(m)) if m.contains("/nonexistent/bloomgate-ca.pem")),
+            "{:?}",
+            r.err()
+        );
+        let mut b = Vec::new();
+        bounded(server.read_to_end(&mut b)).await.unwrap();
+        assert!(b.is_empty(), "sent {b:?}");
     }
 }

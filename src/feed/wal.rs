@@ -416,10 +416,14 @@ async fn session(
     // SQL once it streams.
     let mut conn = side_connection(&connect).await?;
     let endpoint = Endpoint::new(&opts.connect, opts.password.clone(), "bloomgate-wal-feed");
-    let mut repl =
-        tokio::time::timeout(CONNECT_TIMEOUT, replication::Connection::connect(&endpoint))
-            .await
-            .map_err(|_| ReplError::Io(std::io::ErrorKind::TimedOut.into()))??;
+    // TLS as the pool has it: the same options.
+    let tls = crate::db::tls::Tls::from_options(&opts.connect);
+    let mut repl = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        replication::Connection::connect_with(&endpoint, &tls),
+    )
+    .await
+    .map_err(|_| ReplError::Io(std::io::ErrorKind::TimedOut.into()))??;
     let slot = opts.slot.as_deref().unwrap_or(temp_name);
     let resync = match &opts.slot {
         None => {
