@@ -33,7 +33,9 @@
 //!   [`db::catalog`]: canonical table names, column types, replica identity,
 //!   [`db::triggers`]: the notification triggers' SQL, and
 //!   [`db::replicas`]: streaming read replicas for loads and scans, used
-//!   only once they have replayed past every applied change (by LSN).
+//!   only once they have replayed past every applied change (by LSN), and
+//!   [`db::tls`]: TLS for every connection (sqlx's and the replication
+//!   client's) as the URL's `sslmode` / `sslrootcert` say.
 //! - [`feed`]: change feeds turned into one [`feed::Event`] type; they know
 //!   nothing of the gateway, which applies their events. [`feed::notify`]:
 //!   `LISTEN bloomgate`, fed by the triggers [`db::triggers`] generates (one
