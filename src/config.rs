@@ -195,11 +195,10 @@ pub struct DatabaseConfig {
     /// every connection made to this server (the pool, the feeds, the WAL
     /// feed's replication connection): `sslmode=disable|prefer|require|
     /// verify-ca|verify-full` (default `prefer`; `PGSSLMODE` when unset) and
-    /// `sslrootcert=/path/ca.pem` (`PGSSLROOTCERT`) for a CA the host does
-    /// not trust, such as a managed service's; `require` with a root
-    /// certificate checks the chain, as in libpq. See `db::tls` and the
-    /// README's "TLS to PostgreSQL". `replica_urls` take the same
-    /// parameters.
+    /// `sslrootcert=/path/ca.pem` (`PGSSLROOTCERT`), the CA file, the only
+    /// trusted roots as in libpq: `verify-ca` and `verify-full` need it, and
+    /// `require` with it checks the chain. See `db::tls` and the README's
+    /// "TLS to PostgreSQL". `replica_urls` take the same parameters.
     pub url: String,
     /// Connections in the pool: also the most database queries at once.
     /// Default 16.

@@ -8,31 +8,55 @@
 //! replication client alike.
 //!
 //! # Modes, as libpq has them
-//! - `disable` (and `allow`, which sqlx treats the same): plaintext.
+//! - `disable`: plaintext. `allow` is `disable` here (libpq would retry
+//!   with TLS after a refusal; sqlx and the replication client never ask).
 //! - `prefer` (the default): TLS if the server offers it, no certificate
-//!   check; plaintext if it does not.
+//!   check; plaintext if it answers that it does not. A handshake that
+//!   fails is an error (libpq would retry in plaintext).
 //! - `require`: TLS or nothing, no certificate check, **unless a root
 //!   certificate is given** (`sslrootcert`): then it is `verify-ca`, as
 //!   libpq does it for backward compatibility (sqlx documents that rule but
 //!   does not apply it, so [`connect_options`] applies it to the pools).
-//! - `verify-ca`: the server's chain must lead to a trusted root; the host
-//!   name is not checked.
+//! - `verify-ca`: the server's chain must lead to an `sslrootcert` root;
+//!   the host name is not checked (the replication client). **The pools
+//!   check it anyway** with sqlx 0.8.6: its verifier lets only
+//!   `CertificateError::NotValidForName` through, while rustls 0.23 reports
+//!   `NotValidForNameContext` (sqlx issue #3793, fixed after 0.8.6). So a
+//!   certificate that does not name the URL's host fails the pool under
+//!   `verify-ca` too, and the gateway, which needs both, does not start.
+//!   The stricter direction; it ends when sqlx is upgraded.
 //! - `verify-full`: the chain, and the host name (or IP address) of the URL
-//!   against the certificate's names.
+//!   against the certificate's subject alternative names (rustls never
+//!   falls back to the common name).
 //!
 //! # Roots
-//! The trusted roots are the host's certificate store plus the
-//! `sslrootcert` file's certificates (that is how sqlx builds them: libpq
-//! would trust the file's alone; the replication client trusts what the
-//! pool trusts, so one URL never works for one and fails for the other).
-//! The host's store, not a bundle compiled into the binary (webpki-roots):
-//! a server product runs where an operator manages trust (a company CA
-//! added to the image, a distrusted root removed by an OS update), and a
-//! bundle frozen at build time would ignore both. Managed databases
-//! (RDS, Cloud SQL, Azure) sign with their own CAs, which are in neither
-//! set: they are given with `sslrootcert`.
+//! libpq's rule: under `verify-ca` and `verify-full` (and `require` with a
+//! root certificate) the trusted roots are the `sslrootcert` certificates
+//! and nothing else; the host's store never is, or any publicly trusted
+//! certificate would pass `verify-ca`. Those modes without `sslrootcert`
+//! are a start-up error (libpq fails too without its default
+//! `~/.postgresql/root.crt`, which is not read here: the file is named).
+//! `sslrootcert=system` (PostgreSQL 16: the host's store) is not supported
+//! and is refused, not read as a file named `system`.
 //!
-//! A Unix-socket connection never uses TLS.
+//! The replication client follows the rule exactly. sqlx 0.8.6 cannot:
+//! every rustls feature of it puts a root set under `sslrootcert` (the
+//! Mozilla bundle compiled in with `tls-rustls-ring-webpki` and
+//! `tls-rustls-aws-lc-rs`, the host's store with
+//! `tls-rustls-ring-native-roots`, which native-tls does too), and it has
+//! no hook for a client configuration of ours. The host's store is the
+//! least bad: unlike a compiled bundle it can be emptied without a rebuild,
+//! as `rustls-native-certs` reads `SSL_CERT_FILE` / `SSL_CERT_DIR` instead
+//! of the system paths when they are set. [`connect_options`] warns when
+//! the pool would trust a root that `sslrootcert` does not hold; set
+//! `SSL_CERT_FILE` to the `sslrootcert` file and the pool's roots are
+//! exactly libpq's. (Under `verify-full`, the only mode that stops a man in
+//! the middle, a stray root still needs a certificate for the URL's own
+//! host name.)
+//!
+//! A Unix-socket connection never uses TLS (PostgreSQL refuses TLS there):
+//! [`connect_options`] sets `disable` for one, whatever the URL or
+//! `PGSSLMODE` say.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -47,7 +71,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
-/// Where the extra trusted roots come from (`sslrootcert`).
+/// Where the trusted roots come from (`sslrootcert`).
 #[derive(Clone, PartialEq, Eq)]
 pub enum RootCert {
     File(PathBuf),
@@ -65,7 +89,7 @@ impl std::fmt::Debug for RootCert {
 }
 
 /// How a connection is secured: the mode in effect (libpq's `require`
-/// rule applied) and the extra roots.
+/// rule applied) and the roots.
 #[derive(Clone, Debug)]
 pub struct Tls {
     pub mode: PgSslMode,
@@ -87,6 +111,17 @@ impl Default for Tls {
 pub enum TlsError {
     #[error("sslrootcert {0:?}: {1}")]
     RootCert(RootCert, String),
+    #[error(
+        "sslmode={0} needs sslrootcert, the CA certificate file to trust \
+         (in the URL, e.g. database.url's `?sslrootcert=/path/ca.pem`, or \
+         PGSSLROOTCERT): the host's certificate store is not trusted, as in libpq"
+    )]
+    NoRootCert(&'static str),
+    #[error(
+        "sslrootcert=system (PostgreSQL 16's host certificate store) is not \
+         supported: set sslrootcert to the CA certificate file"
+    )]
+    SystemRoots,
     #[error("{0}")]
     Config(String),
 }
@@ -134,12 +169,16 @@ impl Tls {
         }
     }
 
-    /// The `sslrootcert` certificates (none without one). A file that
-    /// cannot be read, or holds no certificate, is an error, as in libpq.
-    pub fn extra_roots(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    /// The `sslrootcert` certificates, the only roots trusted. None given,
+    /// `system`, a file that cannot be read or one that holds no
+    /// certificate is an error, as in libpq.
+    pub fn root_certs(&self) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         let Some(rc) = &self.root_cert else {
-            return Ok(Vec::new());
+            return Err(TlsError::NoRootCert(self.mode_name()));
         };
+        if *rc == RootCert::File("system".into()) {
+            return Err(TlsError::SystemRoots);
+        }
         let bad = |m: String| TlsError::RootCert(rc.clone(), m);
         let pem = match rc {
             RootCert::File(p) => std::fs::read(p).map_err(|e| bad(e.to_string()))?,
@@ -185,24 +224,23 @@ impl Tls {
         Ok(Arc::new(config))
     }
 
-    /// The host's roots and the `sslrootcert` ones (see the module doc).
-    fn roots(&self) -> Result<RootCertStore, TlsError> {
-        let mut store = RootCertStore::empty();
-        let native = rustls_native_certs::load_native_certs();
-        if !native.errors.is_empty() {
-            tracing::debug!(
-                errors = native.errors.len(),
-                "some of the host's root certificates could not be read"
-            );
+    /// Whether the set-up can work: under the modes that check the chain,
+    /// the `sslrootcert` certificates can be read (see the module doc).
+    pub fn check(&self) -> Result<(), TlsError> {
+        if self.verifies() {
+            self.roots()?;
         }
-        // Unparseable host roots are skipped, as sqlx does.
-        store.add_parsable_certificates(native.certs);
-        if let Some(rc) = &self.root_cert {
-            for cert in self.extra_roots()? {
-                store
-                    .add(cert)
-                    .map_err(|e| TlsError::RootCert(rc.clone(), e.to_string()))?;
-            }
+        Ok(())
+    }
+
+    /// The trusted roots: the `sslrootcert` certificates, nothing else
+    /// (see the module doc).
+    pub fn roots(&self) -> Result<RootCertStore, TlsError> {
+        let mut store = RootCertStore::empty();
+        for cert in self.root_certs()? {
+            store.add(cert).map_err(|e| {
+                TlsError::RootCert(self.root_cert.clone().expect("read"), e.to_string())
+            })?;
         }
         Ok(store)
     }
@@ -235,18 +273,48 @@ fn root_cert_of(opts: &PgConnectOptions) -> Option<RootCert> {
     Some(RootCert::File(PathBuf::from(path)))
 }
 
+/// Whether `opts` reach the server over a Unix socket: a `host` (or
+/// `PGHOST`) that is a directory, as sqlx and libpq read it.
+pub fn over_socket(opts: &PgConnectOptions) -> bool {
+    opts.get_socket().is_some() || opts.get_host().starts_with('/')
+}
+
 /// The options of a pool on `url`, as sqlx parses them, with libpq's
 /// `require` rule applied (see the module doc) and the `sslrootcert` file
-/// checked now: a missing or empty file is a start-up error, not a
-/// database that never becomes reachable.
+/// checked now: a missing, empty or absent one where the mode needs it is
+/// a start-up error, not a database that never becomes reachable. Over a
+/// Unix socket, `disable`: sqlx would ask for TLS there too, and the
+/// server's refusal would fail `require` and above.
 pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     let opts = PgConnectOptions::from_str(url)?;
+    if over_socket(&opts) {
+        return Ok(opts.ssl_mode(PgSslMode::Disable));
+    }
     let tls = Tls::from_options(&opts);
+    let config = |e: TlsError| sqlx::Error::Configuration(e.to_string().into());
     if tls.verifies() {
-        tls.extra_roots()
-            .map_err(|e| sqlx::Error::Configuration(e.to_string().into()))?;
+        let roots = tls.root_certs().map_err(config)?;
+        tls.roots().map_err(config)?;
+        warn_of_the_pools_extra_roots(&tls, &roots);
     }
     Ok(opts.ssl_mode(tls.mode))
+}
+
+/// sqlx 0.8.6 trusts the host's store besides `roots` (see the module
+/// doc): says so when that store holds a certificate `roots` do not.
+fn warn_of_the_pools_extra_roots(tls: &Tls, roots: &[CertificateDer<'static>]) {
+    let host = rustls_native_certs::load_native_certs();
+    let extra = host.certs.iter().filter(|c| !roots.contains(c)).count();
+    if extra > 0 {
+        tracing::warn!(
+            sslmode = tls.mode_name(),
+            sslrootcert = ?tls.root_cert,
+            extra_roots = extra,
+            "the pool (sqlx 0.8.6) trusts the host's certificate store as well as \
+             sslrootcert; set SSL_CERT_FILE to the sslrootcert file to trust that \
+             file only, as libpq and the replication connection do"
+        );
+    }
 }
 
 /// `verify-ca` (chain checked against `roots`, the name not) or, without
@@ -356,6 +424,184 @@ mod tests {
         connect_options("postgres://h/db?sslmode=prefer&sslrootcert=/nonexistent/ca.pem").unwrap();
         let opts = connect_options("postgres://h/db?sslmode=require").unwrap();
         assert!(matches!(opts.get_ssl_mode(), PgSslMode::Require));
+    }
+
+    // The unit CA of `feed::replication`'s tests (a test certificate).
+    const CA: &str = "\
+-----BEGIN CERTIFICATE-----
+MIIBazCCARGgAwIBAgIBATAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
+dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowHDEa
+MBgGA1UEAwwRYmxvb21nYXRlIHVuaXQgY2EwWTATBgcqhkjOPQIBBggqhkjOPQMB
+BwNCAASt2Tn4fuLPLLh1YcOQ70ZVUZWyEeR3XnQO+rjotavkVxnXHObkLsCjf1TS
+G/wWoU2OHXQZYpOm/PpPcwCnBAP4o0IwQDAPBgNVHRMBAf8EBTADAQH/MA4GA1Ud
+DwEB/wQEAwICBDAdBgNVHQ4EFgQUSeEPR9RRsUx0/T31NML94jaPPuswCgYIKoZI
+zj0EAwIDSAAwRQIhANBXn14M24rO0YX127fFxf+ZEJokqeZEJyejYf0sO0TMAiAH
+s+JqczBzrchsY5l4yq+X+KgXdgGpjBf5WktvL69WoQ==
+-----END CERTIFICATE-----
+";
+
+    /// `CA` in a file of this test's own.
+    fn ca_file(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!(
+            "bloomgate-tls-unit-{}-{name}.pem",
+            std::process::id()
+        ));
+        std::fs::write(&p, CA).unwrap();
+        p
+    }
+
+    /// The store a client that trusts `CA` alone has.
+    fn ca_only() -> RootCertStore {
+        let mut store = RootCertStore::empty();
+        store
+            .add(CertificateDer::from_pem_slice(CA.as_bytes()).unwrap())
+            .unwrap();
+        store
+    }
+
+    #[test]
+    fn the_trusted_roots_are_the_sslrootcert_certificates_and_nothing_else() {
+        // Not the host's store (where a public CA would make any publicly
+        // trusted certificate pass verify-ca): exactly the file's.
+        let file = ca_file("only");
+        for mode in ["verify-ca", "verify-full", "require"] {
+            let t = tls(&format!(
+                "postgres://h/db?sslmode={mode}&sslrootcert={}",
+                file.display()
+            ));
+            assert!(t.verifies(), "{mode}");
+            let roots = t.roots().unwrap();
+            assert_eq!(roots.roots, ca_only().roots, "{mode}");
+            // The pool's options are built from the same file.
+            connect_options(&format!(
+                "postgres://h/db?sslmode={mode}&sslrootcert={}",
+                file.display()
+            ))
+            .unwrap();
+        }
+        std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn verify_modes_without_sslrootcert_are_refused_at_start_up() {
+        for mode in ["verify-ca", "verify-full"] {
+            let e = connect_options(&format!("postgres://u:secret@h/db?sslmode={mode}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("sslrootcert"), "{e}");
+            assert!(e.contains(&format!("sslmode={mode}")), "{e}");
+            assert!(!e.contains("secret"), "{e}");
+            // The replication client's configuration, likewise.
+            let e = tls(&format!("postgres://h/db?sslmode={mode}"))
+                .client_config()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("sslrootcert"), "{e}");
+        }
+        // PostgreSQL 16's `system` is refused, not read as a file.
+        for mode in ["verify-ca", "verify-full", "require"] {
+            let e = connect_options(&format!(
+                "postgres://h/db?sslmode={mode}&sslrootcert=system"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("sslrootcert=system") && e.contains("not supported"),
+                "{e}"
+            );
+        }
+        // A URL's sslrootcert is a file name, as sqlx reads it (PEM text
+        // only from PGSSLROOTCERT, see the environment test).
+        let e = connect_options(
+            "postgres://h/db?sslmode=verify-ca&sslrootcert=-----BEGIN%20CERTIFICATE-----",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("No such file"), "{e}");
+        // Modes that check nothing need none.
+        for mode in ["disable", "allow", "prefer", "require"] {
+            connect_options(&format!("postgres://h/db?sslmode={mode}")).unwrap();
+        }
+    }
+
+    #[test]
+    fn unix_sockets_never_use_tls() {
+        for url in [
+            "postgres:///db?host=/var/run/postgresql&sslmode=verify-full",
+            "postgres://%2Fvar%2Frun%2Fpostgresql/db?sslmode=require",
+            "postgres://u@localhost/db?host=/tmp&sslmode=verify-ca&sslrootcert=/nonexistent.pem",
+        ] {
+            let opts = connect_options(url).unwrap();
+            assert!(over_socket(&opts), "{url}");
+            assert!(matches!(opts.get_ssl_mode(), PgSslMode::Disable), "{url}");
+        }
+        let opts = connect_options("postgres://localhost/db?sslmode=require").unwrap();
+        assert!(!over_socket(&opts));
+        assert!(matches!(opts.get_ssl_mode(), PgSslMode::Require));
+    }
+
+    /// Set by [`pgsslmode_and_pgsslrootcert_come_from_the_environment`] in
+    /// the child it runs; the child test does nothing without it.
+    const CHILD: &str = "BLOOMGATE_TLS_ENV_CHILD";
+
+    #[test]
+    fn pgsslmode_and_pgsslrootcert_come_from_the_environment() {
+        // In a child process of this test binary: setting variables here
+        // would race the tests that run alongside. PGSSLROOTCERT a file,
+        // then the PEM itself (which sqlx takes there, not in a URL).
+        let file = ca_file("env");
+        for root_cert in [file.as_os_str(), CA.as_ref()] {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "db::tls::tests::environment_child",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, "1")
+                .env("PGSSLMODE", "require")
+                .env("PGSSLROOTCERT", root_cert)
+                .env("PGHOST", "/run/bloomgate-test-socket")
+                .env_remove("PGHOSTADDR")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && stdout.contains("1 passed"),
+                "{stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn environment_child() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        let root_cert = std::env::var("PGSSLROOTCERT").unwrap();
+        let expected = if root_cert.starts_with("-----BEGIN") {
+            RootCert::Pem(CA.as_bytes().to_vec())
+        } else {
+            RootCert::File(root_cert.into())
+        };
+        // PGSSLMODE=require with PGSSLROOTCERT: verify-ca, libpq's rule.
+        let t = tls("postgres://h/db");
+        assert!(matches!(t.mode, PgSslMode::VerifyCa), "{t:?}");
+        assert_eq!(t.root_cert, Some(expected));
+        assert_eq!(t.roots().unwrap().roots, ca_only().roots);
+        let opts = connect_options("postgres://h/db").unwrap();
+        assert!(matches!(opts.get_ssl_mode(), PgSslMode::VerifyCa));
+        // The URL wins over the environment.
+        let t = tls("postgres://h/db?sslmode=verify-full&sslrootcert=/other.pem");
+        assert!(matches!(t.mode, PgSslMode::VerifyFull));
+        assert_eq!(t.root_cert, Some(RootCert::File("/other.pem".into())));
+        assert!(!tls("postgres://h/db?sslmode=disable").requested());
+        // PGHOST a directory: a Unix socket, never TLS, whatever PGSSLMODE says.
+        let opts = connect_options("postgres:").unwrap();
+        assert_eq!(opts.get_host(), "/run/bloomgate-test-socket");
+        assert!(opts.get_socket().is_none() && over_socket(&opts));
+        assert!(matches!(opts.get_ssl_mode(), PgSslMode::Disable));
     }
 
     #[test]

@@ -8,10 +8,12 @@
 //! ("Streaming Replication Protocol", "Message Formats"):
 //!
 //! - TLS over TCP as the pool has it ([`crate::db::tls`]: the URL's
-//!   `sslmode` and `sslrootcert`, libpq's meaning of each mode, rustls on
-//!   the provider sqlx uses): `SSLRequest` first, then the handshake on the
-//!   server's `S`; its `N` is refused unless the mode is `prefer`. A Unix
-//!   socket never uses TLS.
+//!   `sslmode` and `sslrootcert`, libpq's meaning of each mode, the
+//!   `sslrootcert` certificates the only roots, rustls on the provider sqlx
+//!   uses): `SSLRequest` first, then the handshake on the server's `S`;
+//!   its `N` is refused unless the mode is `prefer`. `verify-ca` does not
+//!   check the host name here, as in libpq (the pool does, with sqlx
+//!   0.8.6: see `db::tls`). A Unix socket never uses TLS.
 //! - start-up with `replication=database`, authentication by trust,
 //!   cleartext, MD5 or SCRAM-SHA-256 (no channel binding);
 //! - simple queries (replication commands such as `CREATE_REPLICATION_SLOT`),
@@ -99,7 +101,10 @@ impl Endpoint {
         Self {
             host: opts.get_host().to_owned(),
             port: opts.get_port(),
-            socket: opts.get_socket().cloned(),
+            // A socket directory given as `host` (sqlx takes `PGHOST` so).
+            socket: opts.get_socket().cloned().or_else(|| {
+                tls::over_socket(opts).then(|| std::path::PathBuf::from(opts.get_host()))
+            }),
             user: opts.get_username().to_owned(),
             password,
             database,
