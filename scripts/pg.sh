@@ -190,7 +190,8 @@ ensure_tls_server() {
     bg_pg_log "starting a throwaway TLS-only server in $dir on port $port"
     # A data directory of ours that is running without its certificates is
     # stopped before it is made again.
-    [ -s "$dir/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop >&2
+    # (`|| true`: a stale pid file must not end a `set -e` caller.)
+    { [ -s "$dir/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop >&2; } || true
     rm -rf "$dir" "$certs" && mkdir -p "$dir" "$certs"
     local ext
     ext=$(mktemp)

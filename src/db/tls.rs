@@ -114,7 +114,7 @@ pub enum TlsError {
     #[error(
         "sslmode={0} needs sslrootcert, the CA certificate file to trust \
          (in the URL, e.g. database.url's `?sslrootcert=/path/ca.pem`, or \
-         PGSSLROOTCERT): the host's certificate store is not trusted, as in libpq"
+         PGSSLROOTCERT): the host's certificate store is not used in its place, as in libpq"
     )]
     NoRootCert(&'static str),
     #[error(
