@@ -47,8 +47,9 @@
 //! no hook for a client configuration of ours. The host's store is the
 //! least bad: unlike a compiled bundle it can be emptied without a rebuild,
 //! as `rustls-native-certs` reads `SSL_CERT_FILE` / `SSL_CERT_DIR` instead
-//! of the system paths when they are set. [`connect_options`] warns when
-//! the pool would trust a root that `sslrootcert` does not hold; set
+//! of the system paths when they are set. Under `verify-ca`,
+//! [`connect_options`] warns when the pool would trust a root that
+//! `sslrootcert` does not hold; set
 //! `SSL_CERT_FILE` to the `sslrootcert` file and the pool's roots are
 //! exactly libpq's. (Under `verify-full`, the only mode that stops a man in
 //! the middle, a stray root still needs a certificate for the URL's own
@@ -295,7 +296,12 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     if tls.verifies() {
         let roots = tls.root_certs().map_err(config)?;
         tls.roots().map_err(config)?;
-        warn_of_the_pools_extra_roots(&tls, &roots);
+        // Under verify-full a root from the host's store must still have
+        // signed a certificate naming the server: the web's rule, no
+        // warning. Under verify-ca it could vouch for any name.
+        if tls.mode == PgSslMode::VerifyCa {
+            warn_of_the_pools_extra_roots(&tls, &roots);
+        }
     }
     Ok(opts.ssl_mode(tls.mode))
 }
