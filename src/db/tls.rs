@@ -299,7 +299,7 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
         // Under verify-full a root from the host's store must still have
         // signed a certificate naming the server: the web's rule, no
         // warning. Under verify-ca it could vouch for any name.
-        if tls.mode == PgSslMode::VerifyCa {
+        if matches!(tls.mode, PgSslMode::VerifyCa) {
             warn_of_the_pools_extra_roots(&tls, &roots);
         }
     }
