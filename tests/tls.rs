@@ -204,39 +204,9 @@ async fn require_without_a_ca_encrypts_without_checking() {
 // The unit CA of `feed::replication`'s tests and the server certificate it
 // signed for DNS:localhost only (CN localhost), with its key: test
 // material, made once with the openssl CLI, valid 2000-2100.
-const UNIT_CA: &str = "\
------BEGIN CERTIFICATE-----
-MIIBazCCARGgAwIBAgIBATAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
-dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowHDEa
-MBgGA1UEAwwRYmxvb21nYXRlIHVuaXQgY2EwWTATBgcqhkjOPQIBBggqhkjOPQMB
-BwNCAASt2Tn4fuLPLLh1YcOQ70ZVUZWyEeR3XnQO+rjotavkVxnXHObkLsCjf1TS
-G/wWoU2OHXQZYpOm/PpPcwCnBAP4o0IwQDAPBgNVHRMBAf8EBTADAQH/MA4GA1Ud
-DwEB/wQEAwICBDAdBgNVHQ4EFgQUSeEPR9RRsUx0/T31NML94jaPPuswCgYIKoZI
-zj0EAwIDSAAwRQIhANBXn14M24rO0YX127fFxf+ZEJokqeZEJyejYf0sO0TMAiAH
-s+JqczBzrchsY5l4yq+X+KgXdgGpjBf5WktvL69WoQ==
------END CERTIFICATE-----
-";
-const LOCALHOST_CERT: &str = "\
------BEGIN CERTIFICATE-----
-MIIBrjCCAVSgAwIBAgIBAjAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
-dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowFDES
-MBAGA1UEAwwJbG9jYWxob3N0MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEDRq1
-fHg4hN4D8KyTpnDGKMT2pjeNa4//OEfK2qfpEMPlLq4LJASW0MdJ+39171/Qf+Rx
-OgTW3esrWDVaqdnv/KOBjDCBiTAMBgNVHRMBAf8EAjAAMA4GA1UdDwEB/wQEAwIH
-gDATBgNVHSUEDDAKBggrBgEFBQcDATAUBgNVHREEDTALgglsb2NhbGhvc3QwHwYD
-VR0jBBgwFoAUSeEPR9RRsUx0/T31NML94jaPPuswHQYDVR0OBBYEFPyGWPSMkZqH
-s+JoQIV9jboWJ7xIMAoGCCqGSM49BAMCA0gAMEUCIQDmgTLfMO+R9hWu4aQDUsFi
-1BhSNFvapbPH3/QT+I4EpgIgbbtDBg5OyBlDm1aIgB4MKNAs97DIzwwrJN2YppxY
-wAk=
------END CERTIFICATE-----
-";
-const LOCALHOST_KEY: &str = "\
------BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgEC+79ssfsVG6zVGz
-m7Phdq7echyiGB+C94/IIkjFsX2hRANCAAQNGrV8eDiE3gPwrJOmcMYoxPamN41r
-j/84R8rap+kQw+UurgskBJbQx0n7f3XvX9B/5HE6BNbd6ytYNVqp2e/8
------END PRIVATE KEY-----
-";
+const UNIT_CA: &str = include_str!("data/tls/unit-ca.pem");
+const LOCALHOST_CERT: &str = include_str!("data/tls/localhost.pem");
+const LOCALHOST_KEY: &str = include_str!("data/tls/localhost.key");
 
 /// What [`localhost_only_server`] answers a start-up with.
 const TOOK_IT: &str = "the test server took the certificate";

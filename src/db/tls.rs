@@ -433,18 +433,7 @@ mod tests {
     }
 
     // The unit CA of `feed::replication`'s tests (a test certificate).
-    const CA: &str = "\
------BEGIN CERTIFICATE-----
-MIIBazCCARGgAwIBAgIBATAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
-dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowHDEa
-MBgGA1UEAwwRYmxvb21nYXRlIHVuaXQgY2EwWTATBgcqhkjOPQIBBggqhkjOPQMB
-BwNCAASt2Tn4fuLPLLh1YcOQ70ZVUZWyEeR3XnQO+rjotavkVxnXHObkLsCjf1TS
-G/wWoU2OHXQZYpOm/PpPcwCnBAP4o0IwQDAPBgNVHRMBAf8EBTADAQH/MA4GA1Ud
-DwEB/wQEAwICBDAdBgNVHQ4EFgQUSeEPR9RRsUx0/T31NML94jaPPuswCgYIKoZI
-zj0EAwIDSAAwRQIhANBXn14M24rO0YX127fFxf+ZEJokqeZEJyejYf0sO0TMAiAH
-s+JqczBzrchsY5l4yq+X+KgXdgGpjBf5WktvL69WoQ==
------END CERTIFICATE-----
-";
+    const CA: &str = include_str!("../../tests/data/tls/unit-ca.pem");
 
     /// `CA` in a file of this test's own.
     fn ca_file(name: &str) -> PathBuf {

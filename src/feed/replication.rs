@@ -1059,47 +1059,10 @@ mod tests {
     // made once with the openssl CLI, valid 2000-2100: a CA, a server
     // certificate it signed for DNS:localhost, and a second CA that signed
     // nothing. The key is a test key and protects nothing.
-    const CA: &str = "\
------BEGIN CERTIFICATE-----
-MIIBazCCARGgAwIBAgIBATAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
-dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowHDEa
-MBgGA1UEAwwRYmxvb21nYXRlIHVuaXQgY2EwWTATBgcqhkjOPQIBBggqhkjOPQMB
-BwNCAASt2Tn4fuLPLLh1YcOQ70ZVUZWyEeR3XnQO+rjotavkVxnXHObkLsCjf1TS
-G/wWoU2OHXQZYpOm/PpPcwCnBAP4o0IwQDAPBgNVHRMBAf8EBTADAQH/MA4GA1Ud
-DwEB/wQEAwICBDAdBgNVHQ4EFgQUSeEPR9RRsUx0/T31NML94jaPPuswCgYIKoZI
-zj0EAwIDSAAwRQIhANBXn14M24rO0YX127fFxf+ZEJokqeZEJyejYf0sO0TMAiAH
-s+JqczBzrchsY5l4yq+X+KgXdgGpjBf5WktvL69WoQ==
------END CERTIFICATE-----";
-    const OTHER_CA: &str = "\
------BEGIN CERTIFICATE-----
-MIIBcDCCARegAwIBAgIBATAKBggqhkjOPQQDAjAfMR0wGwYDVQQDDBRibG9vbWdh
-dGUgdW5pdCBvdGhlcjAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFow
-HzEdMBsGA1UEAwwUYmxvb21nYXRlIHVuaXQgb3RoZXIwWTATBgcqhkjOPQIBBggq
-hkjOPQMBBwNCAATgsTQqpQ0p03DiQe6wx/0lWBOKB1ispRZrgSKLLtLqpX0taFaM
-+FcIZUyorqIDmZCYcd4IDM+yqQNDviOGOWsdo0IwQDAPBgNVHRMBAf8EBTADAQH/
-MA4GA1UdDwEB/wQEAwICBDAdBgNVHQ4EFgQUdRzdbevhv2A/ES3GfM/y51xgts8w
-CgYIKoZIzj0EAwIDRwAwRAIgTxzKr4Oylx8/4PndUju75vBLzznN1yKN3LOu8qjM
-lPUCIBwhEyqpRhnN94CEtUrX7G+f/REMqzrsn0ceYCDOwvQJ
------END CERTIFICATE-----";
-    const SERVER_CERT: &str = "\
------BEGIN CERTIFICATE-----
-MIIBrjCCAVSgAwIBAgIBAjAKBggqhkjOPQQDAjAcMRowGAYDVQQDDBFibG9vbWdh
-dGUgdW5pdCBjYTAgFw0wMDAxMDEwMDAwMDBaGA8yMTAwMDEwMTAwMDAwMFowFDES
-MBAGA1UEAwwJbG9jYWxob3N0MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEDRq1
-fHg4hN4D8KyTpnDGKMT2pjeNa4//OEfK2qfpEMPlLq4LJASW0MdJ+39171/Qf+Rx
-OgTW3esrWDVaqdnv/KOBjDCBiTAMBgNVHRMBAf8EAjAAMA4GA1UdDwEB/wQEAwIH
-gDATBgNVHSUEDDAKBggrBgEFBQcDATAUBgNVHREEDTALgglsb2NhbGhvc3QwHwYD
-VR0jBBgwFoAUSeEPR9RRsUx0/T31NML94jaPPuswHQYDVR0OBBYEFPyGWPSMkZqH
-s+JoQIV9jboWJ7xIMAoGCCqGSM49BAMCA0gAMEUCIQDmgTLfMO+R9hWu4aQDUsFi
-1BhSNFvapbPH3/QT+I4EpgIgbbtDBg5OyBlDm1aIgB4MKNAs97DIzwwrJN2YppxY
-wAk=
------END CERTIFICATE-----";
-    const SERVER_KEY: &str = "\
------BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgEC+79ssfsVG6zVGz
-m7Phdq7echyiGB+C94/IIkjFsX2hRANCAAQNGrV8eDiE3gPwrJOmcMYoxPamN41r
-j/84R8rap+kQw+UurgskBJbQx0n7f3XvX9B/5HE6BNbd6ytYNVqp2e/8
------END PRIVATE KEY-----";
+    const CA: &str = include_str!("../../tests/data/tls/unit-ca.pem");
+    const OTHER_CA: &str = include_str!("../../tests/data/tls/unit-other-ca.pem");
+    const SERVER_CERT: &str = include_str!("../../tests/data/tls/localhost.pem");
+    const SERVER_KEY: &str = include_str!("../../tests/data/tls/localhost.key");
 
     use std::sync::Arc;
 
