@@ -107,6 +107,37 @@ fn row(name: &str, n: u64, op: impl FnMut(u64)) {
     println!("| {name} | {ns:.0} | {a:.2} |");
 }
 
+/// `op` on two threads at once, `n` times each per round, as the gateway's
+/// two workers run the fast paths: what memory both write costs shows here
+/// and not in [`row`]. Median wall-clock ns per op per thread, and
+/// allocations per op.
+fn row2(name: &str, n: u64, op: impl Fn(u64) + Sync) {
+    let mut times = Vec::with_capacity(ROUNDS);
+    let mut total_allocs = 0;
+    for _ in 0..ROUNDS {
+        let t0 = Instant::now();
+        total_allocs += std::thread::scope(|s| {
+            let run = || {
+                let a0 = allocs();
+                for i in 0..n {
+                    op(i);
+                }
+                allocs() - a0
+            };
+            let a = s.spawn(run);
+            let b = s.spawn(run);
+            a.join().unwrap() + b.join().unwrap()
+        });
+        times.push(t0.elapsed().as_nanos() as f64 / n as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    let a = total_allocs as f64 / (2 * n * ROUNDS as u64) as f64;
+    println!(
+        "| {name}, two threads at once | {:.0} | {a:.2} |",
+        times[ROUNDS / 2]
+    );
+}
+
 /// Polls a future that is expected to be ready at once (a hit, a filtered
 /// 404: nothing on those paths waits), as a server's first poll would.
 fn ready<F: Future>(f: F) -> F::Output {
@@ -228,11 +259,50 @@ fn pieces(rt: &tokio::runtime::Runtime) {
 
     let metrics = Metrics::default();
     let latency = metrics.latency_histograms("users");
+    row(
+        "histogram record (bloomgate's, sharded by thread)",
+        n,
+        |i| {
+            latency[outcome::HIT].record(black_box(Duration::from_nanos(i)));
+        },
+    );
+    // What the gateway used before: the exporter's histogram, which keeps
+    // samples until an upkeep pass folds them.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(&bloomgate::histogram::BOUNDS)
+        .expect("buckets")
+        .build_recorder();
+    let handle = recorder.handle();
+    let exporter = metrics::with_local_recorder(
+        &recorder,
+        || metrics::histogram!("latency", "resource" => "users", "outcome" => "hit"),
+    );
     row("histogram record (metrics-exporter-prometheus)", n, |i| {
-        latency[outcome::HIT].record(black_box(i as f64 * 1e-9));
+        exporter.record(black_box(i as f64 * 1e-9));
         if i % 100_000 == 0 {
-            metrics.upkeep(); // the gateway runs this every few seconds
+            handle.run_upkeep(); // as the gateway ran it every few seconds
         }
+    });
+    row2(
+        "histogram record (bloomgate's, sharded by thread)",
+        n,
+        |i| {
+            latency[outcome::HIT].record(black_box(Duration::from_nanos(i)));
+        },
+    );
+    row2("histogram record (metrics-exporter-prometheus)", n, |i| {
+        exporter.record(black_box(i as f64 * 1e-9));
+        if i % 100_000 == 0 {
+            handle.run_upkeep();
+        }
+    });
+    let plain = std::sync::atomic::AtomicU64::new(0);
+    let sharded = bloomgate::counter::Counter::default();
+    row2("counter: one shared `AtomicU64`", n, |_| {
+        plain.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    row2("counter: `counter::Counter` (sharded by thread)", n, |_| {
+        sharded.add(1);
     });
 
     let _guard = rt.enter();

@@ -216,8 +216,27 @@ where
         Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
         E: Send + Sync + 'static,
     {
+        self.get_or_load_with(key, move |_: &K| load).await
+    }
+
+    /// [`Self::get_or_load`] with the loader made by `make_load` from the
+    /// key, which runs only when the caches cannot answer. The loader must own what it
+    /// uses (it may outlive the caller), and gathering that costs atomic
+    /// reference counts on memory every core shares: a hit should not pay
+    /// for a load it does not run.
+    pub async fn get_or_load_with<M, F, Fut, E>(
+        &self,
+        key: K,
+        make_load: M,
+    ) -> Result<Outcome, CacheError<E>>
+    where
+        M: FnOnce(&K) -> F,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+    {
         let Some(rows) = &self.rows else {
-            return match load().await {
+            return match make_load(&key)().await {
                 Ok(row) => Ok(Outcome::Bypassed(row.map(|b| Arc::new(Row::new(b))))),
                 Err(e) => Err(CacheError::Load(Arc::new(Miss::Failed(e)))),
             };
@@ -231,6 +250,7 @@ where
             return Ok(Outcome::NegativeHit);
         }
 
+        let load = make_load(&key);
         let rows = rows.clone();
         let negative = self.negative.clone();
         let inflight = self.inflight.clone();
@@ -495,6 +515,37 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(o, Outcome::Loaded { .. }));
+    }
+
+    #[tokio::test]
+    async fn the_loader_is_made_only_when_the_caches_cannot_answer() {
+        let c = RowCache::new(&cfg());
+        let loads = Loads::default();
+        let made = AtomicUsize::new(0);
+        let (made, loads) = (&made, &loads);
+        let get = |key: u64, body: Option<&'static str>| {
+            c.get_or_load_with(key, move |k: &u64| {
+                assert_eq!(*k, key, "made for the key asked");
+                made.fetch_add(1, Ordering::SeqCst);
+                loader(loads, Ok(body), 0)
+            })
+        };
+        assert!(matches!(
+            get(1, Some("a")).await.unwrap(),
+            Outcome::Loaded { .. }
+        ));
+        assert!(matches!(
+            get(2, None).await.unwrap(),
+            Outcome::Absent { .. }
+        ));
+        assert_eq!(made.load(Ordering::SeqCst), 2, "one per miss");
+        assert!(matches!(get(1, Some("a")).await.unwrap(), Outcome::Hit(_)));
+        assert!(matches!(get(2, None).await.unwrap(), Outcome::NegativeHit));
+        assert_eq!(
+            made.load(Ordering::SeqCst),
+            2,
+            "none for a hit or a negative hit"
+        );
     }
 
     #[tokio::test]

@@ -6,11 +6,10 @@
 //! [`Gateway::stop`] aborts them all. Per resource: its background task
 //! ([`Resource::run_background`]: the rebuild coordinator every rebuild
 //! request goes through, and the confirmation of announced keys) and its
-//! rebuild schedule; plus the change feed, the applier ([`crate::apply`])
-//! and metrics upkeep. Aborting a
-//! resource's task cancels a rebuild mid-scan: the query is cancelled on the
-//! server and the journal closed (see `resource` and `db`), and every
-//! waiting [`crate::rebuild::Ticket`] resolves.
+//! rebuild schedule; plus the change feed and the applier
+//! ([`crate::apply`]). Aborting a resource's task cancels a rebuild
+//! mid-scan: the query is cancelled on the server and the journal closed
+//! (see `resource` and `db`), and every waiting [`crate::rebuild::Ticket`] resolves.
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
@@ -235,17 +234,6 @@ impl Gateway {
         }
         if mode == FeedMode::Notify {
             self.check_triggers(&watch).await;
-        }
-        {
-            let weak = Arc::downgrade(self);
-            self.keep(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-                loop {
-                    tick.tick().await;
-                    let Some(gw) = weak.upgrade() else { break };
-                    gw.metrics.upkeep();
-                }
-            }));
         }
         self.start_feed(routes, &watch, mode).await?;
         let _ = self.watch.set(watch);
@@ -591,7 +579,7 @@ impl Gateway {
 
     /// Stops every background task: the change feed, rebuild schedules and
     /// coordinators (a rebuild in progress is cancelled, its scan's query
-    /// too), metrics upkeep. Returns at once; the cancelled scans' queries
+    /// too). Returns at once; the cancelled scans' queries
     /// are cancelled on the server within `db::CANCEL_WITHIN`.
     pub fn stop(&self) {
         for t in self

@@ -53,7 +53,10 @@
 //! - [`gateway`]: the database plus all resources, and start-up: reads the
 //!   catalog (canonical table names, key column types), installs the
 //!   triggers, subscribes the feed, builds every filter.
-//! - [`metrics`]: the Prometheus exposition, one recorder per gateway.
+//! - [`metrics`]: the Prometheus exposition, one recorder per gateway;
+//!   request latency in [`histogram`]s and the fast paths' counts in
+//!   [`counter`]s, both sharded by thread so that recording them writes no
+//!   memory another core writes.
 //! - [`budget`]: a token bucket (database checks above the high-water mark).
 //! - [`server`]: binding, background start-up, graceful shutdown, and the
 //!   bounds on connections: deadlines per connection (`server::conn`), the
@@ -77,12 +80,14 @@ pub mod apply;
 pub mod budget;
 pub mod cache;
 pub mod config;
+pub mod counter;
 pub mod db;
 pub mod encoding;
 pub mod error;
 pub mod feed;
 pub mod filter;
 pub mod gateway;
+pub mod histogram;
 pub mod http;
 pub mod key;
 pub mod metrics;

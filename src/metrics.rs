@@ -2,17 +2,23 @@
 //!
 //! Each gateway owns its recorder (not the process-global one), so two
 //! gateways in one process, as in the tests, keep separate numbers. Counters
-//! are the gateway's own atomics, copied into the recorder when scraped;
-//! only request latency is recorded on the request path, into histogram
-//! handles registered once per resource and outcome.
+//! are the gateway's own atomics, copied into the recorder when scraped.
+//! Request latency, the one thing recorded on the request path, goes into
+//! the gateway's own sharded [`Histogram`]s (one per resource and outcome,
+//! made once), which a scrape renders after the recorder's families: the
+//! exporter's histogram costs every request a shared write (see
+//! [`crate::histogram`]).
 
+use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use metrics::{Histogram, Label};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+use metrics::Label;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use crate::gateway::Gateway;
+use crate::histogram::{BOUNDS, Histogram};
 
 /// Indexes into [`OUTCOMES`].
 pub mod outcome {
@@ -39,22 +45,20 @@ pub const OUTCOMES: [&str; 8] = [
 ];
 
 const LATENCY: &str = "bloomgate_request_duration_seconds";
-const BUCKETS: [f64; 15] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 5.0,
-];
+const LATENCY_HELP: &str = "Lookup latency by resource and outcome.";
 
 pub struct Metrics {
     recorder: PrometheusRecorder,
+    /// Latency histograms by resource, each in [`OUTCOMES`] order.
+    latency: Mutex<Vec<(String, Vec<Arc<Histogram>>)>>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Full(LATENCY.into()), &BUCKETS)
-            .expect("the bucket list is not empty")
-            .build_recorder();
-        let m = Self { recorder };
+        let m = Self {
+            recorder: PrometheusBuilder::new().build_recorder(),
+            latency: Mutex::default(),
+        };
         m.with(describe);
         m
     }
@@ -65,41 +69,71 @@ impl Metrics {
         metrics::with_local_recorder(&self.recorder, f)
     }
 
-    /// One latency histogram per outcome, in [`OUTCOMES`] order.
-    pub fn latency_histograms(&self, resource: &str) -> Vec<Histogram> {
-        self.with(|| {
-            OUTCOMES
-                .iter()
-                .map(|o| {
-                    metrics::histogram!(LATENCY, "resource" => resource.to_string(), "outcome" => *o)
-                })
-                .collect()
-        })
-    }
-
-    /// Folds recorded latencies into their buckets. The exporter keeps raw
-    /// samples until then, so without scrapes (the admin listener is off by
-    /// default) memory would grow with every request; the gateway runs this
-    /// every few seconds.
-    pub fn upkeep(&self) {
-        self.recorder.handle().run_upkeep();
+    /// The latency histograms of `resource`, one per outcome in
+    /// [`OUTCOMES`] order; the same ones on every call, so that routers
+    /// built again (the tests build several per gateway) add to one series.
+    pub fn latency_histograms(&self, resource: &str) -> Vec<Arc<Histogram>> {
+        let mut all = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, h)) = all.iter().find(|(r, _)| r == resource) {
+            return h.clone();
+        }
+        let h: Vec<_> = OUTCOMES.iter().map(|_| Arc::default()).collect();
+        all.push((resource.to_string(), h.clone()));
+        h
     }
 
     /// The exposition text: the gateway's counters as of now, plus the
     /// latency histograms.
     pub fn render(&self, gw: &Gateway) -> String {
         self.with(|| snapshot(gw));
-        self.recorder.handle().render()
+        let mut text = self.recorder.handle().render();
+        self.render_latency(&mut text);
+        text
+    }
+
+    /// The histogram family as the exporter wrote it: cumulative `_bucket`
+    /// lines with `le`, then `_sum` and `_count`, per resource and outcome.
+    fn render_latency(&self, out: &mut String) {
+        let all = self.latency.lock().unwrap_or_else(|p| p.into_inner());
+        if all.is_empty() {
+            return;
+        }
+        if !out.is_empty() && !out.ends_with("\n\n") {
+            out.push('\n');
+        }
+        let _ = writeln!(out, "# HELP {LATENCY} {LATENCY_HELP}");
+        let _ = writeln!(out, "# TYPE {LATENCY} histogram");
+        for (resource, hs) in all.iter() {
+            let resource = escape_label(resource);
+            for (outcome, h) in OUTCOMES.iter().zip(hs) {
+                let s = h.snapshot();
+                let labels = format!("resource=\"{resource}\",outcome=\"{outcome}\"");
+                for (le, n) in BOUNDS.iter().zip(s.cumulative) {
+                    let _ = writeln!(out, "{LATENCY}_bucket{{{labels},le=\"{le}\"}} {n}");
+                }
+                let _ = writeln!(out, "{LATENCY}_bucket{{{labels},le=\"+Inf\"}} {}", s.count);
+                let _ = writeln!(out, "{LATENCY}_sum{{{labels}}} {}", s.sum_seconds);
+                let _ = writeln!(out, "{LATENCY}_count{{{labels}}} {}", s.count);
+            }
+        }
+        out.push('\n');
     }
 }
 
+/// A label value in the text format: backslash, double quote and newline
+/// escaped.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    use metrics::{describe_counter, describe_gauge};
     describe_counter!(
         "bloomgate_requests_total",
         "Lookups by resource and outcome."
     );
-    describe_histogram!(LATENCY, "Lookup latency by resource and outcome.");
     describe_counter!(
         "bloomgate_db_queries_total",
         "Queries sent to Postgres (row loads and key scans)."
@@ -306,5 +340,72 @@ fn snapshot(gw: &Gateway) {
                 .unwrap_or_default();
             gset("bloomgate_filter_age_seconds", age.as_secs_f64());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn value(text: &str, series: &str) -> Option<String> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map(str::to_string)
+    }
+
+    #[test]
+    fn latency_renders_as_one_cumulative_histogram_family() {
+        let m = Metrics::default();
+        let users = m.latency_histograms("users");
+        assert!(
+            Arc::ptr_eq(&users[0], &m.latency_histograms("users")[0]),
+            "a router built again adds to the same series"
+        );
+        m.latency_histograms("articles");
+        users[outcome::HIT].record(Duration::from_micros(30));
+        users[outcome::HIT].record(Duration::from_millis(2));
+        users[outcome::FILTERED].record(Duration::from_secs(9));
+        let mut text = String::from("# TYPE other counter\nother 1\n");
+        m.render_latency(&mut text);
+
+        assert_eq!(
+            text.matches(&format!("# TYPE {LATENCY} histogram")).count(),
+            1
+        );
+        assert_eq!(text.matches(&format!("# HELP {LATENCY} ")).count(), 1);
+        assert!(text.contains("other 1\n\n# HELP"), "families apart: {text}");
+        let hit = r#"resource="users",outcome="hit""#;
+        let b = |le: &str| value(&text, &format!("{LATENCY}_bucket{{{hit},le=\"{le}\"}}"));
+        assert_eq!(b("0.00005").as_deref(), Some("1"));
+        assert_eq!(b("0.001").as_deref(), Some("1"));
+        assert_eq!(b("0.0025").as_deref(), Some("2"));
+        assert_eq!(b("5").as_deref(), Some("2"));
+        assert_eq!(b("+Inf").as_deref(), Some("2"));
+        assert_eq!(
+            value(&text, &format!("{LATENCY}_count{{{hit}}}")).as_deref(),
+            Some("2")
+        );
+        let sum: f64 = value(&text, &format!("{LATENCY}_sum{{{hit}}}"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((sum - 0.00203).abs() < 1e-9, "{sum}");
+        let filtered = r#"resource="users",outcome="filtered""#;
+        let f = |le: &str| {
+            value(
+                &text,
+                &format!("{LATENCY}_bucket{{{filtered},le=\"{le}\"}}"),
+            )
+        };
+        assert_eq!(
+            f("5").as_deref(),
+            Some("0"),
+            "9 s is above every finite bound"
+        );
+        assert_eq!(f("+Inf").as_deref(), Some("1"));
+        // Every resource and outcome has its series, recorded into or not.
+        let series = text.lines().filter(|l| l.contains("_count{")).count();
+        assert_eq!(series, 2 * OUTCOMES.len());
     }
 }

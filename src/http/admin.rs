@@ -270,7 +270,7 @@ fn view(gw: &Gateway, r: &Resource) -> ResourceView {
     let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     let counts = s.by_outcome();
     let observed = l(&s.observed_absent);
-    let absent_asked = l(&s.filtered) + observed;
+    let absent_asked = s.filtered.get() + observed;
     let (rows, negative) = r.cache_entries();
     ResourceView {
         name: r.name().into(),

@@ -192,7 +192,7 @@ where
             State::Running {
                 inner,
                 sleep: None,
-                _slot: slot,
+                slot,
             }
         };
         FrontFuture {
@@ -201,7 +201,6 @@ where
             span,
             began,
             timeout: shared.timeout,
-            timeouts: shared.counters.timeouts.clone(),
         }
     }
 }
@@ -224,7 +223,9 @@ pin_project! {
             // Armed on the first poll that finds the handler pending.
             #[pin]
             sleep: Option<Sleep>,
-            _slot: Slot,
+            // Also where a timeout is counted: the future holds no other
+            // reference to the shared state.
+            slot: Slot,
         },
         Ready { response: Option<Response> },
     }
@@ -238,7 +239,6 @@ pin_project! {
         span: Span,
         began: Option<std::time::Instant>,
         timeout: Option<Duration>,
-        timeouts: Arc<AtomicU64>,
     }
 }
 
@@ -254,7 +254,9 @@ where
         let mut response = match this.state.as_mut().project() {
             StateProj::Ready { response } => response.take().expect("polled after completion"),
             StateProj::Running {
-                inner, mut sleep, ..
+                inner,
+                mut sleep,
+                slot,
             } => match inner.poll(cx) {
                 Poll::Ready(Ok(response)) => response,
                 Poll::Ready(Err(never)) => match never {},
@@ -267,7 +269,7 @@ where
                     }
                     let sleep = sleep.as_pin_mut().expect("armed above");
                     ready!(sleep.poll(cx));
-                    this.timeouts.fetch_add(1, Ordering::Relaxed);
+                    slot.0.counters.timeouts.fetch_add(1, Ordering::Relaxed);
                     Error::Timeout.into_response()
                 }
             },

@@ -12,12 +12,12 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use metrics::Histogram;
 
 use super::response::{CACHE_STATUS, json_bytes};
 use crate::cache::{Outcome, Row};
 use crate::encoding::{self, Coding};
 use crate::error::Error;
+use crate::histogram::Histogram;
 use crate::metrics::outcome;
 use crate::resource::{Lookup, Resource};
 
@@ -40,11 +40,15 @@ pub struct Route {
     /// response says `Vary: Accept-Encoding`.
     pub vary: bool,
     /// Latency by outcome, indexed as `metrics::OUTCOMES`.
-    pub latency: Vec<Histogram>,
+    pub latency: Vec<Arc<Histogram>>,
 }
 
 impl Route {
-    pub fn new(resource: Arc<Resource>, max_key_length: usize, latency: Vec<Histogram>) -> Self {
+    pub fn new(
+        resource: Arc<Resource>,
+        max_key_length: usize,
+        latency: Vec<Arc<Histogram>>,
+    ) -> Self {
         let not_found = serde_json::json!({
             "error": "not_found",
             "message": format!("no {} with this key", resource.name()),
@@ -86,7 +90,7 @@ pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
             (e.into_response(), outcome)
         }
     };
-    route.latency[outcome].record(began.elapsed().as_secs_f64());
+    route.latency[outcome].record(began.elapsed());
     resp
 }
 
