@@ -220,10 +220,10 @@ where
     }
 
     /// [`Self::get_or_load`] with the loader made by `make_load` from the
-    /// key, which runs only when the caches cannot answer. The loader must own what it
-    /// uses (it may outlive the caller), and gathering that costs atomic
-    /// reference counts on memory every core shares: a hit should not pay
-    /// for a load it does not run.
+    /// key, which runs only when the caches cannot answer. The loader must
+    /// own what it uses (it may outlive the caller), and gathering that
+    /// costs atomic reference counts on memory every core shares: a hit
+    /// should not pay for a load it does not run.
     pub async fn get_or_load_with<M, F, Fut, E>(
         &self,
         key: K,
