@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # bench/writer-cost.sh: what capturing changes costs the application's
 # writers (issue 11, "Writer cost"), side by side in one run: pgbench TPS
-# with no capture, with the notification triggers, with the WAL feed
-# streamed and with it polled, GATEWAYS gateways attached in the capturing
-# arms.
+# with no capture, with the notification triggers, with the queue
+# triggers, with the WAL feed streamed and with it polled, GATEWAYS
+# gateways attached in the capturing arms.
 #
 # Runs on the throwaway primary of scripts/pg.sh (`ensure_replica_pair`:
 # wal_level = logical, port 54332, fsync off, its streaming replica
 # attached in every arm), never on a server it did not start. In a scratch
 # database it creates the tables of bench/pgbench/setup.sql (`tc_users`
 # gets REPLICA IDENTITY FULL in every arm, since it is served under two
-# keys), then alternates, round by round, four arms:
+# keys), then alternates, round by round, five arms:
 #
 #   none      no trigger, no gateway: the writers alone
 #   triggers  `bloomgate install-triggers` enabled, GATEWAYS gateways with
 #             `freshness = "notify"` (LISTEN, applying every notification)
+#   queue     the queue triggers (installed for `freshness = "queue"`),
+#             GATEWAYS gateways polling the change table every 5 ms
 #   wal       no trigger, GATEWAYS gateways with `freshness = "wal"` (one
 #             temporary logical slot each, streamed to its walsender)
 #   poll      the same, `wal_poll_interval = POLL` (each slot polled)
@@ -72,12 +74,16 @@ pgbench_db
 notify_cfg=$(bench_config notify)
 wal_cfg=$(bench_config wal)
 poll_cfg=$(bench_config wal poll "wal_poll_interval = \"$POLL\"")
+queue_cfg=$(bench_config queue)
 env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$notify_cfg" >/dev/null
 env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-feed --config "$wal_cfg" >/dev/null
 # install-feed removed the triggers again; put them back, disabled: the
 # triggers arm enables them.
 env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$notify_cfg" >/dev/null
 
+install() { # config: the triggers for its feed (notify and queue share the functions)
+  env -u BLOOMGATE_ADMIN_TOKEN "$BIN" install-triggers --config "$1" >/dev/null
+}
 triggers() { # enable|disable
   psql -d "$DB" -c "ALTER TABLE tc_users ${1^^} TRIGGER USER" -c "ALTER TABLE tc_docs ${1^^} TRIGGER USER"
 }
@@ -96,17 +102,18 @@ start_gateways() { # config
   if [ -n "$PIN" ]; then
     local p
     for p in $(psql -Atd postgres -c "SELECT pid FROM pg_stat_activity WHERE datname = '$DB'
-                 AND (backend_type = 'walsender' OR application_name = 'bloomgate-wal-feed'
+                 AND (backend_type = 'walsender' OR application_name IN ('bloomgate-wal-feed', 'bloomgate-queue-feed')
                       OR query ILIKE 'LISTEN%')"); do
       taskset -pc 1 "$p" >/dev/null
     done
   fi
 }
-arm() { # none|triggers|wal|poll
+arm() { # none|triggers|queue|wal|poll
   stop_gateways
   case $1 in
     none) triggers disable ;;
-    triggers) triggers enable; start_gateways "$notify_cfg" ;;
+    triggers) install "$notify_cfg"; triggers enable; start_gateways "$notify_cfg" ;;
+    queue) install "$queue_cfg"; triggers enable; start_gateways "$queue_cfg" ;;
     wal) triggers disable; start_gateways "$wal_cfg" ;;
     poll) triggers disable; start_gateways "$poll_cfg" ;;
   esac
@@ -117,12 +124,12 @@ run() { # script -> TPS
 }
 median() { sort -g | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
 
-arms=(none triggers wal poll)
+arms=(none triggers queue wal poll)
 echo "workload round arm tps" >"$work/raw.txt"
 for w in insert update; do
   for r in $(seq "$ROUNDS"); do
-    for k in 0 1 2 3; do
-      a=${arms[$(((r + k) % 4))]}
+    for k in 0 1 2 3 4; do
+      a=${arms[$(((r + k) % 5))]}
       arm "$a"
       echo "$w $r $a $(run "$w")" | tee -a "$work/raw.txt"
     done
@@ -132,8 +139,8 @@ stop_gateways
 
 echo
 echo "pgbench -c $CLIENTS -j $THREADS -T $DURATION, $ROUNDS rounds, $GATEWAYS gateways per capturing arm, $(nproc) cores${PIN:+ (pinned: writers on CPU 0, capture on CPU 1)}, $(psql -d "$DB" -Atc 'SHOW server_version')"
-printf '%-8s %10s %14s %10s %15s %10s %15s %10s %15s\n' workload "TPS none" "TPS triggers" "cost" "range" \
-  "TPS wal" "cost / range" "TPS poll" "cost / range"
+printf '%-8s %10s %14s %10s %15s %10s %10s %15s %10s %15s %10s %15s\n' workload "TPS none" "TPS triggers" "cost" "range" \
+  "TPS queue" "cost" "range" "TPS wal" "cost / range" "TPS poll" "cost / range"
 for w in insert update; do
   tps() { awk -v w="$w" -v a="$1" '$1==w && $3==a {print $4}' "$work/raw.txt" | median; }
   costs() { # arm -> one cost per round, in %
@@ -141,8 +148,9 @@ for w in insert update; do
       END {for (r in x) print (1 - x[r] / n[r]) * 100}' "$work/raw.txt"
   }
   range() { costs "$1" | sort -g | awk 'NR==1{lo=$1} {hi=$1} END{printf "%.1f..%.1f%%", lo, hi}'; }
-  printf '%-8s %10.0f %14.0f %9.1f%% %15s %10.0f %9.1f%% %15s %10.0f %9.1f%% %s\n' "$w" "$(tps none)" "$(tps triggers)" \
-    "$(costs triggers | median)" "$(range triggers)" "$(tps wal)" "$(costs wal | median)" "$(range wal)" \
+  printf '%-8s %10.0f %14.0f %9.1f%% %15s %10.0f %9.1f%% %15s %10.0f %9.1f%% %15s %10.0f %9.1f%% %s\n' "$w" "$(tps none)" "$(tps triggers)" \
+    "$(costs triggers | median)" "$(range triggers)" "$(tps queue)" "$(costs queue | median)" "$(range queue)" \
+    "$(tps wal)" "$(costs wal | median)" "$(range wal)" \
     "$(tps poll)" "$(costs poll | median)" "$(range poll)"
 done
 echo

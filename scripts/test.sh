@@ -3,7 +3,8 @@
 # Each test creates its own database and drops it afterwards.
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
 # Without arguments (the whole suite, as CI runs it) tests/freshness.rs runs
-# a second time on the WAL feed streamed and a third on it polled, and the outside checks follow: Schemathesis and REDbot against the live gateway
+# a second time on the WAL feed streamed, a third on it polled and a fourth
+# on the queue feed, and the outside checks follow: Schemathesis and REDbot against the live gateway
 # (scripts/contract.sh; BLOOMGATE_SKIP_CONTRACT=1 leaves them out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,4 +43,6 @@ cargo test
 BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness
 # And on the WAL feed polled (`database.wal_poll_interval`).
 BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --test freshness
+# And on the triggers writing to the change table (`freshness = "queue"`).
+BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
 scripts/contract.sh

@@ -229,8 +229,12 @@ pub struct DatabaseConfig {
     /// decoding of the write-ahead log through a replication slot: writers
     /// pay nothing, nobody can forge a change, a permanent `slot` resumes
     /// without a rebuild; needs `wal_level = logical`, the REPLICATION
-    /// attribute and the publication), `"notify"` (the triggers and
-    /// `LISTEN`), `"off"`, or `"auto"`: `wal` when the server and role allow
+    /// attribute and the publication), `"queue"` (the triggers write each
+    /// change into the table `public.bloomgate_changes`, which gateways
+    /// poll: for a server without logical decoding; no lock at commit, no
+    /// forging without the installer's role, nothing lost while a gateway
+    /// is away for less than `queue_retention`), `"notify"` (the triggers
+    /// and `LISTEN`), `"off"`, or `"auto"`: `wal` when the server and role allow
     /// it and the publication covers every resource table (or
     /// `install_feed` may create it), else `notify`, with one log line
     /// saying which and why. Default `"auto"`. `listen = false` is `"off"`.
@@ -258,6 +262,16 @@ pub struct DatabaseConfig {
     /// 24 % streamed; BENCHMARKS.md), about one interval slower. Between `1ms` and `1s`.
     #[serde(with = "humantime_serde::option")]
     pub wal_poll_interval: Option<Duration>,
+    /// How often the `queue` feed polls the change table (one small
+    /// indexed query per gateway). Between `1ms` and `1s`. Default `5ms`.
+    #[serde(with = "humantime_serde")]
+    pub queue_poll_interval: Duration,
+    /// How long the `queue` feed's changes stay in the table: the gateways
+    /// delete older ones, and a gateway that could not poll for half of it
+    /// rebuilds every filter instead of resuming. At least `10s`.
+    /// Default `10m`.
+    #[serde(with = "humantime_serde")]
+    pub queue_retention: Duration,
     /// Streaming read replicas of the primary (`url`): row loads and key
     /// scans go to one that has replayed far enough (read-your-writes by
     /// LSN; see `db::replicas`), the change feed stays on the primary.
@@ -313,6 +327,8 @@ impl Default for DatabaseConfig {
             slot: None,
             install_feed: false,
             wal_poll_interval: None,
+            queue_poll_interval: Duration::from_millis(5),
+            queue_retention: Duration::from_secs(600),
             replica_urls: Vec::new(),
             max_replica_lag: Duration::from_secs(1),
             replica_check_interval: Duration::from_millis(250),
@@ -335,6 +351,8 @@ impl fmt::Debug for DatabaseConfig {
             .field("slot", &self.slot)
             .field("install_feed", &self.install_feed)
             .field("wal_poll_interval", &self.wal_poll_interval)
+            .field("queue_poll_interval", &self.queue_poll_interval)
+            .field("queue_retention", &self.queue_retention)
             .field(
                 "replica_urls",
                 &self
@@ -355,6 +373,7 @@ impl fmt::Debug for DatabaseConfig {
 pub enum Freshness {
     Auto,
     Wal,
+    Queue,
     Notify,
     Off,
 }
@@ -842,6 +861,20 @@ impl Config {
                 "must be between 1ms and 1s (leave it unset to stream)".into(),
             ));
         }
+        if !(Duration::from_millis(1)..=Duration::from_secs(1))
+            .contains(&self.database.queue_poll_interval)
+        {
+            return Err(bad(
+                "database.queue_poll_interval".into(),
+                "must be between 1ms and 1s".into(),
+            ));
+        }
+        if self.database.queue_retention < Duration::from_secs(10) {
+            return Err(bad(
+                "database.queue_retention".into(),
+                "must be at least 10s".into(),
+            ));
+        }
         if !self.database.url.starts_with("postgres://")
             && !self.database.url.starts_with("postgresql://")
         {
@@ -1316,6 +1349,33 @@ mod tests {
                 "[database]\nwal_poll_interval = \"{bad}\"\n{MINIMAL}"
             ));
             assert!(e.contains("database.wal_poll_interval"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_queue_settings_have_defaults_bounds_and_round_trip() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.database.queue_poll_interval, Duration::from_millis(5));
+        assert_eq!(c.database.queue_retention, Duration::from_secs(600));
+        let c = Config::from_toml(&format!(
+            "[database]\nfreshness = \"queue\"\nqueue_poll_interval = \"20ms\"\nqueue_retention = \"1h\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(c.database.freshness, Freshness::Queue);
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(again.database.freshness, Freshness::Queue);
+        assert_eq!(
+            again.database.queue_poll_interval,
+            Duration::from_millis(20)
+        );
+        assert_eq!(again.database.queue_retention, Duration::from_secs(3600));
+        for (key, bad) in [
+            ("queue_poll_interval", "0s"),
+            ("queue_poll_interval", "2s"),
+            ("queue_retention", "5s"),
+        ] {
+            let e = err(&format!("[database]\n{key} = \"{bad}\"\n{MINIMAL}"));
+            assert!(e.contains(&format!("database.{key}")), "{key} = {bad}: {e}");
         }
     }
 

@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use crate::apply::{Applied, Applier, Route};
 use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
+use crate::db::triggers::Sink;
 use crate::db::{Db, DbError};
 use crate::feed::{self, Lsn, Watch, WatchedColumn, WatchedTable, notify};
 use crate::metrics::Metrics;
@@ -66,6 +67,7 @@ pub fn wal_delivery(db: &crate::config::DatabaseConfig) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FeedMode {
     Wal,
+    Queue,
     Notify,
     Off,
 }
@@ -74,6 +76,7 @@ impl FeedMode {
     pub fn as_str(self) -> &'static str {
         match self {
             FeedMode::Wal => "wal",
+            FeedMode::Queue => "queue",
             FeedMode::Notify => "notify",
             FeedMode::Off => "off",
         }
@@ -81,8 +84,8 @@ impl FeedMode {
 }
 
 /// Counters that belong to no single resource. The `notify` source's
-/// counters are shared with it (and read through this struct:
-/// `stats.notifications`).
+/// counters are shared with it, or with the `queue` source, which counts
+/// the same things (read through this struct: `stats.notifications`).
 #[derive(Debug, Default)]
 pub struct GatewayStats {
     pub notify: Arc<notify::Counters>,
@@ -202,7 +205,12 @@ impl Gateway {
                 .await
                 .map_err(StartError::Catalog)?;
             if standby {
-                return Err(StartError::Feed(notify::NotifyError::Standby.to_string()));
+                let why = if self.config.database.freshness == Freshness::Queue {
+                    feed::queue::QueueError::Standby.to_string()
+                } else {
+                    notify::NotifyError::Standby.to_string()
+                };
+                return Err(StartError::Feed(why));
             }
         }
         if self.config.database.migrate {
@@ -220,8 +228,15 @@ impl Gateway {
         if mode == FeedMode::Wal && self.config.database.install_feed {
             self.remove_triggers(&watch).await;
         }
-        if self.config.database.install_triggers && mode == FeedMode::Notify {
-            for (table, r) in self.install_triggers_for(&watch).await {
+        let sink = match mode {
+            FeedMode::Notify => Some(Sink::Notify),
+            FeedMode::Queue => Some(Sink::Queue),
+            FeedMode::Wal | FeedMode::Off => None,
+        };
+        if let Some(sink) = sink
+            && self.config.database.install_triggers
+        {
+            for (table, r) in self.install_triggers_for(&watch, sink).await {
                 match r {
                     Ok(columns) => {
                         tracing::info!(table = %table, columns = ?columns, "notification triggers installed")
@@ -232,8 +247,8 @@ impl Gateway {
                 }
             }
         }
-        if mode == FeedMode::Notify {
-            self.check_triggers(&watch).await;
+        if let Some(sink) = sink {
+            self.check_triggers(&watch, sink).await;
         }
         self.start_feed(routes, &watch, mode).await?;
         let _ = self.watch.set(watch);
@@ -328,22 +343,30 @@ impl Gateway {
         Ok((routes, watch))
     }
 
-    /// Reads the catalog and installs the notification triggers of every
-    /// watched table (`bloomgate install-triggers`); one result per table:
-    /// the key columns written in, or why not.
+    /// Reads the catalog and installs the triggers of every watched table
+    /// (`bloomgate install-triggers`), writing to the change table when
+    /// `database.freshness = "queue"`, else notifying; one result per
+    /// table: the key columns written in, or why not.
     pub async fn install_triggers(
         &self,
     ) -> Result<Vec<(TableName, Result<Vec<String>, DbError>)>, StartError> {
         let (_, watch) = self.resolve().await?;
-        Ok(self.install_triggers_for(&watch).await)
+        let sink = if self.config.database.freshness == Freshness::Queue {
+            Sink::Queue
+        } else {
+            Sink::Notify
+        };
+        Ok(self.install_triggers_for(&watch, sink).await)
     }
 
     /// Warns for every watched table whose notification trigger is missing
     /// (never installed, or dropped by the migration that removed the first
     /// version) or does not announce every key column this config needs
     /// (another config installed it last): its changes would otherwise be
-    /// seen only at rebuilds, silently.
-    async fn check_triggers(&self, watch: &Watch) {
+    /// seen only at rebuilds, silently. Likewise for a trigger that
+    /// delivers to the other sink (notifying while the queue is polled, or
+    /// the reverse).
+    async fn check_triggers(&self, watch: &Watch, sink: Sink) {
         for t in &watch.tables {
             let name = crate::db::triggers::function_name(&t.name);
             let source: Result<Option<String>, _> = sqlx::query_scalar(
@@ -354,6 +377,17 @@ impl Gateway {
             .bind(&name)
             .fetch_optional(self.db.pool())
             .await;
+            if let Ok(Some(src)) = &source
+                && !src.contains(sink.marker())
+            {
+                tracing::warn!(
+                    table = %t.name,
+                    trigger = %name,
+                    feed = ?sink,
+                    "the trigger delivers changes to the other feed (installed for another database.freshness?): changes to this table are seen only at rebuilds; run `bloomgate install-triggers`"
+                );
+                continue;
+            }
             let missing: Vec<&str> = match &source {
                 Ok(Some(src)) => t
                     .columns
@@ -390,11 +424,12 @@ impl Gateway {
     async fn install_triggers_for(
         &self,
         watch: &Watch,
+        sink: Sink,
     ) -> Vec<(TableName, Result<Vec<String>, DbError>)> {
         let mut out = Vec::new();
         for t in &watch.tables {
             let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
-            let r = self.db.install_triggers(&t.name, &columns).await;
+            let r = self.db.install_triggers(&t.name, &columns, sink).await;
             out.push((
                 t.name.clone(),
                 r.map(|()| columns.iter().map(|c| c.to_string()).collect()),
@@ -450,6 +485,27 @@ impl Gateway {
                 )),
             };
         }
+        if mode == FeedMode::Queue {
+            let opts = feed::queue::Options {
+                connect: (*self.db.pool().connect_options()).clone(),
+                counters: self.stats.notify.clone(),
+                interval: self.config.database.queue_poll_interval,
+                retention: self.config.database.queue_retention,
+            };
+            self.keep(tokio::spawn(feed::queue::run(
+                opts,
+                watch.clone(),
+                tx,
+                ready_tx,
+            )));
+            return match ready.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(StartError::Feed(e)),
+                Err(_) => Err(StartError::Feed(
+                    "the queue feed stopped before its first snapshot".into(),
+                )),
+            };
+        }
         let opts = notify::Options {
             connect: (*self.db.pool().connect_options()).clone(),
             counters: self.stats.notify.clone(),
@@ -487,6 +543,14 @@ impl Gateway {
         }
         let pool = self.db.pool();
         match db.freshness {
+            Freshness::Queue => {
+                tracing::info!(
+                    freshness = "queue",
+                    every = %humantime::format_duration(db.queue_poll_interval),
+                    "change feed: triggers writing to the change table, polled (database.freshness = queue)"
+                );
+                Ok(FeedMode::Queue)
+            }
             Freshness::Notify => {
                 tracing::info!(
                     freshness = "notify",

@@ -31,7 +31,8 @@
 //!   knows nothing of the database.
 //! - [`db`]: the pool, the row query, streaming keys with binary COPY,
 //!   [`db::catalog`]: canonical table names, column types, replica identity,
-//!   [`db::triggers`]: the notification triggers' SQL, and
+//!   [`db::triggers`]: the triggers' SQL (notifying, or writing the
+//!   queue feed's change table), and
 //!   [`db::replicas`]: streaming read replicas for loads and scans, used
 //!   only once they have replayed past every applied change (by LSN), and
 //!   [`db::tls`]: TLS for every connection (sqlx's and the replication
@@ -40,7 +41,10 @@
 //!   nothing of the gateway, which applies their events. [`feed::notify`]:
 //!   `LISTEN bloomgate`, fed by the triggers [`db::triggers`] generates (one
 //!   small function per table, its key columns written in); resyncs after
-//!   every reconnect, refuses a hot standby. [`feed::wal`]: logical decoding
+//!   every reconnect, refuses a hot standby. [`feed::queue`]: the same
+//!   triggers writing rows of a change table instead, polled by snapshot
+//!   (no lock at commit; resumes after a reconnect; prunes old rows).
+//!   [`feed::wal`]: logical decoding
 //!   of the WAL streamed from a replication slot over the replication
 //!   protocol ([`feed::replication`], a small client of it, with
 //!   [`feed::pgpass`] for the password file; [`feed::pgoutput`] decodes the

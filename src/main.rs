@@ -99,14 +99,17 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                         "auto (start-up chooses wal when the server has wal_level = logical and the role may replicate, otherwise notify, and logs why)",
                     bloomgate::config::Freshness::Wal =>
                         "wal (logical decoding; start-up fails if the server cannot provide it)",
+                    bloomgate::config::Freshness::Queue =>
+                        "queue (triggers writing to public.bloomgate_changes, polled)",
                     bloomgate::config::Freshness::Notify => "notify (triggers and LISTEN)",
                     bloomgate::config::Freshness::Off =>
                         "off (no change feed: filters change only by rebuilds)",
                 }
             );
-            if config.database.freshness != bloomgate::config::Freshness::Notify
-                && config.database.freshness != bloomgate::config::Freshness::Off
-            {
+            if matches!(
+                config.database.freshness,
+                bloomgate::config::Freshness::Auto | bloomgate::config::Freshness::Wal
+            ) {
                 eprintln!(
                     "WAL feed delivery: {} (database.wal_poll_interval)",
                     bloomgate::gateway::wal_delivery(&config.database)

@@ -227,15 +227,15 @@ fn describe() {
     );
     describe_counter!(
         "bloomgate_notifications_total",
-        "Key-change notifications received."
+        "Key-change notifications received (queue feed: change rows read)."
     );
     describe_gauge!(
         "bloomgate_notification_lag_seconds",
-        "Trigger to receipt, latest notification."
+        "Trigger to receipt, latest notification or change row."
     );
     describe_counter!(
         "bloomgate_listener_reconnects_total",
-        "Listener reconnects (each followed by rebuilds)."
+        "Listener reconnects (each followed by rebuilds); queue feed: failed polls (resumed without one)."
     );
     describe_counter!(
         "bloomgate_requests_shed_total",

@@ -4,10 +4,12 @@
 //! Every test runs with both change feeds: scripts/test.sh runs this file
 //! once on the notification triggers, once more with
 //! `BLOOMGATE_TEST_FRESHNESS=wal` on the WAL feed (see `common::wal_mode`)
-//! and once with `wal-poll` on the WAL feed polled.
+//! once with `wal-poll` on the WAL feed polled, and once with `queue` on the
+//! triggers writing to the change table.
 //! The few that test the notify feed's own mechanics (its triggers, the
 //! LISTEN connection, payloads) return early on the WAL feed; their WAL
-//! counterparts are in tests/wal_feed.rs.
+//! counterparts are in tests/wal_feed.rs. Those about LISTEN and NOTIFY
+//! return early on the queue feed too: its own are in tests/queue_feed.rs.
 
 mod common;
 
@@ -42,12 +44,21 @@ async fn eventually(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool)
 }
 
 /// True (and says so) when this run is on the WAL feed and `test` is about
-/// the notify feed's own mechanics.
+/// the triggers' mechanics.
 fn notify_only(test: &str) -> bool {
     if wal_mode() {
         println!("{test}: the notify feed's mechanics; WAL counterpart in tests/wal_feed.rs");
     }
     wal_mode()
+}
+
+/// True (and says so) when this run is not on the notify feed and `test`
+/// is about LISTEN and NOTIFY themselves.
+fn listen_only(test: &str) -> bool {
+    if queue_mode() {
+        println!("{test}: LISTEN's mechanics; queue counterpart in tests/queue_feed.rs");
+    }
+    queue_mode() || notify_only(test)
 }
 
 /// Returns once the gateway has applied every change committed before the
@@ -311,7 +322,7 @@ async fn insert_storm_during_rebuilds_loses_no_key_on_either_replica() {
 
 #[tokio::test]
 async fn a_cut_listener_reconnects_and_rebuilds() {
-    if notify_only("a_cut_listener_reconnects_and_rebuilds") {
+    if listen_only("a_cut_listener_reconnects_and_rebuilds") {
         return;
     }
     let db = TestDb::new().await;
@@ -469,7 +480,7 @@ async fn commit_to_servable_latency() {
 // the captured subscriber sees its lines.
 #[tokio::test]
 async fn junk_notifications_are_ignored_without_a_log_flood() {
-    if notify_only("junk_notifications_are_ignored_without_a_log_flood") {
+    if listen_only("junk_notifications_are_ignored_without_a_log_flood") {
         return;
     }
     let db = TestDb::new().await;
@@ -932,7 +943,7 @@ async fn the_applier_keeps_the_feed_contract() {
 /// that does not announce a key column this config needs.
 #[tokio::test]
 async fn a_missing_or_partial_trigger_is_named_at_start_up() {
-    if notify_only("a_missing_or_partial_trigger_is_named_at_start_up") {
+    if listen_only("a_missing_or_partial_trigger_is_named_at_start_up") {
         return;
     }
     let db = TestDb::new().await;

@@ -192,15 +192,20 @@ impl Db {
         MIGRATOR.run(&self.pool).await
     }
 
-    /// Creates (or replaces) the notification function and triggers of
-    /// `table` (canonical, see [`catalog`]) announcing the key `columns` of
-    /// every resource on it; see [`triggers`].
+    /// Creates (or replaces) the trigger function and triggers of `table`
+    /// (canonical, see [`catalog`]) announcing the key `columns` of every
+    /// resource on it to `sink` (the queue sink's table too, if missing);
+    /// see [`triggers`].
     pub async fn install_triggers(
         &self,
         table: &catalog::TableName,
         columns: &[&str],
+        sink: triggers::Sink,
     ) -> Result<(), DbError> {
-        let sql = triggers::install_sql(table, columns);
+        let mut sql = triggers::install_sql(table, columns, sink);
+        if sink == triggers::Sink::Queue {
+            sql.insert_str(0, triggers::QUEUE_TABLE_SQL);
+        }
         sqlx::raw_sql(&sql).execute(&self.pool).await?;
         Ok(())
     }

@@ -1,6 +1,8 @@
-//! The notification triggers behind the `notify` feed: one small function
+//! The triggers behind the `notify` and `queue` feeds: one small function
 //! and two triggers per table, generated with every watched key column
-//! written in.
+//! written in. The function hands its payload to a [`Sink`]: `pg_notify`
+//! (the `notify` feed), or a row in the change table [`QUEUE_TABLE`] (the
+//! `queue` feed, `feed::queue`).
 //!
 //! # What a trigger guarantees
 //! - **Every resource gets its own key.** The function announces the value
@@ -19,7 +21,16 @@
 //!   payload of 8000 bytes or more; the length is measured on the final JSON
 //!   text (after escaping: one `"` is two bytes, one `chr(1)` six), and a
 //!   payload that would not fit is replaced by a `RESCAN` of the table,
-//!   which makes the gateways rebuild its filters instead.
+//!   which makes the gateways rebuild its filters instead. The change table
+//!   takes any length, so the queue sink never needs that.
+//! - **The queue sink takes no lock at commit and cannot be forged from
+//!   the outside.** A notifying transaction takes a database-wide lock at
+//!   commit (Postgres keeps notifications in commit order that way), which
+//!   serialises every writer's commit; a row in a table does not. Nobody
+//!   but the change table's owner may write to it (`REVOKE ALL ... FROM
+//!   PUBLIC`): the function is `SECURITY DEFINER`, owned by whoever
+//!   installed it, with a fixed `search_path`, so the application's roles
+//!   need no privilege on the table and cannot insert into it directly.
 //! - **The table is named as the gateway names it**: the canonical
 //!   `schema.table` ([`TableName`]) written in as a literal, so a trigger on
 //!   a partitioned table (which Postgres clones onto every partition)
@@ -44,6 +55,42 @@ use super::catalog::{TableName, quote, quote_table};
 /// The channel every trigger notifies.
 pub const CHANNEL: &str = "bloomgate";
 
+/// The change table of the `queue` sink.
+pub const QUEUE_TABLE: &str = "public.bloomgate_changes";
+
+/// Where a trigger function puts its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sink {
+    /// `pg_notify` on [`CHANNEL`].
+    Notify,
+    /// A row of [`QUEUE_TABLE`].
+    Queue,
+}
+
+impl Sink {
+    /// A text only this sink's generated function contains (to tell which
+    /// one is installed).
+    pub fn marker(self) -> &'static str {
+        match self {
+            Sink::Notify => "pg_notify(",
+            Sink::Queue => "INSERT INTO public.bloomgate_changes",
+        }
+    }
+}
+
+/// The change table of the `queue` sink, created if missing. `xid` is the
+/// writer's top-level transaction id, by which the feed tells which changes
+/// a snapshot shows (see `feed::queue`); it is indexed for that, and for
+/// the deletion of old rows. Only the owner may touch the table.
+pub const QUEUE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS public.bloomgate_changes (
+    xid     xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    payload text NOT NULL
+);
+COMMENT ON TABLE public.bloomgate_changes IS
+    'Written by bloomgate''s triggers, read and pruned by its gateways (database.freshness = queue).';
+CREATE INDEX IF NOT EXISTS bloomgate_changes_xid ON public.bloomgate_changes (xid);
+REVOKE ALL ON TABLE public.bloomgate_changes FROM PUBLIC;
+";
 /// `pg_notify` refuses payloads of this many bytes or more.
 pub const MAX_PAYLOAD: usize = 8000;
 
@@ -80,8 +127,9 @@ fn literal(text: &str) -> String {
 /// The SQL (several statements, one simple-protocol query: Postgres runs it
 /// as one transaction) that creates or replaces the function and triggers
 /// of `table` announcing `columns` (distinct key column names, as they are
-/// spelled in the table).
-pub fn install_sql(table: &TableName, columns: &[&str]) -> String {
+/// spelled in the table) to `sink`. The queue sink needs [`QUEUE_TABLE_SQL`]
+/// run first.
+pub fn install_sql(table: &TableName, columns: &[&str], sink: Sink) -> String {
     assert!(
         !columns.is_empty(),
         "a table is watched for some key column"
@@ -129,11 +177,33 @@ pub fn install_sql(table: &TableName, columns: &[&str]) -> String {
         head("TRUNCATE"),
         head("RESCAN"),
     );
+    // The queue sink: a definer's function with a search path nobody else
+    // can put objects in front of (pg_catalog first, temporary schemas
+    // last), every name in it qualified.
+    let (attributes, destination, deliver) = match sink {
+        Sink::Notify => (
+            "",
+            format!("on channel '{CHANNEL}'"),
+            format!(
+                "-- Measured on the final text: pg_notify refuses {MAX_PAYLOAD} bytes or
+    -- more, and failing here would roll back the writer's transaction.
+    IF octet_length(payload) >= {MAX_PAYLOAD} THEN
+        payload := {rescan} || {ts};
+    END IF;
+    PERFORM pg_notify('{CHANNEL}', payload);"
+            ),
+        ),
+        Sink::Queue => (
+            "\nSECURITY DEFINER SET search_path = pg_catalog, pg_temp",
+            format!("into {QUEUE_TABLE}"),
+            "INSERT INTO public.bloomgate_changes (payload) VALUES (payload);".to_string(),
+        ),
+    };
     format!(
         r#"CREATE OR REPLACE FUNCTION {function}() RETURNS trigger
-LANGUAGE plpgsql AS $bloomgate$
+LANGUAGE plpgsql{attributes} AS $bloomgate$
 -- Generated by bloomgate (db::triggers): announces the key columns of
--- {table} on channel '{CHANNEL}'. Reads only those columns.
+-- {table} {destination}. Reads only those columns.
 DECLARE
     payload text;
 BEGIN
@@ -150,12 +220,7 @@ BEGIN
     ELSE
         payload := {truncate} || {ts};
     END IF;
-    -- Measured on the final text: pg_notify refuses {MAX_PAYLOAD} bytes or
-    -- more, and failing here would roll back the writer's transaction.
-    IF octet_length(payload) >= {MAX_PAYLOAD} THEN
-        payload := {rescan} || {ts};
-    END IF;
-    PERFORM pg_notify('{CHANNEL}', payload);
+    {deliver}
     RETURN NULL;
 END
 $bloomgate$;
@@ -206,7 +271,7 @@ mod tests {
     #[test]
     fn the_function_reads_only_the_key_columns() {
         let t: TableName = Arc::from("public.users");
-        let sql = install_sql(&t, &["id", "email"]);
+        let sql = install_sql(&t, &["id", "email"], Sink::Notify);
         assert!(!sql.contains("to_jsonb"), "{sql}");
         // `to_json` only ever of one key column's text.
         assert_eq!(
@@ -220,5 +285,26 @@ mod tests {
         assert!(sql.contains(r#"'{"table":"public.users","op":"INSERT"'"#));
         assert!(sql.contains(r#"ON "public"."users""#));
         assert!(sql.contains("octet_length(payload) >= 8000"));
+        assert!(sql.contains(Sink::Notify.marker()) && !sql.contains(Sink::Queue.marker()));
+        assert!(!sql.contains("SECURITY DEFINER"));
+    }
+
+    #[test]
+    fn the_queue_sink_writes_one_row_as_the_definer() {
+        let t: TableName = Arc::from("public.users");
+        let notify = install_sql(&t, &["id"], Sink::Notify);
+        let queue = install_sql(&t, &["id"], Sink::Queue);
+        assert!(queue.contains(Sink::Queue.marker()) && !queue.contains(Sink::Notify.marker()));
+        assert!(queue.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp"));
+        assert!(!queue.contains("octet_length"), "a table takes any length");
+        // The same function name: switching sinks replaces it.
+        assert_eq!(
+            notify.lines().next(),
+            queue.lines().next(),
+            "one function per table, whichever the sink"
+        );
+        assert!(
+            QUEUE_TABLE_SQL.contains("REVOKE ALL ON TABLE public.bloomgate_changes FROM PUBLIC")
+        );
     }
 }

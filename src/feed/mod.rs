@@ -2,18 +2,23 @@
 //!
 //! A feed turns whatever its source delivers into [`Event`]s and sends them
 //! down a channel; it knows nothing of the gateway, which applies them (data
-//! flows one way: Postgres → feed → gateway). Two sources, one file each:
+//! flows one way: Postgres → feed → gateway). Three sources, one file each:
 //!
 //! - `notify`: `LISTEN bloomgate`, fed by the triggers `install-triggers`
 //!   writes (one small function per table, the key columns written in);
+//! - `queue`: the same triggers writing rows of a change table instead,
+//!   polled by snapshot (no lock at commit, nothing lost while away);
 //! - `wal`: logical replication (`pgoutput`) from a slot, streamed over the
 //!   replication protocol (`replication`, which takes a password from the
 //!   URL, `PGPASSWORD` or the password file, `pgpass`) or polled; it cannot
 //!   be forged and puts nothing in the writers' transactions.
 //!
-//! Both deliver the same thing: for each committed transaction, in commit
+//! All deliver the same thing: for each committed transaction, in commit
 //! order, the changed rows reduced to the values of the *watched* columns
 //! (the key columns of every resource on that table), as canonical text.
+//! (`queue` knows commit order only between polls: the transactions that
+//! committed within one poll interval come in transaction-id order, which
+//! the applier does not mind; see `queue`.)
 //!
 //! # Canonical key text
 //! The key a feed announces, the key the filter scan reads and the key a
@@ -28,6 +33,7 @@
 pub mod notify;
 pub mod pgoutput;
 pub mod pgpass;
+pub mod queue;
 pub mod replication;
 pub mod wal;
 

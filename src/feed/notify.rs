@@ -197,7 +197,11 @@ fn reconnected(counters: &Counters, why: &str) -> Event {
 /// One payload to an event: `Ok(None)` for a table nobody watches (a
 /// trigger left from another config), `Err` for junk. The message is safe to
 /// log (no payload text).
-fn parse(watch: &Watch, payload: &str, counters: &Counters) -> Result<Option<Event>, String> {
+pub(super) fn parse(
+    watch: &Watch,
+    payload: &str,
+    counters: &Counters,
+) -> Result<Option<Event>, String> {
     let p: Payload = serde_json::from_str(payload).map_err(|e| format!("not a payload: {e}"))?;
     let Some(watched) = watch.tables.iter().find(|t| *t.name == *p.table) else {
         return Ok(None);

@@ -42,6 +42,13 @@ pub fn wal_mode() -> bool {
     std::env::var("BLOOMGATE_TEST_FRESHNESS").is_ok_and(|m| m == "wal" || m == "wal-poll")
 }
 
+/// `BLOOMGATE_TEST_FRESHNESS=queue`: every [`config`] on the `queue` feed
+/// (the triggers writing to the change table, polled), unless the test
+/// chose a feed itself.
+pub fn queue_mode() -> bool {
+    std::env::var("BLOOMGATE_TEST_FRESHNESS").is_ok_and(|m| m == "queue")
+}
+
 /// `BLOOMGATE_TEST_FRESHNESS=wal-poll`: the WAL feed polled
 /// (`database.wal_poll_interval`) instead of streamed.
 pub fn wal_polled() -> bool {
@@ -243,10 +250,13 @@ pub fn config(url: &str, extra: &str) -> Config {
         "freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"5ms\""
     } else if wal_mode() && !chose_feed {
         "freshness = \"wal\"\ninstall_feed = true"
+    } else if queue_mode() && !chose_feed {
+        "freshness = \"queue\""
     } else {
         ""
     };
-    let triggers = if extra.contains("install_triggers") || !feed.is_empty() {
+    // The WAL feed needs none (and its `install_feed` removes them).
+    let triggers = if extra.contains("install_triggers") || feed.contains("\"wal\"") {
         ""
     } else {
         "install_triggers = true"
