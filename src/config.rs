@@ -233,7 +233,7 @@ pub struct DatabaseConfig {
     /// change into the table `public.bloomgate_changes`, which gateways
     /// poll: for a server without logical decoding; no lock at commit, no
     /// forging without the installer's role, nothing lost while a gateway
-    /// is away for less than `queue_retention`), `"notify"` (the triggers
+    /// is away for less than half of `queue_retention`), `"notify"` (the triggers
     /// and `LISTEN`), `"off"`, or `"auto"`: `wal` when the server and role allow
     /// it and the publication covers every resource table (or
     /// `install_feed` may create it), else `notify`, with one log line
@@ -268,7 +268,8 @@ pub struct DatabaseConfig {
     pub queue_poll_interval: Duration,
     /// How long the `queue` feed's changes stay in the table: the gateways
     /// delete older ones, and a gateway that could not poll for half of it
-    /// rebuilds every filter instead of resuming. At least `10s`.
+    /// (or finds rows it had not read deleted, by a gateway with a shorter
+    /// retention) rescans every table instead of resuming. At least `10s`.
     /// Default `10m`.
     #[serde(with = "humantime_serde")]
     pub queue_retention: Duration,

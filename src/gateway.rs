@@ -239,10 +239,10 @@ impl Gateway {
             for (table, r) in self.install_triggers_for(&watch, sink).await {
                 match r {
                     Ok(columns) => {
-                        tracing::info!(table = %table, columns = ?columns, "notification triggers installed")
+                        tracing::info!(table = %table, columns = ?columns, "triggers installed")
                     }
                     Err(e) => {
-                        tracing::warn!(table = %table, error = %e, "cannot install notification triggers; changes to it are seen at the next rebuild")
+                        tracing::warn!(table = %table, error = %e, "cannot install the triggers; changes to it are seen at the next rebuild")
                     }
                 }
             }

@@ -24,13 +24,15 @@
 //!   which makes the gateways rebuild its filters instead. The change table
 //!   takes any length, so the queue sink never needs that.
 //! - **The queue sink takes no lock at commit and cannot be forged from
-//!   the outside.** A notifying transaction takes a database-wide lock at
+//!   the outside.** A notifying transaction takes a cluster-wide lock at
 //!   commit (Postgres keeps notifications in commit order that way), which
 //!   serialises every writer's commit; a row in a table does not. Nobody
 //!   but the change table's owner may write to it (`REVOKE ALL ... FROM
 //!   PUBLIC`): the function is `SECURITY DEFINER`, owned by whoever
 //!   installed it, with a fixed `search_path`, so the application's roles
-//!   need no privilege on the table and cannot insert into it directly.
+//!   need no privilege on the table and cannot insert into it directly;
+//!   nobody may execute the function (so nobody can attach it to a table
+//!   of their own), which firing the installed triggers does not need.
 //! - **The table is named as the gateway names it**: the canonical
 //!   `schema.table` ([`TableName`]) written in as a literal, so a trigger on
 //!   a partitioned table (which Postgres clones onto every partition)
@@ -78,10 +80,17 @@ impl Sink {
     }
 }
 
-/// The change table of the `queue` sink, created if missing. `xid` is the
-/// writer's top-level transaction id, by which the feed tells which changes
-/// a snapshot shows (see `feed::queue`); it is indexed for that, and for
-/// the deletion of old rows. Only the owner may touch the table.
+/// The change table of the `queue` sink, created if missing, and its
+/// pruning mark. `xid` is the writer's top-level transaction id, by which
+/// the feed tells which changes a snapshot shows (see `feed::queue`); it is
+/// indexed for that, and for the deletion of old rows.
+/// `bloomgate_changes_pruned.below` only rises: every row of a transaction
+/// below it may have been deleted (a gateway raises it before it deletes).
+/// Only the owner may touch either table: every privilege anyone else
+/// holds on them is revoked, those that default privileges (`ALTER DEFAULT
+/// PRIVILEGES ... GRANT ... ON TABLES`) gave at creation included;
+/// `feed::queue` refuses to start on a table someone else may write (see
+/// [`QUEUE_TABLE_CHECK`]).
 pub const QUEUE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS public.bloomgate_changes (
     xid     xid8 NOT NULL DEFAULT pg_current_xact_id(),
     payload text NOT NULL
@@ -89,8 +98,51 @@ pub const QUEUE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS public.bloomgate_c
 COMMENT ON TABLE public.bloomgate_changes IS
     'Written by bloomgate''s triggers, read and pruned by its gateways (database.freshness = queue).';
 CREATE INDEX IF NOT EXISTS bloomgate_changes_xid ON public.bloomgate_changes (xid);
-REVOKE ALL ON TABLE public.bloomgate_changes FROM PUBLIC;
+CREATE TABLE IF NOT EXISTS public.bloomgate_changes_pruned (below xid8 NOT NULL);
+INSERT INTO public.bloomgate_changes_pruned
+    SELECT '0' WHERE NOT EXISTS (SELECT FROM public.bloomgate_changes_pruned);
+DO $bloomgate$
+DECLARE
+    t text;
+    grantee oid;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['public.bloomgate_changes', 'public.bloomgate_changes_pruned'] LOOP
+        EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC', t);
+        FOR grantee IN
+            SELECT DISTINCT a.grantee FROM pg_class c, aclexplode(c.relacl) a
+             WHERE c.oid = t::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
+        LOOP
+            EXECUTE format('REVOKE ALL ON TABLE %s FROM %I', t, pg_get_userbyid(grantee));
+        END LOOP;
+    END LOOP;
+END
+$bloomgate$;
 ";
+
+/// Why the change table or its pruning mark cannot be trusted, or no row:
+/// each must exist as a plain table, owned by the current role or a
+/// superuser (on Postgres 14 and older anyone may create tables in
+/// `public`, so an attacker could have created one first), with no
+/// triggers or rules (which would run inside the definer's functions), and
+/// nobody but its owner may write it.
+pub const QUEUE_TABLE_CHECK: &str = "SELECT why FROM (SELECT n || CASE
+    WHEN c.oid IS NULL THEN ' is missing'
+    WHEN c.relkind <> 'r' THEN ' is not a plain table'
+    WHEN c.relowner <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
+         AND NOT (SELECT rolsuper FROM pg_roles WHERE oid = c.relowner)
+        THEN ' is owned by ' || quote_ident(pg_get_userbyid(c.relowner)) || ', neither this role nor a superuser'
+    WHEN c.relhastriggers OR c.relhasrules THEN ' has triggers or rules'
+    WHEN EXISTS (SELECT 1 FROM aclexplode(c.relacl) a
+                  WHERE a.grantee <> c.relowner
+                    AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER', 'REFERENCES'))
+        THEN ' may be written by roles other than its owner: ' || (
+            SELECT string_agg(DISTINCT CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END, ', ')
+              FROM aclexplode(c.relacl) a WHERE a.grantee <> c.relowner)
+END
+AS why
+FROM unnest(ARRAY['public.bloomgate_changes', 'public.bloomgate_changes_pruned']) n
+LEFT JOIN pg_class c ON c.oid = to_regclass(n)) checked
+WHERE why IS NOT NULL ORDER BY why LIMIT 1";
 /// `pg_notify` refuses payloads of this many bytes or more.
 pub const MAX_PAYLOAD: usize = 8000;
 
@@ -180,6 +232,14 @@ pub fn install_sql(table: &TableName, columns: &[&str], sink: Sink) -> String {
     // The queue sink: a definer's function with a search path nobody else
     // can put objects in front of (pg_catalog first, temporary schemas
     // last), every name in it qualified.
+    // Anyone may execute a new function, and `CREATE TRIGGER` needs only
+    // that: a definer's function attached to a table of one's own would
+    // write forged rows as the definer. Firing the installed triggers
+    // checks no privilege, so the writers lose nothing.
+    let revoke = match sink {
+        Sink::Notify => String::new(),
+        Sink::Queue => format!("REVOKE ALL ON FUNCTION {function}() FROM PUBLIC;\n"),
+    };
     let (attributes, destination, deliver) = match sink {
         Sink::Notify => (
             "",
@@ -228,7 +288,7 @@ CREATE OR REPLACE TRIGGER {trigger} AFTER INSERT OR UPDATE OR DELETE ON {target}
     FOR EACH ROW EXECUTE FUNCTION {function}();
 CREATE OR REPLACE TRIGGER {trigger_t} AFTER TRUNCATE ON {target}
     FOR EACH STATEMENT EXECUTE FUNCTION {function}();
-"#,
+{revoke}"#,
         trigger = quote(&name),
         trigger_t = quote(&format!("{name}_t")),
     )
@@ -296,6 +356,9 @@ mod tests {
         let queue = install_sql(&t, &["id"], Sink::Queue);
         assert!(queue.contains(Sink::Queue.marker()) && !queue.contains(Sink::Notify.marker()));
         assert!(queue.contains("SECURITY DEFINER SET search_path = pg_catalog, pg_temp"));
+        assert!(queue.contains(
+            "REVOKE ALL ON FUNCTION \"public\".\"bloomgate_notify_users_896e6dda\"() FROM PUBLIC;"
+        ));
         assert!(!queue.contains("octet_length"), "a table takes any length");
         // The same function name: switching sinks replaces it.
         assert_eq!(
@@ -303,8 +366,15 @@ mod tests {
             queue.lines().next(),
             "one function per table, whichever the sink"
         );
-        assert!(
-            QUEUE_TABLE_SQL.contains("REVOKE ALL ON TABLE public.bloomgate_changes FROM PUBLIC")
-        );
+        // Both tables lose every grant (checked on a server in
+        // tests/queue_feed.rs `only_the_triggers_write_the_change_table`).
+        for t in [
+            "'public.bloomgate_changes'",
+            "'public.bloomgate_changes_pruned'",
+        ] {
+            assert!(QUEUE_TABLE_SQL.contains(t), "{t}");
+            assert!(QUEUE_TABLE_CHECK.contains(t), "{t}");
+        }
+        assert!(QUEUE_TABLE_SQL.contains("REVOKE ALL ON TABLE %s FROM PUBLIC"));
     }
 }

@@ -5,7 +5,7 @@
 //! It exists for servers where logical decoding is not available
 //! (`wal_level` below `logical`, no REPLICATION attribute): like `notify`
 //! it needs only triggers, but a notifying transaction takes a
-//! database-wide lock at commit, which serialises every writer's commit
+//! cluster-wide lock at commit, which serialises every writer's commit
 //! (31–41 % of writer TPS in BENCHMARKS.md), and a notification sent while
 //! a listener is away is lost. A row in a table takes no lock at commit and
 //! stays until it is read.
@@ -24,11 +24,12 @@
 //!   is that snapshot: the rows it returns are exactly those of the
 //!   transactions it shows as committed (an aborted transaction's rows are
 //!   never visible).
-//! - Filtering by `NOT pg_visible_in_snapshot(xid, previous)` then yields
-//!   each committed transaction in exactly one poll: the first whose
-//!   snapshot shows it. Every transaction the previous snapshot does not
-//!   show has `xid >= pg_snapshot_xmin(previous)`, which is what the index
-//!   is searched for.
+//! - Keeping the rows the previous snapshot does not show then yields each
+//!   committed transaction in exactly one poll: the first whose snapshot
+//!   shows it. A snapshot does not show exactly the transactions with
+//!   `xid >= xmax` or listed in its `xip`, which is how the query asks
+//!   (two index searches: a long-running transaction, which holds `xmin`
+//!   back, does not make every poll read every row since it began).
 //! - The first snapshot is taken before `ready` fires, and start-up waits
 //!   for it before the first filter scan takes its own: every change
 //!   committed after the scan's snapshot is one the first snapshot does not
@@ -44,7 +45,18 @@
 //! A failed poll keeps the previous snapshot and is retried: the rows are
 //! still there, so a reconnect resumes without a rebuild (unlike
 //! `notify`), and a change re-delivered after a poll failed half way is
-//! applied twice, harmlessly.
+//! applied twice, harmlessly. Every statement has a deadline
+//! ([`STATEMENT_DEADLINE`]); past it the connection is dropped and a new
+//! one made, so a hung connection delays changes by that much, no more.
+//!
+//! Snapshots compare only within one server's history. When the feed's
+//! connection is new (a different backend), it checks the server's
+//! identity (`system_identifier` and timeline): after a failover to a
+//! promoted standby or a restore, transaction ids below the old snapshot's
+//! `xmax` may have been handed out again, so the previous snapshot means
+//! nothing there. Then, as after a long outage (below), it starts from a
+//! new snapshot and has every table rescanned: caches cleared, filters
+//! rebuilt.
 //!
 //! # Pruning
 //! Every gateway deletes rows older than `database.queue_retention`: once
@@ -53,9 +65,18 @@
 //! transaction had finished when that snapshot was taken, so a gateway
 //! whose own snapshot is younger than that has delivered them. A gateway
 //! whose last successful poll is older than half the retention (a long
-//! outage) cannot know that, and sends [`Event::Resync`] instead of
-//! resuming: every filter is rebuilt from a snapshot taken after its new
-//! starting snapshot.
+//! outage) cannot know that, and sends an [`Event::Rescan`] of every
+//! watched table instead of resuming: their caches are cleared and their
+//! filters rebuilt from a snapshot taken after its new starting snapshot.
+//! That rule rests on every gateway having the same `queue_retention` and
+//! on the host's monotonic clock (a suspended virtual machine is "away"
+//! without knowing it), so the table says it too: before deleting, a
+//! gateway raises the pruning mark (`bloomgate_changes_pruned.below`, only
+//! ever raised) to the `xid` it deletes below, and every poll reads the
+//! mark in its snapshot. A mark above the previous snapshot's `xmin` means
+//! rows that snapshot had not shown may be gone: the gateway rescans
+//! likewise. Deletion runs in batches on a second connection, so polls go
+//! on meanwhile.
 //!
 //! # Forgery
 //! Only the change table's owner may write to it; the trigger functions
@@ -72,23 +93,40 @@ use futures_util::TryStreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Row};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 
 use super::notify::{self, Counters};
-use super::{Event, Resync, Watch};
+use super::{Event, Watch};
+use crate::db::triggers::QUEUE_TABLE_CHECK;
 use crate::telemetry::LogThrottle;
 
-/// The feed's connection, as `pg_stat_activity` shows it.
+/// The feed's connections, as `pg_stat_activity` shows them.
 pub const APPLICATION_NAME: &str = "bloomgate-queue-feed";
 
-/// One poll: the statement's snapshot, and the payloads of the transactions
-/// it shows as committed that `$1` did not (see the module doc). One row
-/// with a NULL payload when there are none.
-const POLL: &str = "SELECT s.cur::text, c.payload
-  FROM (SELECT pg_current_snapshot() AS cur) s
+/// Longest any of the feed's statements may take before its connection is
+/// dropped and the statement retried on a new one.
+pub const STATEMENT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Rows deleted per statement when pruning.
+const PRUNE_BATCH: i64 = 10_000;
+
+/// One poll: the statement's snapshot, the backend's pid (a new one means a
+/// new connection), the pruning mark, and the payloads of the transactions the snapshot
+/// shows as committed that `$1` did not (see the module doc). One row with
+/// a NULL payload when there are none.
+const POLL: &str = "SELECT s.cur::text, s.pid, s.pruned::text, c.payload
+  FROM (SELECT pg_current_snapshot() AS cur, pg_backend_pid() AS pid,
+               (SELECT below FROM public.bloomgate_changes_pruned LIMIT 1) AS pruned) s
   LEFT JOIN public.bloomgate_changes c
-    ON c.xid >= pg_snapshot_xmin($1::pg_snapshot)
-   AND NOT pg_visible_in_snapshot(c.xid, $1::pg_snapshot)
+    ON c.xid >= pg_snapshot_xmax($1::pg_snapshot)
+    OR c.xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
  ORDER BY c.xid";
+
+/// Which server history snapshots belong to: the cluster's
+/// `system_identifier` and the current timeline.
+const IDENTITY: &str =
+    "SELECT system_identifier::text || '/' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
+  FROM pg_control_system()";
 
 pub struct Options {
     /// The primary (the feed prunes the table).
@@ -113,6 +151,39 @@ pub enum QueueError {
         "no change table public.bloomgate_changes (database.freshness = queue): run `bloomgate install-triggers` or set database.install_triggers = true"
     )]
     NoTable,
+    #[error(
+        "the queue feed's table {0}: a table anyone else may write lets them forge changes; drop it (if there) and run `bloomgate install-triggers` as the gateway's role"
+    )]
+    Unsafe(String),
+}
+
+/// A task aborted when this is dropped (the feed's pruning: it stops with
+/// the feed).
+struct Owned(Option<JoinHandle<()>>);
+
+impl Owned {
+    fn running(&self) -> bool {
+        self.0.as_ref().is_some_and(|t| !t.is_finished())
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// Where the feed stands: the snapshot of its last successful poll.
+struct Position {
+    snapshot: String,
+    /// When that snapshot was taken (no later than this).
+    taken: Instant,
+    /// The backend that took it.
+    pid: i32,
+    /// The server history it belongs to ([`IDENTITY`]).
+    identity: String,
 }
 
 /// Polls until the task is aborted or `tx` closes. `ready` gets `Ok` once
@@ -124,14 +195,19 @@ pub async fn run(
     tx: mpsc::Sender<Event>,
     ready: oneshot::Sender<Result<(), String>>,
 ) {
-    // Its own one-connection pool: polls must not wait for the request
-    // path's connections, nor take them.
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(opts.connect.application_name(APPLICATION_NAME));
-    let mut prev = match first_snapshot(&pool).await {
-        Ok(s) => s,
+    // Its own pool: polls must not wait for the request path's
+    // connections, nor take them. Two connections: one polls, the other
+    // prunes.
+    let connect = opts.connect.clone().application_name(APPLICATION_NAME);
+    let new_pool = || {
+        PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect_lazy_with(connect.clone())
+    };
+    let mut pool = new_pool();
+    let mut at = match first_position(&pool).await {
+        Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "cannot follow key changes");
             let _ = ready.send(Err(e.to_string()));
@@ -139,93 +215,179 @@ pub async fn run(
         }
     };
     let _ = ready.send(Ok(()));
-    let mut taken = Instant::now();
     let counters = &opts.counters;
     let ignored = LogThrottle::default();
     let failures = LogThrottle::default();
     let mut pruner = Pruner::new(opts.retention);
+    let mut pruning = Owned(None);
     let mut delay = opts.interval;
     loop {
         tokio::time::sleep(delay).await;
-        if taken.elapsed() >= opts.retention / 2 {
+        if at.taken.elapsed() >= opts.retention / 2 {
             // Another gateway may have pruned rows this one never read.
-            match snapshot(&pool).await {
-                Ok(s) => {
-                    prev = s;
-                    taken = Instant::now();
-                    tracing::warn!(
-                        "the change queue was not read for half of database.queue_retention; every filter is rebuilt in case pruned changes were missed"
-                    );
-                    let resync = Event::Resync(Resync {
-                        reason: "queue: not read for half the retention".into(),
-                        snapshot: None,
-                    });
-                    if tx.send(resync).await.is_err() {
-                        return;
-                    }
-                }
+            tracing::warn!(
+                "the change queue was not read for half of database.queue_retention; every table is rescanned in case pruned changes were missed"
+            );
+            match restart(&pool, &watch, &tx).await {
+                Ok(Some(p)) => at = p,
+                Ok(None) => return,
                 Err(e) => {
                     delay = failed(counters, &failures, &e, delay, opts.interval);
+                    if matches!(e, Failure::Deadline) {
+                        pool = new_pool();
+                    }
                     continue;
                 }
             }
         }
         let began = Instant::now();
-        match poll(&pool, &prev, &watch, &tx, counters, &ignored).await {
-            Ok(Some(cur)) => {
-                prev = cur;
-                taken = began;
+        let polled = poll(&pool, &at, &watch, &tx, counters, &ignored).await;
+        match polled {
+            Ok(Polled::Stopped) => return,
+            Ok(Polled::Pruned) => {
+                tracing::warn!(
+                    "changes this gateway had not read were deleted (by a gateway with a shorter database.queue_retention, or after a long pause): every table is rescanned"
+                );
+                match restart(&pool, &watch, &tx).await {
+                    Ok(Some(p)) => at = p,
+                    Ok(None) => return,
+                    Err(e) => {
+                        delay = failed(counters, &failures, &e, delay, opts.interval);
+                        continue;
+                    }
+                }
+            }
+            Ok(Polled::At(snapshot, pid)) if pid == at.pid => {
+                at.snapshot = snapshot;
+                at.taken = began;
                 delay = opts.interval;
             }
-            Ok(None) => return,
+            Ok(Polled::At(snapshot, pid)) => {
+                // A new connection: is it still the same server history?
+                match timed(identity(&pool)).await {
+                    Ok(id) if id == at.identity => {
+                        at.snapshot = snapshot;
+                        at.taken = began;
+                        at.pid = pid;
+                        delay = opts.interval;
+                    }
+                    Ok(id) => {
+                        tracing::warn!(
+                            was = %at.identity,
+                            now = %id,
+                            "the database is another server history (failover or restore): every table is rescanned"
+                        );
+                        match restart(&pool, &watch, &tx).await {
+                            Ok(Some(p)) => at = p,
+                            Ok(None) => return,
+                            Err(e) => {
+                                delay = failed(counters, &failures, &e, delay, opts.interval);
+                                continue;
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        delay = failed(counters, &failures, &e, delay, opts.interval);
+                        continue;
+                    }
+                }
+            }
             Err(e) => {
                 delay = failed(counters, &failures, &e, delay, opts.interval);
+                if matches!(e, Failure::Deadline) {
+                    pool = new_pool();
+                }
                 continue;
             }
         }
-        if let Some(below) = pruner.due(&prev)
-            && let Err(e) = prune(&pool, &below).await
-            && let Some(not_logged) = failures.permit()
+        if !pruning.running()
+            && let Some(below) = pruner.due(&at.snapshot)
         {
-            tracing::warn!(error = %e, not_logged, "cannot delete old rows of the change queue");
+            pruning = Owned(Some(tokio::spawn(prune(pool.clone(), below))));
         }
     }
 }
 
-/// A failed poll: counted, logged at most once per interval, retried with
-/// capped back-off from the same snapshot.
+/// Why a statement failed.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("{0}")]
+    Sql(#[from] sqlx::Error),
+    #[error("no answer within {STATEMENT_DEADLINE:?}")]
+    Deadline,
+}
+
+async fn timed<T>(f: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, Failure> {
+    match tokio::time::timeout(STATEMENT_DEADLINE, f).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(Failure::Deadline),
+    }
+}
+
+/// A failed statement: counted, logged at most once per interval (as an
+/// error when retrying cannot fix it), retried with capped back-off from
+/// the same snapshot.
 fn failed(
     counters: &Counters,
     log: &LogThrottle,
-    e: &sqlx::Error,
+    e: &Failure,
     delay: Duration,
     interval: Duration,
 ) -> Duration {
     counters.listener_reconnects.fetch_add(1, Ordering::Relaxed);
     if let Some(not_logged) = log.permit() {
-        tracing::warn!(error = %e, not_logged, "cannot read the change queue; retrying from the last snapshot (nothing is lost)");
+        let code = match e {
+            Failure::Sql(sqlx::Error::Database(d)) => d.code().map(|c| c.into_owned()),
+            _ => None,
+        };
+        // No privilege, no table, a standby: needs an operator.
+        if matches!(code.as_deref(), Some("42501" | "42P01" | "25006")) {
+            tracing::error!(error = %e, not_logged, "cannot read the change queue: changes are not followed until this is fixed");
+        } else {
+            tracing::warn!(error = %e, not_logged, "cannot read the change queue; retrying from the last snapshot (nothing is lost)");
+        }
     }
-    (delay * 2).clamp(interval, Duration::from_secs(1))
+    (delay * 2).min(Duration::from_secs(1)).max(interval)
 }
 
-/// Reads one poll's changes and sends them; the new snapshot, or `None`
-/// when nobody receives events any more.
+enum Polled {
+    /// The new snapshot, and the backend that took it.
+    At(String, i32),
+    /// Nobody receives events any more.
+    Stopped,
+    /// Rows the previous snapshot had not shown may have been deleted.
+    Pruned,
+}
+
+/// Reads one poll's changes and sends them.
 async fn poll(
     pool: &PgPool,
-    prev: &str,
+    at: &Position,
     watch: &Watch,
     tx: &mpsc::Sender<Event>,
     counters: &Counters,
     ignored: &LogThrottle,
-) -> Result<Option<String>, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let mut rows = sqlx::query(POLL).bind(prev).fetch(&mut *conn);
+) -> Result<Polled, Failure> {
+    let mut conn = timed(pool.acquire()).await?;
+    let mut rows = sqlx::query(POLL).bind(&at.snapshot).fetch(&mut *conn);
     let mut cur = None;
-    while let Some(row) = rows.try_next().await? {
+    // The deadline is for the server's answers; the applier's pace is the
+    // applier's business (`send` waits for room in the channel).
+    while let Some(row) = timed(rows.try_next()).await? {
         if cur.is_none() {
-            cur = Some(row.try_get::<String, _>(0)?);
+            cur = Some((row.try_get::<String, _>(0)?, row.try_get::<i32, _>(1)?));
+            // Rows of transactions below the mark may be gone; those the
+            // previous snapshot did not show are all at or above its xmin.
+            let pruned: Option<String> = row.try_get(2)?;
+            let mark = pruned.as_deref().and_then(|p| p.parse::<u64>().ok());
+            let from = xmin(&at.snapshot).and_then(|x| x.parse::<u64>().ok());
+            if let (Some(mark), Some(from)) = (mark, from)
+                && mark > from
+            {
+                return Ok(Polled::Pruned);
+            }
         }
-        let Some(payload) = row.try_get::<Option<String>, _>(1)? else {
+        let Some(payload) = row.try_get::<Option<String>, _>(3)? else {
             continue;
         };
         counters.notifications.fetch_add(1, Ordering::Relaxed);
@@ -240,29 +402,61 @@ async fn poll(
             }
         };
         if tx.send(event).await.is_err() {
+            return Ok(Polled::Stopped);
+        }
+    }
+    let (snapshot, pid) = cur.ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Polled::At(snapshot, pid))
+}
+
+/// A new starting position, then a rescan of every watched table (caches
+/// cleared, filters rebuilt from a later snapshot); `None` when nobody
+/// receives events any more.
+async fn restart(
+    pool: &PgPool,
+    watch: &Watch,
+    tx: &mpsc::Sender<Event>,
+) -> Result<Option<Position>, Failure> {
+    let p = timed(position(pool)).await?;
+    for t in &watch.tables {
+        if tx.send(Event::Rescan(t.name.clone())).await.is_err() {
             return Ok(None);
         }
     }
-    Ok(Some(cur.ok_or(sqlx::Error::RowNotFound)?))
+    Ok(Some(p))
 }
 
-async fn snapshot(pool: &PgPool) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar("SELECT pg_current_snapshot()::text")
-        .fetch_one(pool)
-        .await
+async fn identity(pool: &PgPool) -> Result<String, sqlx::Error> {
+    sqlx::query_scalar(IDENTITY).fetch_one(pool).await
 }
 
-/// The starting snapshot, once the server is known to be a primary with
-/// the change table; transient failures are retried with capped back-off.
-async fn first_snapshot(pool: &PgPool) -> Result<String, QueueError> {
+/// A snapshot and what it belongs to, read on one connection.
+async fn position(pool: &PgPool) -> Result<Position, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let (snapshot, pid): (String, i32) =
+        sqlx::query_as("SELECT pg_current_snapshot()::text, pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await?;
+    let identity = sqlx::query_scalar(IDENTITY).fetch_one(&mut *conn).await?;
+    Ok(Position {
+        snapshot,
+        taken: Instant::now(),
+        pid,
+        identity,
+    })
+}
+
+/// The starting position, once the server is known to be a primary with a
+/// change table nobody else may write; transient failures are retried with
+/// capped back-off.
+async fn first_position(pool: &PgPool) -> Result<Position, QueueError> {
     let mut delay = Duration::from_millis(100);
     loop {
         let attempt = async {
-            let mut conn = pool.acquire().await?;
             let (standby, table): (bool, bool) = sqlx::query_as(
                 "SELECT pg_is_in_recovery(), to_regclass('public.bloomgate_changes') IS NOT NULL",
             )
-            .fetch_one(&mut *conn)
+            .fetch_one(pool)
             .await?;
             if standby {
                 return Ok(Err(QueueError::Standby));
@@ -270,12 +464,16 @@ async fn first_snapshot(pool: &PgPool) -> Result<String, QueueError> {
             if !table {
                 return Ok(Err(QueueError::NoTable));
             }
-            let s: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
-                .fetch_one(&mut *conn)
-                .await?;
-            Ok::<_, sqlx::Error>(Ok(s))
+            let unsafe_: Option<String> = sqlx::query_scalar(QUEUE_TABLE_CHECK)
+                .fetch_optional(pool)
+                .await?
+                .flatten();
+            if let Some(why) = unsafe_ {
+                return Ok(Err(QueueError::Unsafe(why)));
+            }
+            Ok::<_, sqlx::Error>(Ok(position(pool).await?))
         };
-        match attempt.await {
+        match timed(attempt).await {
             Ok(r) => return r,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?delay, "cannot read the change queue yet");
@@ -286,14 +484,56 @@ async fn first_snapshot(pool: &PgPool) -> Result<String, QueueError> {
     }
 }
 
-async fn prune(pool: &PgPool, below: &str) -> Result<(), sqlx::Error> {
-    let deleted = sqlx::query("DELETE FROM public.bloomgate_changes WHERE xid < $1::text::xid8")
-        .bind(below)
-        .execute(pool)
-        .await?
-        .rows_affected();
+/// Deletes the rows of transactions below `below`, in batches (each its
+/// own statement and deadline), on the pool's second connection, once the
+/// pruning mark says so (a gateway that had not read them learns it from
+/// the mark, whatever its own retention or clock).
+async fn prune(pool: PgPool, below: String) {
+    static FAILURES: std::sync::OnceLock<LogThrottle> = std::sync::OnceLock::new();
+    let log = |e: &Failure| {
+        if let Some(not_logged) = FAILURES.get_or_init(LogThrottle::default).permit() {
+            tracing::warn!(error = %e, not_logged, "cannot delete old rows of the change queue");
+        }
+    };
+    let marked = timed(
+        sqlx::query(
+            "UPDATE public.bloomgate_changes_pruned SET below = $1::text::xid8
+              WHERE below < $1::text::xid8",
+        )
+        .bind(&below)
+        .execute(&pool),
+    )
+    .await;
+    if let Err(e) = marked {
+        log(&e);
+        return;
+    }
+    let mut deleted = 0;
+    loop {
+        let batch = timed(
+            sqlx::query(
+                "DELETE FROM public.bloomgate_changes WHERE ctid = ANY(ARRAY(
+                   SELECT ctid FROM public.bloomgate_changes WHERE xid < $1::text::xid8 LIMIT $2))",
+            )
+            .bind(&below)
+            .bind(PRUNE_BATCH)
+            .execute(&pool),
+        )
+        .await;
+        match batch {
+            Ok(r) => {
+                deleted += r.rows_affected();
+                if r.rows_affected() < PRUNE_BATCH as u64 {
+                    break;
+                }
+            }
+            Err(e) => {
+                log(&e);
+                break;
+            }
+        }
+    }
     tracing::debug!(deleted, "old change rows deleted");
-    Ok(())
 }
 
 /// `xmin` of a snapshot's text (`xmin:xmax:xip,...`).
