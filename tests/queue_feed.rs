@@ -42,6 +42,26 @@ async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bo
     }
 }
 
+/// Why a gateway on the queue feed that installs nothing cannot start.
+async fn start_without_installing(db: &TestDb) -> String {
+    gateway(config(
+        &db.url,
+        "freshness = \"queue\"\ninstall_triggers = false",
+    ))
+    .start()
+    .await
+    .unwrap_err()
+    .to_string()
+}
+
+/// Rows in the change table.
+async fn change_rows(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM public.bloomgate_changes")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
 async fn insert_user<'e>(on: impl sqlx::PgExecutor<'e>, id: i64) {
     sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'q' || $1, 'Q ' || $1)")
         .bind(id)
@@ -220,14 +240,7 @@ async fn only_the_triggers_write_the_change_table() {
         "GRANT INSERT ON public.bloomgate_changes TO \"{role}\""
     ))
     .await;
-    let e = gateway(config(
-        &db.url,
-        "freshness = \"queue\"\ninstall_triggers = false",
-    ))
-    .start()
-    .await
-    .unwrap_err()
-    .to_string();
+    let e = start_without_installing(&db).await;
     assert!(
         e.contains("other than its owner") && e.contains(&role),
         "{e}"
@@ -273,16 +286,10 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
     .await;
     insert_user(&db.pool, 800).await;
     eventually(&gw, "/users/800", |r| r.status == StatusCode::OK).await;
-    let rows = async || -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM public.bloomgate_changes")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-    };
-    assert!(rows().await >= 1);
+    assert!(change_rows(&db).await >= 1);
     let began = Instant::now();
     wait_for("pruning", Duration::from_secs(30), async || {
-        rows().await == 0
+        change_rows(&db).await == 0
     })
     .await;
     assert!(
@@ -325,14 +332,7 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
 async fn a_missing_table_or_a_trigger_for_the_other_feed_is_named_at_start_up() {
     let db = TestDb::new().await;
     db.seed_users(3).await;
-    let e = gateway(config(
-        &db.url,
-        "freshness = \"queue\"\ninstall_triggers = false",
-    ))
-    .start()
-    .await
-    .unwrap_err()
-    .to_string();
+    let e = start_without_installing(&db).await;
     assert!(
         e.contains("public.bloomgate_changes") && e.contains("install-triggers"),
         "{e}"
@@ -394,16 +394,10 @@ async fn a_gateway_whose_unread_changes_were_pruned_rescans() {
         .await;
     insert_user(&db.pool, 900).await;
     eventually(&pruner, "/users/900", |r| r.status == StatusCode::OK).await;
-    let rows = async || -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM public.bloomgate_changes")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-    };
     wait_for(
         "the other gateway's pruning",
         Duration::from_secs(30),
-        async || rows().await == 0,
+        async || change_rows(&db).await == 0,
     )
     .await;
     proxy.restore();
