@@ -5,30 +5,11 @@
 
 mod common;
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
-use bloomgate::gateway::Gateway;
-use common::*;
 
-async fn eventually(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) {
-    let began = Instant::now();
-    loop {
-        let r = get(gw, path).await;
-        if done(&r) {
-            return;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "{path} never became fresh: last {:?} {} {:?}",
-            r.status,
-            r.header("cache-status"),
-            r.body
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+use common::*;
 
 fn resource(key_type: &str) -> String {
     format!(
@@ -74,16 +55,16 @@ async fn exercise(setup: &str, column_type: &str, key_type: &str, keys: [(&str, 
     // The trigger's key is the request's.
     db.exec(&format!("INSERT INTO k VALUES ({k2}, 'two')"))
         .await;
-    eventually(&gw, &path(p2), ok("two")).await;
+    fresh(&gw, &path(p2), ok("two")).await;
     db.exec(&format!("UPDATE k SET label = 'changed' WHERE key = {k1}"))
         .await;
-    eventually(&gw, &path(p1), ok("changed")).await;
+    fresh(&gw, &path(p1), ok("changed")).await;
     db.exec(&format!("UPDATE k SET key = {k3} WHERE key = {k1}"))
         .await;
-    eventually(&gw, &path(p3), ok("changed")).await;
-    eventually(&gw, &path(p1), gone).await;
+    fresh(&gw, &path(p3), ok("changed")).await;
+    fresh(&gw, &path(p1), gone).await;
     db.exec(&format!("DELETE FROM k WHERE key = {k2}")).await;
-    eventually(&gw, &path(p2), gone).await;
+    fresh(&gw, &path(p2), gone).await;
     // And after a rebuild (a scan again), the same keys.
     gw.resource("k").unwrap().rebuild(true).await.unwrap();
     assert_eq!(get(&gw, &path(p3)).await.status, StatusCode::OK);

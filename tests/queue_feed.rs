@@ -7,32 +7,15 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use bloomgate::gateway::{FeedMode, Gateway};
+use bloomgate::gateway::FeedMode;
 use bloomgate::key::Key;
 use common::*;
 
 const QUEUE: &str = "freshness = \"queue\"\ninstall_triggers = true";
-
-async fn eventually(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) {
-    let began = Instant::now();
-    loop {
-        let r = get(gw, path).await;
-        if done(&r) {
-            return;
-        }
-        assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "{path} never became fresh: last {:?}",
-            r.status
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
 
 async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
     let began = Instant::now();
@@ -86,7 +69,7 @@ async fn a_transaction_that_commits_after_a_younger_one_is_delivered() {
     insert_user(&mut *old, 500).await;
     // Younger, committed first, and delivered while the older is open.
     insert_user(&db.pool, 501).await;
-    eventually(&gw, "/users/501", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/501", |r| r.status == StatusCode::OK).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         get(&gw, "/users/500").await.status,
@@ -94,14 +77,14 @@ async fn a_transaction_that_commits_after_a_younger_one_is_delivered() {
         "not committed yet"
     );
     old.commit().await.unwrap();
-    eventually(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
     assert_eq!(users.generation(), gen0, "through the feed, not a rebuild");
     // A rolled-back transaction's row is never delivered.
     let mut gone = db.pool.begin().await.unwrap();
     insert_user(&mut *gone, 502).await;
     gone.rollback().await.unwrap();
     insert_user(&db.pool, 503).await;
-    eventually(&gw, "/users/503", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/503", |r| r.status == StatusCode::OK).await;
     assert!(!users.filter_contains(&Key::Int(502)));
 }
 
@@ -143,7 +126,7 @@ async fn a_killed_connection_resumes_without_a_rebuild() {
     .await;
     assert_eq!(users.generation(), gen0, "resumed, not rebuilt");
     insert_user(&db.pool, 77_777).await;
-    eventually(&gw, "/users/77777", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/77777", |r| r.status == StatusCode::OK).await;
 }
 
 /// Cut off from the database for a while (shorter than half the
@@ -232,7 +215,7 @@ async fn only_the_triggers_write_the_change_table() {
     insert_user(&mut *conn, 700).await;
     sqlx::query("RESET ROLE").execute(&mut *conn).await.unwrap();
     drop(conn);
-    eventually(&gw, "/users/700", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/700", |r| r.status == StatusCode::OK).await;
     gw.stop();
     // Granted later: a start that does not install refuses, naming the
     // role; installing again revokes it.
@@ -285,7 +268,7 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
     ))
     .await;
     insert_user(&db.pool, 800).await;
-    eventually(&gw, "/users/800", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/800", |r| r.status == StatusCode::OK).await;
     assert!(change_rows(&db).await >= 1);
     let began = Instant::now();
     wait_for("pruning", Duration::from_secs(30), async || {
@@ -317,13 +300,13 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
     )
     .await;
     // The rescan found the insert, and cleared the cache.
-    eventually(&gw, "/users/802", |r| r.status == StatusCode::OK).await;
-    eventually(&gw, "/users/3", |r| {
+    fresh(&gw, "/users/802", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/3", |r| {
         r.json()["name"] == "Changed while away"
     })
     .await;
     insert_user(&db.pool, 801).await;
-    eventually(&gw, "/users/801", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/801", |r| r.status == StatusCode::OK).await;
 }
 
 /// Start-up names what is wrong: no change table (nothing installed), or
@@ -364,7 +347,7 @@ async fn a_missing_table_or_a_trigger_for_the_other_feed_is_named_at_start_up() 
     let gw = started(config(&db.url, QUEUE)).await;
     assert!(!logs.text().contains("other feed"), "{}", logs.text());
     insert_user(&db.pool, 42).await;
-    eventually(&gw, "/users/42", |r| r.status == StatusCode::OK).await;
+    fresh(&gw, "/users/42", |r| r.status == StatusCode::OK).await;
 }
 
 /// Two gateways with different retentions: the one with the longer
@@ -393,7 +376,7 @@ async fn a_gateway_whose_unread_changes_were_pruned_rescans() {
     db.exec("UPDATE users SET name = 'Changed while cut off' WHERE id = 3")
         .await;
     insert_user(&db.pool, 900).await;
-    eventually(&pruner, "/users/900", |r| r.status == StatusCode::OK).await;
+    fresh(&pruner, "/users/900", |r| r.status == StatusCode::OK).await;
     wait_for(
         "the other gateway's pruning",
         Duration::from_secs(30),
@@ -405,8 +388,8 @@ async fn a_gateway_whose_unread_changes_were_pruned_rescans() {
         users.generation() > gen0
     })
     .await;
-    eventually(&behind, "/users/900", |r| r.status == StatusCode::OK).await;
-    eventually(&behind, "/users/3", |r| {
+    fresh(&behind, "/users/900", |r| r.status == StatusCode::OK).await;
+    fresh(&behind, "/users/3", |r| {
         r.json()["name"] == "Changed while cut off"
     })
     .await;

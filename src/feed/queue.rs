@@ -221,76 +221,60 @@ pub async fn run(
     let mut pruner = Pruner::new(opts.retention);
     let mut pruning = Owned(None);
     let mut delay = opts.interval;
+    // Set when the position means nothing any more (see the module doc):
+    // the next turn starts afresh and rescans every table.
+    let mut rescan = false;
     loop {
         tokio::time::sleep(delay).await;
-        if at.taken.elapsed() >= opts.retention / 2 {
+        if !rescan && at.taken.elapsed() >= opts.retention / 2 {
             // Another gateway may have pruned rows this one never read.
             tracing::warn!(
                 "the change queue was not read for half of database.queue_retention; every table is rescanned in case pruned changes were missed"
             );
-            match restart(&pool, &watch, &tx).await {
-                Ok(Some(p)) => at = p,
-                Ok(None) => return,
-                Err(e) => {
-                    delay = failed(counters, &failures, &e, delay, opts.interval);
-                    if matches!(e, Failure::Deadline) {
-                        pool = new_pool();
-                    }
-                    continue;
-                }
-            }
+            rescan = true;
         }
         let began = Instant::now();
-        let polled = poll(&pool, &at, &watch, &tx, counters, &ignored).await;
-        match polled {
-            Ok(Polled::Stopped) => return,
-            Ok(Polled::Pruned) => {
+        let outcome = if rescan {
+            restart(&pool, &watch, &tx).await.map(|p| match p {
+                Some(p) => {
+                    at = p;
+                    rescan = false;
+                    Polled::At(at.snapshot.clone(), at.pid)
+                }
+                None => Polled::Stopped,
+            })
+        } else {
+            poll(&pool, &at, &watch, &tx, counters, &ignored).await
+        };
+        let outcome = match outcome {
+            // A new connection: is it still the same server history?
+            Ok(Polled::At(snapshot, pid)) if pid != at.pid => timed(identity(&pool))
+                .await
+                .map(|id| (id == at.identity, Polled::At(snapshot, pid))),
+            other => other.map(|p| (true, p)),
+        };
+        match outcome {
+            Ok((_, Polled::Stopped)) => return,
+            Ok((_, Polled::Pruned)) => {
                 tracing::warn!(
                     "changes this gateway had not read were deleted (by a gateway with a shorter database.queue_retention, or after a long pause): every table is rescanned"
                 );
-                match restart(&pool, &watch, &tx).await {
-                    Ok(Some(p)) => at = p,
-                    Ok(None) => return,
-                    Err(e) => {
-                        delay = failed(counters, &failures, &e, delay, opts.interval);
-                        continue;
-                    }
-                }
+                rescan = true;
+                continue;
             }
-            Ok(Polled::At(snapshot, pid)) if pid == at.pid => {
+            Ok((false, _)) => {
+                tracing::warn!(
+                    was = %at.identity,
+                    "the database is another server history (failover or restore): every table is rescanned"
+                );
+                rescan = true;
+                continue;
+            }
+            Ok((true, Polled::At(snapshot, pid))) => {
                 at.snapshot = snapshot;
-                at.taken = began;
+                at.taken = at.taken.max(began);
+                at.pid = pid;
                 delay = opts.interval;
-            }
-            Ok(Polled::At(snapshot, pid)) => {
-                // A new connection: is it still the same server history?
-                match timed(identity(&pool)).await {
-                    Ok(id) if id == at.identity => {
-                        at.snapshot = snapshot;
-                        at.taken = began;
-                        at.pid = pid;
-                        delay = opts.interval;
-                    }
-                    Ok(id) => {
-                        tracing::warn!(
-                            was = %at.identity,
-                            now = %id,
-                            "the database is another server history (failover or restore): every table is rescanned"
-                        );
-                        match restart(&pool, &watch, &tx).await {
-                            Ok(Some(p)) => at = p,
-                            Ok(None) => return,
-                            Err(e) => {
-                                delay = failed(counters, &failures, &e, delay, opts.interval);
-                                continue;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        delay = failed(counters, &failures, &e, delay, opts.interval);
-                        continue;
-                    }
-                }
             }
             Err(e) => {
                 delay = failed(counters, &failures, &e, delay, opts.interval);

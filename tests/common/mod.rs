@@ -292,6 +292,26 @@ pub fn config(url: &str, extra: &str) -> Config {
     Config::from_toml(&text).unwrap()
 }
 
+/// Asks for `path` until `done` holds for the response, or panics after
+/// 10 s (which only catches "never"; no latency is asserted).
+pub async fn fresh(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) {
+    let began = std::time::Instant::now();
+    loop {
+        let r = get(gw, path).await;
+        if done(&r) {
+            return;
+        }
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "{path} never became fresh: last {:?} {} {:?}",
+            r.status,
+            r.header("cache-status"),
+            r.body.slice(..r.body.len().min(200))
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
 /// A gateway on `config` whose pool counts queries; not started.
 pub fn gateway(config: Config) -> Arc<Gateway> {
     Gateway::new(config).unwrap()
