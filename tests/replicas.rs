@@ -207,6 +207,64 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
     gw.stop();
 }
 
+/// A transaction committed with `synchronous_commit = off` is visible, and
+/// announced, before the primary has written its WAL: the WAL writer writes
+/// it up to `wal_writer_delay` (200 ms) later. The primary's *write*
+/// position read after such a notification can be behind the commit, and a
+/// replica that replayed that far still has the old row; a load sent there
+/// caches the old row for the whole TTL. The gate must be the *insert*
+/// position, which is past every commit another session can see. Checked
+/// for both feeds whose changes carry no LSN; a writer of small async
+/// commits keeps the WAL writer awake, so it writes on its schedule rather
+/// than as soon as a commit wakes it.
+#[tokio::test]
+async fn an_async_commit_is_never_served_stale_from_a_replica() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, _replica, extra) = setup(100).await;
+    db.exec("CREATE TABLE noise (at timestamptz)").await;
+    for feed in ["notify", "queue"] {
+        let gw = started_with(&db, &format!("{extra}freshness = \"{feed}\"\n")).await;
+        let pool = db.pool.clone();
+        let noise = tokio::spawn(async move {
+            let mut c = pool.acquire().await.unwrap();
+            c.execute("SET synchronous_commit = off").await.unwrap();
+            loop {
+                c.execute("INSERT INTO noise VALUES (now())").await.unwrap();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        let mut c = db.pool.acquire().await.unwrap();
+        c.execute("SET synchronous_commit = off").await.unwrap();
+        for i in 0..25 {
+            // Cached, so the change is what sends the next read to storage.
+            assert_eq!(get(&gw, "/users/7").await.status, StatusCode::OK);
+            let name = format!("{feed} {i}");
+            sqlx::query("UPDATE users SET name = $1 WHERE id = 7")
+                .bind(&name)
+                .execute(&mut *c)
+                .await
+                .unwrap();
+            fresh(&gw, "/users/7", |r| r.json()["name"] == name.as_str()).await;
+        }
+        // The replica is in use here (once it has replayed the WAL written
+        // so far): the gate alone decides where the loads above went.
+        let before = replica_queries(&gw);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut id = 20;
+        while replica_queries(&gw) == before {
+            assert!(
+                Instant::now() < deadline,
+                "no load ever went to the replica"
+            );
+            let _ = get(&gw, &format!("/users/{id}")).await;
+            id += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        noise.abort();
+        gw.stop();
+    }
+}
+
 /// Resumes replay when dropped, even if the test fails (over its own
 /// connection: the test's pools belong to the test's runtime).
 struct Resume;

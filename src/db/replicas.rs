@@ -10,9 +10,22 @@
 //! row; a 404 for a row that exists). So the gateway keeps one number, the
 //! *required LSN*: a position in the primary's WAL at or past the commit of
 //! every change it has applied. The applier raises it **before** it applies
-//! a change (the WAL feed knows the commit's end LSN; for a `NOTIFY` the
-//! applier reads `pg_current_wal_lsn()` on the primary, which is past the
-//! commit, as the commit had happened when the notification was sent).
+//! a change (the WAL feed knows the commit's end LSN; for a change from the
+//! notify or queue feed the applier reads the primary's WAL *insert*
+//! position, which is past the commit, as the commit was visible when the
+//! change was announced).
+//!
+//! Why the insert position and not `pg_current_wal_lsn()`: that is the
+//! *write* position, and a transaction committed with
+//! `synchronous_commit = off` is visible (and announced) as soon as its
+//! commit record is inserted, up to `wal_writer_delay` before it is
+//! written. Gated on the write position, a load could go to a replica that
+//! replayed everything written but not that commit, and cache the old row
+//! for the whole TTL. A commit record is inserted before its transaction
+//! becomes visible, whatever the commit mode, so the insert position read
+//! after a change was seen is past it. The replica cannot replay past what
+//! the primary has flushed, so an async commit sends loads to the primary
+//! for up to `wal_writer_delay`: a cost, never a stale row.
 //!
 //! - **Loads.** A load goes to a replica only if the replica's replay
 //!   position is at or past the required LSN read when the load starts.
@@ -26,7 +39,7 @@
 //!   used (the bounded wait: one round trip).
 //! - **Scans.** A rebuild opens its journal, then scans. Everything applied
 //!   before the journal opened committed before it, so at or below the
-//!   primary's `pg_current_wal_lsn()` read after the journal opened; the
+//!   primary's insert position read after the journal opened; the
 //!   scan waits (up to `max_replica_lag`) for a replica to replay that far,
 //!   and reads its snapshot there. Changes after the journal opened are
 //!   journaled and replayed into the new filter; changes in both are applied
@@ -105,7 +118,32 @@ impl Replica {
 }
 
 const REPLAY_LSN: &str = "SELECT (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8";
-const PRIMARY_LSN: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8";
+/// The insert position (not the write position: see the module doc), with
+/// its offset in its segment and the WAL page size, for [`end_position`].
+const PRIMARY_LSN: &str = "SELECT (i.l - '0/0'::pg_lsn)::int8, o.file_offset, \
+     current_setting('wal_block_size')::int4 \
+     FROM (SELECT pg_current_wal_insert_lsn() AS l) i, pg_walfile_name_offset(i.l) o";
+/// The write position: the WAL a replica could have; for lag only.
+const PRIMARY_WRITE_LSN: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8";
+
+/// The insert position as the end of the last record inserted, the form a
+/// commit's end LSN and a replica's replay position take. They differ at
+/// the start of a page: there the insert position points past the page
+/// header (24 bytes; 40 on a segment's first page) where the next record
+/// will start, while the last record ended at the page boundary. Left as
+/// it is, an idle primary whose last record filled its page would keep
+/// every replica "behind" until the next write.
+fn end_position(insert: u64, segment_offset: u64, block: u64) -> u64 {
+    const SHORT_HEADER: u64 = 24;
+    const LONG_HEADER: u64 = 40;
+    if segment_offset == LONG_HEADER {
+        insert - LONG_HEADER
+    } else if block != 0 && segment_offset % block == SHORT_HEADER {
+        insert - SHORT_HEADER
+    } else {
+        insert
+    }
+}
 
 pub struct Replicas {
     members: Vec<Arc<Replica>>,
@@ -181,12 +219,13 @@ impl Replicas {
         self.required.load(Ordering::SeqCst)
     }
 
-    /// The primary's current WAL position.
+    /// A position in the primary's WAL past every commit visible now (the
+    /// end of the last record inserted: see the module doc).
     pub async fn primary_lsn(&self) -> Result<u64, sqlx::Error> {
-        let lsn: i64 = sqlx::query_scalar(PRIMARY_LSN)
-            .fetch_one(&self.primary)
-            .await?;
-        Ok(u64::try_from(lsn).unwrap_or(0))
+        let (lsn, offset, block): (i64, i32, i32) =
+            sqlx::query_as(PRIMARY_LSN).fetch_one(&self.primary).await?;
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(end_position(n(lsn), n(offset.into()), n(block.into())))
     }
 
     /// A usable replica that has replayed at least `required`, round robin.
@@ -258,14 +297,20 @@ impl Replicas {
     pub async fn check(&self) {
         let now = Instant::now();
         let unknown = self.unknown.load(Ordering::SeqCst);
-        if let Ok(lsn) = self.primary_lsn().await {
-            if unknown != 0 {
-                // Those changes committed before this read: past them now.
-                self.note_change(lsn);
-                let _ =
-                    self.unknown
-                        .compare_exchange(unknown, 0, Ordering::SeqCst, Ordering::SeqCst);
-            }
+        if unknown != 0
+            && let Ok(lsn) = self.primary_lsn().await
+        {
+            // Those changes committed before this read: past them now.
+            self.note_change(lsn);
+            let _ = self
+                .unknown
+                .compare_exchange(unknown, 0, Ordering::SeqCst, Ordering::SeqCst);
+        }
+        let written: Result<i64, _> = sqlx::query_scalar(PRIMARY_WRITE_LSN)
+            .fetch_one(&self.primary)
+            .await;
+        if let Ok(lsn) = written {
+            let lsn = u64::try_from(lsn).unwrap_or(0);
             let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
             if h.back().is_none_or(|&(_, last)| lsn > last) {
                 h.push_back((now, lsn));
@@ -328,5 +373,35 @@ impl Replicas {
             tick.tick().await;
             self.check().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::end_position;
+
+    const SEGMENT: u64 = 16 << 20;
+    const BLOCK: u64 = 8192;
+
+    #[test]
+    fn an_insert_position_past_a_page_header_is_the_page_boundary() {
+        // Mid-page: unchanged.
+        let lsn = 5 * SEGMENT + 3 * BLOCK + 1000;
+        assert_eq!(end_position(lsn, lsn % SEGMENT, BLOCK), lsn);
+        // Just past a short page header: the boundary.
+        let lsn = 5 * SEGMENT + 3 * BLOCK + 24;
+        assert_eq!(end_position(lsn, lsn % SEGMENT, BLOCK), lsn - 24);
+        // Just past a segment's long header: the boundary.
+        let lsn = 5 * SEGMENT + 40;
+        assert_eq!(end_position(lsn, lsn % SEGMENT, BLOCK), 5 * SEGMENT);
+        // 40 bytes into a page other than a segment's first is a record.
+        let lsn = 5 * SEGMENT + BLOCK + 40;
+        assert_eq!(end_position(lsn, lsn % SEGMENT, BLOCK), lsn);
+        // Another page size is read from the server, not assumed.
+        let lsn = 2 * SEGMENT + 3 * 32768 + 24;
+        assert_eq!(end_position(lsn, lsn % SEGMENT, 32768), lsn - 24);
+        let lsn = 2 * SEGMENT + BLOCK + 24;
+        assert_eq!(end_position(lsn, lsn % SEGMENT, 32768), lsn);
+        assert_eq!(end_position(lsn, lsn % SEGMENT, BLOCK), lsn - 24);
     }
 }
