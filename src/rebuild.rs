@@ -95,6 +95,15 @@ impl Reason {
         }
     }
 
+    /// Whether, until a rebuild for this reason succeeds, the filter may
+    /// lack keys that exist (changes were missed, or came without their
+    /// keys): such a rebuild that fails must be tried again, or those rows
+    /// answer 404 until the next scheduled one. The other reasons only
+    /// restore the filter's precision.
+    pub fn recovers_keys(self) -> bool {
+        matches!(self, Reason::Resync | Reason::Rescan | Reason::UnknownKey)
+    }
+
     fn bit(self) -> u16 {
         1 << Reason::ALL.iter().position(|r| *r == self).unwrap_or(0)
     }
@@ -109,13 +118,14 @@ impl Reasons {
         self.0 & r.bit() != 0
     }
 
+    /// The reasons, in [`Reason`] order.
+    pub fn iter(self) -> impl Iterator<Item = Reason> {
+        Reason::ALL.into_iter().filter(move |r| self.contains(*r))
+    }
+
     /// Names, in [`Reason`] order.
     pub fn names(self) -> Vec<&'static str> {
-        Reason::ALL
-            .iter()
-            .filter(|r| self.contains(**r))
-            .map(|r| r.as_str())
-            .collect()
+        self.iter().map(Reason::as_str).collect()
     }
 }
 

@@ -41,6 +41,14 @@
 //! runs them one at a time, at most one running and one pending. That is
 //! also what makes the journal's "one rebuild at a time" true.
 //!
+//! A rebuild asked for because the filter may lack keys (a feed missed
+//! changes, or delivered one without its keys: [`Reason::recovers_keys`])
+//! that fails, typically because the database it must scan is the one that
+//! just went away, is asked for again after a back-off
+//! ([`RETRY_FIRST`] doubling to [`RETRY_MAX`]) until one succeeds: those
+//! keys must not wait for the next scheduled rebuild, which may be hours
+//! away or never.
+//!
 //! # The high-water mark
 //! For `bigint` keys, `verify_above_high_water` checks a rejected key above
 //! the highest key known to exist against the database (a row committed a
@@ -263,6 +271,37 @@ pub enum RebuildError {
     Panicked,
 }
 
+/// What a finished rebuild means for the retries (see the module doc).
+#[derive(Debug, PartialEq)]
+enum Retry {
+    /// Every key that existed when it scanned is in the live filter (built,
+    /// or refused with what it found merged in): nothing missed before is
+    /// still missing.
+    Covered,
+    /// It failed and must be asked for again with these reasons.
+    Again(Vec<Reason>),
+    /// Neither (a failure nothing needs retried, a cancellation).
+    Nothing,
+}
+
+impl Retry {
+    fn after(reasons: rebuild::Reasons, outcome: &RebuildOutcome) -> Self {
+        match outcome {
+            Ok(_) | Err(RebuildError::Shrunk { .. }) => Retry::Covered,
+            // Values that do not convert will not on a retry either.
+            Err(RebuildError::Db(_) | RebuildError::Panicked) => {
+                let again: Vec<Reason> = reasons.iter().filter(|r| r.recovers_keys()).collect();
+                if again.is_empty() {
+                    Retry::Nothing
+                } else {
+                    Retry::Again(again)
+                }
+            }
+            Err(_) => Retry::Nothing,
+        }
+    }
+}
+
 impl From<DbError> for RebuildError {
     fn from(e: DbError) -> Self {
         RebuildError::Db(Arc::new(e))
@@ -384,6 +423,11 @@ impl Drop for OpenJournal<'_> {
 /// Fewest live inserts that can ask for a rebuild by `rebuild_insert_fraction`,
 /// so a small table is not rebuilt every few inserts.
 const MIN_GROWTH_LIMIT_BASE: u64 = 1024;
+/// The first wait before a failed key-recovering rebuild is asked for
+/// again (see the module doc); it doubles up to [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_secs(1);
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// Announced keys waiting for confirmation; more are not confirmed (the mark
 /// stays, which is safe).
 const CONFIRM_QUEUE: usize = 256;
@@ -962,13 +1006,64 @@ impl Resource {
         // A panic (a bug) fails that rebuild only: the coordinator's task
         // lives on, or no rebuild would ever run again. The journal is
         // closed by its guard while unwinding.
+        let (retry_tx, retry_rx) = mpsc::unbounded_channel();
         let rebuilds = self.rebuilds.run(|job| {
             use futures_util::FutureExt;
+            let reasons = job.reasons;
+            let retry_tx = retry_tx.clone();
             std::panic::AssertUnwindSafe(self.run_rebuild(job))
                 .catch_unwind()
-                .map(|r| r.unwrap_or(Err(RebuildError::Panicked)))
+                .map(move |r| {
+                    let outcome = r.unwrap_or(Err(RebuildError::Panicked));
+                    let _ = retry_tx.send(Retry::after(reasons, &outcome));
+                    outcome
+                })
         });
-        tokio::join!(rebuilds, confirm);
+        tokio::join!(rebuilds, confirm, self.retry_failed(retry_rx));
+    }
+
+    /// Asks again, after a back-off, for every key-recovering rebuild that
+    /// failed (see the module doc). Gets one message per finished rebuild.
+    async fn retry_failed(&self, mut outcomes: mpsc::UnboundedReceiver<Retry>) {
+        let mut wait = RETRY_FIRST;
+        while let Some(outcome) = outcomes.recv().await {
+            let mut reasons = match outcome {
+                Retry::Again(r) => r,
+                Retry::Covered => {
+                    wait = RETRY_FIRST;
+                    continue;
+                }
+                Retry::Nothing => continue,
+            };
+            tracing::warn!(
+                resource = %self.name(),
+                retry_in = ?wait,
+                "a rebuild that recovers missed keys failed; it is asked for again"
+            );
+            let due = tokio::time::sleep(wait);
+            tokio::pin!(due);
+            wait = (wait * 2).min(RETRY_MAX);
+            loop {
+                tokio::select! {
+                    () = &mut due => break,
+                    more = outcomes.recv() => match more {
+                        None => return,
+                        // A rebuild since scanned the whole table after
+                        // the failure: nothing is missing any more.
+                        Some(Retry::Covered) => {
+                            reasons.clear();
+                            wait = RETRY_FIRST;
+                            break;
+                        }
+                        Some(Retry::Again(also)) => reasons.extend(also),
+                        Some(Retry::Nothing) => {}
+                    },
+                }
+            }
+            for r in reasons {
+                self.rebuilds.request(r, false);
+            }
+        }
     }
 
     /// One rebuild, run by the coordinator only (so one at a time, which the

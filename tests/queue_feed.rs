@@ -396,3 +396,86 @@ async fn a_gateway_whose_unread_changes_were_pruned_rescans() {
     pruner.stop();
     behind.stop();
 }
+
+/// Drops a database on another server when dropped.
+struct DropElsewhere(String, String);
+impl Drop for DropElsewhere {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args([
+                &format!("{}/postgres", self.0),
+                "-qAtc",
+                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.1),
+            ])
+            .status();
+    }
+}
+
+async fn system_identifier(pool: &sqlx::PgPool) -> String {
+    sqlx::query_scalar("SELECT system_identifier::text FROM pg_control_system()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The database's address starts answering from another server history (a
+/// failover, a restore from backup; here another cluster holding a
+/// database of the same name, reached through the same proxy). Its
+/// transaction ids say nothing about the old snapshot, so the feed must
+/// not resume from it: it notices the new `system_identifier` and rescans
+/// every table. The row the gateway cached from the old server is served
+/// as the new one has it, and a key only the new one has is found.
+#[tokio::test]
+async fn a_failover_to_another_server_history_rescans() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let other = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
+        .expect("run with scripts/test.sh, which starts a second cluster");
+    let admin = sqlx::PgPool::connect(&format!("{other}/postgres"))
+        .await
+        .unwrap();
+    assert_ne!(
+        system_identifier(&admin).await,
+        system_identifier(&db.pool).await,
+        "BLOOMGATE_TEST_PRIMARY_URL must be another cluster than the test database's"
+    );
+    sqlx::query(&format!("CREATE DATABASE \"{}\"", db.name))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let _drop = DropElsewhere(other.clone(), db.name.clone());
+    // The new server: the same schema, data that differs, and the triggers
+    // and change table (installed by a gateway of its own), empty: the
+    // differences are in no change row, as after a restore whose rows were
+    // pruned, or whose transaction ids all lie below the old snapshot's.
+    let elsewhere = format!("{other}/{}", db.name);
+    let pool = sqlx::PgPool::connect(&elsewhere).await.unwrap();
+    bloomgate::db::MIGRATOR.run(&pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO users (id, email, name) SELECT g, 'u' || g || '@example.com', 'Restored ' || g
+         FROM generate_series(1, 50) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    started(config(&elsewhere, QUEUE)).await.stop();
+    pool.close().await;
+
+    let proxy = Proxy::start().await;
+    let gw = started(config(&proxy.url(&db), QUEUE)).await;
+    assert_eq!(get(&gw, "/users/3").await.json()["name"], "User 3");
+    assert_eq!(get(&gw, "/users/50").await.status, StatusCode::NOT_FOUND);
+
+    let opts: sqlx::postgres::PgConnectOptions = other.parse().unwrap();
+    let host = opts.get_host().replace("localhost", "127.0.0.1");
+    proxy.retarget(format!("{host}:{}", opts.get_port()).parse().unwrap());
+    proxy.cut();
+    wait_for("a failed poll", Duration::from_secs(10), async || {
+        gw.stats.listener_reconnects.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    proxy.restore();
+    fresh(&gw, "/users/3", |r| r.json()["name"] == "Restored 3").await;
+    fresh(&gw, "/users/50", |r| r.status == StatusCode::OK).await;
+    gw.stop();
+}

@@ -396,3 +396,61 @@ async fn deletes_past_a_quarter_of_the_keys_rebuild() {
     );
     assert_eq!(users.protection().unwrap().deletes_since_build, 0);
 }
+
+/// A rebuild asked for because the filter may lack keys (a feed's rescan,
+/// here) fails: the database it scans is unreachable. It is asked for
+/// again once the back-off passes, so a row whose change no feed delivered
+/// is found as soon as the database is back, not at the next scheduled
+/// rebuild (none here). Before the retry it answered 404 for good.
+#[tokio::test]
+async fn a_failed_rescan_is_retried_until_it_succeeds() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    db.exec("DELETE FROM users WHERE id = 5").await;
+    let proxy = Proxy::start().await;
+    let gw = started(config(&proxy.url(&db), QUIET)).await;
+    let users = gw.resource("users").unwrap().clone();
+    // Below the high-water mark, so only the filter answers; no feed.
+    db.exec("INSERT INTO users (id, email, name) VALUES (5, 'back', 'Back')")
+        .await;
+    assert_eq!(get(&gw, "/users/5").await.status, StatusCode::NOT_FOUND);
+
+    proxy.cut();
+    let outcome = users
+        .request_rebuild(Reason::Rescan, false)
+        .outcome()
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Err(RebuildError::Db(_))), "{outcome:?}");
+    let failed = users.rebuild_status().completed;
+    proxy.restore();
+    fresh(&gw, "/users/5", |r| r.status == StatusCode::OK).await;
+    let status = users.rebuild_status();
+    assert!(status.completed > failed, "{status:?}");
+    gw.stop();
+}
+
+/// A rebuild that only restores precision (the admin's, the schedule's)
+/// is not retried when it fails: the next one comes anyway, and retrying
+/// would scan a failing database for nothing.
+#[tokio::test]
+async fn a_failed_admin_rebuild_is_not_retried() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let proxy = Proxy::start().await;
+    let gw = started(config(&proxy.url(&db), QUIET)).await;
+    let users = gw.resource("users").unwrap().clone();
+    proxy.cut();
+    let outcome = users
+        .request_rebuild(Reason::Admin, false)
+        .outcome()
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Err(RebuildError::Db(_))), "{outcome:?}");
+    proxy.restore();
+    let requests = users.rebuild_status().requests;
+    // Past the first retry's back-off, with room to spare.
+    tokio::time::sleep(bloomgate::resource::RETRY_FIRST * 3).await;
+    assert_eq!(users.rebuild_status().requests, requests);
+    gw.stop();
+}

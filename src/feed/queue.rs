@@ -110,17 +110,22 @@ pub const STATEMENT_DEADLINE: Duration = Duration::from_secs(10);
 /// Rows deleted per statement when pruning.
 const PRUNE_BATCH: i64 = 10_000;
 
-/// One poll: the statement's snapshot, the backend's pid (a new one means a
-/// new connection), the pruning mark, and the payloads of the transactions the snapshot
+/// One poll: the statement's snapshot, the backend (see [`BACKEND`]: a new
+/// one means a new connection), the pruning mark, and the payloads of the transactions the snapshot
 /// shows as committed that `$1` did not (see the module doc). One row with
 /// a NULL payload when there are none.
-const POLL: &str = "SELECT s.cur::text, s.pid, s.pruned::text, c.payload
-  FROM (SELECT pg_current_snapshot() AS cur, pg_backend_pid() AS pid,
+const POLL: &str = "SELECT s.cur::text, s.backend, s.pruned::text, c.payload
+  FROM (SELECT pg_current_snapshot() AS cur,
+               pg_backend_pid()::text || '@' || pg_postmaster_start_time()::text AS backend,
                (SELECT below FROM public.bloomgate_changes_pruned LIMIT 1) AS pruned) s
   LEFT JOIN public.bloomgate_changes c
     ON c.xid >= pg_snapshot_xmax($1::pg_snapshot)
     OR c.xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
  ORDER BY c.xid";
+
+/// Which backend a statement ran on: its pid and its server's start time
+/// (a pid alone could repeat on another server after a failover).
+const BACKEND: &str = "pg_backend_pid()::text || '@' || pg_postmaster_start_time()::text";
 
 /// Which server history snapshots belong to: the cluster's
 /// `system_identifier` and the current timeline.
@@ -181,7 +186,7 @@ struct Position {
     /// When that snapshot was taken (no later than this).
     taken: Instant,
     /// The backend that took it.
-    pid: i32,
+    backend: String,
     /// The server history it belongs to ([`IDENTITY`]).
     identity: String,
 }
@@ -239,7 +244,7 @@ pub async fn run(
                 Some(p) => {
                     at = p;
                     rescan = false;
-                    Polled::At(at.snapshot.clone(), at.pid)
+                    Polled::At(at.snapshot.clone(), at.backend.clone())
                 }
                 None => Polled::Stopped,
             })
@@ -248,9 +253,9 @@ pub async fn run(
         };
         let outcome = match outcome {
             // A new connection: is it still the same server history?
-            Ok(Polled::At(snapshot, pid)) if pid != at.pid => timed(identity(&pool))
+            Ok(Polled::At(snapshot, backend)) if backend != at.backend => timed(identity(&pool))
                 .await
-                .map(|id| (id == at.identity, Polled::At(snapshot, pid))),
+                .map(|id| (id == at.identity, Polled::At(snapshot, backend))),
             other => other.map(|p| (true, p)),
         };
         match outcome {
@@ -270,10 +275,10 @@ pub async fn run(
                 rescan = true;
                 continue;
             }
-            Ok((true, Polled::At(snapshot, pid))) => {
+            Ok((true, Polled::At(snapshot, backend))) => {
                 at.snapshot = snapshot;
                 at.taken = at.taken.max(began);
-                at.pid = pid;
+                at.backend = backend;
                 delay = opts.interval;
             }
             Err(e) => {
@@ -336,7 +341,7 @@ fn failed(
 
 enum Polled {
     /// The new snapshot, and the backend that took it.
-    At(String, i32),
+    At(String, String),
     /// Nobody receives events any more.
     Stopped,
     /// Rows the previous snapshot had not shown may have been deleted.
@@ -359,7 +364,7 @@ async fn poll(
     // applier's business (`send` waits for room in the channel).
     while let Some(row) = timed(rows.try_next()).await? {
         if cur.is_none() {
-            cur = Some((row.try_get::<String, _>(0)?, row.try_get::<i32, _>(1)?));
+            cur = Some((row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?));
             // Rows of transactions below the mark may be gone; those the
             // previous snapshot did not show are all at or above its xmin.
             let pruned: Option<String> = row.try_get(2)?;
@@ -389,8 +394,8 @@ async fn poll(
             return Ok(Polled::Stopped);
         }
     }
-    let (snapshot, pid) = cur.ok_or(sqlx::Error::RowNotFound)?;
-    Ok(Polled::At(snapshot, pid))
+    let (snapshot, backend) = cur.ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Polled::At(snapshot, backend))
 }
 
 /// A new starting position, then a rescan of every watched table (caches
@@ -417,15 +422,15 @@ async fn identity(pool: &PgPool) -> Result<String, sqlx::Error> {
 /// A snapshot and what it belongs to, read on one connection.
 async fn position(pool: &PgPool) -> Result<Position, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    let (snapshot, pid): (String, i32) =
-        sqlx::query_as("SELECT pg_current_snapshot()::text, pg_backend_pid()")
+    let (snapshot, backend): (String, String) =
+        sqlx::query_as(&format!("SELECT pg_current_snapshot()::text, {BACKEND}"))
             .fetch_one(&mut *conn)
             .await?;
     let identity = sqlx::query_scalar(IDENTITY).fetch_one(&mut *conn).await?;
     Ok(Position {
         snapshot,
         taken: Instant::now(),
-        pid,
+        backend,
         identity,
     })
 }

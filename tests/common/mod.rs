@@ -443,6 +443,8 @@ impl Served {
 /// host, a cut network), new ones pass.
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// Where new connections go (the test database's server at first).
+    upstream: watch::Sender<SocketAddr>,
     cut: watch::Sender<bool>,
     /// How many times it was frozen.
     frozen: watch::Sender<u64>,
@@ -451,7 +453,7 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start() -> Self {
-        let upstream = db_addr();
+        let (upstream, upstream_rx) = watch::channel(db_addr());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (cut, cut_rx) = watch::channel(false);
@@ -468,6 +470,7 @@ impl Proxy {
                 let mut cut_rx = cut_rx.clone();
                 let mut frozen_rx = frozen_rx.clone();
                 let born = *frozen_rx.borrow();
+                let upstream = *upstream_rx.borrow();
                 tokio::spawn(async move {
                     let Ok(mut server) = TcpStream::connect(upstream).await else {
                         return;
@@ -489,10 +492,17 @@ impl Proxy {
         });
         Self {
             addr,
+            upstream,
             cut,
             frozen,
             task,
         }
+    }
+
+    /// New connections go to `to` (a failover, a restore elsewhere);
+    /// connections open now stay where they are until cut.
+    pub fn retarget(&self, to: SocketAddr) {
+        self.upstream.send_replace(to);
     }
 
     /// Every connection open now stops passing bytes, and stays open.
