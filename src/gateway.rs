@@ -606,7 +606,11 @@ impl Gateway {
     /// with the WAL feed in force, writers must not pay for them.
     pub async fn remove_triggers(&self, watch: &Watch) {
         for t in &watch.tables {
-            let sql = crate::db::triggers::uninstall_sql(&t.name);
+            let sql = format!(
+                "{}{}",
+                crate::db::INSTALL_LOCK,
+                crate::db::triggers::uninstall_sql(&t.name)
+            );
             match sqlx::raw_sql(&sql).execute(self.db.pool()).await {
                 Ok(_) => {
                     tracing::info!(table = %t.name, "notification triggers removed (WAL feed in force)")

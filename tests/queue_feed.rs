@@ -479,3 +479,34 @@ async fn a_failover_to_another_server_history_rescans() {
     fresh(&gw, "/users/50", |r| r.status == StatusCode::OK).await;
     gw.stop();
 }
+
+/// The install itself, from eight connections released at one instant:
+/// without serialising, concurrent `CREATE TABLE IF NOT EXISTS` and
+/// `CREATE OR REPLACE FUNCTION` fail on the catalog's unique indexes
+/// ("duplicate key value", "tuple concurrently updated").
+#[tokio::test]
+async fn installs_released_at_one_instant_all_succeed() {
+    use bloomgate::db::triggers::Sink;
+    for round in 0..10 {
+        let db = TestDb::new().await;
+        let gws: Vec<_> = (0..8).map(|_| gateway(config(&db.url, QUEUE))).collect();
+        for g in &gws {
+            // A connection ready, so the installs start together.
+            let _ = sqlx::query("SELECT 1").execute(g.db.pool()).await.unwrap();
+        }
+        let table: bloomgate::db::catalog::TableName = "public.users".into();
+        let sink = if round % 2 == 0 {
+            Sink::Queue
+        } else {
+            Sink::Notify
+        };
+        let results = futures_util::future::join_all(
+            gws.iter()
+                .map(|g| g.db.install_triggers(&table, &["id"], sink)),
+        )
+        .await;
+        for r in &results {
+            assert!(r.is_ok(), "round {round}: {results:?}");
+        }
+    }
+}

@@ -310,3 +310,35 @@ async fn a_published_table_outside_the_resources_is_ignored() {
     }
     gw.stop();
 }
+
+/// The publication installed by several gateways at once on a database
+/// with none (a fleet starting together, released here at one instant):
+/// every one succeeds. Checked
+/// and created without a lock, two would find none and the second CREATE
+/// PUBLICATION would fail.
+#[tokio::test]
+async fn gateways_installing_the_publication_at_once_all_succeed() {
+    for _ in 0..5 {
+        let db = logical_db(1).await;
+        let gws: Vec<_> = (0..8).map(|_| gateway(wal_config(&db, ""))).collect();
+        // A connection ready in each, so the installs start together.
+        for g in &gws {
+            let _ = sqlx::query("SELECT 1").execute(g.db.pool()).await.unwrap();
+        }
+        let watch = bloomgate::feed::Watch {
+            tables: vec![bloomgate::feed::WatchedTable {
+                name: "public.users".into(),
+                columns: vec![],
+            }],
+        };
+        let results = futures_util::future::join_all(
+            gws.iter()
+                .map(|g| bloomgate::feed::wal::install(g.db.pool(), &watch, "bloomgate_race")),
+        )
+        .await;
+        for r in &results {
+            assert!(r.is_ok(), "{results:?}");
+        }
+        // The publications of these databases go with them.
+    }
+}

@@ -5,6 +5,16 @@
 //! [`Queries`]) and every value is a bind parameter. Every query made is
 //! counted, so tests can prove that a request did not reach the database.
 
+/// Taken first by every statement that installs or removes bloomgate's
+/// objects in a database (triggers, their functions, the change table, the
+/// publication), as a transaction-level advisory lock: gateways starting
+/// together would otherwise run the same DDL at once, and concurrent
+/// `CREATE TABLE IF NOT EXISTS` or `CREATE OR REPLACE FUNCTION` fail on the
+/// catalog's unique indexes instead of waiting.
+pub const INSTALL_LOCK: &str = "SELECT pg_advisory_xact_lock(7092166037569233268);\n";
+/// [`INSTALL_LOCK`]'s key ("bloomgat" in ASCII), for a bound parameter.
+pub const INSTALL_LOCK_KEY: i64 = 7092166037569233268;
+
 pub mod catalog;
 pub mod copy;
 pub mod replicas;
@@ -206,6 +216,9 @@ impl Db {
         if sink == triggers::Sink::Queue {
             sql.insert_str(0, triggers::QUEUE_TABLE_SQL);
         }
+        // One implicit transaction (a multi-statement simple query): the
+        // lock is held to its end.
+        sql.insert_str(0, INSTALL_LOCK);
         sqlx::raw_sql(&sql).execute(&self.pool).await?;
         Ok(())
     }
@@ -433,6 +446,12 @@ async fn scan_keys_on<S>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_install_lock_statement_and_its_key_agree() {
+        assert!(INSTALL_LOCK.contains(&format!("({INSTALL_LOCK_KEY})")));
+        assert_eq!(INSTALL_LOCK_KEY.to_be_bytes(), *b"bloomgat");
+    }
 
     #[test]
     fn queries_quote_identifiers_and_bind_the_key() {

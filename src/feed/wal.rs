@@ -254,10 +254,17 @@ pub async fn install(
 ) -> Result<(), sqlx::Error> {
     use crate::db::catalog::{quote, quote_table};
     let tables: Vec<String> = watch.tables.iter().map(|t| quote_table(&t.name)).collect();
+    // Checked and created under the install lock: two gateways starting
+    // together would both find no publication and one CREATE would fail.
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(crate::db::INSTALL_LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
             .bind(publication)
-            .fetch_one(pool)
+            .fetch_one(&mut *tx)
             .await?;
     let sql = if exists {
         format!(
@@ -272,7 +279,8 @@ pub async fn install(
             tables.join(", ")
         )
     };
-    sqlx::raw_sql(&sql).execute(pool).await?;
+    sqlx::query(&sql).execute(&mut *tx).await?;
+    tx.commit().await?;
     Ok(())
 }
 
