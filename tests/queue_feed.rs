@@ -255,12 +255,20 @@ async fn a_hung_connection_is_replaced_within_the_deadline() {
     assert_eq!(users.generation(), gen0, "resumed, not rebuilt");
 }
 
-/// Rows are deleted once a whole retention old; a gateway cut off for half
-/// the retention cannot know what was pruned meanwhile, and rebuilds.
+/// Rows are deleted once a whole retention old, and not while another
+/// gateway holds the pruning lock; a gateway cut off for half the
+/// retention cannot know what was pruned meanwhile, and rebuilds.
 #[tokio::test]
 async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
+    // "Another gateway" pruning, for the first 13 s.
+    let mut other = db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(bloomgate::feed::queue::PRUNE_LOCK_KEY)
+        .execute(&mut *other)
+        .await
+        .unwrap();
     let proxy = Proxy::start().await;
     let gw = started(config(
         &proxy.url(&db),
@@ -271,6 +279,18 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
     fresh(&gw, "/users/800", |r| r.status == StatusCode::OK).await;
     assert!(change_rows(&db).await >= 1);
     let began = Instant::now();
+    // Past the retention and a pruning turn (a tenth of it).
+    tokio::time::sleep(Duration::from_secs(13)).await;
+    assert!(
+        change_rows(&db).await >= 1,
+        "pruned while another gateway held the lock"
+    );
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(bloomgate::feed::queue::PRUNE_LOCK_KEY)
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    drop(other);
     wait_for("pruning", Duration::from_secs(30), async || {
         change_rows(&db).await == 0
     })

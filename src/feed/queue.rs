@@ -76,7 +76,10 @@
 //! mark in its snapshot. A mark above the previous snapshot's `xmin` means
 //! rows that snapshot had not shown may be gone: the gateway rescans
 //! likewise. Deletion runs in batches on a second connection, so polls go
-//! on meanwhile.
+//! on meanwhile; each batch is a transaction holding an advisory lock
+//! ([`PRUNE_LOCK_KEY`]), and a gateway that finds it taken leaves the
+//! pruning to the holder (which raised the mark before deleting). The
+//! first batch raises the mark in the same transaction as its deletions.
 //!
 //! # Forgery
 //! Only the change table's owner may write to it; the trigger functions
@@ -109,6 +112,12 @@ pub const STATEMENT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Rows deleted per statement when pruning.
 const PRUNE_BATCH: i64 = 10_000;
+
+/// The transaction-level advisory lock each pruning batch takes, so one
+/// gateway prunes at a time and the others, finding it taken, leave it to
+/// that one (rather than every gateway deleting the same rows, each
+/// waiting on the other's row locks).
+pub const PRUNE_LOCK_KEY: i64 = crate::db::INSTALL_LOCK_KEY + 1;
 
 /// One poll: the statement's snapshot, the backend (see [`BACKEND`]: a new
 /// one means a new connection), the pruning mark, and the payloads of the transactions the snapshot
@@ -474,9 +483,9 @@ async fn first_position(pool: &PgPool) -> Result<Position, QueueError> {
 }
 
 /// Deletes the rows of transactions below `below`, in batches (each its
-/// own statement and deadline), on the pool's second connection, once the
-/// pruning mark says so (a gateway that had not read them learns it from
-/// the mark, whatever its own retention or clock).
+/// own transaction and deadline: [`prune_batch`]), on the pool's second
+/// connection, once the pruning mark says so (a gateway that had not read
+/// them learns it from the mark, whatever its own retention or clock).
 async fn prune(pool: PgPool, below: String) {
     static FAILURES: std::sync::OnceLock<LogThrottle> = std::sync::OnceLock::new();
     let log = |e: &Failure| {
@@ -484,37 +493,20 @@ async fn prune(pool: PgPool, below: String) {
             tracing::warn!(error = %e, not_logged, "cannot delete old rows of the change queue");
         }
     };
-    let marked = timed(
-        sqlx::query(
-            "UPDATE public.bloomgate_changes_pruned SET below = $1::text::xid8
-              WHERE below < $1::text::xid8",
-        )
-        .bind(&below)
-        .execute(&pool),
-    )
-    .await;
-    if let Err(e) = marked {
-        log(&e);
-        return;
-    }
     let mut deleted = 0;
+    let mut first = true;
     loop {
-        let batch = timed(
-            sqlx::query(
-                "DELETE FROM public.bloomgate_changes WHERE ctid = ANY(ARRAY(
-                   SELECT ctid FROM public.bloomgate_changes WHERE xid < $1::text::xid8 LIMIT $2))",
-            )
-            .bind(&below)
-            .bind(PRUNE_BATCH)
-            .execute(&pool),
-        )
-        .await;
-        match batch {
-            Ok(r) => {
-                deleted += r.rows_affected();
-                if r.rows_affected() < PRUNE_BATCH as u64 {
+        match timed(prune_batch(&pool, &below, first)).await {
+            Ok(Some(n)) => {
+                deleted += n;
+                first = false;
+                if n < PRUNE_BATCH as u64 {
                     break;
                 }
+            }
+            Ok(None) => {
+                tracing::debug!("another gateway is deleting old change rows");
+                break;
             }
             Err(e) => {
                 log(&e);
@@ -523,6 +515,40 @@ async fn prune(pool: PgPool, below: String) {
         }
     }
     tracing::debug!(deleted, "old change rows deleted");
+}
+
+/// One batch of pruning in its own transaction, under [`PRUNE_LOCK_KEY`]
+/// (`None`: another gateway holds it, and prunes); the first batch also
+/// raises the mark, committed with its deletions, so no snapshot sees
+/// rows gone and the mark not raised.
+async fn prune_batch(pool: &PgPool, below: &str, mark: bool) -> Result<Option<u64>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(PRUNE_LOCK_KEY)
+        .fetch_one(&mut *tx)
+        .await?;
+    if !locked {
+        return Ok(None);
+    }
+    if mark {
+        sqlx::query(
+            "UPDATE public.bloomgate_changes_pruned SET below = $1::text::xid8
+              WHERE below < $1::text::xid8",
+        )
+        .bind(below)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let r = sqlx::query(
+        "DELETE FROM public.bloomgate_changes WHERE ctid = ANY(ARRAY(
+           SELECT ctid FROM public.bloomgate_changes WHERE xid < $1::text::xid8 LIMIT $2))",
+    )
+    .bind(below)
+    .bind(PRUNE_BATCH)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Some(r.rows_affected()))
 }
 
 /// `xmin` of a snapshot's text (`xmin:xmax:xip,...`).
