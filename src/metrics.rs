@@ -173,6 +173,10 @@ fn describe() {
         "Failed rebuilds (the old filter stayed)."
     );
     describe_counter!(
+        "bloomgate_rebuild_retries_total",
+        "Failed rebuilds that recover missed keys (after a feed reconnect, a rescan), asked for again after a back-off."
+    );
+    describe_counter!(
         "bloomgate_rebuild_refused_total",
         "Rebuilds refused by the shrink guard."
     );
@@ -310,6 +314,7 @@ fn snapshot(gw: &Gateway) {
             "bloomgate_rebuild_failures_total",
             load(&s.rebuild_failures),
         );
+        c("bloomgate_rebuild_retries_total", load(&s.rebuild_retries));
         c("bloomgate_rebuild_refused_total", load(&s.refused_swaps));
         c("bloomgate_live_inserts_total", load(&s.live_inserts));
         let (rows, negative) = r.cache_entries();

@@ -135,6 +135,9 @@ pub struct Stats {
     pub bad_requests: AtomicU64,
     pub rebuilds: AtomicU64,
     pub rebuild_failures: AtomicU64,
+    /// Failed rebuilds that recover missed keys, asked for again (see the
+    /// module doc).
+    pub rebuild_retries: AtomicU64,
     pub refused_swaps: AtomicU64,
     pub live_inserts: AtomicU64,
     /// Keys above the high-water mark checked against the database instead
@@ -1040,6 +1043,7 @@ impl Resource {
                 retry_in = ?wait,
                 "a rebuild that recovers missed keys failed; it is asked for again"
             );
+            self.stats.rebuild_retries.fetch_add(1, Ordering::Relaxed);
             let due = tokio::time::sleep(wait);
             tokio::pin!(due);
             wait = (wait * 2).min(RETRY_MAX);

@@ -427,6 +427,7 @@ async fn a_failed_rescan_is_retried_until_it_succeeds() {
     fresh(&gw, "/users/5", |r| r.status == StatusCode::OK).await;
     let status = users.rebuild_status();
     assert!(status.completed > failed, "{status:?}");
+    assert!(users.stats.rebuild_retries.load(Ordering::Relaxed) >= 1);
     gw.stop();
 }
 
@@ -452,5 +453,6 @@ async fn a_failed_admin_rebuild_is_not_retried() {
     // Past the first retry's back-off, with room to spare.
     tokio::time::sleep(bloomgate::resource::RETRY_FIRST * 3).await;
     assert_eq!(users.rebuild_status().requests, requests);
+    assert_eq!(users.stats.rebuild_retries.load(Ordering::Relaxed), 0);
     gw.stop();
 }

@@ -144,7 +144,7 @@ async fn the_status_page_shows_a_card_per_resource() {
     );
     assert_eq!(
         field(&dom, "users", "rebuilds").as_deref(),
-        Some("1 ok, 0 failed, 1 refused, 0 for decay")
+        Some("1 ok, 0 failed (0 retried), 1 refused, 0 for decay")
     );
     assert_eq!(
         field(&dom, "users", "rebuild now").as_deref(),

@@ -229,6 +229,8 @@ pub struct ResourceView {
     observed_fp_rate: f64,
     rebuilds: u64,
     rebuild_failures: u64,
+    /// Failed rebuilds that recover missed keys, asked for again.
+    rebuild_retries: u64,
     rebuild_refused: u64,
     live_inserts: u64,
     /// Deletes applied (counted towards `rebuild_delete_fraction`).
@@ -293,6 +295,7 @@ fn view(gw: &Gateway, r: &Resource) -> ResourceView {
         },
         rebuilds: l(&s.rebuilds),
         rebuild_failures: l(&s.rebuild_failures),
+        rebuild_retries: l(&s.rebuild_retries),
         rebuild_refused: l(&s.refused_swaps),
         live_inserts: l(&s.live_inserts),
         deletes: l(&s.deletes),
