@@ -397,6 +397,17 @@ async fn deletes_past_a_quarter_of_the_keys_rebuild() {
     assert_eq!(users.protection().unwrap().deletes_since_build, 0);
 }
 
+/// Cuts the database off and asks for a rebuild, which fails.
+async fn fails_while_cut(proxy: &Proxy, users: &Resource, reason: Reason) {
+    proxy.cut();
+    let outcome = users
+        .request_rebuild(reason, false)
+        .outcome()
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Err(RebuildError::Db(_))), "{outcome:?}");
+}
+
 /// A rebuild asked for because the filter may lack keys (a feed's rescan,
 /// here) fails: the database it scans is unreachable. It is asked for
 /// again once the back-off passes, so a row whose change no feed delivered
@@ -415,13 +426,7 @@ async fn a_failed_rescan_is_retried_until_it_succeeds() {
         .await;
     assert_eq!(get(&gw, "/users/5").await.status, StatusCode::NOT_FOUND);
 
-    proxy.cut();
-    let outcome = users
-        .request_rebuild(Reason::Rescan, false)
-        .outcome()
-        .await
-        .unwrap();
-    assert!(matches!(outcome, Err(RebuildError::Db(_))), "{outcome:?}");
+    fails_while_cut(&proxy, &users, Reason::Rescan).await;
     let failed = users.rebuild_status().completed;
     proxy.restore();
     fresh(&gw, "/users/5", |r| r.status == StatusCode::OK).await;
@@ -441,13 +446,7 @@ async fn a_failed_admin_rebuild_is_not_retried() {
     let proxy = Proxy::start().await;
     let gw = started(config(&proxy.url(&db), QUIET)).await;
     let users = gw.resource("users").unwrap().clone();
-    proxy.cut();
-    let outcome = users
-        .request_rebuild(Reason::Admin, false)
-        .outcome()
-        .await
-        .unwrap();
-    assert!(matches!(outcome, Err(RebuildError::Db(_))), "{outcome:?}");
+    fails_while_cut(&proxy, &users, Reason::Admin).await;
     proxy.restore();
     let requests = users.rebuild_status().requests;
     // Past the first retry's back-off, with room to spare.
