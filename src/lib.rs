@@ -13,7 +13,9 @@
 //!
 //! - [`http`]: the router ([`http::app`]) behind its one middleware layer
 //!   ([`http::front`]: request id, trace span, body limit, load shedding,
-//!   deadline), and the one mapping from [`error::Error`] to status codes.
+//!   deadline), a resource's `GET` matched before the router
+//!   ([`http::dispatch`]: a filtered key answered without a future), and
+//!   the one mapping from [`error::Error`] to status codes.
 //! - [`resource`]: one table served by key; puts the request path together
 //!   (parse, filter, cache, database) and rebuilds its filter without losing
 //!   live inserts, resetting its high-water mark and watching it decay.

@@ -105,6 +105,19 @@ pub enum Lookup {
     Cached(Outcome),
 }
 
+/// What the filter says of a key ([`Resource::filter`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Passed {
+    /// Absent for certain: answer 404, touch nothing.
+    Filtered,
+    /// May exist (or the filter is off): ask the cache.
+    Maybe,
+    /// Not in the filter, but above the high-water mark and within the
+    /// verify budget: ask the cache and the database, and add the key if
+    /// the row is there (`verify_above_high_water`).
+    Verify,
+}
+
 /// Where a live insert comes from: decides whether it may raise the
 /// high-water mark (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,8 +148,8 @@ pub struct Stats {
     pub bad_requests: AtomicU64,
     pub rebuilds: AtomicU64,
     pub rebuild_failures: AtomicU64,
-    /// Failed rebuilds that recover missed keys, asked for again (see the
-    /// module doc).
+    /// Retries of rebuilds that recover missed keys: one per back-off,
+    /// however many such rebuilds failed during it (see the module doc).
     pub rebuild_retries: AtomicU64,
     pub refused_swaps: AtomicU64,
     pub live_inserts: AtomicU64,
@@ -568,28 +581,46 @@ impl Resource {
         })
     }
 
-    /// Filter, then cache, then database.
+    /// Filter, then cache, then database: [`Resource::filter`], then
+    /// [`Resource::lookup_passed`].
     pub async fn lookup(&self, key: Key) -> Result<Lookup, Error> {
-        let mut verifying = false;
-        if self.config.filter.enabled {
-            let filter = self.filter.load();
-            let Some(filter) = filter.as_ref() else {
-                self.stats.not_ready.fetch_add(1, Ordering::Relaxed);
-                return Err(Error::NotReady);
-            };
-            if !filter.contains(key.item()) {
-                if !self.may_verify(&key) {
-                    self.stats.filtered.add(1);
-                    return Ok(Lookup::Filtered);
-                }
-                verifying = true;
-                self.stats
-                    .verified_above_high_water
-                    .fetch_add(1, Ordering::Relaxed);
-            }
+        match self.filter(&key)? {
+            Passed::Filtered => Ok(Lookup::Filtered),
+            passed => self.lookup_passed(key, passed).await,
         }
-        if !verifying {
-            return self.load_through_cache(key).await;
+    }
+
+    /// The filter's verdict on `key`, with no await: a rejected key is
+    /// answered without a future (`http::dispatch`).
+    pub fn filter(&self, key: &Key) -> Result<Passed, Error> {
+        if !self.config.filter.enabled {
+            return Ok(Passed::Maybe);
+        }
+        let filter = self.filter.load();
+        let Some(filter) = filter.as_ref() else {
+            self.stats.not_ready.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::NotReady);
+        };
+        if filter.contains(key.item()) {
+            return Ok(Passed::Maybe);
+        }
+        if !self.may_verify(key) {
+            self.stats.filtered.add(1);
+            return Ok(Passed::Filtered);
+        }
+        self.stats
+            .verified_above_high_water
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(Passed::Verify)
+    }
+
+    /// Cache, then database, for a key [`Resource::filter`] let through
+    /// (`passed` is what it said; [`Passed::Filtered`] answers at once).
+    pub async fn lookup_passed(&self, key: Key, passed: Passed) -> Result<Lookup, Error> {
+        match passed {
+            Passed::Filtered => return Ok(Lookup::Filtered),
+            Passed::Maybe => return self.load_through_cache(key).await,
+            Passed::Verify => {}
         }
         let result = self.load_through_cache(key.clone()).await;
         if let Ok(Lookup::Cached(Outcome::Loaded { .. })) = &result {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
@@ -18,8 +18,9 @@ use crate::cache::{Outcome, Row};
 use crate::encoding::{self, Coding};
 use crate::error::Error;
 use crate::histogram::Histogram;
+use crate::key::Key;
 use crate::metrics::outcome;
-use crate::resource::{Lookup, Resource};
+use crate::resource::{Lookup, Passed, Resource};
 
 /// What a route needs, prepared once.
 pub struct Route {
@@ -77,33 +78,85 @@ impl Route {
     }
 }
 
+/// The route's handler (axum's router calls it for `HEAD`; a `GET` comes
+/// through [`super::dispatch`], which calls [`begin`] and [`finish`] itself).
 pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
     let began = Instant::now();
-    let (resp, outcome) = match answer(&route, req.uri(), req.headers()).await {
-        Ok(answered) => answered,
-        Err(e) => {
-            let outcome = match e {
-                Error::BadKey(_) => outcome::BAD_REQUEST,
-                Error::NotReady => outcome::NOT_READY,
-                _ => outcome::UNAVAILABLE,
-            };
-            (e.into_response(), outcome)
+    match begin(&route, req.uri().path(), began) {
+        Begun::Ask(key, passed) => finish(&route, key, passed, req.headers(), began).await,
+        Begun::Answered(answered) => answered,
+    }
+}
+
+/// What [`begin`] found.
+pub enum Begun {
+    /// The whole answer (400 for a malformed key, 404 for a key the filter
+    /// rejects, 503 before the first build), already counted.
+    Answered(Response),
+    /// A key the cache must be asked about ([`finish`]).
+    Ask(Key, Passed),
+}
+
+/// Parse, then filter, with no await.
+pub fn begin(route: &Route, path: &str, began: Instant) -> Begun {
+    let passed = key_of(route, path).and_then(|key| {
+        let passed = route.resource.filter(&key)?;
+        Ok((key, passed))
+    });
+    match passed {
+        Ok((_, Passed::Filtered)) => Begun::Answered(done(
+            route,
+            began,
+            not_found(route, "bloomgate; detail=filter-absent"),
+            outcome::FILTERED,
+        )),
+        Ok((key, passed)) => Begun::Ask(key, passed),
+        Err(e) => Begun::Answered(failed(route, began, e)),
+    }
+}
+
+/// The cache (and through it the database) for a key [`begin`] let through.
+pub async fn finish(
+    route: &Route,
+    key: Key,
+    passed: Passed,
+    headers: &HeaderMap,
+    began: Instant,
+) -> Response {
+    match route.resource.lookup_passed(key, passed).await {
+        Ok(lookup) => {
+            let (resp, outcome) = answer(route, lookup, headers);
+            done(route, began, resp, outcome)
         }
-    };
+        Err(e) => failed(route, began, e),
+    }
+}
+
+fn done(route: &Route, began: Instant, resp: Response, outcome: usize) -> Response {
     route.latency[outcome].record(began.elapsed());
     resp
 }
 
-async fn answer(route: &Route, uri: &Uri, headers: &HeaderMap) -> Result<(Response, usize), Error> {
-    // The router matched this route, so the path has the key segment.
-    let raw = uri
-        .path()
+fn failed(route: &Route, began: Instant, e: Error) -> Response {
+    let outcome = match e {
+        Error::BadKey(_) => outcome::BAD_REQUEST,
+        Error::NotReady => outcome::NOT_READY,
+        _ => outcome::UNAVAILABLE,
+    };
+    done(route, began, e.into_response(), outcome)
+}
+
+fn key_of(route: &Route, path: &str) -> Result<Key, Error> {
+    // The path matched this route, so it has the key segment.
+    let raw = path
         .split('/')
         .nth(route.key_segment)
         .ok_or_else(|| Error::Internal("matched path without a key segment".into()))?;
-    let key = route.resource.parse_key(raw, route.max_key_length)?;
-    let lookup = route.resource.lookup(key).await?;
-    Ok(match lookup {
+    route.resource.parse_key(raw, route.max_key_length)
+}
+
+fn answer(route: &Route, lookup: Lookup, headers: &HeaderMap) -> (Response, usize) {
+    match lookup {
         Lookup::Filtered => (
             not_found(route, "bloomgate; detail=filter-absent"),
             outcome::FILTERED,
@@ -142,7 +195,7 @@ async fn answer(route: &Route, uri: &Uri, headers: &HeaderMap) -> Result<(Respon
             ),
             Outcome::Bypassed(None) => (not_found(route, "bloomgate; fwd=bypass"), outcome::MISS),
         },
-    })
+    }
 }
 
 fn not_found(route: &Route, cache_status: &'static str) -> Response {

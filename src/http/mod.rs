@@ -6,6 +6,11 @@
 //! and their OpenAPI entries are registered together (utoipa-axum), so the
 //! document lists exactly what is served.
 //!
+//! Dispatch: a resource's `GET` is matched and, when the filter rejects its
+//! key, answered by [`dispatch::Dispatch`] before axum's router, which
+//! serves every other request (BENCHMARKS.md: the router cost a hit ~3,000
+//! instructions and 4 allocations).
+//!
 //! Middleware: one layer, [`front::FrontLayer`], wrapped once around the
 //! whole router ([`App`]): request id, trace span (only while DEBUG is on),
 //! 413 for a declared body over `max_body_bytes`, 503 past
@@ -17,6 +22,7 @@
 //! request twice.
 
 pub mod admin;
+pub mod dispatch;
 pub mod front;
 mod lookup;
 pub mod openapi;
@@ -37,62 +43,95 @@ use utoipa_axum::routes;
 
 use crate::error::Error;
 use crate::gateway::Gateway;
+use dispatch::{Dispatch, Templates};
 use lookup::Route;
 use response::{json_bytes, json_error};
 
 /// What [`app`] and [`admin::app`] return: the router behind the front
-/// layer. The layer wraps the whole router once rather than each route
+/// layer, with the resources' `GET`s answered before it ([`Dispatch`]). The
+/// layer wraps the whole router once rather than each route
 /// (`Router::layer`), which would box and clone every route's service
 /// stack per request (BENCHMARKS.md).
-pub type App = front::Front<Router>;
+pub type App = front::Front<Dispatch>;
 
 /// The public router for `gateway`, behind the front layer.
 pub fn app(gateway: Arc<Gateway>) -> App {
-    let (router, doc) = public_routes(&gateway).split_for_parts();
+    let routes = resource_routes(&gateway);
+    let (router, doc) = with_resources(&routes).split_for_parts();
+    let mut direct = Templates::default();
+    for route in &routes {
+        direct.add(&route.resource.config.route, Some(route.clone()));
+    }
+    // Every other path the router serves, so that a path two templates
+    // could match is left to the router's precedence.
+    for path in doc
+        .paths
+        .paths
+        .keys()
+        .map(String::as_str)
+        .chain(["/openapi.json"])
+    {
+        if !routes.iter().any(|r| r.resource.config.route == path) {
+            direct.add(path, None);
+        }
+    }
     let doc = Arc::new(openapi::Served::new(doc, gateway.clone()));
     let router = router.route(
         "/openapi.json",
         get(move || async move { json_bytes(StatusCode::OK, doc.json().await) }),
     );
-    with_middleware(
-        router.fallback(no_route).with_state(gateway.clone()),
-        &gateway,
+    let router = router
+        .fallback(no_route)
+        .with_state(gateway.clone())
+        .method_not_allowed_fallback(method_not_allowed);
+    tower::Layer::layer(
+        &front_layer(&gateway, Some(gateway.config.server.request_timeout)),
+        Dispatch::new(router, direct),
     )
 }
 
 /// Every public route with its OpenAPI entry, except `/openapi.json` itself
 /// (which `openapi::document` adds to the document).
 pub fn public_routes(gateway: &Arc<Gateway>) -> OpenApiRouter<Arc<Gateway>> {
+    with_resources(&resource_routes(gateway))
+}
+
+/// What each resource's route needs, prepared once.
+fn resource_routes(gateway: &Arc<Gateway>) -> Vec<Arc<Route>> {
     let server = &gateway.config.server;
+    gateway
+        .resources
+        .iter()
+        .map(|resource| {
+            let latency = gateway.metrics.latency_histograms(resource.name());
+            Arc::new(Route::new(resource.clone(), server.max_key_length, latency))
+        })
+        .collect()
+}
+
+fn with_resources(routes: &[Arc<Route>]) -> OpenApiRouter<Arc<Gateway>> {
     let mut router = OpenApiRouter::new()
         .routes(routes!(healthz))
         .routes(routes!(readyz));
-    for resource in &gateway.resources {
-        let latency = gateway.metrics.latency_histograms(resource.name());
-        let route = Arc::new(Route::new(resource.clone(), server.max_key_length, latency));
+    for route in routes {
+        let path = route.resource.config.route.clone();
+        let route = route.clone();
         router = router.route(
-            &resource.config.route,
-            // The whole request, by value: the `HeaderMap` and `Uri`
-            // extractors would copy every header for every lookup. The
-            // closure gives its `route` away (axum calls a fresh clone of it
-            // per request): cloning it again would be two more atomic
-            // reference-count writes per request on a line both cores share.
+            &path,
+            // `HEAD` only: a `GET` is answered by `Dispatch` before the
+            // router. The whole request, by value: the `HeaderMap` and `Uri`
+            // extractors would copy every header. The closure gives its
+            // `route` away (axum calls a fresh clone of it per request).
             get(move |req: Request<Body>| lookup::handle(route, req)),
         );
     }
     router
 }
 
-/// The one middleware stack, shared by the public and admin routers, with
-/// `server.request_timeout`.
-pub fn with_middleware(router: Router, gateway: &Arc<Gateway>) -> App {
-    let timeout = gateway.config.server.request_timeout;
-    with_middleware_timeout(router, gateway, Some(timeout))
-}
-
-/// [`with_middleware`] with another whole-request deadline, or none: the
-/// admin router, whose routes set their own (`admin.request_timeout`, and
-/// none for a rebuild that waits for its outcome).
+/// The front layer around a router with no direct routes, with a
+/// whole-request deadline or none: the admin router, whose routes set their
+/// own (`admin.request_timeout`, and none for a rebuild that waits for its
+/// outcome).
 pub fn with_middleware_timeout(
     router: Router,
     gateway: &Arc<Gateway>,
@@ -100,7 +139,10 @@ pub fn with_middleware_timeout(
 ) -> App {
     tower::Layer::layer(
         &front_layer(gateway, timeout),
-        router.method_not_allowed_fallback(method_not_allowed),
+        Dispatch::new(
+            router.method_not_allowed_fallback(method_not_allowed),
+            Templates::default(),
+        ),
     )
 }
 

@@ -1,0 +1,322 @@
+//! `Dispatch`: a resource's `GET` goes straight to its lookup; every other
+//! request goes to axum's router.
+//!
+//! # Why
+//!
+//! axum's router spent ~3,000 instructions and 4 allocations on each cached hit
+//! or filtered 404 (BENCHMARKS.md, "One match instead of axum's router"):
+//! - the body is boxed into `axum::body::Body`;
+//! - `matchit` walks its tree;
+//! - the path parameters are copied into a new `Extensions` map, with
+//!   `MatchedPath` beside them;
+//! - the route's service is cloned, and the handler's future is boxed.
+//!
+//! The lookup needs none of that. It reads its key from the raw path itself
+//! (`lookup::Route::key_segment`). Here:
+//! - a `GET` on a resource route is matched segment by segment against the
+//!   few route templates;
+//! - the key is parsed and filtered inside `call`. A malformed key (400), a
+//!   key the filter rejects (404) or a filter not built yet (503) is
+//!   answered there, with no future to box and nothing allocated but the
+//!   response;
+//! - only a key the cache must be asked about gets a boxed future, as axum's
+//!   handler did.
+//!
+//! # Guarantee: the same route as axum's router
+//!
+//! A request takes the direct path only when it is a `GET` and exactly one
+//! route template *could* match its path: same number of segments, every
+//! literal segment equal, the parameter's segment non-empty. The templates are
+//! the resources' and the router's own fixed paths (`/healthz`, ...). For
+//! such a path the router has one candidate, and `matchit` picks it.
+//!
+//! Everything else goes to the router unchanged:
+//! - `HEAD`, whose body axum strips, and other methods (405 with `Allow`);
+//! - unknown paths (the JSON 404);
+//! - a path two templates could match, such as `/healthz` when a resource is
+//!   routed at `/{id}`. There `matchit`'s precedence decides, as before.
+//!
+//! `the_direct_path_is_taken_only_where_the_router_would_go` checks this
+//! against a real router, for random paths.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::HttpBody;
+use axum::http::{HeaderMap, Method, Request};
+use axum::response::Response;
+use axum::routing::future::RouteFuture;
+use tower::Service;
+
+use super::lookup::{self, Begun, Route};
+
+/// One segment of a route template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(Box<str>),
+    Param,
+}
+
+/// Route templates and what each leads to: `Some` for a direct target,
+/// `None` for a path only the router serves. Generic so the tests can match
+/// without a gateway.
+#[derive(Debug)]
+pub struct Templates<T> {
+    templates: Vec<(Vec<Segment>, Option<T>)>,
+}
+
+impl<T> Default for Templates<T> {
+    fn default() -> Self {
+        Self {
+            templates: Vec::new(),
+        }
+    }
+}
+
+impl<T> Templates<T> {
+    /// Adds a template (`/users/{id}`, `/healthz`): `target` is where a
+    /// `GET` matching it goes directly, `None` to leave it to the router.
+    pub fn add(&mut self, template: &str, target: Option<T>) {
+        let segments = template
+            .strip_prefix('/')
+            .unwrap_or(template)
+            .split('/')
+            .map(|s| {
+                if s.starts_with('{') && s.ends_with('}') {
+                    Segment::Param
+                } else {
+                    Segment::Literal(s.into())
+                }
+            })
+            .collect();
+        self.templates.push((segments, target));
+    }
+
+    /// The direct target of `path`, if exactly one template could match it
+    /// and that template has one.
+    pub fn find(&self, path: &str) -> Option<&T> {
+        let path = path.strip_prefix('/')?;
+        let mut found = None;
+        for (segments, target) in &self.templates {
+            if could_match(segments, path) {
+                if found.is_some() {
+                    return None;
+                }
+                found = Some(target);
+            }
+        }
+        found?.as_ref()
+    }
+}
+
+fn could_match(segments: &[Segment], path: &str) -> bool {
+    let mut parts = path.split('/');
+    for segment in segments {
+        match (segment, parts.next()) {
+            (Segment::Literal(l), Some(p)) if **l == *p => {}
+            (Segment::Param, Some(p)) if !p.is_empty() => {}
+            _ => return false,
+        }
+    }
+    parts.next().is_none()
+}
+
+/// The public service under the front layer; see the module doc.
+#[derive(Clone)]
+pub struct Dispatch(Arc<Inner>);
+
+struct Inner {
+    router: Router,
+    direct: Templates<Arc<Route>>,
+}
+
+impl Dispatch {
+    /// `router` serves everything; `direct` names the `GET`s answered
+    /// without it (none for the admin router).
+    pub fn new(router: Router, direct: Templates<Arc<Route>>) -> Self {
+        Self(Arc::new(Inner { router, direct }))
+    }
+}
+
+impl<B> Service<Request<B>> for Dispatch
+where
+    B: HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = DispatchFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> DispatchFuture {
+        let route = match *req.method() == Method::GET {
+            true => self.0.direct.find(req.uri().path()),
+            false => None,
+        };
+        let Some(route) = route else {
+            return DispatchFuture::Router(self.0.router.clone().call(req));
+        };
+        let began = Instant::now();
+        match lookup::begin(route, req.uri().path(), began) {
+            Begun::Answered(answered) => DispatchFuture::Ready(Some(answered)),
+            Begun::Ask(key, passed) => {
+                let route = route.clone();
+                // The body is never read (every route is a GET): only the
+                // headers go on, for the validators and the coding.
+                let headers: HeaderMap = req.into_parts().0.headers;
+                DispatchFuture::Lookup(Box::pin(async move {
+                    lookup::finish(&route, key, passed, &headers, began).await
+                }))
+            }
+        }
+    }
+}
+
+/// [`Dispatch`]'s response future.
+pub enum DispatchFuture {
+    /// Answered inside `call`.
+    Ready(Option<Response>),
+    /// A key the cache must be asked about.
+    Lookup(Pin<Box<dyn Future<Output = Response> + Send>>),
+    Router(RouteFuture<Infallible>),
+}
+
+impl Future for DispatchFuture {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Every variant is `Unpin` (the lookup is boxed, `RouteFuture` is
+        // `Unpin`), so the enum is too.
+        match self.get_mut() {
+            DispatchFuture::Ready(response) => {
+                Poll::Ready(Ok(response.take().expect("polled after completion")))
+            }
+            DispatchFuture::Lookup(lookup) => lookup.as_mut().poll(cx).map(Ok),
+            DispatchFuture::Router(router) => Pin::new(router).poll(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::routing::get;
+    use proptest::prelude::*;
+    use tower::ServiceExt;
+
+    /// Template sets a config can produce (`config::check_route`: literal
+    /// segments and one parameter anywhere), beside the router's own paths.
+    const SETS: &[&[&str]] = &[
+        &["/users/{id}", "/articles/{slug}"],
+        &["/{id}", "/users/{id}"],
+        &["/users/{id}", "/users/{id}/profile", "/v1/users/{id}"],
+        &["/{key}", "/a/{key}", "/{key}/b"],
+        &["/healthz/{id}", "/openapi.json/{id}"],
+    ];
+    const FIXED: &[&str] = &["/healthz", "/readyz", "/openapi.json"];
+
+    /// The router as `http::app` builds it, each handler answering with its
+    /// own name, and the dispatch's templates for the same routes.
+    fn both(set: &[&str]) -> (Router, Templates<String>) {
+        let mut router = Router::new();
+        let mut templates = Templates::default();
+        for (i, t) in set.iter().enumerate() {
+            let name = format!("resource {i}");
+            templates.add(t, Some(name.clone()));
+            router = router.route(t, get(move || async move { name }));
+        }
+        for f in FIXED {
+            templates.add(f, None);
+            router = router.route(f, get(|| async { "fixed" }));
+        }
+        (router.fallback(|| async { "none" }), templates)
+    }
+
+    fn routed(router: &Router, path: &str) -> String {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let Ok(req) = Request::get(path).body(Body::empty()) else {
+            return "unparsable".into();
+        };
+        let resp = rt.block_on(router.clone().oneshot(req)).unwrap();
+        let body = rt
+            .block_on(axum::body::to_bytes(resp.into_body(), 1024))
+            .unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        let segment = prop::sample::select(vec![
+            "",
+            "users",
+            "articles",
+            "a",
+            "b",
+            "v1",
+            "profile",
+            "healthz",
+            "readyz",
+            "openapi.json",
+            "5",
+            "x.y",
+            "%2F",
+            "me",
+        ]);
+        prop::collection::vec(segment, 0..4).prop_map(|s| format!("/{}", s.join("/")))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Whenever the dispatch takes the direct path, the router would
+        /// have called the same resource's handler.
+        #[test]
+        fn the_direct_path_is_taken_only_where_the_router_would_go(
+            set in prop::sample::select(SETS.to_vec()),
+            path in path(),
+        ) {
+            let (router, templates) = both(set);
+            if let Some(direct) = templates.find(&path) {
+                prop_assert_eq!(&routed(&router, &path), direct, "path {}", path);
+            }
+        }
+    }
+
+    /// And it is taken wherever no other template could match.
+    #[test]
+    fn a_resource_path_goes_direct_unless_another_template_could_match() {
+        let (_, t) = both(SETS[0]);
+        assert_eq!(t.find("/users/5").map(String::as_str), Some("resource 0"));
+        assert_eq!(
+            t.find("/articles/x.y").map(String::as_str),
+            Some("resource 1")
+        );
+        assert_eq!(t.find("/users/%2F").map(String::as_str), Some("resource 0"));
+        for path in [
+            "/users/",
+            "/users",
+            "/users/5/",
+            "/users//5",
+            "/healthz",
+            "",
+            "/",
+        ] {
+            assert_eq!(t.find(path), None, "{path:?}");
+        }
+        let (_, t) = both(SETS[1]);
+        assert_eq!(t.find("/7").map(String::as_str), Some("resource 0"));
+        assert_eq!(t.find("/users/7").map(String::as_str), Some("resource 1"));
+        // `/healthz` fits `/{id}` too: the router's precedence decides.
+        assert_eq!(t.find("/healthz"), None);
+    }
+}
