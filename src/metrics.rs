@@ -174,7 +174,7 @@ fn describe() {
     );
     describe_counter!(
         "bloomgate_rebuild_retries_total",
-        "Failed rebuilds that recover missed keys (after a feed reconnect, a rescan), asked for again after a back-off."
+        "Retries of rebuilds that recover missed keys (after a feed reconnect, a rescan): one per back-off, however many such rebuilds failed during it."
     );
     describe_counter!(
         "bloomgate_rebuild_refused_total",

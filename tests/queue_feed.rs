@@ -278,7 +278,6 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
     insert_user(&db.pool, 800).await;
     fresh(&gw, "/users/800", |r| r.status == StatusCode::OK).await;
     assert!(change_rows(&db).await >= 1);
-    let began = Instant::now();
     // Past the retention and a pruning turn (a tenth of it).
     tokio::time::sleep(Duration::from_secs(13)).await;
     assert!(
@@ -291,14 +290,24 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
         .await
         .unwrap();
     drop(other);
-    wait_for("pruning", Duration::from_secs(30), async || {
-        change_rows(&db).await == 0
+    // A younger change: pruning takes the old row and leaves this one (in
+    // one statement both would go at once, and the count never be 1).
+    insert_user(&db.pool, 803).await;
+    let young = Instant::now();
+    wait_for("the old row pruned", Duration::from_secs(30), async || {
+        change_rows(&db).await == 1
     })
     .await;
+    wait_for(
+        "the young row pruned",
+        Duration::from_secs(30),
+        async || change_rows(&db).await == 0,
+    )
+    .await;
     assert!(
-        began.elapsed() >= Duration::from_secs(8),
+        young.elapsed() >= Duration::from_secs(8),
         "pruned after {:?}, before the retention",
-        began.elapsed()
+        young.elapsed()
     );
 
     // A cached row, changed during a long outage, and the change's row

@@ -260,23 +260,16 @@ pub async fn run(
         } else {
             poll(&pool, &at, &watch, &tx, counters, &ignored).await
         };
-        let outcome = match outcome {
-            // A new connection: is it still the same server history?
-            Ok(Polled::At(snapshot, backend)) if backend != at.backend => timed(identity(&pool))
-                .await
-                .map(|id| (id == at.identity, Polled::At(snapshot, backend))),
-            other => other.map(|p| (true, p)),
-        };
         match outcome {
-            Ok((_, Polled::Stopped)) => return,
-            Ok((_, Polled::Pruned)) => {
+            Ok(Polled::Stopped) => return,
+            Ok(Polled::Pruned) => {
                 tracing::warn!(
                     "changes this gateway had not read were deleted (by a gateway with a shorter database.queue_retention, or after a long pause): every table is rescanned"
                 );
                 rescan = true;
                 continue;
             }
-            Ok((false, _)) => {
+            Ok(Polled::Elsewhere) => {
                 tracing::warn!(
                     was = %at.identity,
                     "the database is another server history (failover or restore): every table is rescanned"
@@ -284,7 +277,7 @@ pub async fn run(
                 rescan = true;
                 continue;
             }
-            Ok((true, Polled::At(snapshot, backend))) => {
+            Ok(Polled::At(snapshot, backend)) => {
                 at.snapshot = snapshot;
                 at.taken = at.taken.max(began);
                 at.backend = backend;
@@ -355,6 +348,9 @@ enum Polled {
     Stopped,
     /// Rows the previous snapshot had not shown may have been deleted.
     Pruned,
+    /// A new connection reached another server history (failover,
+    /// restore): the position means nothing there.
+    Elsewhere,
 }
 
 /// Reads one poll's changes and sends them.
@@ -403,7 +399,17 @@ async fn poll(
             return Ok(Polled::Stopped);
         }
     }
+    drop(rows);
     let (snapshot, backend) = cur.ok_or(sqlx::Error::RowNotFound)?;
+    if backend != at.backend {
+        // A new connection: is it still the same server history? Asked on
+        // this connection: another in the pool (the pruner's) may still be
+        // on the old server while this one reached a new one.
+        let identity: String = timed(sqlx::query_scalar(IDENTITY).fetch_one(&mut *conn)).await?;
+        if identity != at.identity {
+            return Ok(Polled::Elsewhere);
+        }
+    }
     Ok(Polled::At(snapshot, backend))
 }
 
@@ -422,10 +428,6 @@ async fn restart(
         }
     }
     Ok(Some(p))
-}
-
-async fn identity(pool: &PgPool) -> Result<String, sqlx::Error> {
-    sqlx::query_scalar(IDENTITY).fetch_one(pool).await
 }
 
 /// A snapshot and what it belongs to, read on one connection.
