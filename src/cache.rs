@@ -51,6 +51,8 @@ pub struct Row {
     /// the row is loaded, not on every hit, straight into the header value
     /// every response for it clones (a reference count, no validation).
     pub etag: HeaderValue,
+    /// `Content-Length` of `body`, made once with the row.
+    pub length: HeaderValue,
     /// The body in each content coding that shrinks it, made once when the
     /// row enters the cache (see [`crate::encoding`]); empty for a small
     /// body or with compression off.
@@ -74,6 +76,7 @@ impl Row {
         let variants = encoding::compress(&body, etag.as_bytes(), compress_min);
         Self {
             etag,
+            length: encoding::content_length(body.len()),
             body,
             variants,
         }

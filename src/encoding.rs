@@ -55,6 +55,14 @@ pub struct Variant {
     pub body: Bytes,
     /// The identity ETag with `-<coding>` inside the quotes, ready to send.
     pub etag: HeaderValue,
+    /// `Content-Length` of `body`, ready to send.
+    pub length: HeaderValue,
+}
+
+/// A `Content-Length` value, made once per stored representation rather
+/// than formatted on every response.
+pub fn content_length(n: usize) -> HeaderValue {
+    HeaderValue::from(n)
 }
 
 /// Compresses `body` in every coding that makes it smaller, if it is at
@@ -75,6 +83,7 @@ pub fn compress(body: &[u8], etag: &[u8], min_bytes: Option<usize>) -> Vec<Varia
             // second ETag and the client's CPU.
             (out.len() + 32 < body.len()).then(|| Variant {
                 coding,
+                length: content_length(out.len()),
                 body: Bytes::from(out),
                 etag: tagged(etag, coding),
             })

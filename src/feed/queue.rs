@@ -274,6 +274,10 @@ pub async fn run(
                     was = %at.identity,
                     "the database is another server history (failover or restore): every table is rescanned"
                 );
+                // The pool's other connection may still be on the old
+                // server (an address moved while it stayed up): start over
+                // with connections that all reach the new one.
+                pool = new_pool();
                 rescan = true;
                 continue;
             }

@@ -43,12 +43,12 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use axum::Router;
 use axum::body::HttpBody;
-use axum::http::{HeaderMap, Method, Request};
+use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
 use axum::response::Response;
 use axum::routing::future::RouteFuture;
 use tower::Service;
@@ -195,14 +195,29 @@ impl Future for DispatchFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // Every variant is `Unpin` (the lookup is boxed, `RouteFuture` is
         // `Unpin`), so the enum is too.
-        match self.get_mut() {
-            DispatchFuture::Ready(response) => {
-                Poll::Ready(Ok(response.take().expect("polled after completion")))
-            }
-            DispatchFuture::Lookup(lookup) => lookup.as_mut().poll(cx).map(Ok),
-            DispatchFuture::Router(router) => Pin::new(router).poll(cx),
-        }
+        let response = match self.get_mut() {
+            DispatchFuture::Ready(response) => response.take().expect("polled after completion"),
+            DispatchFuture::Lookup(lookup) => ready!(lookup.as_mut().poll(cx)),
+            DispatchFuture::Router(router) => return Pin::new(router).poll(cx),
+        };
+        Poll::Ready(Ok(with_content_length(response)))
     }
+}
+
+/// `Content-Length` as axum's router sets it (hyper would write it too, but
+/// only on the wire): a response reads the same whichever path made it,
+/// and a `HEAD` (through the router) describes its `GET` exactly.
+fn with_content_length(mut response: Response) -> Response {
+    if let Some(n) = response.body().size_hint().exact()
+        && !response.headers().contains_key(header::CONTENT_LENGTH)
+    {
+        let value = match n {
+            0 => HeaderValue::from_static("0"),
+            n => HeaderValue::from(n),
+        };
+        response.headers_mut().insert(header::CONTENT_LENGTH, value);
+    }
+    response
 }
 
 #[cfg(test)]

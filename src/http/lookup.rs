@@ -30,8 +30,9 @@ pub struct Route {
     /// from the raw path rather than from axum's path parameters, which come
     /// percent-decoded already: decoding is ours to do, strictly and once.
     pub key_segment: usize,
-    /// The 404 body, the same for every absent key.
+    /// The 404 body, the same for every absent key, and its length.
     pub not_found: Bytes,
+    pub not_found_length: HeaderValue,
     /// `Cache-Control` of a row and of an absent key (`[cache]
     /// http_cache_control`, `http_cache_control_not_found`), checked at
     /// start-up and built once.
@@ -72,6 +73,7 @@ impl Route {
             resource,
             max_key_length,
             key_segment,
+            not_found_length: encoding::content_length(not_found.len()),
             not_found: Bytes::from(not_found),
             latency,
         }
@@ -201,6 +203,7 @@ fn answer(route: &Route, lookup: Lookup, headers: &HeaderMap) -> (Response, usiz
 fn not_found(route: &Route, cache_status: &'static str) -> Response {
     let mut resp = json_bytes(StatusCode::NOT_FOUND, route.not_found.clone());
     let h = resp.headers_mut();
+    h.insert(header::CONTENT_LENGTH, route.not_found_length.clone());
     h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
     h.insert(header::CACHE_CONTROL, route.not_found_cache_control.clone());
     resp
@@ -221,9 +224,9 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
             |c| row.variant(c).is_some(),
         )
     };
-    let (body, etag) = match row.variant(coding) {
-        Some(v) => (&v.body, &v.etag),
-        None => (&row.body, &row.etag),
+    let (body, etag, length) = match row.variant(coding) {
+        Some(v) => (&v.body, &v.etag, &v.length),
+        None => (&row.body, &row.etag, &row.length),
     };
     let not_modified = if_none_match(headers, etag);
     let mut resp = if not_modified {
@@ -234,11 +237,14 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
     let h = resp.headers_mut();
     // A 304 carries the validators and caching fields, not representation
     // metadata such as Content-Encoding (RFC 9110 §15.4.5).
-    if coding != Coding::Identity && !not_modified {
-        h.insert(
-            header::CONTENT_ENCODING,
-            HeaderValue::from_static(coding.token()),
-        );
+    if !not_modified {
+        h.insert(header::CONTENT_LENGTH, length.clone());
+        if coding != Coding::Identity {
+            h.insert(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_static(coding.token()),
+            );
+        }
     }
     if route.vary {
         h.insert(header::VARY, VARY);
