@@ -298,3 +298,27 @@ async fn rows_are_served_in_the_coding_the_client_prefers() {
     assert_eq!(r.header("content-encoding"), "");
     assert_eq!(r.header("vary"), "");
 }
+
+/// A resource routed at `/{id}`: a GET of the router's own paths fits its
+/// template too, so `http::dispatch` must leave those to the router (which
+/// prefers the fixed path), while a key still reaches the resource.
+#[tokio::test]
+async fn a_resource_at_the_root_leaves_the_routers_own_paths_alone() {
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let mut cfg = config(&db.url, "");
+    cfg.resources[0].route = "/{id}".into();
+    let gw = started(cfg).await;
+    assert_eq!(get(&gw, "/healthz").await.json()["status"], "ok");
+    assert_eq!(get(&gw, "/readyz").await.json()["status"], "ready");
+    let doc = get(&gw, "/openapi.json").await;
+    assert_eq!(doc.status, StatusCode::OK);
+    assert!(doc.json()["paths"]["/{id}"].is_object(), "{}", doc.json());
+    assert_eq!(get(&gw, "/2").await.json()["id"], 2);
+    let absent = get(&gw, "/999").await;
+    assert_eq!(absent.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        absent.header("cache-status"),
+        "bloomgate; detail=filter-absent"
+    );
+}

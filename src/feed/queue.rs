@@ -278,6 +278,9 @@ pub async fn run(
                 // server (an address moved while it stayed up): start over
                 // with connections that all reach the new one.
                 pool = new_pool();
+                // Its notes and its running batch belong to the old history.
+                pruner = Pruner::new(opts.retention);
+                pruning = Owned(None);
                 rescan = true;
                 continue;
             }
@@ -596,7 +599,17 @@ impl Pruner {
             return None;
         }
         self.last = Some(now);
-        self.notes.push_back((now, xmin(snapshot)?.to_string()));
+        let current = xmin(snapshot)?;
+        // Within one server history `xmin` never goes back. A note above
+        // the current one is from another history (a failover or restore to
+        // lower ids): deleting below it, and raising the pruning mark to it,
+        // would make every gateway rescan on every poll until the ids
+        // caught up. Such notes are dropped.
+        let ahead = |x: &str| x.parse::<u64>().ok() > current.parse::<u64>().ok();
+        if self.notes.iter().any(|(_, x)| ahead(x)) {
+            self.notes.clear();
+        }
+        self.notes.push_back((now, current.to_string()));
         let mut below = None;
         while let Some((at, _)) = self.notes.front()
             && now.duration_since(*at) >= self.retention
@@ -641,5 +654,22 @@ mod tests {
         // A long gap: the newest note at least 100 s old wins.
         assert_eq!(p.due_at(t0 + s(195), "300:300:").as_deref(), Some("190"));
         assert!(p.notes.iter().all(|(at, _)| t0 + s(195) - *at < s(100)));
+    }
+
+    /// After a switch to a server history with lower transaction ids, the
+    /// old history's notes are never used to prune.
+    #[test]
+    fn notes_from_a_history_with_higher_ids_are_dropped() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut p = Pruner::new(s(100));
+        for i in 0..10u64 {
+            let snapshot = format!("{}:{}:", 9000 + i, 9000 + i);
+            assert_eq!(p.due_at(t0 + s(i * 10), &snapshot), None);
+        }
+        // The new history: ids around 500, and the old notes old enough.
+        assert_eq!(p.due_at(t0 + s(150), "500:500:"), None);
+        assert_eq!(p.notes.len(), 1);
+        assert_eq!(p.due_at(t0 + s(250), "600:600:").as_deref(), Some("500"));
     }
 }
