@@ -90,8 +90,8 @@ impl Row {
 
 /// Bytes a cached row costs beyond its body, ETag and key, for
 /// `cache.max_bytes`: the `Arc<Row>` allocation (the `Bytes` handles of the
-/// body, ETag and `Content-Length`, and the counts), moka's entry and its access-order and timer nodes, and the hash
-/// table slot. An estimate on the high side, so a byte budget is not exceeded
+/// body, ETag and `Content-Length`, and the counts), moka's entry and its
+/// access-order and timer nodes, and the hash table slot. An estimate on the high side, so a byte budget is not exceeded
 /// by rows much smaller than their bookkeeping.
 pub const ENTRY_OVERHEAD: usize = 256;
 

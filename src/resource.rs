@@ -581,17 +581,10 @@ impl Resource {
         })
     }
 
-    /// Filter, then cache, then database: [`Resource::filter`], then
-    /// [`Resource::lookup_passed`].
-    pub async fn lookup(&self, key: Key) -> Result<Lookup, Error> {
-        match self.filter(&key)? {
-            Passed::Filtered => Ok(Lookup::Filtered),
-            passed => self.lookup_passed(key, passed).await,
-        }
-    }
-
     /// The filter's verdict on `key`, with no await: a rejected key is
-    /// answered without a future (`http::dispatch`).
+    /// answered without a future (`http::dispatch`). The request path is
+    /// this, then [`Resource::lookup_passed`]: filter, then cache, then
+    /// database.
     pub fn filter(&self, key: &Key) -> Result<Passed, Error> {
         if !self.config.filter.enabled {
             return Ok(Passed::Maybe);

@@ -106,12 +106,10 @@ pub fn begin(route: &Route, path: &str, began: Instant) -> Begun {
         Ok((key, passed))
     });
     match passed {
-        Ok((_, Passed::Filtered)) => Begun::Answered(done(
-            route,
-            began,
-            not_found(route, "bloomgate; detail=filter-absent"),
-            outcome::FILTERED,
-        )),
+        Ok((_, Passed::Filtered)) => {
+            let (resp, outcome) = filtered(route);
+            Begun::Answered(done(route, began, resp, outcome))
+        }
         Ok((key, passed)) => Begun::Ask(key, passed),
         Err(e) => Begun::Answered(failed(route, began, e)),
     }
@@ -159,10 +157,7 @@ fn key_of(route: &Route, path: &str) -> Result<Key, Error> {
 
 fn answer(route: &Route, lookup: Lookup, headers: &HeaderMap) -> (Response, usize) {
     match lookup {
-        Lookup::Filtered => (
-            not_found(route, "bloomgate; detail=filter-absent"),
-            outcome::FILTERED,
-        ),
+        Lookup::Filtered => filtered(route),
         Lookup::Cached(o) => match o {
             Outcome::Hit(row) => (found(route, &row, headers, "bloomgate; hit"), outcome::HIT),
             Outcome::Loaded {
@@ -198,6 +193,13 @@ fn answer(route: &Route, lookup: Lookup, headers: &HeaderMap) -> (Response, usiz
             Outcome::Bypassed(None) => (not_found(route, "bloomgate; fwd=bypass"), outcome::MISS),
         },
     }
+}
+
+fn filtered(route: &Route) -> (Response, usize) {
+    (
+        not_found(route, "bloomgate; detail=filter-absent"),
+        outcome::FILTERED,
+    )
 }
 
 fn not_found(route: &Route, cache_status: &'static str) -> Response {
