@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::HeaderValue;
 use bytes::Bytes;
+use futures_util::FutureExt;
 use moka::future::Cache;
 
 use crate::config::CacheConfig;
@@ -220,6 +221,29 @@ where
         E: Send + Sync + 'static,
     {
         self.get_or_load_with(key, move |_: &K| load).await
+    }
+
+    /// The caches' answer for `key` when they have one at hand: a hit or a
+    /// negative hit, counted and ordered by moka as
+    /// [`Self::get_or_load_with`]'s would be. `None` for a miss, a disabled
+    /// cache, or in the rare case moka's read would suspend (its housekeeping
+    /// is due and another caller holds it): the caller then takes the
+    /// asynchronous path, which reads again.
+    ///
+    /// Why: a hit needs nothing that waits, and answering it here spares the
+    /// request a boxed future and the reference counts that future must own
+    /// (`http::dispatch`). Dropping moka's read future unfinished is safe: its
+    /// reads are cancel-safe, and housekeeping it did not finish is resumed by
+    /// the next caller.
+    pub fn cached(&self, key: &K) -> Option<Outcome> {
+        let rows = self.rows.as_ref()?;
+        if let Some(row) = rows.get(key).now_or_never()? {
+            return Some(Outcome::Hit(row));
+        }
+        self.negative
+            .as_ref()
+            .is_some_and(|neg| neg.contains_key(key))
+            .then_some(Outcome::NegativeHit)
     }
 
     /// [`Self::get_or_load`] with the loader made by `make_load` from the
@@ -518,6 +542,38 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(o, Outcome::Loaded { .. }));
+    }
+
+    /// `cached` answers what `get_or_load` would answer without a load, and
+    /// nothing else: no row before a load, none after an invalidation or a
+    /// clear, and never with the cache off.
+    #[tokio::test]
+    async fn cached_answers_hits_and_negative_hits_only() {
+        let c = RowCache::new(&cfg());
+        let loads = Loads::default();
+        assert!(c.cached(&1).is_none());
+        c.get_or_load(1, loader(&loads, Ok(Some("a")), 0))
+            .await
+            .unwrap();
+        c.get_or_load(2, loader(&loads, Ok(None), 0)).await.unwrap();
+        match c.cached(&1) {
+            Some(Outcome::Hit(row)) => assert_eq!(&row.body[..], b"a"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(c.cached(&2), Some(Outcome::NegativeHit)));
+        assert!(c.cached(&3).is_none());
+        c.invalidate(&1).await;
+        assert!(c.cached(&1).is_none());
+        c.clear();
+        assert!(c.cached(&2).is_none());
+        let off = RowCache::new(&CacheConfig {
+            enabled: false,
+            ..cfg()
+        });
+        off.get_or_load(1, loader(&loads, Ok(Some("a")), 0))
+            .await
+            .unwrap();
+        assert!(off.cached(&1).is_none());
     }
 
     #[tokio::test]

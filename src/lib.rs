@@ -14,7 +14,8 @@
 //! - [`http`]: the router ([`http::app`]) behind its one middleware layer
 //!   ([`http::front`]: request id, trace span, body limit, load shedding,
 //!   deadline), a resource's `GET` matched before the router
-//!   ([`http::dispatch`]: a filtered key answered without a future), and
+//!   ([`http::dispatch`]: a filtered key or a cache hit answered without a
+//!   future; the connection calls the app in place, not a clone), and
 //!   the one mapping from [`error::Error`] to status codes.
 //! - [`resource`]: one table served by key; puts the request path together
 //!   (parse, filter, cache, database) and rebuilds its filter without losing

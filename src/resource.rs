@@ -624,6 +624,20 @@ impl Resource {
         result
     }
 
+    /// The cache's answer for a key the filter passed as [`Passed::Maybe`],
+    /// if it has one without waiting (a hit or a negative hit, counted as
+    /// [`Resource::lookup_passed`] counts them); else `None`, and the request
+    /// goes on to `lookup_passed`. A key to verify always goes on: its load
+    /// may have to add it to the filter.
+    pub fn cached(&self, key: &Key, passed: Passed) -> Option<Lookup> {
+        if passed != Passed::Maybe {
+            return None;
+        }
+        let outcome = self.cache.cached(key)?;
+        self.count(&outcome);
+        Some(Lookup::Cached(outcome))
+    }
+
     /// A rejected key above the high-water mark may be a row committed a
     /// moment ago; check it against the database while the budget allows.
     fn may_verify(&self, key: &Key) -> bool {
@@ -656,18 +670,7 @@ impl Resource {
         };
         match self.cache.get_or_load_with(key, make_load).await {
             Ok(outcome) => {
-                let s = &self.stats;
-                match &outcome {
-                    Outcome::Hit(_) => {
-                        s.hits.add(1);
-                    }
-                    Outcome::NegativeHit => {
-                        s.negative_hits.add(1);
-                    }
-                    Outcome::Loaded { collapsed, .. } => self.count_load(*collapsed, false),
-                    Outcome::Absent { collapsed } => self.count_load(*collapsed, true),
-                    Outcome::Bypassed(row) => self.count_load(false, row.is_none()),
-                }
+                self.count(&outcome);
                 Ok(Lookup::Cached(outcome))
             }
             Err(e) => {
@@ -690,6 +693,17 @@ impl Resource {
                 }
                 Err(Error::Unavailable(detail))
             }
+        }
+    }
+
+    fn count(&self, outcome: &Outcome) {
+        let s = &self.stats;
+        match outcome {
+            Outcome::Hit(_) => s.hits.add(1),
+            Outcome::NegativeHit => s.negative_hits.add(1),
+            Outcome::Loaded { collapsed, .. } => self.count_load(*collapsed, false),
+            Outcome::Absent { collapsed } => self.count_load(*collapsed, true),
+            Outcome::Bypassed(row) => self.count_load(false, row.is_none()),
         }
     }
 

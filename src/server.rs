@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -318,7 +317,7 @@ async fn serve_connection(
 ) {
     let dog = conn::Watchdog::new(limits);
     let io = TokioIo::new(conn::Watched::new(stream, dog.clone()));
-    let service = conn::Tracked::new(TowerToHyperService::new(app), dog.clone());
+    let service = conn::Tracked::new(app, dog.clone());
     let connection = builder.serve_connection_with_upgrades(io, service);
     match conn::drive(connection, &dog, stop).await {
         conn::Ended::Done(Ok(())) => {}

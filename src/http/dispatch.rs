@@ -15,12 +15,14 @@
 //! (`lookup::Route::key_segment`). Here:
 //! - a `GET` on a resource route is matched segment by segment against the
 //!   few route templates;
-//! - the key is parsed and filtered inside `call`. A malformed key (400), a
-//!   key the filter rejects (404) or a filter not built yet (503) is
-//!   answered there, with no future to box and nothing allocated but the
-//!   response;
-//! - only a key the cache must be asked about gets a boxed future, as axum's
-//!   handler did.
+//! - the key is parsed and filtered, and the cache read, inside `call`. A
+//!   malformed key (400), a key the filter rejects (404), a filter not built
+//!   yet (503), a cached row (200 or 304) or a cached absence (404) is
+//!   answered there, with no future to box, no reference to the route to
+//!   take, and nothing allocated but the response (`lookup::begin`);
+//! - only a key the cache cannot answer at once (a miss, a key to verify,
+//!   the rare read that would wait on moka's housekeeping) gets a boxed
+//!   future, as axum's handler did.
 //!
 //! # Guarantee: the same route as axum's router
 //!
@@ -68,15 +70,22 @@ enum Segment {
 #[derive(Debug)]
 pub struct Templates<T> {
     templates: Vec<(Vec<Segment>, Option<T>)>,
+    /// Segments of the longest template: a longer path matches none.
+    longest: usize,
 }
 
 impl<T> Default for Templates<T> {
     fn default() -> Self {
         Self {
             templates: Vec::new(),
+            longest: 0,
         }
     }
 }
+
+/// Most segments a direct path can have; a template with more is left to
+/// the router (so is every path as long).
+const MAX_SEGMENTS: usize = 8;
 
 impl<T> Templates<T> {
     /// Adds a template (`/users/{id}`, `/healthz`): `target` is where a
@@ -93,17 +102,44 @@ impl<T> Templates<T> {
                     Segment::Literal(s.into())
                 }
             })
-            .collect();
+            .collect::<Vec<_>>();
+        // A template too long for `find`'s buffer stays with the router, and
+        // so does every path it could match: `find` answers `None` for them.
+        if segments.len() <= MAX_SEGMENTS {
+            self.longest = self.longest.max(segments.len());
+        }
         self.templates.push((segments, target));
     }
 
     /// The direct target of `path`, if exactly one template could match it
     /// and that template has one.
     pub fn find(&self, path: &str) -> Option<&T> {
-        let path = path.strip_prefix('/')?;
+        let mut rest = path.strip_prefix('/')?;
+        // Split once, for every template (not once per template).
+        let mut parts = [""; MAX_SEGMENTS];
+        let mut n = 0;
+        loop {
+            if n == self.longest {
+                // More segments than any template has.
+                return None;
+            }
+            match rest.bytes().position(|b| b == b'/') {
+                Some(i) => {
+                    parts[n] = &rest[..i];
+                    rest = &rest[i + 1..];
+                    n += 1;
+                }
+                None => {
+                    parts[n] = rest;
+                    n += 1;
+                    break;
+                }
+            }
+        }
+        let parts = &parts[..n];
         let mut found = None;
         for (segments, target) in &self.templates {
-            if could_match(segments, path) {
+            if could_match(segments, parts) {
                 if found.is_some() {
                     return None;
                 }
@@ -114,16 +150,15 @@ impl<T> Templates<T> {
     }
 }
 
-fn could_match(segments: &[Segment], path: &str) -> bool {
-    let mut parts = path.split('/');
-    for segment in segments {
-        match (segment, parts.next()) {
-            (Segment::Literal(l), Some(p)) if **l == *p => {}
-            (Segment::Param, Some(p)) if !p.is_empty() => {}
-            _ => return false,
-        }
-    }
-    parts.next().is_none()
+fn could_match(segments: &[Segment], parts: &[&str]) -> bool {
+    segments.len() == parts.len()
+        && segments
+            .iter()
+            .zip(parts)
+            .all(|(segment, p)| match segment {
+                Segment::Literal(l) => **l == **p,
+                Segment::Param => !p.is_empty(),
+            })
 }
 
 /// The public service under the front layer; see the module doc.
@@ -157,6 +192,22 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> DispatchFuture {
+        hyper::service::Service::call(self, req)
+    }
+}
+
+/// The same through a shared reference, as hyper calls a connection's
+/// service (see [`super::front`]'s "Called in place").
+impl<B> hyper::service::Service<Request<B>> for Dispatch
+where
+    B: HttpBody<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = DispatchFuture;
+
+    fn call(&self, req: Request<B>) -> DispatchFuture {
         let route = match *req.method() == Method::GET {
             true => self.0.direct.find(req.uri().path()),
             false => None,
@@ -165,7 +216,7 @@ where
             return DispatchFuture::Router(self.0.router.clone().call(req));
         };
         let began = Instant::now();
-        match lookup::begin(route, req.uri().path(), began) {
+        match lookup::begin(route, req.uri().path(), req.headers(), began) {
             Begun::Answered(answered) => DispatchFuture::Ready(Some(answered)),
             Begun::Ask(key, passed) => {
                 let route = route.clone();
@@ -236,6 +287,8 @@ mod tests {
         &["/users/{id}", "/users/{id}/profile", "/v1/users/{id}"],
         &["/{key}", "/a/{key}", "/{key}/b"],
         &["/healthz/{id}", "/openapi.json/{id}"],
+        // Longer than `find`'s buffer, and as long as it.
+        &["/a/b/a/b/a/b/a/b/{id}", "/a/b/a/b/a/b/a/{id}", "/a/{id}"],
     ];
     const FIXED: &[&str] = &["/healthz", "/readyz", "/openapi.json"];
 
@@ -287,7 +340,12 @@ mod tests {
             "%2F",
             "me",
         ]);
-        prop::collection::vec(segment, 0..4).prop_map(|s| format!("/{}", s.join("/")))
+        prop::collection::vec(segment, 0..4)
+            .prop_union(prop::collection::vec(
+                prop::sample::select(vec!["a", "b", "", "5"]),
+                6..11,
+            ))
+            .prop_map(|s| format!("/{}", s.join("/")))
     }
 
     proptest! {
@@ -333,5 +391,15 @@ mod tests {
         assert_eq!(t.find("/users/7").map(String::as_str), Some("resource 1"));
         // `/healthz` fits `/{id}` too: the router's precedence decides.
         assert_eq!(t.find("/healthz"), None);
+        // A template as long as `find`'s buffer goes direct; a longer one,
+        // and any path longer than every template, stays with the router.
+        let (_, t) = both(SETS[5]);
+        assert_eq!(
+            t.find("/a/b/a/b/a/b/a/5").map(String::as_str),
+            Some("resource 1")
+        );
+        assert_eq!(t.find("/a/5").map(String::as_str), Some("resource 2"));
+        assert_eq!(t.find("/a/b/a/b/a/b/a/b/5"), None);
+        assert_eq!(t.find("/a/b/a/b/a/b/a/5/"), None);
     }
 }

@@ -38,6 +38,20 @@
 //!   poll, which follows the call immediately;
 //! - the future is a plain struct, not boxed, so nothing is moved into a
 //!   second allocation.
+//!
+//! # Called in place
+//!
+//! hyper calls a connection's service through a shared reference
+//! (`hyper::service::Service`), tower through an exclusive one. hyper-util's
+//! adapter between the two clones the whole app for every request and
+//! drives it through tower's `Oneshot`: two reference counts on memory both
+//! cores write, and the request moved twice more. `Front` and
+//! [`super::dispatch::Dispatch`] implement hyper's trait themselves, so the
+//! connection calls the app where it is. Tower's `poll_ready` is skipped on
+//! that path, which is sound because no service below has a readiness to
+//! wait for: the front layer's limit is taken in `call`, the dispatch and
+//! axum's `Router` are always ready. The tower impl stays for `oneshot`
+//! tests and for layering.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -150,58 +164,82 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let id = match req.headers().get(&X_REQUEST_ID) {
-            Some(v) => v.clone(),
-            None => new_request_id(),
-        };
-        let span = tracing::debug_span!(
-            "request",
-            method = %req.method(),
-            path = %req.uri().path(),
-            id = id.to_str().unwrap_or_default(),
-        );
-        let began = (!span.is_disabled()).then(std::time::Instant::now);
-        let shared = &self.shared;
-        let state = if declared_body(&req).is_some_and(|n| n > shared.max_body) {
-            State::Ready {
-                response: Some(json_error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
-                    &format!("request bodies are limited to {} bytes", shared.max_body),
-                )),
-            }
-        } else if shared
-            .in_flight
-            // Never above the limit, not even for a moment: a refused
-            // request must not hide a slot that was just given back.
-            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
-                (n < shared.max_in_flight).then_some(n + 1)
-            })
-            .is_err()
-        {
-            shared.counters.shed.fetch_add(1, Ordering::Relaxed);
-            State::Ready {
-                response: Some(Error::Overloaded.into_response()),
-            }
-        } else {
-            let slot = Slot(shared.clone());
-            let inner = {
-                let _entered = span.enter();
-                self.inner.call(req)
-            };
-            State::Running {
-                inner,
-                sleep: None,
-                slot,
-            }
-        };
-        FrontFuture {
-            state,
-            id: Some(id),
-            span,
-            began,
-            timeout: shared.timeout,
+        let inner = &mut self.inner;
+        start(&self.shared, req, |req| inner.call(req))
+    }
+}
+
+/// The app as hyper calls it: through a shared reference, in place. See
+/// "Called in place" in the module doc.
+impl<S, B> hyper::service::Service<Request<B>> for Front<S>
+where
+    S: hyper::service::Service<Request<B>, Response = Response, Error = std::convert::Infallible>,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = FrontFuture<S::Future>;
+
+    fn call(&self, req: Request<B>) -> Self::Future {
+        start(&self.shared, req, |req| self.inner.call(req))
+    }
+}
+
+/// The front layer's work before the inner service, then `call_inner`.
+fn start<B, F>(
+    shared: &Arc<Shared>,
+    req: Request<B>,
+    call_inner: impl FnOnce(Request<B>) -> F,
+) -> FrontFuture<F> {
+    let id = match req.headers().get(&X_REQUEST_ID) {
+        Some(v) => v.clone(),
+        None => new_request_id(),
+    };
+    let span = tracing::debug_span!(
+        "request",
+        method = %req.method(),
+        path = %req.uri().path(),
+        id = id.to_str().unwrap_or_default(),
+    );
+    let began = (!span.is_disabled()).then(std::time::Instant::now);
+    let state = if declared_body(&req).is_some_and(|n| n > shared.max_body) {
+        State::Ready {
+            response: Some(json_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                &format!("request bodies are limited to {} bytes", shared.max_body),
+            )),
         }
+    } else if shared
+        .in_flight
+        // Never above the limit, not even for a moment: a refused
+        // request must not hide a slot that was just given back.
+        .fetch_update(Ordering::Acquire, Ordering::Relaxed, |n| {
+            (n < shared.max_in_flight).then_some(n + 1)
+        })
+        .is_err()
+    {
+        shared.counters.shed.fetch_add(1, Ordering::Relaxed);
+        State::Ready {
+            response: Some(Error::Overloaded.into_response()),
+        }
+    } else {
+        let slot = Slot(shared.clone());
+        let inner = {
+            let _entered = span.enter();
+            call_inner(req)
+        };
+        State::Running {
+            inner,
+            sleep: None,
+            slot,
+        }
+    };
+    FrontFuture {
+        state,
+        id: Some(id),
+        span,
+        began,
+        timeout: shared.timeout,
     }
 }
 

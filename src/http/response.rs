@@ -3,7 +3,11 @@
 //! Bodies are `{"error": <code>, "message": <text>}`. Messages come from
 //! `Error`'s `Display`, which never carries SQL, database text or secrets.
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
 use axum::body::Body;
+use axum::http::header::InvalidHeaderValue;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -72,6 +76,38 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
 /// instructions, 9 % of a hit (BENCHMARKS.md, "Compressed rows").
 pub const RESPONSE_HEADERS: usize = 12;
 
+/// `value` as a header value cloned by a plain copy, for a value made once
+/// and sent on every response of a route (`Cache-Control`, the 404's
+/// `Content-Length`).
+///
+/// Why: a `HeaderValue` (or `Bytes`) made from an owned string is cloned by
+/// an atomic reference count. Every hit or filtered 404 of the route, on
+/// every core, wrote that one count twice, moving its cache line between
+/// the cores on each request. One made from a `&'static str` is copied.
+pub fn static_header(value: &str) -> Result<HeaderValue, InvalidHeaderValue> {
+    HeaderValue::from_str(value)?;
+    Ok(HeaderValue::from_static(interned(value)))
+}
+
+/// `body` as `Bytes` cloned by a plain copy (see [`static_header`]).
+pub fn static_bytes(body: &str) -> Bytes {
+    Bytes::from_static(interned(body).as_bytes())
+}
+
+/// `s` for the rest of the process, kept once per distinct value: routes
+/// are made at start-up (tests make many apps, with the same few values),
+/// so what is kept is bounded by the configuration's distinct values.
+fn interned(s: &str) -> &'static str {
+    static KEPT: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&s) = kept.get(s) {
+        return s;
+    }
+    let s: &'static str = Box::leak(s.to_owned().into_boxed_str());
+    kept.insert(s);
+    s
+}
+
 /// A response with a prepared JSON body.
 pub fn json_bytes(status: StatusCode, body: Bytes) -> Response {
     let mut headers = HeaderMap::with_capacity(RESPONSE_HEADERS);
@@ -94,5 +130,20 @@ mod tests {
         assert!(resp.headers().capacity() >= RESPONSE_HEADERS);
         assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
         assert_eq!(resp.headers().len(), 1);
+    }
+
+    #[test]
+    fn static_values_are_checked_kept_once_and_equal_to_their_text() {
+        let a = static_header("max-age=0, stale-if-error=300").unwrap();
+        let b = static_header(&String::from("max-age=0, stale-if-error=300")).unwrap();
+        assert_eq!(a, "max-age=0, stale-if-error=300");
+        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr(), "kept once");
+        assert!(static_header("no\nnewline").is_err());
+        let body = static_bytes("{\"error\":\"not_found\"}");
+        assert_eq!(&body[..], b"{\"error\":\"not_found\"}");
+        assert_eq!(
+            body.as_ptr(),
+            static_bytes("{\"error\":\"not_found\"}").as_ptr()
+        );
     }
 }
