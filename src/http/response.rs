@@ -85,8 +85,15 @@ pub const RESPONSE_HEADERS: usize = 12;
 /// every core, wrote that one count twice, moving its cache line between
 /// the cores on each request. One made from a `&'static str` is copied.
 pub fn static_header(value: &str) -> Result<HeaderValue, InvalidHeaderValue> {
-    HeaderValue::from_str(value)?;
-    Ok(HeaderValue::from_static(interned(value)))
+    let owned = HeaderValue::from_str(value)?;
+    // `from_static` takes visible ASCII and tabs only (it panics on the
+    // rest); a value with other bytes `from_str` allows stays owned.
+    Ok(
+        match value.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+            true => HeaderValue::from_static(interned(value)),
+            false => owned,
+        },
+    )
 }
 
 /// `body` as `Bytes` cloned by a plain copy (see [`static_header`]).
@@ -139,6 +146,8 @@ mod tests {
         assert_eq!(a, "max-age=0, stale-if-error=300");
         assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr(), "kept once");
         assert!(static_header("no\nnewline").is_err());
+        // Bytes `from_str` allows and `from_static` would panic on.
+        assert_eq!(static_header("a=\u{e9}").unwrap().as_bytes(), "a=\u{e9}".as_bytes());
         let body = static_bytes("{\"error\":\"not_found\"}");
         assert_eq!(&body[..], b"{\"error\":\"not_found\"}");
         assert_eq!(
