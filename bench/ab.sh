@@ -6,6 +6,9 @@
 #
 # e.g. build the base commit, copy target/release/bloomgate to
 # /tmp/bloomgate-before, build the change, copy it to /tmp/bloomgate-after.
+# A binary named `bare_axum` (target/release/examples/bare_axum) is started
+# as the bare axum ceiling instead, so the gateway can be set against it
+# round by round (hit and attack only: it serves one fixed row).
 # Needs what bench/run.sh sets up: Postgres with the 1M-user database
 # `bloomgate_bench` (run bench/run.sh once) and wrk.
 #
@@ -21,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 2 ]; then
-  sed -n '2,21p' "$0" >&2
+  sed -n '2,24p' "$0" >&2
   exit 2
 fi
 BEFORE=$1 AFTER=$2
@@ -33,8 +36,11 @@ TCK=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 run() { # BIN -> "req/s cpu_us_per_req"
-  DATABASE_URL="$PG_URL/bloomgate_bench" BLOOMGATE_SERVER__LISTEN="127.0.0.1:$PORT" \
-    RUST_LOG=warn "$1" serve --config config/bloomgate.toml >/dev/null 2>&1 &
+  case "$1" in
+    *bare_axum) "$1" --listen "127.0.0.1:$PORT" >/dev/null 2>&1 & ;;
+    *) DATABASE_URL="$PG_URL/bloomgate_bench" BLOOMGATE_SERVER__LISTEN="127.0.0.1:$PORT" \
+      RUST_LOG=warn "$1" serve --config config/bloomgate.toml >/dev/null 2>&1 & ;;
+  esac
   local pid=$! i out c0 c1
   for i in $(seq 100); do
     curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null && break
@@ -52,6 +58,8 @@ run() { # BIN -> "req/s cpu_us_per_req"
   wait "$pid" 2>/dev/null || true
   echo "$out" | awk -v c="$((c1 - c0))" -v t="$TCK" '{
     for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+    errors = v["connect"] + v["read"] + v["write"] + v["timeout"] + v["bad"]
+    if (errors > 0) printf "warning: %d socket errors or statuses other than 200/404\n", errors > "/dev/stderr"
     printf "%.0f %.2f\n", v["rps"], c / t * 1e6 / v["requests"] }'
 }
 
