@@ -126,6 +126,18 @@ pub enum Outcome {
     Bypassed(Option<Arc<Row>>),
 }
 
+/// What [`RowCache::cached`] found.
+#[derive(Debug)]
+pub enum Peek {
+    /// A hit or a negative hit.
+    Answered(Outcome),
+    /// In neither cache: load with [`RowCache::load_missed_with`].
+    Missed,
+    /// Not asked (the cache is off) or the read would have waited: use
+    /// [`RowCache::get_or_load_with`].
+    Unknown,
+}
+
 /// Why a lookup failed. Holds the loader's error, shared by every waiter.
 #[derive(Debug)]
 pub enum CacheError<E> {
@@ -223,27 +235,48 @@ where
         self.get_or_load_with(key, move |_: &K| load).await
     }
 
-    /// The caches' answer for `key` when they have one at hand: a hit or a
-    /// negative hit, counted and ordered by moka as
-    /// [`Self::get_or_load_with`]'s would be. `None` for a miss, a disabled
-    /// cache, or in the rare case moka's read would suspend (its housekeeping
-    /// is due and another caller holds it): the caller then takes the
-    /// asynchronous path, which reads again.
+    /// What the caches hold for `key` right now, without waiting: the read
+    /// [`Self::get_or_load_with`] starts with, recorded by moka the same way
+    /// (one read per request whichever path answers it: a [`Peek::Missed`]
+    /// goes on to [`Self::load_missed_with`], which does not read again).
     ///
     /// Why: a hit needs nothing that waits, and answering it here spares the
     /// request a boxed future and the reference counts that future must own
-    /// (`http::dispatch`). Dropping moka's read future unfinished is safe: its
-    /// reads are cancel-safe, and housekeeping it did not finish is resumed by
-    /// the next caller.
-    pub fn cached(&self, key: &K) -> Option<Outcome> {
-        let rows = self.rows.as_ref()?;
-        if let Some(row) = rows.get(key).now_or_never()? {
-            return Some(Outcome::Hit(row));
+    /// (`http::dispatch`). moka's read completes at once unless it first has
+    /// to resend a write an abandoned caller left while the write channel is
+    /// full; then this says [`Peek::Unknown`]. Dropping that read unfinished
+    /// is safe: moka's operations are cancel-safe (an interrupted write is
+    /// kept and retried by the next caller).
+    pub fn cached(&self, key: &K) -> Peek {
+        let Some(rows) = self.rows.as_ref() else {
+            return Peek::Unknown;
+        };
+        match rows.get(key).now_or_never() {
+            None => Peek::Unknown,
+            Some(Some(row)) => Peek::Answered(Outcome::Hit(row)),
+            Some(None) => match &self.negative {
+                Some(neg) if neg.contains_key(key) => Peek::Answered(Outcome::NegativeHit),
+                _ => Peek::Missed,
+            },
         }
-        self.negative
-            .as_ref()
-            .is_some_and(|neg| neg.contains_key(key))
-            .then_some(Outcome::NegativeHit)
+    }
+
+    /// [`Self::get_or_load_with`] for a key [`Self::cached`] has just found
+    /// in neither cache: the load without the reads. A row another request
+    /// stored since is still found (moka's entry API answers with it, as a
+    /// collapsed load), so this is never staler than reading first.
+    pub async fn load_missed_with<M, F, Fut, E>(
+        &self,
+        key: K,
+        make_load: M,
+    ) -> Result<Outcome, CacheError<E>>
+    where
+        M: FnOnce(&K) -> F,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+    {
+        self.load(key, make_load, false).await
     }
 
     /// [`Self::get_or_load`] with the loader made by `make_load` from the
@@ -262,19 +295,36 @@ where
         Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
         E: Send + Sync + 'static,
     {
+        self.load(key, make_load, true).await
+    }
+
+    async fn load<M, F, Fut, E>(
+        &self,
+        key: K,
+        make_load: M,
+        read_first: bool,
+    ) -> Result<Outcome, CacheError<E>>
+    where
+        M: FnOnce(&K) -> F,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+    {
         let Some(rows) = &self.rows else {
             return match make_load(&key)().await {
                 Ok(row) => Ok(Outcome::Bypassed(row.map(|b| Arc::new(Row::new(b))))),
                 Err(e) => Err(CacheError::Load(Arc::new(Miss::Failed(e)))),
             };
         };
-        if let Some(row) = rows.get(&key).await {
-            return Ok(Outcome::Hit(row));
-        }
-        if let Some(neg) = &self.negative
-            && neg.contains_key(&key)
-        {
-            return Ok(Outcome::NegativeHit);
+        if read_first {
+            if let Some(row) = rows.get(&key).await {
+                return Ok(Outcome::Hit(row));
+            }
+            if let Some(neg) = &self.negative
+                && neg.contains_key(&key)
+            {
+                return Ok(Outcome::NegativeHit);
+            }
         }
 
         let load = make_load(&key);
@@ -551,21 +601,21 @@ mod tests {
     async fn cached_answers_hits_and_negative_hits_only() {
         let c = RowCache::new(&cfg());
         let loads = Loads::default();
-        assert!(c.cached(&1).is_none());
+        assert!(matches!(c.cached(&1), Peek::Missed));
         c.get_or_load(1, loader(&loads, Ok(Some("a")), 0))
             .await
             .unwrap();
         c.get_or_load(2, loader(&loads, Ok(None), 0)).await.unwrap();
         match c.cached(&1) {
-            Some(Outcome::Hit(row)) => assert_eq!(&row.body[..], b"a"),
+            Peek::Answered(Outcome::Hit(row)) => assert_eq!(&row.body[..], b"a"),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(c.cached(&2), Some(Outcome::NegativeHit)));
-        assert!(c.cached(&3).is_none());
+        assert!(matches!(c.cached(&2), Peek::Answered(Outcome::NegativeHit)));
+        assert!(matches!(c.cached(&3), Peek::Missed));
         c.invalidate(&1).await;
-        assert!(c.cached(&1).is_none());
+        assert!(matches!(c.cached(&1), Peek::Missed));
         c.clear();
-        assert!(c.cached(&2).is_none());
+        assert!(matches!(c.cached(&2), Peek::Missed));
         let off = RowCache::new(&CacheConfig {
             enabled: false,
             ..cfg()
@@ -573,7 +623,37 @@ mod tests {
         off.get_or_load(1, loader(&loads, Ok(Some("a")), 0))
             .await
             .unwrap();
-        assert!(off.cached(&1).is_none());
+        assert!(matches!(off.cached(&1), Peek::Unknown));
+    }
+
+    /// After a missed peek the load path does not read again, yet a row
+    /// stored in between is still what it answers (not a second load).
+    #[tokio::test]
+    async fn a_load_after_a_missed_peek_still_finds_a_row_stored_since() {
+        let c = RowCache::new(&cfg());
+        let loads = Loads::default();
+        assert!(matches!(c.cached(&1), Peek::Missed));
+        c.get_or_load(1, loader(&loads, Ok(Some("a")), 0))
+            .await
+            .unwrap();
+        let o = c
+            .load_missed_with(1, |_: &u64| loader(&loads, Ok(Some("b")), 0))
+            .await
+            .unwrap();
+        match o {
+            Outcome::Loaded {
+                row,
+                collapsed: true,
+            } => assert_eq!(&row.body[..], b"a"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1, "no second load");
+        let o = c
+            .load_missed_with(2, |_: &u64| loader(&loads, Ok(None), 0))
+            .await
+            .unwrap();
+        assert!(matches!(o, Outcome::Absent { collapsed: false }));
+        assert!(matches!(c.cached(&2), Peek::Answered(Outcome::NegativeHit)));
     }
 
     #[tokio::test]

@@ -86,7 +86,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::budget::TokenBucket;
-use crate::cache::{Outcome, RowCache};
+use crate::cache::{Outcome, Peek, RowCache};
 use crate::config::Resolved;
 use crate::counter::Counter;
 use crate::db::{Db, DbError, Queries};
@@ -116,6 +116,9 @@ pub enum Passed {
     /// verify budget: ask the cache and the database, and add the key if
     /// the row is there (`verify_above_high_water`).
     Verify,
+    /// Let through as `Maybe`, and found in neither cache a moment ago
+    /// ([`Resource::cached`]): load, without reading the caches again.
+    Missed,
 }
 
 /// Where a live insert comes from: decides whether it may raise the
@@ -612,10 +615,11 @@ impl Resource {
     pub async fn lookup_passed(&self, key: Key, passed: Passed) -> Result<Lookup, Error> {
         match passed {
             Passed::Filtered => return Ok(Lookup::Filtered),
-            Passed::Maybe => return self.load_through_cache(key).await,
+            Passed::Maybe => return self.load_through_cache(key, true).await,
+            Passed::Missed => return self.load_through_cache(key, false).await,
             Passed::Verify => {}
         }
-        let result = self.load_through_cache(key.clone()).await;
+        let result = self.load_through_cache(key.clone(), true).await;
         if let Ok(Lookup::Cached(Outcome::Loaded { .. })) = &result {
             // The row exists and its notification has not arrived yet; the
             // gateway read it itself, so it may raise the mark.
@@ -626,16 +630,23 @@ impl Resource {
 
     /// The cache's answer for a key the filter passed as [`Passed::Maybe`],
     /// if it has one without waiting (a hit or a negative hit, counted as
-    /// [`Resource::lookup_passed`] counts them); else `None`, and the request
-    /// goes on to `lookup_passed`. A key to verify always goes on: its load
-    /// may have to add it to the filter.
-    pub fn cached(&self, key: &Key, passed: Passed) -> Option<Lookup> {
+    /// [`Resource::lookup_passed`] counts them). Otherwise what to pass to
+    /// `lookup_passed`: [`Passed::Missed`] after a miss, so the load path
+    /// does not read the caches a second time (moka would count the key
+    /// twice for its admission policy), else `passed` unchanged. A key to
+    /// verify always goes on: its load may have to add it to the filter.
+    pub fn cached(&self, key: &Key, passed: Passed) -> Result<Lookup, Passed> {
         if passed != Passed::Maybe {
-            return None;
+            return Err(passed);
         }
-        let outcome = self.cache.cached(key)?;
-        self.count(&outcome);
-        Some(Lookup::Cached(outcome))
+        match self.cache.cached(key) {
+            Peek::Answered(outcome) => {
+                self.count(&outcome);
+                Ok(Lookup::Cached(outcome))
+            }
+            Peek::Missed => Err(Passed::Missed),
+            Peek::Unknown => Err(passed),
+        }
     }
 
     /// A rejected key above the high-water mark may be a row committed a
@@ -646,7 +657,8 @@ impl Resource {
             && self.verify_budget.try_take()
     }
 
-    async fn load_through_cache(&self, key: Key) -> Result<Lookup, Error> {
+    /// `read_first`: false when [`Resource::cached`] has just missed.
+    async fn load_through_cache(&self, key: Key, read_first: bool) -> Result<Lookup, Error> {
         let make_load = |key: &Key| {
             let db = self.db.clone();
             let sql = self.queries.row.clone();
@@ -668,7 +680,11 @@ impl Resource {
                 .map_err(LoadError::Db)
             }
         };
-        match self.cache.get_or_load_with(key, make_load).await {
+        let loaded = match read_first {
+            true => self.cache.get_or_load_with(key, make_load).await,
+            false => self.cache.load_missed_with(key, make_load).await,
+        };
+        match loaded {
             Ok(outcome) => {
                 self.count(&outcome);
                 Ok(Lookup::Cached(outcome))

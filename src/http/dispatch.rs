@@ -21,8 +21,8 @@
 //!   answered there, with no future to box, no reference to the route to
 //!   take, and nothing allocated but the response (`lookup::begin`);
 //! - only a key the cache cannot answer at once (a miss, a key to verify,
-//!   the rare read that would wait on moka's housekeeping) gets a boxed
-//!   future, as axum's handler did.
+//!   the rare read that would wait inside moka: `RowCache::cached`) gets a
+//!   boxed future, as axum's handler did.
 //!
 //! # Guarantee: the same route as axum's router
 //!
@@ -70,7 +70,9 @@ enum Segment {
 #[derive(Debug)]
 pub struct Templates<T> {
     templates: Vec<(Vec<Segment>, Option<T>)>,
-    /// Segments of the longest template: a longer path matches none.
+    /// Segments of the longest template of at most [`MAX_SEGMENTS`]: a
+    /// longer path is left to the router (which also serves the templates
+    /// longer than that).
     longest: usize,
 }
 

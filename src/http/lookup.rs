@@ -31,8 +31,9 @@ pub struct Route {
     /// percent-decoded already: decoding is ours to do, strictly and once.
     pub key_segment: usize,
     /// The 404 body, the same for every absent key, and its length. These
-    /// and the `Cache-Control` values are `'static` (`static_header`): a
-    /// clone per response is a copy, not a shared reference count.
+    /// and the `Cache-Control` values (when visible ASCII, which config
+    /// validation ensures) are `'static` (`static_header`): a clone per
+    /// response is a copy, not a shared reference count.
     pub not_found: Bytes,
     pub not_found_length: HeaderValue,
     /// `Cache-Control` of a row and of an absent key (`[cache]
@@ -82,8 +83,10 @@ impl Route {
     }
 }
 
-/// The route's handler (axum's router calls it for `HEAD`; a `GET` comes
-/// through [`super::dispatch`], which calls [`begin`] and [`finish`] itself).
+/// The route's handler, for what axum's router serves: `HEAD`, and a `GET`
+/// the dispatch leaves to it (a path another template could match, a
+/// template over `dispatch::MAX_SEGMENTS` segments). Other `GET`s come
+/// through [`super::dispatch`], which calls [`begin`] and [`finish`] itself.
 pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
     let began = Instant::now();
     match begin(&route, req.uri().path(), req.headers(), began) {
@@ -115,11 +118,11 @@ pub fn begin(route: &Route, path: &str, headers: &HeaderMap, began: Instant) -> 
             Begun::Answered(done(route, began, resp, outcome))
         }
         Ok((key, passed)) => match route.resource.cached(&key, passed) {
-            Some(lookup) => {
+            Ok(lookup) => {
                 let (resp, outcome) = answer(route, lookup, headers);
                 Begun::Answered(done(route, began, resp, outcome))
             }
-            None => Begun::Ask(key, passed),
+            Err(passed) => Begun::Ask(key, passed),
         },
         Err(e) => Begun::Answered(failed(route, began, e)),
     }

@@ -118,8 +118,8 @@ fn with_resources(routes: &[Arc<Route>]) -> OpenApiRouter<Arc<Gateway>> {
         let route = route.clone();
         router = router.route(
             &path,
-            // `HEAD` only: a `GET` is answered by `Dispatch` before the
-            // router. The whole request, by value: the `HeaderMap` and `Uri`
+            // `HEAD`, and a `GET` `Dispatch` leaves to the router (see
+            // `lookup::handle`). The whole request, by value: the `HeaderMap` and `Uri`
             // extractors would copy every header. The closure gives its
             // `route` away (axum calls a fresh clone of it per request).
             get(move |req: Request<Body>| lookup::handle(route, req)),

@@ -89,7 +89,10 @@ pub fn static_header(value: &str) -> Result<HeaderValue, InvalidHeaderValue> {
     // `from_static` takes visible ASCII and tabs only (it panics on the
     // rest); a value with other bytes `from_str` allows stays owned.
     Ok(
-        match value.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+        match value
+            .bytes()
+            .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+        {
             true => HeaderValue::from_static(interned(value)),
             false => owned,
         },
@@ -147,7 +150,10 @@ mod tests {
         assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr(), "kept once");
         assert!(static_header("no\nnewline").is_err());
         // Bytes `from_str` allows and `from_static` would panic on.
-        assert_eq!(static_header("a=\u{e9}").unwrap().as_bytes(), "a=\u{e9}".as_bytes());
+        assert_eq!(
+            static_header("a=\u{e9}").unwrap().as_bytes(),
+            "a=\u{e9}".as_bytes()
+        );
         let body = static_bytes("{\"error\":\"not_found\"}");
         assert_eq!(&body[..], b"{\"error\":\"not_found\"}");
         assert_eq!(
