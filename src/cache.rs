@@ -276,57 +276,12 @@ where
         Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
         E: Send + Sync + 'static,
     {
-        self.load(key, make_load, false).await
-    }
-
-    /// [`Self::get_or_load`] with the loader made by `make_load` from the
-    /// key, which runs only when the caches cannot answer. The loader must
-    /// own what it uses (it may outlive the caller), and gathering that
-    /// costs atomic reference counts on memory every core shares: a hit
-    /// should not pay for a load it does not run.
-    pub async fn get_or_load_with<M, F, Fut, E>(
-        &self,
-        key: K,
-        make_load: M,
-    ) -> Result<Outcome, CacheError<E>>
-    where
-        M: FnOnce(&K) -> F,
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
-        E: Send + Sync + 'static,
-    {
-        self.load(key, make_load, true).await
-    }
-
-    async fn load<M, F, Fut, E>(
-        &self,
-        key: K,
-        make_load: M,
-        read_first: bool,
-    ) -> Result<Outcome, CacheError<E>>
-    where
-        M: FnOnce(&K) -> F,
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
-        E: Send + Sync + 'static,
-    {
         let Some(rows) = &self.rows else {
             return match make_load(&key)().await {
                 Ok(row) => Ok(Outcome::Bypassed(row.map(|b| Arc::new(Row::new(b))))),
                 Err(e) => Err(CacheError::Load(Arc::new(Miss::Failed(e)))),
             };
         };
-        if read_first {
-            if let Some(row) = rows.get(&key).await {
-                return Ok(Outcome::Hit(row));
-            }
-            if let Some(neg) = &self.negative
-                && neg.contains_key(&key)
-            {
-                return Ok(Outcome::NegativeHit);
-            }
-        }
-
         let load = make_load(&key);
         let rows = rows.clone();
         let negative = self.negative.clone();
@@ -390,6 +345,35 @@ where
             outcome
         };
         DetachOnDrop::new(load_and_store).await
+    }
+
+    /// [`Self::get_or_load`] with the loader made by `make_load` from the
+    /// key, which runs only when the caches cannot answer. The loader must
+    /// own what it uses (it may outlive the caller), and gathering that
+    /// costs atomic reference counts on memory every core shares: a hit
+    /// should not pay for a load it does not run.
+    pub async fn get_or_load_with<M, F, Fut, E>(
+        &self,
+        key: K,
+        make_load: M,
+    ) -> Result<Outcome, CacheError<E>>
+    where
+        M: FnOnce(&K) -> F,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Option<Bytes>, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+    {
+        if let Some(rows) = &self.rows {
+            if let Some(row) = rows.get(&key).await {
+                return Ok(Outcome::Hit(row));
+            }
+            if let Some(neg) = &self.negative
+                && neg.contains_key(&key)
+            {
+                return Ok(Outcome::NegativeHit);
+            }
+        }
+        self.load_missed_with(key, make_load).await
     }
 
     /// Forgets `key` in both caches, including what a load running right now
