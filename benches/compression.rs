@@ -45,12 +45,12 @@ fn benches(c: &mut Criterion) {
     let article = article();
     let row = Row::compressed(article.clone(), Some(1024));
     println!("article row: identity {} bytes", article.len());
-    for v in &row.variants {
+    for v in row.variants() {
         println!(
             "  {:<4} {} bytes ({:.1} %)",
             v.coding.token(),
-            v.body.len(),
-            100.0 * v.body.len() as f64 / article.len() as f64
+            v.rep.body_len(),
+            100.0 * v.rep.body_len() as f64 / article.len() as f64
         );
     }
 
@@ -87,7 +87,7 @@ fn benches(c: &mut Criterion) {
         })
     });
     g.bench_function("variant lookup (br)", |b| {
-        b.iter(|| black_box(row.variant(black_box(Coding::Br)).map(|v| v.body.len())))
+        b.iter(|| black_box(row.variant(black_box(Coding::Br)).map(|v| v.rep.body_len())))
     });
     g.finish();
 }

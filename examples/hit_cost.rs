@@ -327,19 +327,16 @@ fn pieces(rt: &tokio::runtime::Runtime) {
     );
     let rid = HeaderValue::from_static("0b7c6f1e-3f0e-4d52-9a8b-2c1d5e6f7a8b");
     row(
-        "response, hit: + ETag from the row's Bytes + Cache-Status + x-request-id",
+        "response, hit: + ETag from the row's buffer + Cache-Status + x-request-id",
         n,
         |_| {
-            let mut resp = (StatusCode::OK, r.body.clone()).into_response();
+            let mut resp = (StatusCode::OK, r.body()).into_response();
             let h = resp.headers_mut();
             h.insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            h.insert(
-                header::ETAG,
-                HeaderValue::from_maybe_shared(r.etag.clone()).expect("valid"),
-            );
+            h.insert(header::ETAG, r.identity.etag());
             h.insert("cache-status", HeaderValue::from_static("bloomgate; hit"));
             h.insert("x-request-id", rid.clone());
             black_box(resp);

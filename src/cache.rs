@@ -34,31 +34,35 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::http::HeaderValue;
 use bytes::Bytes;
 use futures_util::FutureExt;
 use moka::future::Cache;
 
 use crate::config::CacheConfig;
-use crate::encoding::{self, Coding, Variant};
+use crate::encoding::{self, Coding, Representation, Variant};
 
 /// A cached row: its JSON body, serialised once, the body's ETag, and its
 /// compressed forms.
+///
+/// Kept to 48 bytes, so that the `Arc` a hit clones and reads fits one
+/// cache line with its counts (see [`Representation`] for why a hit's
+/// lines matter); unit test `a_row_and_its_counts_fit_one_cache_line`.
 #[derive(Debug)]
 pub struct Row {
-    pub body: Bytes,
-    /// The entity tag, quoted (`"0123456789abcdef"`): a hash of the body,
-    /// so equal bodies give equal tags on every replica. Formatted once, when
-    /// the row is loaded, not on every hit, straight into the header value
-    /// every response for it clones (a reference count, no validation).
-    pub etag: HeaderValue,
-    /// `Content-Length` of `body`, made once with the row.
-    pub length: HeaderValue,
+    /// The body as sent without a content coding. Its entity tag is quoted
+    /// (`"0123456789abcdef"`): a hash of the body, so equal bodies give
+    /// equal tags on every replica, formatted once, when the row is loaded.
+    pub identity: Representation,
     /// The body in each content coding that shrinks it, made once when the
-    /// row enters the cache (see [`crate::encoding`]); empty for a small
-    /// body or with compression off.
-    pub variants: Vec<Variant>,
+    /// row enters the cache (see [`crate::encoding`]); `None` for a small
+    /// body or with compression off. Behind one thin pointer, not a `Vec`,
+    /// for the row's size: most rows have none.
+    variants: Option<Box<Variants>>,
 }
+
+/// A row's compressed forms (at most one per coding).
+#[derive(Debug)]
+struct Variants(Vec<Variant>);
 
 impl Row {
     /// A row with no compressed forms.
@@ -72,26 +76,33 @@ impl Row {
         // SipHash with fixed keys: deterministic, and an ETag needs no secret.
         let mut h = std::hash::DefaultHasher::new();
         body.hash(&mut h);
-        let etag = HeaderValue::from_maybe_shared(Bytes::from(format!("\"{:016x}\"", h.finish())))
-            .expect("hex digits in quotes are a valid header value");
-        let variants = encoding::compress(&body, etag.as_bytes(), compress_min);
+        let tag = format!("\"{:016x}\"", h.finish());
+        let variants = encoding::compress(&body, tag.as_bytes(), compress_min);
         Self {
-            etag,
-            length: encoding::content_length(body.len()),
-            body,
-            variants,
+            identity: Representation::new(tag.as_bytes(), &body),
+            variants: (!variants.is_empty()).then(|| Box::new(Variants(variants))),
         }
+    }
+
+    /// The identity body.
+    pub fn body(&self) -> Bytes {
+        self.identity.body()
+    }
+
+    /// The compressed forms.
+    pub fn variants(&self) -> &[Variant] {
+        self.variants.as_deref().map_or(&[], |v| &v.0)
     }
 
     /// The representation in `coding`, if the row has one.
     pub fn variant(&self, coding: Coding) -> Option<&Variant> {
-        self.variants.iter().find(|v| v.coding == coding)
+        self.variants().iter().find(|v| v.coding == coding)
     }
 }
 
 /// Bytes a cached row costs beyond its body, ETag and key, for
-/// `cache.max_bytes`: the `Arc<Row>` allocation (the `Bytes` handles of the
-/// body, ETag and `Content-Length`, and the counts), moka's entry and its
+/// `cache.max_bytes`: the `Arc<Row>` allocation (the buffer's handle and
+/// the counts), the buffer's shared count, moka's entry and its
 /// access-order and timer nodes, and the hash table slot. An estimate on the high side, so a byte budget is not exceeded
 /// by rows much smaller than their bookkeeping.
 pub const ENTRY_OVERHEAD: usize = 256;
@@ -102,12 +113,11 @@ pub const ENTRY_OVERHEAD: usize = 256;
 /// `server.max_key_length`) are inside `ENTRY_OVERHEAD`'s margin.
 fn row_weight<K>(row: &Row) -> u32 {
     let variants: usize = row
-        .variants
+        .variants()
         .iter()
-        .map(|v| v.body.len() + v.etag.len() + std::mem::size_of::<Variant>())
+        .map(|v| v.rep.stored_len() + std::mem::size_of::<Variant>())
         .sum();
-    let bytes =
-        row.body.len() + row.etag.len() + variants + std::mem::size_of::<K>() + ENTRY_OVERHEAD;
+    let bytes = row.identity.stored_len() + variants + std::mem::size_of::<K>() + ENTRY_OVERHEAD;
     u32::try_from(bytes).unwrap_or(u32::MAX)
 }
 
@@ -552,7 +562,7 @@ mod tests {
             .await
             .unwrap();
         match o {
-            Outcome::Hit(r) => assert_eq!(&r.body[..], b"a"),
+            Outcome::Hit(r) => assert_eq!(&r.body()[..], b"a"),
             o => panic!("{o:?}"),
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1);
@@ -591,7 +601,7 @@ mod tests {
             .unwrap();
         c.get_or_load(2, loader(&loads, Ok(None), 0)).await.unwrap();
         match c.cached(&1) {
-            Peek::Answered(Outcome::Hit(row)) => assert_eq!(&row.body[..], b"a"),
+            Peek::Answered(Outcome::Hit(row)) => assert_eq!(&row.body()[..], b"a"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(c.cached(&2), Peek::Answered(Outcome::NegativeHit)));
@@ -628,7 +638,7 @@ mod tests {
             Outcome::Loaded {
                 row,
                 collapsed: true,
-            } => assert_eq!(&row.body[..], b"a"),
+            } => assert_eq!(&row.body()[..], b"a"),
             other => panic!("{other:?}"),
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1, "no second load");
@@ -735,7 +745,7 @@ mod tests {
             .await
             .unwrap();
         match o {
-            Outcome::Hit(r) => assert_eq!(&r.body[..], b"row"),
+            Outcome::Hit(r) => assert_eq!(&r.body()[..], b"row"),
             o => panic!("the abandoned load should have been cached: {o:?}"),
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1);
@@ -761,7 +771,7 @@ mod tests {
                 .await
                 .unwrap();
             match o {
-                Outcome::Loaded { row, .. } => assert_eq!(&row.body[..], b"new"),
+                Outcome::Loaded { row, .. } => assert_eq!(&row.body()[..], b"new"),
                 o => panic!("stale entry survived the invalidation ({found}): {o:?}"),
             }
         }
@@ -809,7 +819,7 @@ mod tests {
                 .await
                 .unwrap();
             match o {
-                Outcome::Loaded { row, .. } => assert_eq!(&row.body[..], b"new"),
+                Outcome::Loaded { row, .. } => assert_eq!(&row.body()[..], b"new"),
                 o => panic!("what a load read before the clear survived it ({old:?}): {o:?}"),
             }
         }
@@ -924,7 +934,7 @@ mod tests {
         for _ in 0..2 {
             let o = c.get_or_load(7, loader(&loads, Ok(Some(huge)), 0)).await;
             match o {
-                Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.body.len(), huge.len()),
+                Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.identity.body_len(), huge.len()),
                 o => panic!("{o:?}"),
             }
             c.sync().await;
@@ -937,8 +947,8 @@ mod tests {
     async fn every_stored_variant_counts_against_the_byte_budget() {
         let body = Bytes::from("the quick brown fox ".repeat(200));
         let row = Row::compressed(body.clone(), Some(1024));
-        assert_eq!(row.variants.len(), 3);
-        let variants: usize = row.variants.iter().map(|v| v.body.len()).sum();
+        assert_eq!(row.variants().len(), 3);
+        let variants: usize = row.variants().iter().map(|v| v.rep.body_len()).sum();
         let plain = row_weight::<i32>(&Row::new(body)) as usize;
         assert!(row_weight::<i32>(&row) as usize >= plain + variants);
         // Through the cache: the weighed size is what the variants add up to.
@@ -950,7 +960,7 @@ mod tests {
         let text: &'static str = Box::leak("the quick brown fox ".repeat(200).into_boxed_str());
         let o = c.get_or_load(1, loader(&loads, Ok(Some(text)), 0)).await;
         match o {
-            Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.variants.len(), 3),
+            Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.variants().len(), 3),
             o => panic!("{o:?}"),
         }
         c.sync().await;
@@ -960,12 +970,23 @@ mod tests {
     #[test]
     fn etag_depends_on_body() {
         assert_eq!(
-            Row::new(Bytes::from("a")).etag,
-            Row::new(Bytes::from("a")).etag
+            Row::new(Bytes::from("a")).identity.etag(),
+            Row::new(Bytes::from("a")).identity.etag()
         );
         assert_ne!(
-            Row::new(Bytes::from("a")).etag,
-            Row::new(Bytes::from("b")).etag
+            Row::new(Bytes::from("a")).identity.etag(),
+            Row::new(Bytes::from("b")).identity.etag()
         );
+    }
+
+    /// The row's `Arc` (counts and row) is one 64-byte block: a hit reads
+    /// it whole, so it costs one cache line, not three as before.
+    #[test]
+    fn a_row_and_its_counts_fit_one_cache_line() {
+        assert!(std::mem::size_of::<Row>() + 2 * std::mem::size_of::<usize>() <= 64);
+        let row = Row::compressed(Bytes::from(vec![b'a'; 4096]), Some(1024));
+        assert_eq!(row.variants().len(), 3);
+        assert_eq!(&row.body()[..], &[b'a'; 4096][..]);
+        assert!(Row::new(Bytes::from("x")).variants().is_empty());
     }
 }

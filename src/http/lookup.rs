@@ -238,7 +238,7 @@ const VARY: HeaderValue = HeaderValue::from_static("accept-encoding");
 
 fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static str) -> Response {
     // A row too small to compress has one representation: no header to read.
-    let coding = if row.variants.is_empty() {
+    let coding = if row.variants().is_empty() {
         Coding::Identity
     } else {
         encoding::negotiate(
@@ -249,21 +249,18 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
             |c| row.variant(c).is_some(),
         )
     };
-    let (body, etag, length) = match row.variant(coding) {
-        Some(v) => (&v.body, &v.etag, &v.length),
-        None => (&row.body, &row.etag, &row.length),
-    };
-    let not_modified = if_none_match(headers, etag);
+    let rep = row.variant(coding).map_or(&row.identity, |v| &v.rep);
+    let not_modified = if_none_match(headers, rep.tag());
     let mut resp = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        json_bytes(StatusCode::OK, body.clone())
+        json_bytes(StatusCode::OK, rep.body())
     };
     let h = resp.headers_mut();
     // A 304 carries the validators and caching fields, not representation
     // metadata such as Content-Encoding (RFC 9110 §15.4.5).
     if !not_modified {
-        h.insert(header::CONTENT_LENGTH, length.clone());
+        h.insert(header::CONTENT_LENGTH, rep.length());
         if coding != Coding::Identity {
             h.insert(
                 header::CONTENT_ENCODING,
@@ -274,7 +271,7 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
     if route.vary {
         h.insert(header::VARY, VARY);
     }
-    h.insert(header::ETAG, etag.clone());
+    h.insert(header::ETAG, rep.etag());
     h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
     // On the 304 too (RFC 9110 §15.4.5): it refreshes the stored response.
     h.insert(header::CACHE_CONTROL, route.row_cache_control.clone());
@@ -283,8 +280,7 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
 
 /// RFC 9110 §13.1.2: weak comparison against every tag in every
 /// `If-None-Match` header, or `*`.
-fn if_none_match(headers: &HeaderMap, etag: &HeaderValue) -> bool {
-    let ours = etag.as_bytes();
+fn if_none_match(headers: &HeaderMap, ours: &[u8]) -> bool {
     headers
         .get_all(header::IF_NONE_MATCH)
         .iter()
@@ -307,17 +303,17 @@ mod tests {
 
     #[test]
     fn if_none_match_compares_weakly_across_lists() {
-        let etag = HeaderValue::from_static("\"abc\"");
+        let etag = b"\"abc\"";
         let mut h = HeaderMap::new();
-        assert!(!if_none_match(&h, &etag));
+        assert!(!if_none_match(&h, etag));
         h.insert(
             header::IF_NONE_MATCH,
             HeaderValue::from_static("\"x\", W/\"abc\""),
         );
-        assert!(if_none_match(&h, &etag));
+        assert!(if_none_match(&h, etag));
         h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"abcd\""));
-        assert!(!if_none_match(&h, &etag));
+        assert!(!if_none_match(&h, etag));
         h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));
-        assert!(if_none_match(&h, &etag));
+        assert!(if_none_match(&h, etag));
     }
 }
