@@ -484,7 +484,8 @@ pub struct CacheConfig {
     /// set.
     pub max_entries: u64,
     /// Memory for cached rows, as `"256 MiB"`, `"1 GB"` or a number of
-    /// bytes. Each row counts its JSON body, its ETag and its key plus a
+    /// bytes. Each row counts its JSON body and compressed forms, their ETags
+    /// and lengths, and its key, plus a
     /// fixed per-entry overhead ([`crate::cache::ENTRY_OVERHEAD`]), so the
     /// cache's memory is bounded however wide the rows are. When set, it
     /// bounds the cache instead of `max_entries`. Default: unset.

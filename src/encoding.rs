@@ -68,9 +68,13 @@ pub struct Variant {
 /// so every separate heap block a hit reads is a cache miss of its own (on
 /// a 10,000-row working set a hit missed ~11.5 lines of one core's 2 MB L2
 /// where bare axum missed none; `bench/profile.sh cachesim`). Apart, the
-/// body, the tag and the length were three blocks with three counts, and
-/// their handles made the row 136 bytes; here they are one block and one
-/// count, and the row's `Arc` fits one cache line with its counts.
+/// body, the tag and the length were three buffers, each with a count of
+/// its own in a block of its own (`bytes`' shared header), and their
+/// handles made the row 136 bytes; here they are one buffer with one count,
+/// and the row fits one cache line with its `Arc`'s counts.
+///
+/// The row's copy of the body is made once, when it enters the cache (and,
+/// with the cache off, once per request, beside that request's query).
 #[derive(Clone, Debug)]
 pub struct Representation {
     /// The tag, the length's digits, then the body.
@@ -80,8 +84,17 @@ pub struct Representation {
 }
 
 impl Representation {
-    /// `tag` is a quoted entity tag, as sent (ours are at most 24 bytes).
+    /// `tag` is a quoted entity tag, as sent (ours are at most 23 bytes).
+    ///
+    /// # Panics
+    ///
+    /// If `tag` is not a valid header value or is over 255 bytes: checked
+    /// here, once, so that [`Self::etag`] cannot fail on a hit.
     pub fn new(tag: &[u8], body: &[u8]) -> Self {
+        assert!(
+            HeaderValue::from_bytes(tag).is_ok(),
+            "an entity tag is a valid header value"
+        );
         let length = body.len().to_string();
         let mut buf = Vec::with_capacity(tag.len() + length.len() + body.len());
         buf.extend_from_slice(tag);
@@ -106,7 +119,7 @@ impl Representation {
     /// The `ETag` header value: a slice, not a copy.
     pub fn etag(&self) -> HeaderValue {
         HeaderValue::from_maybe_shared(self.buf.slice(..usize::from(self.tag_len)))
-            .expect("an entity tag is a valid header value")
+            .expect("checked in `new`")
     }
 
     /// The `Content-Length` header value: a slice, not a copy.
@@ -386,6 +399,14 @@ mod tests {
                 assert_eq!(length.as_bytes().as_ptr_range().end, got.as_ptr());
             }
         }
+    }
+
+    /// A tag that could not be sent is refused when the row is made, not on
+    /// every hit.
+    #[test]
+    #[should_panic(expected = "an entity tag is a valid header value")]
+    fn a_tag_that_is_no_header_value_is_refused_when_made() {
+        Representation::new(b"\"a\nb\"", b"{}");
     }
 
     fn decode(v: &Variant) -> Vec<u8> {
