@@ -49,8 +49,8 @@ fn benches(c: &mut Criterion) {
         println!(
             "  {:<4} {} bytes ({:.1} %)",
             v.coding.token(),
-            v.rep.body_len(),
-            100.0 * v.rep.body_len() as f64 / article.len() as f64
+            v.rep.body().len(),
+            100.0 * v.rep.body().len() as f64 / article.len() as f64
         );
     }
 
@@ -87,7 +87,12 @@ fn benches(c: &mut Criterion) {
         })
     });
     g.bench_function("variant lookup (br)", |b| {
-        b.iter(|| black_box(row.variant(black_box(Coding::Br)).map(|v| v.rep.body_len())))
+        b.iter(|| {
+            black_box(
+                row.variant(black_box(Coding::Br))
+                    .map(|v| v.rep.body().len()),
+            )
+        })
     });
     g.finish();
 }

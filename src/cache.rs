@@ -39,7 +39,7 @@ use futures_util::FutureExt;
 use moka::future::Cache;
 
 use crate::config::CacheConfig;
-use crate::encoding::{self, Coding, Representation, Variant};
+use crate::encoding::{self, Coding, Parts, Representation, Variant};
 
 /// A cached row: its JSON body, serialised once, the body's ETag, and its
 /// compressed forms.
@@ -89,7 +89,7 @@ impl Row {
     }
 
     /// The identity body.
-    pub fn body(&self) -> Bytes {
+    pub fn body(&self) -> &[u8] {
         self.identity.body()
     }
 
@@ -102,13 +102,51 @@ impl Row {
     pub fn variant(&self, coding: Coding) -> Option<&Variant> {
         self.variants().iter().find(|v| v.coding == coding)
     }
+
+    /// The representation in `coding`, or identity if the row has none in
+    /// it.
+    pub fn representation(&self, coding: Coding) -> &Representation {
+        self.variant(coding).map_or(&self.identity, |v| &v.rep)
+    }
+
+    /// What a response sends of [`Self::representation`]: its `ETag`,
+    /// `Content-Length` and body as slices of one `Bytes` that owns this
+    /// row, so the row lives as long as the response needs it.
+    ///
+    /// Why a `Bytes` per response rather than clones of one stored with the
+    /// row: a stored one keeps its count in a block of its own, one more
+    /// cache line for a hit to fetch on a large working set (measured at
+    /// one miss in seven: BENCHMARKS.md, session 12). This one's count is
+    /// in a block allocated here, which the allocator's thread-local free
+    /// list hands back already in cache, and freed with the response.
+    pub fn sent(self: Arc<Self>, coding: Coding) -> Parts {
+        let variant = self.variants().iter().position(|v| v.coding == coding);
+        let layout = self.at(variant).layout();
+        layout.cut(&Bytes::from_owner(Held { row: self, variant }))
+    }
+
+    fn at(&self, variant: Option<usize>) -> &Representation {
+        variant.map_or(&self.identity, |i| &self.variants()[i].rep)
+    }
+}
+
+/// A response's hold on one representation of a row ([`Row::sent`]).
+struct Held {
+    row: Arc<Row>,
+    /// Which: an index into the row's variants, or identity.
+    variant: Option<usize>,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        self.row.at(self.variant).bytes()
+    }
 }
 
 /// Bytes a cached row costs beyond its representations' buffers (body,
 /// ETag and length digits) and its key, for `cache.max_bytes`: the
-/// `Arc<Row>` block (the identity buffer's handle and the counts), each
-/// buffer's shared count (a block of `bytes`' own), the compressed forms'
-/// box (their handles are counted per variant), moka's entry and its
+/// `Arc<Row>` block (the identity buffer's handle and the counts), the
+/// compressed forms' box (their handles are counted per variant), moka's entry and its
 /// access-order and timer nodes, and the hash table slot. An estimate on the high side, so a byte budget is not exceeded
 /// by rows much smaller than their bookkeeping.
 pub const ENTRY_OVERHEAD: usize = 256;
@@ -568,7 +606,7 @@ mod tests {
             .await
             .unwrap();
         match o {
-            Outcome::Hit(r) => assert_eq!(&r.body()[..], b"a"),
+            Outcome::Hit(r) => assert_eq!(r.body(), b"a"),
             o => panic!("{o:?}"),
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1);
@@ -607,7 +645,7 @@ mod tests {
             .unwrap();
         c.get_or_load(2, loader(&loads, Ok(None), 0)).await.unwrap();
         match c.cached(&1) {
-            Peek::Answered(Outcome::Hit(row)) => assert_eq!(&row.body()[..], b"a"),
+            Peek::Answered(Outcome::Hit(row)) => assert_eq!(row.body(), b"a"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(c.cached(&2), Peek::Answered(Outcome::NegativeHit)));
@@ -644,7 +682,7 @@ mod tests {
             Outcome::Loaded {
                 row,
                 collapsed: true,
-            } => assert_eq!(&row.body()[..], b"a"),
+            } => assert_eq!(row.body(), b"a"),
             other => panic!("{other:?}"),
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1, "no second load");
@@ -751,7 +789,7 @@ mod tests {
             .await
             .unwrap();
         match o {
-            Outcome::Hit(r) => assert_eq!(&r.body()[..], b"row"),
+            Outcome::Hit(r) => assert_eq!(r.body(), b"row"),
             o => panic!("the abandoned load should have been cached: {o:?}"),
         }
         assert_eq!(loads.load(Ordering::SeqCst), 1);
@@ -777,7 +815,7 @@ mod tests {
                 .await
                 .unwrap();
             match o {
-                Outcome::Loaded { row, .. } => assert_eq!(&row.body()[..], b"new"),
+                Outcome::Loaded { row, .. } => assert_eq!(row.body(), b"new"),
                 o => panic!("stale entry survived the invalidation ({found}): {o:?}"),
             }
         }
@@ -825,7 +863,7 @@ mod tests {
                 .await
                 .unwrap();
             match o {
-                Outcome::Loaded { row, .. } => assert_eq!(&row.body()[..], b"new"),
+                Outcome::Loaded { row, .. } => assert_eq!(row.body(), b"new"),
                 o => panic!("what a load read before the clear survived it ({old:?}): {o:?}"),
             }
         }
@@ -940,7 +978,7 @@ mod tests {
         for _ in 0..2 {
             let o = c.get_or_load(7, loader(&loads, Ok(Some(huge)), 0)).await;
             match o {
-                Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.identity.body_len(), huge.len()),
+                Ok(Outcome::Loaded { row, .. }) => assert_eq!(row.body().len(), huge.len()),
                 o => panic!("{o:?}"),
             }
             c.sync().await;
@@ -954,7 +992,7 @@ mod tests {
         let body = Bytes::from("the quick brown fox ".repeat(200));
         let row = Row::compressed(body.clone(), Some(1024));
         assert_eq!(row.variants().len(), 3);
-        let variants: usize = row.variants().iter().map(|v| v.rep.body_len()).sum();
+        let variants: usize = row.variants().iter().map(|v| v.rep.body().len()).sum();
         let plain = row_weight::<i32>(&Row::new(body)) as usize;
         assert!(row_weight::<i32>(&row) as usize >= plain + variants);
         // Through the cache: the weighed size is what the variants add up to.
@@ -976,12 +1014,12 @@ mod tests {
     #[test]
     fn etag_depends_on_body() {
         assert_eq!(
-            Row::new(Bytes::from("a")).identity.etag(),
-            Row::new(Bytes::from("a")).identity.etag()
+            Row::new(Bytes::from("a")).identity.tag().to_vec(),
+            Row::new(Bytes::from("a")).identity.tag().to_vec()
         );
         assert_ne!(
-            Row::new(Bytes::from("a")).identity.etag(),
-            Row::new(Bytes::from("b")).identity.etag()
+            Row::new(Bytes::from("a")).identity.tag().to_vec(),
+            Row::new(Bytes::from("b")).identity.tag().to_vec()
         );
     }
 
@@ -996,7 +1034,37 @@ mod tests {
         );
         let row = Row::compressed(Bytes::from(vec![b'a'; 4096]), Some(1024));
         assert_eq!(row.variants().len(), 3);
-        assert_eq!(&row.body()[..], &[b'a'; 4096][..]);
+        assert_eq!(row.body(), &[b'a'; 4096][..]);
         assert!(Row::new(Bytes::from("x")).variants().is_empty());
+    }
+
+    /// A response's parts are the representation it asked for, exactly,
+    /// and hold the row until the last of them is dropped.
+    #[test]
+    fn sent_parts_are_the_representation_and_hold_the_row() {
+        let row = Arc::new(Row::compressed(
+            Bytes::from("the quick brown fox ".repeat(200)),
+            Some(1024),
+        ));
+        for coding in [Coding::Identity, Coding::Gzip, Coding::Br, Coding::Zstd] {
+            let rep = row.representation(coding);
+            let Parts { etag, length, body } = row.clone().sent(coding);
+            assert_eq!(etag.as_bytes(), rep.tag(), "{coding:?}");
+            assert_eq!(length, rep.body().len().to_string());
+            assert_eq!(&body[..], rep.body());
+            assert_eq!(Arc::strong_count(&row), 2, "held by the parts");
+            drop((etag, length));
+            assert_eq!(Arc::strong_count(&row), 2, "held by the body still");
+            drop(body);
+            assert_eq!(Arc::strong_count(&row), 1);
+        }
+        assert_ne!(
+            row.representation(Coding::Br).tag(),
+            row.identity.tag(),
+            "a variant's own tag"
+        );
+        // A coding the row has no variant in sends identity.
+        let small = Arc::new(Row::new(Bytes::from("{}")));
+        assert_eq!(&small.clone().sent(Coding::Br).body[..], b"{}");
     }
 }

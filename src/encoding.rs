@@ -56,31 +56,70 @@ pub struct Variant {
     pub rep: Representation,
 }
 
-/// One stored representation of a row, as a hit sends it: its ETag, its
-/// `Content-Length` and its body, each handed out as a slice of one buffer.
+/// One stored representation of a row: its ETag, its `Content-Length`
+/// digits and its body, in one buffer, as a response sends them.
 ///
-/// Guarantees: [`Self::etag`], [`Self::length`] and [`Self::body`] return
-/// exactly what it was made from (the tag, the body's length in decimal, the
-/// body), and all three share the buffer's one reference count.
+/// Guarantees: the [`Parts`] cut from it ([`Layout::cut`], or
+/// [`Self::parts`]) are exactly what it was made from (the tag, the body's
+/// length in decimal, the body).
 ///
-/// Why: a hit reads the cached row and clones all three into its response,
-/// and the rows a gateway serves are far more than its cores' caches hold,
-/// so every separate heap block a hit reads is a cache miss of its own (on
-/// a 10,000-row working set a hit missed ~11.5 lines of one core's 2 MB L2
+/// Why one buffer: a hit reads the cached row and sends all three, and the
+/// rows a gateway serves are far more than its cores' caches hold, so every
+/// separate heap block a hit reads is a cache miss of its own (on a
+/// 10,000-row working set a hit missed ~11.5 lines of one core's 2 MB L2
 /// where bare axum missed none; `bench/profile.sh cachesim`). Apart, the
-/// body, the tag and the length were three buffers, each with a count of
-/// its own in a block of its own (`bytes`' shared header), and their
-/// handles made the row 136 bytes; here they are one buffer with one count,
-/// and the row fits one cache line with its `Arc`'s counts.
+/// body, the tag and the length were three buffers, each with a reference
+/// count in a block of its own (`bytes`' shared header), and their handles
+/// made the row 136 bytes. Here they are one buffer, and a response holds
+/// it through a `Bytes` of its own that owns the row (`cache::Row::sent`),
+/// whose count is in a block the response has just allocated, so hot.
 ///
 /// The row's copy of the body is made once, when it enters the cache (and,
 /// with the cache off, once per request, beside that request's query).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Representation {
-    /// The tag, the length's digits, then the body.
+    /// The tag, the length's digits, then the body. Never cloned, so it
+    /// never gets `bytes`' shared count block. A `Bytes` rather than a
+    /// `Box<[u8]>` for its size: 32 bytes make the row's `Arc` exactly one
+    /// 64-byte block, which mimalloc aligns to a cache line; 16 would make
+    /// it 48 bytes, and one in two such blocks straddles two lines.
     buf: Bytes,
+    layout: Layout,
+}
+
+/// Where a representation's parts lie in its buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
     tag_len: u8,
     length_len: u8,
+}
+
+/// What a response sends of one representation: header values and body,
+/// slices of one `Bytes`.
+#[derive(Debug)]
+pub struct Parts {
+    pub etag: HeaderValue,
+    pub length: HeaderValue,
+    pub body: Bytes,
+}
+
+impl Layout {
+    fn head(self) -> usize {
+        usize::from(self.tag_len) + usize::from(self.length_len)
+    }
+
+    /// The parts of `whole`, which holds the bytes of the representation
+    /// this layout is of ([`Representation::bytes`]): slices, not copies.
+    pub fn cut(self, whole: &Bytes) -> Parts {
+        let tag = usize::from(self.tag_len);
+        Parts {
+            etag: HeaderValue::from_maybe_shared(whole.slice(..tag))
+                .expect("checked in `Representation::new`"),
+            length: HeaderValue::from_maybe_shared(whole.slice(tag..self.head()))
+                .expect("digits are a valid header value"),
+            body: whole.slice(self.head()..),
+        }
+    }
 }
 
 impl Representation {
@@ -89,7 +128,7 @@ impl Representation {
     /// # Panics
     ///
     /// If `tag` is not a valid header value or is over 255 bytes: checked
-    /// here, once, so that [`Self::etag`] cannot fail on a hit.
+    /// here, once, so that cutting the `ETag` cannot fail on a hit.
     pub fn new(tag: &[u8], body: &[u8]) -> Self {
         assert!(
             HeaderValue::from_bytes(tag).is_ok(),
@@ -102,40 +141,36 @@ impl Representation {
         buf.extend_from_slice(body);
         Self {
             buf: Bytes::from(buf),
-            tag_len: u8::try_from(tag.len()).expect("an entity tag of at most 255 bytes"),
-            length_len: u8::try_from(length.len()).expect("a length of at most 20 digits"),
+            layout: Layout {
+                tag_len: u8::try_from(tag.len()).expect("an entity tag of at most 255 bytes"),
+                length_len: u8::try_from(length.len()).expect("a length of at most 20 digits"),
+            },
         }
     }
 
-    fn head(&self) -> usize {
-        usize::from(self.tag_len) + usize::from(self.length_len)
+    /// The whole buffer, for a `Bytes` that owns it to [`Layout::cut`].
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The parts, cut from a copy of the buffer: for tests and tools; a
+    /// response cuts them from the row it holds (`cache::Row::sent`).
+    pub fn parts(&self) -> Parts {
+        self.layout.cut(&Bytes::copy_from_slice(&self.buf))
     }
 
     /// The entity tag's bytes, quotes included, for `If-None-Match`.
     pub fn tag(&self) -> &[u8] {
-        &self.buf[..usize::from(self.tag_len)]
+        &self.buf[..usize::from(self.layout.tag_len)]
     }
 
-    /// The `ETag` header value: a slice, not a copy.
-    pub fn etag(&self) -> HeaderValue {
-        HeaderValue::from_maybe_shared(self.buf.slice(..usize::from(self.tag_len)))
-            .expect("checked in `new`")
-    }
-
-    /// The `Content-Length` header value: a slice, not a copy.
-    pub fn length(&self) -> HeaderValue {
-        HeaderValue::from_maybe_shared(self.buf.slice(usize::from(self.tag_len)..self.head()))
-            .expect("digits are a valid header value")
-    }
-
-    /// The body: a slice, not a copy.
-    pub fn body(&self) -> Bytes {
-        self.buf.slice(self.head()..)
-    }
-
-    /// The body's length in bytes.
-    pub fn body_len(&self) -> usize {
-        self.buf.len() - self.head()
+    /// The body's bytes.
+    pub fn body(&self) -> &[u8] {
+        &self.buf[self.layout.head()..]
     }
 
     /// Bytes held: the body, its tag and its length's digits.
@@ -373,23 +408,28 @@ mod tests {
         let v = compress(&[b'x'; 5000], etag, Some(1024));
         let codings: Vec<Coding> = v.iter().map(|v| v.coding).collect();
         assert_eq!(codings, Coding::COMPRESSED);
-        assert_eq!(v[0].rep.etag(), "\"0123456789abcdef-br\"");
+        assert_eq!(v[0].rep.parts().etag, "\"0123456789abcdef-br\"");
     }
 
-    /// What a hit clones comes back exactly as made, as slices of one
-    /// buffer (one reference count): the tag, the length's digits, the body.
+    /// What a response sends comes back exactly as made, cut from one
+    /// buffer: the tag, the length's digits, the body.
     #[test]
     fn a_representation_is_its_tag_length_and_body_in_one_buffer() {
         let tag = b"\"0123456789abcdef\"";
         let large = vec![b'x'; 100_000];
         for body in [&b"{\"id\":1}"[..], b"", &large[..]] {
             let rep = Representation::new(tag, body);
-            let (etag, length, got) = (rep.etag(), rep.length(), rep.body());
+            let Parts {
+                etag,
+                length,
+                body: got,
+            } = rep.parts();
             assert_eq!(etag.as_bytes(), tag);
             assert_eq!(rep.tag(), tag);
             assert_eq!(length, body.len().to_string());
             assert_eq!(&got[..], body);
-            assert_eq!(rep.body_len(), body.len());
+            assert_eq!(rep.body(), body);
+            assert_eq!(rep.bytes(), [&tag[..], length.as_bytes(), body].concat());
             assert_eq!(rep.stored_len(), tag.len() + length.len() + body.len());
             assert_eq!(
                 etag.as_bytes().as_ptr_range().end,
@@ -414,14 +454,14 @@ mod tests {
         let body = v.rep.body();
         match v.coding {
             Coding::Gzip => {
-                flate2::read::GzDecoder::new(&body[..])
+                flate2::read::GzDecoder::new(body)
                     .read_to_end(&mut out)
                     .unwrap();
             }
             Coding::Br => {
                 brotli::BrotliDecompress(&mut &body[..], &mut out).unwrap();
             }
-            Coding::Zstd => out = zstd::decode_all(&body[..]).unwrap(),
+            Coding::Zstd => out = zstd::decode_all(body).unwrap(),
             Coding::Identity => out = body.to_vec(),
         }
         out
@@ -440,8 +480,8 @@ mod tests {
             tags.insert(Bytes::from_static(etag));
             for v in &variants {
                 prop_assert_eq!(decode(v), body.as_bytes());
-                prop_assert!(v.rep.body_len() < body.len());
-                prop_assert_eq!(v.rep.length(), v.rep.body_len().to_string());
+                prop_assert!(v.rep.body().len() < body.len());
+                prop_assert_eq!(v.rep.parts().length, v.rep.body().len().to_string());
                 prop_assert!(tags.insert(Bytes::copy_from_slice(v.rep.tag())));
             }
         }

@@ -29,8 +29,8 @@
 //!   bitmap. No I/O.
 //! - [`encoding`]: content codings of a row (gzip, br, zstd), compressed
 //!   once when it enters the cache, chosen per request from
-//!   `Accept-Encoding`; each stored as one buffer (ETag, length, body) a
-//!   hit hands out in slices.
+//!   `Accept-Encoding`; each stored as one buffer (ETag, length, body)
+//!   that a response cuts its parts from.
 //! - [`cache`]: moka row cache and negative cache around a loader closure;
 //!   knows nothing of the database.
 //! - [`db`]: the pool, the row query, streaming keys with binary COPY,

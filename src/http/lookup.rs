@@ -15,7 +15,7 @@ use bytes::Bytes;
 
 use super::response::{CACHE_STATUS, json_bytes, static_bytes, static_header};
 use crate::cache::{Outcome, Row};
-use crate::encoding::{self, Coding};
+use crate::encoding::{self, Coding, Parts};
 use crate::error::Error;
 use crate::histogram::Histogram;
 use crate::key::Key;
@@ -182,23 +182,23 @@ fn answer(route: &Route, lookup: Lookup, headers: &HeaderMap) -> (Response, usiz
     match lookup {
         Lookup::Filtered => filtered(route),
         Lookup::Cached(o) => match o {
-            Outcome::Hit(row) => (found(route, &row, headers, "bloomgate; hit"), outcome::HIT),
+            Outcome::Hit(row) => (found(route, row, headers, "bloomgate; hit"), outcome::HIT),
             Outcome::Loaded {
                 row,
                 collapsed: false,
             } => (
-                found(route, &row, headers, "bloomgate; fwd=miss; stored"),
+                found(route, row, headers, "bloomgate; fwd=miss; stored"),
                 outcome::MISS,
             ),
             Outcome::Loaded {
                 row,
                 collapsed: true,
             } => (
-                found(route, &row, headers, "bloomgate; fwd=miss; collapsed"),
+                found(route, row, headers, "bloomgate; fwd=miss; collapsed"),
                 outcome::COLLAPSED,
             ),
             Outcome::Bypassed(Some(row)) => (
-                found(route, &row, headers, "bloomgate; fwd=bypass"),
+                found(route, row, headers, "bloomgate; fwd=bypass"),
                 outcome::MISS,
             ),
             Outcome::NegativeHit => (
@@ -236,7 +236,12 @@ fn not_found(route: &Route, cache_status: &'static str) -> Response {
 
 const VARY: HeaderValue = HeaderValue::from_static("accept-encoding");
 
-fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static str) -> Response {
+fn found(
+    route: &Route,
+    row: Arc<Row>,
+    headers: &HeaderMap,
+    cache_status: &'static str,
+) -> Response {
     // A row too small to compress has one representation: no header to read.
     let coding = if row.variants().is_empty() {
         Coding::Identity
@@ -249,18 +254,18 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
             |c| row.variant(c).is_some(),
         )
     };
-    let rep = row.variant(coding).map_or(&row.identity, |v| &v.rep);
-    let not_modified = if_none_match(headers, rep.tag());
+    let not_modified = if_none_match(headers, row.representation(coding).tag());
+    let Parts { etag, length, body } = row.sent(coding);
     let mut resp = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        json_bytes(StatusCode::OK, rep.body())
+        json_bytes(StatusCode::OK, body)
     };
     let h = resp.headers_mut();
     // A 304 carries the validators and caching fields, not representation
     // metadata such as Content-Encoding (RFC 9110 §15.4.5).
     if !not_modified {
-        h.insert(header::CONTENT_LENGTH, rep.length());
+        h.insert(header::CONTENT_LENGTH, length);
         if coding != Coding::Identity {
             h.insert(
                 header::CONTENT_ENCODING,
@@ -271,7 +276,7 @@ fn found(route: &Route, row: &Row, headers: &HeaderMap, cache_status: &'static s
     if route.vary {
         h.insert(header::VARY, VARY);
     }
-    h.insert(header::ETAG, rep.etag());
+    h.insert(header::ETAG, etag);
     h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
     // On the 304 too (RFC 9110 §15.4.5): it refreshes the stored response.
     h.insert(header::CACHE_CONTROL, route.row_cache_control.clone());
