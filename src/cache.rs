@@ -113,6 +113,12 @@ impl Row {
     /// `Content-Length` and body as slices of one `Bytes` that owns this
     /// row, so the row lives as long as the response needs it.
     ///
+    /// The cost: a response keeps the whole row, every coding of it, until
+    /// its last part is dropped, even when the cache has let the row go (an
+    /// eviction or invalidation while a slow client reads). That memory is
+    /// outside `cache.max_bytes`, as a response's buffer was before; what
+    /// changed is that it is the whole row, not the one representation sent.
+    ///
     /// Why a `Bytes` per response rather than clones of one stored with the
     /// row: a stored one keeps its count in a block of its own, one more
     /// cache line for a hit to fetch on a large working set (measured at
@@ -1046,25 +1052,34 @@ mod tests {
             Bytes::from("the quick brown fox ".repeat(200)),
             Some(1024),
         ));
+        let identity = row.identity.tag().to_vec();
         for coding in [Coding::Identity, Coding::Gzip, Coding::Br, Coding::Zstd] {
             let rep = row.representation(coding);
             let Parts { etag, length, body } = row.clone().sent(coding);
-            assert_eq!(etag.as_bytes(), rep.tag(), "{coding:?}");
+            // The coding's own representation: its tag is identity's with
+            // the token in the quotes.
+            let want = match coding {
+                Coding::Identity => identity.clone(),
+                c => [&identity[..17], b"-", c.token().as_bytes(), b"\""].concat(),
+            };
+            assert_eq!(etag.as_bytes(), want, "{coding:?}");
+            assert_eq!(etag.as_bytes(), rep.tag());
             assert_eq!(length, rep.body().len().to_string());
             assert_eq!(&body[..], rep.body());
+            // Cut from the row, not copied.
+            assert_eq!(etag.as_bytes().as_ptr(), rep.tag().as_ptr());
+            assert_eq!(body.as_ptr(), rep.body().as_ptr());
             assert_eq!(Arc::strong_count(&row), 2, "held by the parts");
-            drop((etag, length));
-            assert_eq!(Arc::strong_count(&row), 2, "held by the body still");
             drop(body);
+            assert_eq!(Arc::strong_count(&row), 2, "held by the headers still");
+            drop((etag, length));
             assert_eq!(Arc::strong_count(&row), 1);
         }
-        assert_ne!(
-            row.representation(Coding::Br).tag(),
-            row.identity.tag(),
-            "a variant's own tag"
-        );
-        // A coding the row has no variant in sends identity.
+        // A coding the row has no variant in sends identity, all of it.
         let small = Arc::new(Row::new(Bytes::from("{}")));
-        assert_eq!(&small.clone().sent(Coding::Br).body[..], b"{}");
+        let sent = small.clone().sent(Coding::Br);
+        assert_eq!(&sent.body[..], b"{}");
+        assert_eq!(sent.etag.as_bytes(), small.identity.tag());
+        assert_eq!(sent.length, "2");
     }
 }

@@ -59,9 +59,9 @@ pub struct Variant {
 /// One stored representation of a row: its ETag, its `Content-Length`
 /// digits and its body, in one buffer, as a response sends them.
 ///
-/// Guarantees: the [`Parts`] cut from it ([`Layout::cut`], or
-/// [`Self::parts`]) are exactly what it was made from (the tag, the body's
-/// length in decimal, the body).
+/// Guarantees: the [`Parts`] cut from its own bytes ([`Layout::cut`] given
+/// a `Bytes` of [`Self::bytes`], or [`Self::parts`]) are exactly what it was
+/// made from (the tag, the body's length in decimal, the body).
 ///
 /// Why one buffer: a hit reads the cached row and sends all three, and the
 /// rows a gateway serves are far more than its cores' caches hold, so every

@@ -254,8 +254,8 @@ fn found(
             |c| row.variant(c).is_some(),
         )
     };
-    let not_modified = if_none_match(headers, row.representation(coding).tag());
     let Parts { etag, length, body } = row.sent(coding);
+    let not_modified = if_none_match(headers, etag.as_bytes());
     let mut resp = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
