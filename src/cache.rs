@@ -104,12 +104,14 @@ impl Row {
     }
 
     /// The representation in `coding`, or identity if the row has none in
-    /// it.
+    /// it: the one [`Self::sent`] cuts (tests compare the two).
+    #[cfg(test)]
     pub fn representation(&self, coding: Coding) -> &Representation {
-        self.variant(coding).map_or(&self.identity, |v| &v.rep)
+        self.at(self.index(coding))
     }
 
-    /// What a response sends of [`Self::representation`]: its `ETag`,
+    /// What a response sends of the representation in `coding` (identity if
+    /// the row has none in it): its `ETag`,
     /// `Content-Length` and body as slices of one `Bytes` that owns this
     /// row, so the row lives as long as the response needs it.
     ///
@@ -126,9 +128,14 @@ impl Row {
     /// in a block allocated here, which the allocator's thread-local free
     /// list hands back already in cache, and freed with the response.
     pub fn sent(self: Arc<Self>, coding: Coding) -> Parts {
-        let variant = self.variants().iter().position(|v| v.coding == coding);
+        let variant = self.index(coding);
         let layout = self.at(variant).layout();
         layout.cut(&Bytes::from_owner(Held { row: self, variant }))
+    }
+
+    /// Which variant is in `coding`: an index, or `None` for identity.
+    fn index(&self, coding: Coding) -> Option<usize> {
+        self.variants().iter().position(|v| v.coding == coding)
     }
 
     fn at(&self, variant: Option<usize>) -> &Representation {

@@ -157,8 +157,9 @@ impl Representation {
         self.layout
     }
 
-    /// The parts, cut from a copy of the buffer: for tests and tools; a
-    /// response cuts them from the row it holds (`cache::Row::sent`).
+    /// The parts, cut from a copy of the buffer, for tests; a response cuts
+    /// them from the row it holds (`cache::Row::sent`).
+    #[cfg(test)]
     pub fn parts(&self) -> Parts {
         self.layout.cut(&Bytes::copy_from_slice(&self.buf))
     }
