@@ -13,7 +13,7 @@
 //! | delete | old key `k` | `note_delete(k)`: cache entry dropped, counted towards decay |
 //! | update, key unchanged | `k` | `invalidate(k)` |
 //! | update, key changed | old `o`, new `n` | `note_delete(o)`, `insert_key_from(n)` |
-//! | any, key [`Value::Unknown`] | ? | `clear_cache()`; for a new row also a rebuild ([`Reason::UnknownKey`]) |
+//! | any, key [`Value::Unknown`] | ? | `clear_cache()`; for a new row a gap ([`Reason::UnknownKey`], see below) |
 //! | truncate | | `clear_cache()`, rebuild ([`Reason::Truncate`]) |
 //!
 //! A NULL key is no key: nothing to insert or invalidate (no request can
@@ -35,21 +35,35 @@
 //! re-delivery only invalidates again (its filter inserts and deletes were
 //! applied on receipt; see `feed`).
 //!
-//! # Resync and rescan
-//! [`Event::Resync`]: every filter is rebuilt (coalesced per resource, never
-//! forced: a forged event must not get past the shrink guard). A snapshot
-//! offered with it is declined (dropped), so the feed delivers from its
-//! start: correct, and a rebuild from any later snapshot covers the rest.
-//! [`Event::Rescan`] (a change too large to announce: its keys are not
-//! known): the caches of that table's resources are cleared and their
-//! filters rebuilt.
-
-use std::sync::Arc;
+//! # Vouching (see "The principle" in `feed`)
+//! - [`Event::Heartbeat`]: the feed is current up to that moment. Every
+//!   resource is *fresh* while the latest heartbeat is within
+//!   `database.freshness_bound`; the applier checks that on a timer as well
+//!   as on each heartbeat, so a feed that falls silent stops being trusted
+//!   within the bound plus one tick, whatever else happens.
+//! - [`Event::Interrupted`]: not fresh at once, until the next heartbeat.
+//! - [`Event::Resync`] (every table, or one): the required LSN of the read
+//!   replicas is raised to the primary's position (the missed commits'
+//!   positions are not known), then every resource on the scope opens a
+//!   gap, empties its caches and asks for a rebuild (coalesced, never
+//!   forced: a forged event must not get past the shrink guard); see
+//!   `Resource::resync`.
+//! - [`Event::Coverage`]: the problem, if any, of every resource on that
+//!   table.
+//!
+//! A rescan of one table (a notify `RESCAN`: a change too large to carry
+//! its keys) and an insert whose key was not carried are gaps of that
+//! resource too: its filter may lack a key that exists.
+//!
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
 use crate::db::replicas::Replicas;
-use crate::feed::{Columns, Commit, Event, Lsn, Op, Phase, RowChange, TableName, Value};
+use crate::feed::{
+    Columns, Commit, Coverage, Event, Lsn, Op, Phase, Resync, RowChange, Scope, TableName, Value,
+};
 use crate::key::{self, Key};
 use crate::rebuild::Reason;
 use crate::resource::{Provenance, Resource};
@@ -77,6 +91,18 @@ pub struct Applier {
     /// Told the LSN of each change before it is applied (read-your-writes
     /// on replicas; see `db::replicas`).
     replicas: Option<Arc<Replicas>>,
+    /// `database.freshness_bound`; `None`: no feed sends heartbeats (the
+    /// feed is off), so freshness is not the feed's to prove.
+    bound: Option<Duration>,
+    fresh: Mutex<Freshness>,
+}
+
+#[derive(Default)]
+struct Freshness {
+    /// The latest heartbeat's moment, `None` since an interruption.
+    heard: Option<Instant>,
+    /// What the resources were last told.
+    told: Option<bool>,
 }
 
 impl Applier {
@@ -85,6 +111,8 @@ impl Applier {
             routes,
             applied,
             replicas: None,
+            bound: None,
+            fresh: Mutex::default(),
         }
     }
 
@@ -93,10 +121,34 @@ impl Applier {
         self
     }
 
-    /// Applies events until every sender is gone (or the task is aborted).
+    /// Expects heartbeats: a resource is fresh only while the latest is
+    /// within `bound`.
+    pub fn with_bound(mut self, bound: Duration) -> Self {
+        self.bound = Some(bound);
+        self
+    }
+
+    /// Applies events until every sender is gone (or the task is aborted),
+    /// checking freshness meanwhile.
     pub async fn run(self, mut events: mpsc::Receiver<Event>) {
+        self.check_fresh();
+        let every = self.bound.map_or(Duration::from_secs(1), |b| {
+            (b / 8).max(Duration::from_millis(10))
+        });
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut batch = Vec::new();
-        while let Some(event) = events.recv().await {
+        loop {
+            let event = tokio::select! {
+                e = events.recv() => match e {
+                    Some(e) => e,
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    self.check_fresh();
+                    continue;
+                }
+            };
             // What is queued already is applied with it: with read replicas,
             // one read of the primary's position covers the whole batch.
             batch.push(event);
@@ -110,6 +162,31 @@ impl Applier {
             for event in batch.drain(..) {
                 self.apply_noted(event).await;
             }
+        }
+    }
+
+    /// Tells every resource whether the feed is fresh, when that changed.
+    fn check_fresh(&self) {
+        let mut f = self.fresh.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = match self.bound {
+            None => true,
+            Some(bound) => f.heard.is_some_and(|at| at.elapsed() <= bound),
+        };
+        if f.told == Some(fresh) {
+            return;
+        }
+        if f.told.is_some() {
+            match fresh {
+                true => tracing::info!("change feed current again: filters and caches answer"),
+                false => tracing::warn!(
+                    bound = ?self.bound,
+                    "the change feed has not confirmed it is current within database.freshness_bound: answering from the database until it does"
+                ),
+            }
+        }
+        f.told = Some(fresh);
+        for r in &self.routes {
+            r.resource.vouch.set_fresh(fresh);
         }
     }
 
@@ -154,22 +231,41 @@ impl Applier {
     async fn apply_noted(&self, event: Event) {
         match event {
             Event::Commit(c) => self.commit(c).await,
-            Event::Resync(r) => {
-                // Declined: see the module doc.
-                drop(r.snapshot);
-                tracing::info!(reason = %r.reason, "change feed resync: rebuilding every filter");
-                for route in &self.routes {
-                    route.resource.request_rebuild(Reason::Resync, false);
+            Event::Heartbeat(at) => {
+                {
+                    let mut f = self.fresh.lock().unwrap_or_else(|p| p.into_inner());
+                    f.heard = Some(f.heard.map_or(at, |h| h.max(at)));
                 }
+                self.check_fresh();
             }
-            Event::Rescan(table) => {
-                // A change whose keys were not carried: a new key only a
-                // scan finds, a cached row we cannot name.
+            Event::Interrupted(_) => {
+                self.fresh.lock().unwrap_or_else(|p| p.into_inner()).heard = None;
+                self.check_fresh();
+            }
+            Event::Resync(r) => self.resync(r).await,
+            Event::Coverage(Coverage { table, problem }) => {
                 for route in self.on(&table) {
-                    route.resource.clear_cache();
-                    route.resource.request_rebuild(Reason::Rescan, false);
+                    route.resource.vouch.set_problem(problem.clone());
                 }
             }
+        }
+    }
+
+    async fn resync(&self, r: Resync) {
+        tracing::info!(reason = %r.reason, scope = ?r.scope, "change feed resync: caches emptied, filters rebuilt");
+        // The missed commits' positions are not known: past all of them.
+        if let Some(reps) = &self.replicas {
+            match reps.primary_lsn().await {
+                Ok(lsn) => reps.note_change(lsn),
+                Err(_) => reps.note_unknown_change(),
+            }
+        }
+        let reason = match &r.scope {
+            Scope::All => Reason::Resync,
+            Scope::Table(_) => Reason::Rescan,
+        };
+        for route in self.routes.iter().filter(|x| r.scope.covers(&x.table)) {
+            route.resource.resync(&r.reason, reason);
         }
     }
 
@@ -271,9 +367,9 @@ async fn apply_change(route: &Route, change: &RowChange, from: Provenance, phase
             match &new {
                 Seen::Key(n) => r.insert_key_from(n, from).await,
                 // A row whose key we were not told may be new: only a scan
-                // finds it.
+                // finds it, and until then the filter may lack it.
                 Seen::Unknown => {
-                    r.request_rebuild(Reason::UnknownKey, false);
+                    r.resync("an insert whose key was not carried", Reason::UnknownKey);
                 }
                 Seen::None => {}
             }

@@ -290,6 +290,14 @@ pub struct DatabaseConfig {
     /// Default `250ms`.
     #[serde(with = "humantime_serde")]
     pub replica_check_interval: Duration,
+    /// The longest the gateway answers from its filters and caches without
+    /// the change feed proving it is current (a heartbeat every 100 ms, see
+    /// `feed`). Past it (a hung connection, a cut network, a feed far
+    /// behind) keys are looked up in the database instead: a row committed
+    /// longer ago than this is never answered 404 or old. At least `500ms`
+    /// and four poll intervals. Default `2s`.
+    #[serde(with = "humantime_serde")]
+    pub freshness_bound: Duration,
 }
 
 /// A list of URLs, or one text of comma-separated URLs: what an
@@ -333,6 +341,7 @@ impl Default for DatabaseConfig {
             replica_urls: Vec::new(),
             max_replica_lag: Duration::from_secs(1),
             replica_check_interval: Duration::from_millis(250),
+            freshness_bound: Duration::from_secs(2),
         }
     }
 }
@@ -364,6 +373,7 @@ impl fmt::Debug for DatabaseConfig {
             )
             .field("max_replica_lag", &self.max_replica_lag)
             .field("replica_check_interval", &self.replica_check_interval)
+            .field("freshness_bound", &self.freshness_bound)
             .finish()
     }
 }
@@ -869,6 +879,24 @@ impl Config {
             return Err(bad(
                 "database.queue_poll_interval".into(),
                 "must be between 1ms and 1s".into(),
+            ));
+        }
+        let polls = [
+            Some(self.database.queue_poll_interval),
+            self.database.wal_poll_interval,
+        ];
+        let floor = polls
+            .into_iter()
+            .flatten()
+            .map(|p| p * 4)
+            .fold(Duration::from_millis(500), Duration::max);
+        if self.database.freshness_bound < floor {
+            return Err(bad(
+                "database.freshness_bound".into(),
+                format!(
+                    "must be at least {} (500ms, and four poll intervals)",
+                    humantime::format_duration(floor)
+                ),
             ));
         }
         if self.database.queue_retention < Duration::from_secs(10) {

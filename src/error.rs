@@ -19,6 +19,11 @@ pub enum Error {
     /// The detail is the driver's message, for logs only.
     #[error("the database is unavailable")]
     Unavailable(String),
+    /// The filter rejected the key while the change feed could not vouch
+    /// for it (a resync, a silent feed) and the database check budget was
+    /// spent (503).
+    #[error("the gateway is resyncing with the database: this key cannot be answered right now")]
+    Unverified,
     /// Too many requests already in flight (503).
     #[error("the gateway is overloaded")]
     Overloaded,
@@ -36,6 +41,7 @@ impl Error {
         match self {
             Error::BadKey(_) => "malformed_key",
             Error::NotReady => "not_ready",
+            Error::Unverified => "unverified",
             Error::Unavailable(_) => "database_unavailable",
             Error::Overloaded => "overloaded",
             Error::Timeout => "timeout",

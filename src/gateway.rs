@@ -52,6 +52,8 @@ pub struct Gateway {
     feed_mode: OnceLock<FeedMode>,
     /// The `wal` feed's counters (zero in the other modes).
     pub wal_stats: Arc<feed::wal::Stats>,
+    /// What the feed in force says of its connection.
+    pub feed_health: Arc<feed::Health>,
 }
 
 /// How the `wal` feed reads the slot (`database.wal_poll_interval`), for
@@ -100,6 +102,35 @@ impl Deref for GatewayStats {
     type Target = notify::Counters;
     fn deref(&self) -> &notify::Counters {
         &self.notify
+    }
+}
+
+/// What stands between the gateway and readiness: each resource's reason
+/// (a filter loading, a resync, a table the feed cannot follow, a feed not
+/// proven current) and the feed's own (waiting for its slot, say). Safe to
+/// show: no SQL, no secret.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct Readiness {
+    pub resources: Vec<(String, String)>,
+    pub feed: Option<String>,
+}
+
+impl Readiness {
+    pub fn is_empty(&self) -> bool {
+        self.resources.is_empty() && self.feed.is_none()
+    }
+}
+
+impl std::fmt::Display for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts: Vec<String> = Vec::new();
+        if let Some(feed) = &self.feed {
+            parts.push(format!("change feed: {feed}"));
+        }
+        for (r, why) in &self.resources {
+            parts.push(format!("{r}: {why}"));
+        }
+        f.write_str(&parts.join("; "))
     }
 }
 
@@ -155,6 +186,7 @@ impl Gateway {
             applied_tx,
             feed_mode: OnceLock::new(),
             wal_stats: Arc::default(),
+            feed_health: Arc::default(),
         })
     }
 
@@ -162,9 +194,35 @@ impl Gateway {
         self.resources.iter().find(|r| r.name() == name)
     }
 
-    /// Every resource can answer.
+    /// Every resource can answer from its filter and cache.
     pub fn is_ready(&self) -> bool {
         self.resources.iter().all(|r| r.is_ready())
+    }
+
+    /// Why the gateway is not ready, per resource and for the feed; empty
+    /// when it is (see [`Readiness`]).
+    pub fn readiness(&self) -> Readiness {
+        let resources = self
+            .resources
+            .iter()
+            .filter_map(|r| Some((r.name().to_string(), r.why_not_ready()?)))
+            .collect();
+        let health = self.feed_health.get();
+        let feed = match health.state {
+            feed::FeedState::Streaming => None,
+            _ if self.feed_mode() == Some(FeedMode::Off) => None,
+            feed::FeedState::Starting => Some(
+                health
+                    .detail
+                    .unwrap_or_else(|| "the change feed is starting".into()),
+            ),
+            feed::FeedState::Waiting => Some(
+                health
+                    .detail
+                    .unwrap_or_else(|| "the change feed is not streaming".into()),
+            ),
+        };
+        Readiness { resources, feed }
     }
 
     /// The tables and key columns the change feeds watch (canonical names),
@@ -247,11 +305,23 @@ impl Gateway {
                 }
             }
         }
-        if let Some(sink) = sink {
-            self.check_triggers(&watch, sink).await;
+        // Resources whose changes no feed follows (a view without
+        // `source_table`) change only at rebuilds: nothing to prove.
+        for r in &self.resources {
+            if !routes.iter().any(|x| Arc::ptr_eq(&x.resource, r)) {
+                r.vouch.set_fresh(true);
+            }
         }
         self.start_feed(routes, &watch, mode).await?;
         let _ = self.watch.set(watch);
+        if let Some(replicas) = self.db.replicas() {
+            // A replica behind the primary now may lack commits no feed
+            // event will ever name: loads wait for it to pass this point.
+            match replicas.primary_lsn().await {
+                Ok(lsn) => replicas.note_change(lsn),
+                Err(_) => replicas.note_unknown_change(),
+            }
+        }
         for r in &self.resources {
             if !r.config.filter.enabled {
                 continue;
@@ -262,9 +332,26 @@ impl Gateway {
                 source,
             })?;
         }
+        // Until the feed's first heartbeat after the scans, nothing is
+        // vouched for: "ready" means the filters answer.
+        self.wait_heard().await;
         tracing::info!(elapsed = ?began.elapsed(), resources = self.resources.len(), "ready");
         *started = true;
         Ok(())
+    }
+
+    /// Waits until the feed has proven itself current once (every resource
+    /// fresh, see `vouch`), saying why in the log while it waits.
+    async fn wait_heard(&self) {
+        let began = Instant::now();
+        let mut said = began;
+        while !self.resources.iter().all(|r| r.vouch.is_fresh()) {
+            if said.elapsed() >= std::time::Duration::from_secs(10) {
+                tracing::warn!(waited = ?began.elapsed(), why = %self.readiness(), "waiting for the change feed to confirm it is current");
+                said = Instant::now();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     /// Reads every resource's table from the catalog: the table whose
@@ -359,66 +446,6 @@ impl Gateway {
         Ok(self.install_triggers_for(&watch, sink).await)
     }
 
-    /// Warns for every watched table whose notification trigger is missing
-    /// (never installed, or dropped by the migration that removed the first
-    /// version) or does not announce every key column this config needs
-    /// (another config installed it last): its changes would otherwise be
-    /// seen only at rebuilds, silently. Likewise for a trigger that
-    /// delivers to the other sink (notifying while the queue is polled, or
-    /// the reverse).
-    async fn check_triggers(&self, watch: &Watch, sink: Sink) {
-        for t in &watch.tables {
-            let name = crate::db::triggers::function_name(&t.name);
-            let source: Result<Option<String>, _> = sqlx::query_scalar(
-                "SELECT p.prosrc FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
-                  WHERE g.tgrelid = to_regclass($1) AND g.tgname = $2 AND g.tgenabled <> 'D'",
-            )
-            .bind(catalog::quote_table(&t.name))
-            .bind(&name)
-            .fetch_optional(self.db.pool())
-            .await;
-            if let Ok(Some(src)) = &source
-                && !src.contains(sink.marker())
-            {
-                tracing::warn!(
-                    table = %t.name,
-                    trigger = %name,
-                    feed = ?sink,
-                    "the trigger delivers changes to the other feed (installed for another database.freshness?): changes to this table are seen only at rebuilds; run `bloomgate install-triggers`"
-                );
-                continue;
-            }
-            let missing: Vec<&str> = match &source {
-                Ok(Some(src)) => t
-                    .columns
-                    .iter()
-                    .map(|c| &*c.name)
-                    .filter(|c| !src.contains(&format!("NEW.{}::text", catalog::quote(c))))
-                    .collect(),
-                Ok(None) => {
-                    tracing::warn!(
-                        table = %t.name,
-                        trigger = %name,
-                        "no notification trigger: changes to this table are seen only at rebuilds; run `bloomgate install-triggers` or set database.install_triggers = true"
-                    );
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(table = %t.name, error = %e, "cannot check the notification trigger");
-                    continue;
-                }
-            };
-            if !missing.is_empty() {
-                tracing::warn!(
-                    table = %t.name,
-                    trigger = %name,
-                    columns = ?missing,
-                    "the notification trigger does not announce these key columns (installed by another config?): their resources see changes only at rebuilds; run `bloomgate install-triggers`"
-                );
-            }
-        }
-    }
-
     /// One function and trigger pair per watched table, with the key
     /// columns of every resource on it (see `db::triggers`).
     async fn install_triggers_for(
@@ -451,11 +478,11 @@ impl Gateway {
         // were stopped (`stop`) or will be, and new ones start here.
         let applied = self.applied_tx.clone();
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
-        self.keep(tokio::spawn(
-            Applier::new(routes, applied)
-                .with_replicas(self.db.replicas().cloned())
-                .run(rx),
-        ));
+        let mut applier = Applier::new(routes, applied).with_replicas(self.db.replicas().cloned());
+        if mode != FeedMode::Off {
+            applier = applier.with_bound(self.config.database.freshness_bound);
+        }
+        self.keep(tokio::spawn(applier.run(rx)));
         if mode == FeedMode::Off {
             return Ok(());
         }
@@ -468,6 +495,7 @@ impl Gateway {
                 password: feed::replication::password_from_url(&self.config.database.url),
                 poll: self.config.database.wal_poll_interval,
                 silence_limit: feed::wal::SILENCE_LIMIT,
+                install: self.config.database.install_feed,
             };
             self.keep(tokio::spawn(feed::wal::run(
                 opts,
@@ -475,6 +503,7 @@ impl Gateway {
                 tx,
                 self.applied.clone(),
                 self.wal_stats.clone(),
+                self.feed_health.clone(),
                 ready_tx,
             )));
             return match ready.await {
@@ -491,6 +520,8 @@ impl Gateway {
                 counters: self.stats.notify.clone(),
                 interval: self.config.database.queue_poll_interval,
                 retention: self.config.database.queue_retention,
+                health: self.feed_health.clone(),
+                install: self.config.database.install_triggers,
             };
             self.keep(tokio::spawn(feed::queue::run(
                 opts,
@@ -509,6 +540,8 @@ impl Gateway {
         let opts = notify::Options {
             connect: (*self.db.pool().connect_options()).clone(),
             counters: self.stats.notify.clone(),
+            health: self.feed_health.clone(),
+            install: self.config.database.install_triggers,
         };
         self.keep(tokio::spawn(feed::notify::run(
             opts,
@@ -575,15 +608,20 @@ impl Gateway {
                     }
                     Ok(r) if !r.can_replicate => "the role lacks REPLICATION".to_string(),
                     Ok(_) => {
-                        if db.install_feed {
-                            self.install_publication(watch).await?;
-                        }
-                        match feed::wal::check(pool, watch, &db.publication).await {
-                            Ok(()) => {
-                                tracing::info!(freshness = "wal", publication = %db.publication, delivery = %wal_delivery(db), "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
-                                return Ok(FeedMode::Wal);
-                            }
-                            Err(e) => e,
+                        let installed = match db.install_feed {
+                            true => self.install_publication(watch).await,
+                            false => Ok(()),
+                        };
+                        match installed {
+                            // Nothing was changed: the notify feed instead.
+                            Err(e) => e.to_string(),
+                            Ok(()) => match feed::wal::check(pool, watch, &db.publication).await {
+                                Ok(()) => {
+                                    tracing::info!(freshness = "wal", publication = %db.publication, delivery = %wal_delivery(db), "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
+                                    return Ok(FeedMode::Wal);
+                                }
+                                Err(e) => e,
+                            },
                         }
                     }
                     Err(e) => format!("cannot read wal_level: {e}"),
@@ -595,9 +633,15 @@ impl Gateway {
     }
 
     async fn install_publication(&self, watch: &Watch) -> Result<(), StartError> {
-        feed::wal::install(self.db.pool(), watch, &self.config.database.publication)
+        let mut conn = self
+            .db
+            .pool()
+            .acquire()
             .await
-            .map_err(|e| StartError::Feed(format!("cannot create the publication: {e}")))?;
+            .map_err(StartError::Catalog)?;
+        crate::db::publication::install(&mut conn, watch, &self.config.database.publication)
+            .await
+            .map_err(|e| StartError::Feed(format!("cannot install the publication: {e}")))?;
         tracing::info!(publication = %self.config.database.publication, "publication covers every resource table");
         Ok(())
     }

@@ -104,3 +104,4 @@ pub mod resource;
 pub mod seed;
 pub mod server;
 pub mod telemetry;
+pub mod vouch;

@@ -86,7 +86,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::budget::TokenBucket;
-use crate::cache::{Outcome, Peek, RowCache};
+use crate::cache::{Outcome, Peek, Row, RowCache};
 use crate::config::Resolved;
 use crate::counter::Counter;
 use crate::db::{Db, DbError, Queries};
@@ -95,6 +95,7 @@ use crate::filter::{FilterError, FilterKey, FilterStats, Item, KeySet, KeySetBui
 use crate::key::{self, Key, KeyType};
 use crate::rebuild::{self, Coordinator, Job, Reason, Ticket};
 use crate::telemetry::LogThrottle;
+use crate::vouch::Vouch;
 
 /// How a lookup was answered.
 #[derive(Debug)]
@@ -103,6 +104,9 @@ pub enum Lookup {
     Filtered,
     /// The cache answered, or loaded through to the database.
     Cached(Outcome),
+    /// Not vouched for ([`crate::vouch`]): loaded from the database past
+    /// the caches, which were neither read nor written.
+    Unvouched(Option<Arc<Row>>),
 }
 
 /// What the filter says of a key ([`Resource::filter`]).
@@ -119,6 +123,10 @@ pub enum Passed {
     /// Let through as `Maybe`, and found in neither cache a moment ago
     /// ([`Resource::cached`]): load, without reading the caches again.
     Missed,
+    /// Neither filter nor cache is vouched for ([`crate::vouch`]): load
+    /// from the database without them. `rejected`: the filter rejected the
+    /// key (within `verify_budget`), so a row found goes into it.
+    Unvouched { rejected: bool },
 }
 
 /// Where a live insert comes from: decides whether it may raise the
@@ -172,6 +180,12 @@ pub struct Stats {
     pub decay_rebuilds: AtomicU64,
     /// Loads refused because `max_concurrency` loads were in flight (503).
     pub shed_loads: AtomicU64,
+    /// Lookups answered from the database past filter and cache because
+    /// they were not vouched for (see [`crate::vouch`]).
+    pub unvouched_loads: AtomicU64,
+    /// Keys the filter rejected while not vouched for, past the
+    /// `verify_budget`: 503, as nothing could say they do not exist.
+    pub unverified: AtomicU64,
 }
 
 impl Stats {
@@ -185,7 +199,7 @@ impl Stats {
             l(&self.loads),
             l(&self.collapsed),
             l(&self.bad_requests),
-            l(&self.unavailable),
+            l(&self.unavailable) + l(&self.unverified),
             l(&self.not_ready),
         ]
     }
@@ -526,6 +540,8 @@ pub struct Resource {
     /// Slots for row loads, shared by every resource of the gateway
     /// (`server.max_concurrency`); see [`LoadError::Overloaded`].
     loads: Arc<tokio::sync::Semaphore>,
+    /// Whether the filter and cache may answer (see [`crate::vouch`]).
+    pub vouch: Vouch,
     pub stats: Stats,
 }
 
@@ -559,6 +575,7 @@ impl Resource {
             decay: Decay::default(),
             load_failure_log: LogThrottle::default(),
             loads,
+            vouch: Vouch::default(),
             stats: Stats::default(),
         }
     }
@@ -571,9 +588,38 @@ impl Resource {
         self.config.key_type
     }
 
-    /// Ready to answer: the filter is built, or there is none to build.
+    /// Ready to answer from its filter and cache: the filter is built (or
+    /// there is none), and they are vouched for.
     pub fn is_ready(&self) -> bool {
+        self.is_built() && self.vouch.ok()
+    }
+
+    /// The filter is built, or there is none to build.
+    pub fn is_built(&self) -> bool {
         !self.config.filter.enabled || self.filter.load().is_some()
+    }
+
+    /// Why not ready, for `/readyz`, the admin API and the status page.
+    pub fn why_not_ready(&self) -> Option<String> {
+        if !self.is_built() {
+            return Some("the filter is still loading".into());
+        }
+        self.vouch.why_not()
+    }
+
+    /// Changes to this resource's table may have been missed (a feed's
+    /// resync or rescan): from now on its filter may lack keys and its
+    /// cache hold old rows, so neither answers (see [`crate::vouch`]) until
+    /// a rebuild that begins after this has swapped in; the caches are
+    /// emptied and that rebuild requested.
+    pub fn resync(&self, why: &str, reason: Reason) {
+        if self.config.filter.enabled {
+            self.vouch.open_gap(why);
+        }
+        self.cache.clear();
+        if self.config.filter.enabled {
+            self.request_rebuild(reason, false);
+        }
     }
 
     /// Parses a raw path segment for this resource's key type.
@@ -589,8 +635,14 @@ impl Resource {
     /// this, then [`Resource::lookup_passed`]: filter, then cache, then
     /// database.
     pub fn filter(&self, key: &Key) -> Result<Passed, Error> {
+        // Before the filter is read (see `vouch`).
+        let vouched = self.vouch.ok();
+        let maybe = match vouched {
+            true => Passed::Maybe,
+            false => Passed::Unvouched { rejected: false },
+        };
         if !self.config.filter.enabled {
-            return Ok(Passed::Maybe);
+            return Ok(maybe);
         }
         let filter = self.filter.load();
         let Some(filter) = filter.as_ref() else {
@@ -598,7 +650,16 @@ impl Resource {
             return Err(Error::NotReady);
         };
         if filter.contains(key.item()) {
-            return Ok(Passed::Maybe);
+            return Ok(maybe);
+        }
+        if !vouched {
+            // The filter may lack a key that exists: the database says,
+            // within the budget that bounds what absent keys cost it.
+            if self.verify_budget.try_take() {
+                return Ok(Passed::Unvouched { rejected: true });
+            }
+            self.stats.unverified.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Unverified);
         }
         if !self.may_verify(key) {
             self.stats.filtered.add(1);
@@ -617,6 +678,14 @@ impl Resource {
             Passed::Filtered => return Ok(Lookup::Filtered),
             Passed::Maybe => return self.load_through_cache(key, true).await,
             Passed::Missed => return self.load_through_cache(key, false).await,
+            Passed::Unvouched { rejected } => {
+                let result = self.load_direct(&key).await;
+                if rejected && let Ok(Lookup::Unvouched(Some(_))) = &result {
+                    // Read by the gateway itself: it exists.
+                    self.add_to_filter(&key, Provenance::Trusted);
+                }
+                return result;
+            }
             Passed::Verify => {}
         }
         let result = self.load_through_cache(key.clone(), true).await;
@@ -655,6 +724,38 @@ impl Resource {
         self.config.filter.verify_above_high_water
             && matches!(key, Key::Int(v) if *v > self.high_water.load(Ordering::Relaxed))
             && self.verify_budget.try_take()
+    }
+
+    /// One load from the database for a lookup not vouched for: no cache
+    /// read, nothing stored, no coalescing (each such request is one query,
+    /// within the load slots and, for keys the filter rejected,
+    /// `verify_budget`).
+    async fn load_direct(&self, key: &Key) -> Result<Lookup, Error> {
+        self.stats.unvouched_loads.fetch_add(1, Ordering::Relaxed);
+        let Ok(_slot) = self.loads.clone().try_acquire_owned() else {
+            self.stats.shed_loads.fetch_add(1, Ordering::Relaxed);
+            return Err(Error::Overloaded);
+        };
+        let sql = &self.queries.row;
+        let loaded = match key {
+            Key::Int(v) => self.db.fetch_json(sql, *v).await,
+            Key::Uuid(u) => self.db.fetch_json(sql, *u).await,
+            Key::Text(s) => self.db.fetch_json(sql, s.to_string()).await,
+        };
+        match loaded {
+            Ok(row) => {
+                self.count_load(false, row.is_none());
+                Ok(Lookup::Unvouched(row.map(|b| Arc::new(Row::new(b)))))
+            }
+            Err(e) => {
+                self.stats.unavailable.fetch_add(1, Ordering::Relaxed);
+                let detail = e.to_string();
+                if let Some(not_logged) = self.load_failure_log.permit() {
+                    tracing::warn!(resource = %self.config.name, error = %detail, not_logged, "row load failed (at most one such line per 10 s; not_logged counts the rest)");
+                }
+                Err(Error::Unavailable(detail))
+            }
+        }
     }
 
     /// `read_first`: false when [`Resource::cached`] has just missed.
@@ -1136,8 +1237,16 @@ impl Resource {
         let began = Instant::now();
         let reasons = job.reasons.names();
         let journal = OpenJournal::open(self);
+        // After the journal opened, so before the scan's snapshot: the gaps
+        // this rebuild covers (see `vouch`).
+        let covers = self.vouch.rebuild_began();
         let result = self.build_and_swap(job.force, began, &reasons).await;
         drop(journal);
+        if let Ok(_) | Err(RebuildError::Shrunk { .. }) = &result {
+            // Swapped in, or every key the scan found merged into the live
+            // filter: the filter holds every key of the snapshot.
+            self.vouch.rebuild_covered(covers);
+        }
         self.record(&result, &reasons, job.ticket);
         result
     }

@@ -474,7 +474,7 @@ async fn the_row_schema_is_typed_from_the_database() {
     assert_eq!(
         statuses,
         [
-            "200", "304", "400", "404", "405", "413", "431", "503", "504"
+            "200", "304", "400", "404", "405", "412", "413", "431", "503", "504"
         ]
         .into_iter()
         .collect()

@@ -381,6 +381,37 @@ async fn malformed_http_gets_a_clear_4xx_and_never_reaches_the_database() {
     println!("slowloris connection closed after {:?}", began.elapsed());
 }
 
+/// RFC 9112 §6.3: a request with both `Transfer-Encoding: chunked` and
+/// `Content-Length` (the shape of request smuggling) is answered, framed
+/// by the chunked encoding, and its connection closed, so no second
+/// request hidden behind a disagreement about its length is ever read.
+#[tokio::test]
+async fn both_transfer_encoding_and_content_length_are_answered_then_closed() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = gateway(config(&db.url, "listen = false"));
+    let served = serve_socket(&gw, None).await;
+    // No `Connection: close`: only the conflict may close it. Whatever
+    // follows the chunked body must not be taken for a request.
+    let resp = raw(
+        served.addr,
+        b"GET /users/1 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\nGET /users/2 HTTP/1.1\r\nHost: x\r\n\r\n",
+    )
+    .await
+    .expect("the connection is closed after the answer");
+    assert_eq!(status_of(&resp), 200, "{resp}");
+    assert_eq!(
+        resp.matches("HTTP/1.1 ").count(),
+        1,
+        "a second request was read: {resp}"
+    );
+    assert!(
+        resp.to_ascii_lowercase().contains("connection: close"),
+        "{resp}"
+    );
+    served.shutdown().await.unwrap();
+}
+
 // current_thread: the subscriber set for this thread sees every request,
 // load and response of the test.
 #[tokio::test]

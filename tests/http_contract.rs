@@ -322,3 +322,52 @@ async fn a_resource_at_the_root_leaves_the_routers_own_paths_alone() {
         "bloomgate; detail=filter-absent"
     );
 }
+
+/// RFC 9110 §13.1.1: `If-Match` on a row: a strong match (or `*`, the row
+/// exists) answers as without it; anything else is 412 with the current
+/// ETag, never the row. A 404 ignores it (§13.2.1: preconditions apply only
+/// to what would be a 2xx).
+#[tokio::test]
+async fn if_match_answers_412_unless_it_matches() {
+    let db = TestDb::new().await;
+    db.seed_users(5).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    let with = |tag: &str| {
+        Request::get("/users/1")
+            .header("if-match", tag)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let r = get(&gw, "/users/1").await;
+    let etag = r.header("etag").to_string();
+    for tag in [etag.as_str(), "*", &format!("\"nope\", {etag}")] {
+        let r = get_with(&gw, with(tag)).await;
+        assert_eq!(r.status, StatusCode::OK, "If-Match: {tag}");
+    }
+    for tag in ["\"nope\"", &format!("W/{etag}")] {
+        let r = get_with(&gw, with(tag)).await;
+        assert_eq!(r.status, StatusCode::PRECONDITION_FAILED, "If-Match: {tag}");
+        assert_eq!(r.header("etag"), etag);
+        assert_eq!(r.json()["error"], "precondition_failed");
+        assert_eq!(r.header("cache-control"), "no-store");
+    }
+    let head = get_with(
+        &gw,
+        Request::head("/users/1")
+            .header("if-match", "\"nope\"")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(head.status, StatusCode::PRECONDITION_FAILED);
+    assert!(head.body.is_empty());
+    let r = get_with(
+        &gw,
+        Request::get("/users/999")
+            .header("if-match", "*")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}

@@ -341,7 +341,7 @@ async fn old_rows_are_pruned_and_a_long_outage_rebuilds() {
 /// Start-up names what is wrong: no change table (nothing installed), or
 /// triggers that notify while the queue is polled.
 #[tokio::test]
-async fn a_missing_table_or_a_trigger_for_the_other_feed_is_named_at_start_up() {
+async fn a_missing_table_or_a_trigger_for_the_other_feed_is_named_and_not_ready() {
     let db = TestDb::new().await;
     db.seed_users(3).await;
     let e = start_without_installing(&db).await;
@@ -367,14 +367,19 @@ async fn a_missing_table_or_a_trigger_for_the_other_feed_is_named_at_start_up() 
     let text = logs.text();
     assert!(
         text.lines()
-            .any(|l| l.contains("delivers changes to the other feed") && l.contains("public.users")),
+            .any(|l| l.contains("delivers to the other feed") && l.contains("public.users")),
         "{text}"
     );
+    // Its changes cannot be followed: not ready, and it says why.
+    assert!(!gw.is_ready());
+    let why = gw.readiness().to_string();
+    assert!(why.contains("delivers to the other feed"), "{why}");
     gw.stop();
-    // Installing for the queue replaces them: no warning, and fresh.
+    // Installing for the queue replaces them: no warning, ready, fresh.
     let (logs, _guard) = capture_logs();
     let gw = started(config(&db.url, QUEUE)).await;
     assert!(!logs.text().contains("other feed"), "{}", logs.text());
+    assert!(gw.is_ready(), "{}", gw.readiness());
     insert_user(&db.pool, 42).await;
     fresh(&gw, "/users/42", |r| r.status == StatusCode::OK).await;
 }

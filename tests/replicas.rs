@@ -196,6 +196,60 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
     gw.stop();
 }
 
+/// Defect 7: a replica already behind when the gateway starts. The rows
+/// updated and inserted on the primary before start-up are named by no
+/// feed event, so nothing raised the LSN loads wait for: loads went to the
+/// replica and cached the old rows (and "no such row" for the insert). And
+/// the replica read as lag 0, its lag measured from the gateway's first
+/// check.
+#[tokio::test]
+async fn a_replica_behind_at_start_up_never_serves_old_rows() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    // A lag limit the pause stays within, so only the LSN gate can keep
+    // loads off the replica; no filter, so start-up has no scan to wait
+    // for a replica that has replayed the primary's position.
+    let (db, replica, extra) = setup_lag(100, "600s").await;
+    let extra = format!("{extra}\n[filter]\nenabled = false\n");
+    replica
+        .execute("SELECT pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    let resume = Resume;
+    db.exec("UPDATE users SET name = 'new ' || id WHERE id <= 10")
+        .await;
+    db.exec("INSERT INTO users (id, email, name) VALUES (500, 'f@x.org', 'Five hundred')")
+        .await;
+    // Paused well before the gateway's first check.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let gw = started_with(&db, &extra).await;
+    for id in 1..=10 {
+        let r = get(&gw, &format!("/users/{id}")).await;
+        assert_eq!(r.json()["name"], format!("new {id}"), "/users/{id}");
+    }
+    assert_eq!(get(&gw, "/users/500").await.status, StatusCode::OK);
+    let paused: bool = sqlx::query_scalar("SELECT pg_is_wal_replay_paused()")
+        .fetch_one(&replica)
+        .await
+        .unwrap();
+    assert!(
+        paused,
+        "the replica must still be behind for this to mean anything"
+    );
+    let member = &gw.db.replicas().unwrap().members()[0];
+    assert!(
+        member.lag() >= Duration::from_millis(300),
+        "a replica paused before start-up reads as lag {:?}",
+        member.lag()
+    );
+    replica
+        .execute("SELECT pg_wal_replay_resume()")
+        .await
+        .unwrap();
+    drop(resume);
+    a_load_goes_to_the_replica(&gw).await;
+    gw.stop();
+}
+
 /// Loads keys not yet cached until one goes to the replica; panics after
 /// 10 s.
 async fn a_load_goes_to_the_replica(gw: &Arc<Gateway>) {

@@ -70,6 +70,8 @@ async fn the_notify_source_refuses_a_standby() {
     let opts = notify::Options {
         connect,
         counters: Default::default(),
+        health: Default::default(),
+        install: false,
     };
     let task = tokio::spawn(notify::run(opts, Watch::default(), tx, ready_tx));
     let r = tokio::time::timeout(Duration::from_secs(20), ready)

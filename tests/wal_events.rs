@@ -79,9 +79,20 @@ impl Feed {
         poll: Option<Duration>,
         silence_limit: Duration,
     ) -> Feed {
-        feed::wal::install(&db.pool, &watch, publication)
-            .await
-            .unwrap();
+        // A test may have made the publication itself (for a table whose
+        // identity `install` refuses).
+        let made: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_publication WHERE pubname = $1)")
+                .bind(publication)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        if !made {
+            let mut conn = db.pool.acquire().await.unwrap();
+            bloomgate::db::publication::install(&mut conn, &watch, publication)
+                .await
+                .unwrap();
+        }
         let (tx, rx) = mpsc::channel(1024);
         let (applied, applied_rx) = watch::channel(Lsn::ZERO);
         let (ready_tx, ready) = oneshot::channel();
@@ -92,6 +103,7 @@ impl Feed {
             password: None,
             poll,
             silence_limit,
+            install: false,
         };
         let task = tokio::spawn(feed::wal::run(
             opts,
@@ -99,6 +111,7 @@ impl Feed {
             tx,
             applied_rx,
             Arc::new(feed::wal::Stats::default()),
+            Arc::new(feed::Health::default()),
             ready_tx,
         ));
         ready.await.unwrap().expect("the slot is created");
@@ -106,8 +119,8 @@ impl Feed {
     }
 
     /// The next commit at `Phase::Received`, acknowledging each commit at
-    /// `Phase::Visible` as it passes. A Resync here is a failure: nothing
-    /// in these tests may lose the slot.
+    /// `Phase::Visible` as it passes and skipping heartbeats. A Resync here
+    /// is a failure: nothing in these tests may lose the slot.
     async fn next_received(&mut self) -> Commit {
         loop {
             let ev = tokio::time::timeout(Duration::from_secs(30), self.rx.recv())
@@ -121,6 +134,7 @@ impl Feed {
                         self.applied.send_modify(|a| *a = (*a).max(lsn));
                     }
                 }
+                Event::Heartbeat(_) => {}
                 other => panic!("unexpected {other:?}"),
             }
         }
@@ -228,9 +242,12 @@ async fn every_kind_of_change(poll: Option<Duration>) {
 #[tokio::test]
 async fn an_unchanged_toasted_key_outside_the_replica_identity_is_unknown() {
     let db = logical_db().await;
+    // `install` refuses such a table (its identity does not carry the key):
+    // the publication is made by hand, as a DBA could.
     db.exec(
         "CREATE TABLE docs (id int PRIMARY KEY, code text NOT NULL, body text NOT NULL);
-         ALTER TABLE docs ALTER COLUMN code SET STORAGE EXTERNAL",
+         ALTER TABLE docs ALTER COLUMN code SET STORAGE EXTERNAL;
+         CREATE PUBLICATION bloomgate FOR TABLE docs",
     )
     .await;
     let mut feed = Feed::start(
@@ -254,14 +271,57 @@ async fn an_unchanged_toasted_key_outside_the_replica_identity_is_unknown() {
     assert_eq!(c.changes.len(), 1);
     assert_eq!(c.changes[0].op, Op::Update);
     assert_eq!(key(&c.changes[0], "new", "code"), Some(Value::Unknown));
-    // The identity (id) did not change: no old tuple.
-    assert!(c.changes[0].old.is_none());
+    // The identity (id) did not change: no old tuple was sent, and the key,
+    // outside the identity, is not said to be unchanged.
+    assert_eq!(key(&c.changes[0], "old", "code"), Some(Value::Unknown));
 
     // A DELETE's old tuple carries only the identity: the key is unknown.
     db.exec("DELETE FROM docs WHERE id = 1").await;
     let c = feed.next_received().await;
     assert_eq!(c.changes[0].op, Op::Delete);
     assert_eq!(key(&c.changes[0], "old", "code"), Some(Value::Unknown));
+}
+
+/// The audit's suspicion, confirmed and fixed: under `REPLICA IDENTITY
+/// FULL` an UPDATE of another column sends the unchanged, TOASTed key as
+/// "unchanged" in the new row, while the old row carries it whole. Read as
+/// unknown, every such update cleared the resource's cache and asked for a
+/// rebuild; the key is the old row's.
+#[tokio::test]
+async fn an_unchanged_toasted_key_under_full_identity_is_the_old_rows() {
+    let db = logical_db().await;
+    db.exec(
+        "CREATE TABLE notes (code text NOT NULL, body text NOT NULL);
+         ALTER TABLE notes ALTER COLUMN code SET STORAGE EXTERNAL;
+         ALTER TABLE notes REPLICA IDENTITY FULL",
+    )
+    .await;
+    let mut feed = Feed::start(
+        &db,
+        watch_of(&[("public.notes", "code", ColumnType::Text)]),
+        "bloomgate",
+    )
+    .await;
+    let long = "n".repeat(10_000);
+    sqlx::query("INSERT INTO notes VALUES ($1, 'x')")
+        .bind(&long)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    feed.next_received().await;
+    db.exec("UPDATE notes SET body = 'y'").await;
+    let c = feed.next_received().await;
+    assert_eq!(c.changes[0].op, Op::Update);
+    // Compared, not printed: the key is 10 kB.
+    assert!(key(&c.changes[0], "old", "code") == Some(text(&long)));
+    assert!(
+        key(&c.changes[0], "new", "code") == Some(text(&long)),
+        "an unchanged key read as {}",
+        match key(&c.changes[0], "new", "code") {
+            Some(Value::Text(_)) => "another text",
+            _ => "unknown",
+        }
+    );
 }
 
 /// 100,000 rows in one transaction arrive as one commit, every key once;
@@ -466,9 +526,12 @@ async fn silent_server(poll: Option<Duration>, silence: Duration, gives_up: Dura
     assert_eq!(first.changes.len(), 1);
     // Its Visible delivery, acknowledged: the feed is done with it and back
     // to waiting for the server when the freeze comes.
-    match feed.rx.recv().await.expect("the feed is running") {
-        Event::Commit(c) if c.phase == Phase::Visible && c.lsn == first.lsn => {}
-        other => panic!("unexpected {other:?}"),
+    loop {
+        match feed.rx.recv().await.expect("the feed is running") {
+            Event::Commit(c) if c.phase == Phase::Visible && c.lsn == first.lsn => break,
+            Event::Heartbeat(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
     }
     feed.applied
         .send_modify(|a| *a = (*a).max(first.lsn.unwrap()));
@@ -498,6 +561,7 @@ async fn silent_server(poll: Option<Duration>, silence: Duration, gives_up: Dura
                     feed.applied.send_modify(|a| *a = (*a).max(lsn));
                 }
             }
+            Event::Heartbeat(_) | Event::Interrupted(_) => {}
             other => panic!("unexpected {other:?}"),
         }
     }

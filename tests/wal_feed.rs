@@ -331,10 +331,13 @@ async fn gateways_installing_the_publication_at_once_all_succeed() {
                 columns: vec![],
             }],
         };
-        let results = futures_util::future::join_all(
-            gws.iter()
-                .map(|g| bloomgate::feed::wal::install(g.db.pool(), &watch, "bloomgate_race")),
-        )
+        let results = futures_util::future::join_all(gws.iter().map(|g| {
+            let watch = &watch;
+            async move {
+                let mut conn = g.db.pool().acquire().await.unwrap();
+                bloomgate::db::publication::install(&mut conn, watch, "bloomgate_race").await
+            }
+        }))
         .await;
         for r in &results {
             assert!(r.is_ok(), "{results:?}");

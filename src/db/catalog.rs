@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 
 /// A table as Postgres names it, schema-qualified and unquoted
 /// (`public.users`).
@@ -171,6 +171,14 @@ pub fn quote(ident: &str) -> String {
 /// Reads `table` (as configured) from the catalog; `None` if there is no
 /// such relation in the current search path.
 pub async fn table_info(pool: &PgPool, table: &str) -> Result<Option<TableInfo>, sqlx::Error> {
+    table_info_on(&mut *pool.acquire().await?, table).await
+}
+
+/// [`table_info`] on one connection (a transaction's, say).
+pub async fn table_info_on(
+    conn: &mut PgConnection,
+    table: &str,
+) -> Result<Option<TableInfo>, sqlx::Error> {
     let Some(rel) = sqlx::query(
         "SELECT c.oid::int8 AS oid, n.nspname::text AS schema, c.relname::text AS name,
                 c.relkind::text AS kind, c.relreplident::text AS ident
@@ -178,7 +186,7 @@ pub async fn table_info(pool: &PgPool, table: &str) -> Result<Option<TableInfo>,
           WHERE c.oid = to_regclass($1)",
     )
     .bind(quote_table(table))
-    .fetch_optional(pool)
+    .fetch_optional(&mut *conn)
     .await?
     else {
         return Ok(None);
@@ -222,7 +230,7 @@ pub async fn table_info(pool: &PgPool, table: &str) -> Result<Option<TableInfo>,
           ORDER BY a.attnum",
     )
     .bind(oid)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?
     .into_iter()
     .map(|r| ColumnInfo {
@@ -234,24 +242,9 @@ pub async fn table_info(pool: &PgPool, table: &str) -> Result<Option<TableInfo>,
     })
     .collect();
 
-    let index_columns = |flag: &'static str| {
-        let sql = format!(
-            "SELECT a.attname::text FROM pg_index i
-               JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
-               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-              WHERE i.indrelid = $1::oid AND i.{flag}
-              ORDER BY k.ord"
-        );
-        async move {
-            sqlx::query_scalar::<_, String>(&sql)
-                .bind(oid)
-                .fetch_all(pool)
-                .await
-        }
-    };
     let replica_identity = match rel.get::<String, _>("ident").as_str() {
-        "d" => ReplicaIdentity::Default(index_columns("indisprimary").await?),
-        "i" => ReplicaIdentity::Index(index_columns("indisreplident").await?),
+        "d" => ReplicaIdentity::Default(index_columns(conn, oid, "indisprimary").await?),
+        "i" => ReplicaIdentity::Index(index_columns(conn, oid, "indisreplident").await?),
         "f" => ReplicaIdentity::Full,
         _ => ReplicaIdentity::Nothing,
     };
@@ -270,7 +263,7 @@ pub async fn table_info(pool: &PgPool, table: &str) -> Result<Option<TableInfo>,
           ORDER BY ic.relname",
     )
     .bind(oid)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?
     .into_iter()
     .map(|r| UniqueIndex {
@@ -286,6 +279,23 @@ pub async fn table_info(pool: &PgPool, table: &str) -> Result<Option<TableInfo>,
         replica_identity,
         unique_indexes,
     }))
+}
+
+/// The columns, in order, of the index of `oid` that has `flag` set
+/// (`indisprimary`, `indisreplident`).
+async fn index_columns(
+    conn: &mut PgConnection,
+    oid: i64,
+    flag: &'static str,
+) -> Result<Vec<String>, sqlx::Error> {
+    let sql = format!(
+        "SELECT a.attname::text FROM pg_index i
+           JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
+           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+          WHERE i.indrelid = $1::oid AND i.{flag}
+          ORDER BY k.ord"
+    );
+    sqlx::query_scalar(&sql).bind(oid).fetch_all(conn).await
 }
 
 #[cfg(test)]

@@ -51,12 +51,20 @@
 //! health reading can only send a load to the primary, never to a replica
 //! that is behind.
 //!
+//! The required LSN starts at the primary's position read when the feed is
+//! in place, before the first scan: a row changed before start-up is named
+//! by no feed event, and a replica behind it would serve it old. A feed's
+//! resync (changes missed, their positions unknown) raises it to the
+//! primary's position again.
+//!
 //! # Health
 //! A background task reads, every `replica_check_interval`, the primary's
-//! WAL position and each replica's `pg_is_in_recovery()` and replay
-//! position. A replica is used while it answers, is in recovery, and its
-//! lag (time since the primary first wrote WAL the replica has not
-//! replayed) is within `max_replica_lag`. A query that fails on a replica
+//! WAL position and each replica's `pg_is_in_recovery()`, replay position
+//! and `pg_last_xact_replay_timestamp()`. A replica is used while it
+//! answers, is in recovery, and its lag (time since the primary first wrote
+//! WAL the replica has not replayed; for a replica behind since before the
+//! oldest check remembered, at least that long and at least the time since
+//! it last replayed a commit) is within `max_replica_lag`. A query that fails on a replica
 //! marks it down until the next check and is retried on the primary.
 
 use std::collections::VecDeque;
@@ -324,17 +332,21 @@ impl Replicas {
             }
         }
         for r in &self.members {
-            let state: Result<(bool, i64), sqlx::Error> = sqlx::query_as(
+            let state: Result<(bool, i64, Option<f64>), sqlx::Error> = sqlx::query_as(
                 "SELECT pg_is_in_recovery(), \
-                 (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8",
+                 (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8, \
+                 extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8",
             )
             .fetch_one(&r.pool)
             .await;
             let usable = match state {
-                Ok((in_recovery, replay)) => {
+                Ok((in_recovery, replay, since_replayed)) => {
                     let replay = u64::try_from(replay).unwrap_or(0);
                     r.replay.fetch_max(replay, Ordering::Relaxed);
-                    let lag = self.lag_of(r.replay_lsn(), now);
+                    let since = since_replayed
+                        .filter(|s| s.is_finite() && *s >= 0.0)
+                        .map(Duration::from_secs_f64);
+                    let lag = self.lag_of(r.replay_lsn(), since, now);
                     r.lag_ms.store(
                         lag.as_millis().try_into().unwrap_or(u64::MAX),
                         Ordering::Relaxed,
@@ -357,12 +369,15 @@ impl Replicas {
     }
 
     /// How long ago the primary first had WAL past `replay`: zero if the
-    /// replica has everything the primary had at the last check.
-    fn lag_of(&self, replay: u64, now: Instant) -> Duration {
+    /// replica has everything the primary had at the last check. When the
+    /// primary was past it already at the oldest check remembered (a replica
+    /// behind since before the gateway started, or for longer than the
+    /// history keeps), at least that long, and at least the time since the
+    /// replica last replayed a commit (`since_replayed`, the replica's own
+    /// clock): a replica paused for hours is never "lag 0".
+    fn lag_of(&self, replay: u64, since_replayed: Option<Duration>, now: Instant) -> Duration {
         let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
-        h.iter()
-            .find(|&&(_, lsn)| lsn > replay)
-            .map_or(Duration::ZERO, |&(t, _)| now.duration_since(t))
+        lag_in(&h, replay, since_replayed, now)
     }
 
     /// Checks until aborted.
@@ -376,9 +391,60 @@ impl Replicas {
     }
 }
 
+/// [`Replicas::lag_of`] over a history of (check, primary position),
+/// oldest first.
+fn lag_in(
+    history: &VecDeque<(Instant, u64)>,
+    replay: u64,
+    since_replayed: Option<Duration>,
+    now: Instant,
+) -> Duration {
+    let Some(&(oldest, first_lsn)) = history.front() else {
+        return Duration::ZERO;
+    };
+    if history.back().is_none_or(|&(_, latest)| replay >= latest) {
+        return Duration::ZERO;
+    }
+    if first_lsn <= replay {
+        // The first check that saw the primary past it.
+        return history
+            .iter()
+            .find(|&&(_, lsn)| lsn > replay)
+            .map_or(Duration::ZERO, |&(t, _)| now.duration_since(t));
+    }
+    now.duration_since(oldest)
+        .max(since_replayed.unwrap_or(Duration::ZERO))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::end_position;
+    use super::{end_position, lag_in};
+    use std::collections::VecDeque;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn lag_is_never_zero_for_a_replica_behind_before_the_first_check() {
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(3);
+        let s = Duration::from_secs;
+        let h: VecDeque<_> = [(t0, 100), (t0 + s(1), 200), (t0 + s(2), 300)].into();
+        assert_eq!(lag_in(&h, 300, None, now), Duration::ZERO, "caught up");
+        assert_eq!(lag_in(&h, 400, None, now), Duration::ZERO);
+        assert_eq!(
+            lag_in(&h, 150, None, now),
+            s(2),
+            "since the primary passed it"
+        );
+        assert_eq!(lag_in(&h, 100, None, now), s(2));
+        // Behind since before the oldest check: at least the history's span,
+        // and at least since it last replayed a commit.
+        assert_eq!(lag_in(&h, 50, None, now), s(3));
+        assert_eq!(lag_in(&h, 50, Some(s(3600)), now), s(3600));
+        // One check only (just started), behind it: not zero.
+        let one: VecDeque<_> = [(t0, 100)].into();
+        assert_eq!(lag_in(&one, 50, Some(s(7200)), now), s(7200));
+        assert_eq!(lag_in(&VecDeque::new(), 50, None, now), Duration::ZERO);
+    }
 
     const SEGMENT: u64 = 16 << 20;
     const BLOCK: u64 = 8192;

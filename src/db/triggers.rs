@@ -309,6 +309,51 @@ pub fn uninstall_sql(table: &TableName) -> String {
     )
 }
 
+/// What is wrong with `table`'s trigger for a feed reading `sink` and keys
+/// `columns`, naming the fix; `None` when it announces every change with
+/// every key column. Missing, disabled, delivering to the other feed, or
+/// installed by a config that watched other key columns: the table's
+/// changes would be seen only at rebuilds.
+pub async fn problem(
+    conn: &mut sqlx::PgConnection,
+    table: &TableName,
+    columns: &[&str],
+    sink: Sink,
+) -> Result<Option<String>, sqlx::Error> {
+    let name = function_name(table);
+    let source: Option<(String, bool)> = sqlx::query_as(
+        "SELECT p.prosrc, g.tgenabled <> 'D' FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
+          WHERE g.tgrelid = to_regclass($1) AND g.tgname = $2",
+    )
+    .bind(quote_table(table))
+    .bind(&name)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let fix = "run `bloomgate install-triggers` (or set database.install_triggers = true)";
+    Ok(match source {
+        None => Some(format!("table {table} has no bloomgate trigger: {fix}")),
+        Some((_, false)) => Some(format!(
+            "the bloomgate trigger of {table} is disabled: {fix}"
+        )),
+        Some((src, true)) if !src.contains(sink.marker()) => Some(format!(
+            "the bloomgate trigger of {table} delivers to the other feed (installed for another database.freshness?): {fix}"
+        )),
+        Some((src, true)) => {
+            let missing: Vec<&str> = columns
+                .iter()
+                .copied()
+                .filter(|c| !src.contains(&format!("NEW.{}::text", quote(c))))
+                .collect();
+            (!missing.is_empty()).then(|| {
+                format!(
+                    "the bloomgate trigger of {table} does not announce {} (installed by another config?): {fix}",
+                    missing.join(", ")
+                )
+            })
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

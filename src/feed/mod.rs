@@ -29,6 +29,53 @@
 //! for every other supported type it is the output function's text.
 //! [`canonical_text`] (in `db::catalog`, with the types) maps a source's raw
 //! text to it.
+//!
+//! # The principle: vouch only for what can be shown complete
+//! The gateway answers from a resource's filter and cache only while it can
+//! show that they reflect every change committed up to a recent point; an
+//! event it cannot interpret exactly takes away, at once, what that event
+//! may cover. Every feed therefore says more than "this committed":
+//!
+//! - [`Event::Heartbeat`] `at` t: every change committed before t has been
+//!   sent before this event. A feed sends one at least every
+//!   [`HEARTBEAT_EVERY`], and only after checking what it depends on (see
+//!   below). Past `database.freshness_bound` without one, the gateway stops
+//!   vouching for every resource: a silent feed (a hung connection, a cut
+//!   network, a walsender far behind) is never trusted for longer than that.
+//! - [`Event::Interrupted`]: the stream stopped (an error, a lost
+//!   connection). The gateway stops vouching at once, without waiting for
+//!   the bound; a heartbeat after the stream resumes restores it.
+//! - [`Event::Resync`]: changes to its scope (every table, or one) may have
+//!   been missed: a new temporary slot, a permanent slot someone else
+//!   advanced or dropped, a notify reconnect, a table recreated or back in
+//!   the publication, a partition attached or detached, a change whose keys
+//!   were not carried. The gateway drops every cached row and negative
+//!   entry of the scope, stops vouching for its filters (a key they reject
+//!   may exist), and rebuilds them; the gap closes when a rebuild that
+//!   started after the event has swapped its filter in (its scan and the
+//!   stream, live since before it, meet). A feed sends it only once the new
+//!   stream is in place, so that rebuild's snapshot is covered.
+//! - [`Event::Coverage`]: whether the feed can follow a table at all (the
+//!   publication lacks it, publishes only some operations, filters its rows;
+//!   its trigger is missing). A table it cannot follow is not vouched for
+//!   until the feed says it can again, which comes with a [`Event::Resync`]
+//!   of that table (what changed meanwhile was missed).
+//!
+//! What a feed depends on is checked while it runs, not only at start-up:
+//! each watched table's identity (its OID: a table dropped and created
+//! again, or swapped in by a rename, is another table), its partitions, and
+//! for the WAL feed the publication (tables, `publish` flags, row filters,
+//! column lists, `publish_via_partition_root`) and each `Relation`
+//! message's replica identity; for the trigger feeds the triggers. See
+//! [`watch`]. A check that finds the dependency changed repairs it where the
+//! configuration allows (`install_feed`, `install_triggers`) and rescans the
+//! tables involved; otherwise their resources report not ready, naming the
+//! fix. The check runs every [`CHECK_EVERY`]: that is the longest a change
+//! to one of these can go unnoticed, within the bound above.
+//!
+//! Not vouched, a resource still answers correctly, from the database: a
+//! key its filter rejects is looked up (within `filter.verify_budget` a
+//! second, else 503 with `Retry-After`), a row is loaded without the cache.
 
 pub mod notify;
 pub mod pgoutput;
@@ -36,12 +83,11 @@ pub mod pgpass;
 pub mod queue;
 pub mod replication;
 pub mod wal;
+pub mod watch;
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::SystemTime;
-
-use tokio::sync::oneshot;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A position in the write-ahead log.
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -168,37 +214,118 @@ pub struct Commit {
     pub truncated: Vec<TableName>,
 }
 
+/// How often a feed proves it is current ([`Event::Heartbeat`]).
+pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a feed checks what it depends on (see "The principle").
+pub const CHECK_EVERY: Duration = Duration::from_secs(1);
+
 /// What a feed sends.
 #[derive(Debug)]
 pub enum Event {
     Commit(Commit),
-    /// Changes may have been missed (a reconnect with no way to resume, a
-    /// slot that had to be recreated, a notification too long to carry):
-    /// every filter must be rebuilt, from a snapshot in which nothing the
-    /// feed will not deliver is missing.
+    /// Every change committed before `at` was sent before this.
+    Heartbeat(Instant),
+    /// The stream stopped; why (for logs).
+    Interrupted(String),
+    /// Changes to the scope may have been missed; the stream is live again.
     Resync(Resync),
-    /// Only `table` needs a rebuild (a `notify` RESCAN).
-    Rescan(TableName),
+    /// Whether the feed can follow a table.
+    Coverage(Coverage),
 }
 
 #[derive(Debug)]
 pub struct Resync {
     /// For logs and metrics.
     pub reason: String,
-    /// A snapshot exported by a new replication slot: scanning in it, the
-    /// scan and the stream meet exactly (every commit is in exactly one of
-    /// the two). The feed holds the stream until `imported` fires (or is
-    /// dropped, meaning: rebuild without it; the feed then delivers from the
-    /// slot's start anyway). `None`: scan in any snapshot taken from now on.
-    pub snapshot: Option<SnapshotHandoff>,
+    pub scope: Scope,
 }
 
-#[derive(Debug)]
-pub struct SnapshotHandoff {
-    /// The name for `SET TRANSACTION SNAPSHOT`.
-    pub id: String,
-    /// Send once every scan transaction has imported the snapshot.
-    pub imported: oneshot::Sender<()>,
+impl Resync {
+    pub fn all(reason: impl Into<String>) -> Event {
+        Event::Resync(Resync {
+            reason: reason.into(),
+            scope: Scope::All,
+        })
+    }
+
+    pub fn table(table: TableName, reason: impl Into<String>) -> Event {
+        Event::Resync(Resync {
+            reason: reason.into(),
+            scope: Scope::Table(table),
+        })
+    }
+}
+
+/// Which tables an event concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scope {
+    All,
+    Table(TableName),
+}
+
+impl Scope {
+    pub fn covers(&self, table: &TableName) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Table(t) => t == table,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coverage {
+    pub table: TableName,
+    /// `None`: followed. `Some(why)`: not followed; `why` names the fix
+    /// (safe to show: no SQL text of the application, no secret).
+    pub problem: Option<String>,
+}
+
+/// What a feed says of its connection, for readiness, logs and the status
+/// page. Correctness rests on the events, never on this.
+#[derive(Debug, Default)]
+pub struct Health(Mutex<HealthState>);
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FeedState {
+    /// Not streaming yet.
+    #[default]
+    Starting,
+    /// The stream is in place.
+    Streaming,
+    /// Cannot stream, retrying: the detail says why.
+    Waiting,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct HealthState {
+    pub state: FeedState,
+    /// Why it waits, or the last error; safe to show.
+    pub detail: Option<String>,
+    /// Sessions that ended and were opened again.
+    pub reconnects: u64,
+}
+
+impl Health {
+    pub fn get(&self) -> HealthState {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn streaming(&self) {
+        let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        h.state = FeedState::Streaming;
+        h.detail = None;
+    }
+
+    pub fn waiting(&self, why: impl Into<String>) {
+        let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        h.state = FeedState::Waiting;
+        h.detail = Some(why.into());
+    }
+
+    pub fn reconnected(&self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).reconnects += 1;
+    }
 }
 
 #[cfg(test)]

@@ -16,12 +16,28 @@
 //! (the gateway rebuilds every filter, from a snapshot taken after `LISTEN`
 //! is in place again).
 //!
+//! # Heartbeats and checks
+//! Every [`HEARTBEAT_EVERY`] the source makes a round trip on the
+//! listener's own connection. A listening session is sent the
+//! notifications of every transaction that committed before its query
+//! arrived ahead of the query's answer (the server delivers pending
+//! notifications before `ReadyForQuery`), so once the answer is in, every
+//! change committed before the query began has been received:
+//! [`Event::Heartbeat`]. Every [`CHECK_EVERY`] it checks, on a second
+//! connection, each watched table and its trigger
+//! ([`super::watch::check_triggers`]): a table dropped and created again
+//! has lost its trigger, a partition attached brings rows no trigger
+//! announced.
+//!
 //! # Forged notifications
 //! Anyone who can connect can `NOTIFY bloomgate`. A payload that does not
 //! parse, names a table nobody watches or an unknown op is dropped (logged
 //! at most once per interval). One that does parse is applied like a real
 //! one: the gateway treats its keys as *announced*, not trusted (see
-//! `resource`), and coalesces the rebuilds it asks for.
+//! `resource`), and coalesces the rebuilds it asks for. A forged `RESCAN`
+//! is a gap of its table like a real one: until the rebuild it asks for,
+//! keys its filters reject are checked against the database within
+//! `filter.verify_budget`, and answered 503 past it.
 //!
 //! # A hot standby
 //! `LISTEN` cannot run during recovery. Rather than retrying forever, the
@@ -31,14 +47,19 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Columns, Commit, Event, Op, Phase, Resync, RowChange, TableName, Value, Watch};
+use super::watch::Tracker;
+use super::{
+    CHECK_EVERY, Columns, Commit, Event, HEARTBEAT_EVERY, Health, Op, Phase, Resync, RowChange,
+    TableName, Value, Watch,
+};
+use crate::db::triggers::Sink;
 use crate::telemetry::LogThrottle;
 
 pub use crate::db::triggers::CHANNEL;
@@ -58,7 +79,14 @@ pub struct Options {
     /// Where to listen: the primary (a standby cannot `LISTEN`).
     pub connect: PgConnectOptions,
     pub counters: Arc<Counters>,
+    pub health: Arc<Health>,
+    /// `database.install_triggers`: a check that finds a trigger missing or
+    /// outdated installs it (and rescans its table).
+    pub install: bool,
 }
+
+/// The feed's connections, as `pg_stat_activity` shows them.
+pub const APPLICATION_NAME: &str = "bloomgate-notify-feed";
 
 /// Why the source cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -81,20 +109,20 @@ struct Payload {
 }
 
 /// Listens until the task is aborted or `tx` closes. `ready` gets `Ok` once
-/// the first `LISTEN` is in place, or the error that prevents it for good
-/// (a standby); transient failures are retried.
+/// the first `LISTEN` is in place and the first check is done, or the error
+/// that prevents it for good (a standby); transient failures are retried.
 pub async fn run(
     opts: Options,
     watch: Watch,
     tx: mpsc::Sender<Event>,
     ready: oneshot::Sender<Result<(), String>>,
 ) {
-    // Its own one-connection pool: the listener holds its connection for
-    // good, which must not cost the request path a connection.
+    // Its own pool: the listener holds its connection for good, which must
+    // not cost the request path a connection; the second is for the checks.
     let pool = PgPoolOptions::new()
-        .max_connections(1)
+        .max_connections(2)
         .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(opts.connect);
+        .connect_lazy_with(opts.connect.clone().application_name(APPLICATION_NAME));
     let mut listener = match connect(&pool).await {
         Ok(l) => l,
         Err(e) => {
@@ -103,46 +131,146 @@ pub async fn run(
             return;
         }
     };
-    let _ = ready.send(Ok(()));
     let counters = &opts.counters;
+    let mut tracker = Tracker::default();
+    let mut ready = Some(ready);
     // A loop of junk must not become a flood of log lines.
     let ignored = LogThrottle::default();
+    let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // As if checked long ago: the first heartbeat checks.
+    let mut checked: Option<Instant> = None;
+    // The backend the listener is on: sqlx reconnects its listener by
+    // itself (in `try_recv`, and in a query run on it), and a reconnect it
+    // made inside a future dropped by the `select!` below is never
+    // reported; a heartbeat that finds another backend is that reconnect.
+    let mut backend: Option<i32> = None;
+    let mut events = Vec::new();
     loop {
-        let event = match listener.try_recv().await {
-            Ok(Some(n)) => {
-                counters.notifications.fetch_add(1, Ordering::Relaxed);
-                match parse(&watch, n.payload(), counters) {
-                    Ok(Some(e)) => e,
-                    Ok(None) => continue,
-                    Err(why) => {
-                        if let Some(not_logged) = ignored.permit() {
-                            tracing::warn!(problem = %why, not_logged, "ignoring a notification");
-                        }
-                        continue;
+        tokio::select! {
+            n = listener.try_recv() => match n {
+                Ok(Some(n)) => {
+                    counters.notifications.fetch_add(1, Ordering::Relaxed);
+                    received(&watch, n.payload(), counters, &ignored, &mut events);
+                }
+                // sqlx has reconnected and listens again already.
+                Ok(None) => {
+                    backend = None;
+                    events.push(reconnected(counters, "connection lost"));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "notification listener failed; reconnecting");
+                    opts.health.waiting(format!("notification listener: {e}"));
+                    if tx.send(Event::Interrupted(e.to_string())).await.is_err() {
+                        return;
                     }
+                    drop(listener);
+                    listener = loop {
+                        match connect(&pool).await {
+                            Ok(l) => break l,
+                            Err(e) => {
+                                // A failover to a standby: keep trying, the
+                                // primary may come back.
+                                tracing::warn!(error = %e, "cannot LISTEN again yet");
+                                tokio::time::sleep(Duration::from_secs(5)).await;
+                            }
+                        }
+                    };
+                    opts.health.reconnected();
+                    backend = None;
+                    events.push(reconnected(counters, "listener error"));
+                }
+            },
+            _ = beat.tick() => {
+                let due = checked.is_none_or(|at| at.elapsed() >= CHECK_EVERY);
+                match heartbeat(&mut listener, &pool, &watch, &opts, &mut tracker, due).await {
+                    Ok((at, pid, checks)) => {
+                        if backend.is_some_and(|b| b != pid) {
+                            opts.health.reconnected();
+                            events.push(reconnected(counters, "the listener's connection was replaced"));
+                        }
+                        backend = Some(pid);
+                        // Notifications that came with the round trip first:
+                        // they committed before `at`.
+                        while let Some(n) = listener.next_buffered() {
+                            counters.notifications.fetch_add(1, Ordering::Relaxed);
+                            received(&watch, n.payload(), counters, &ignored, &mut events);
+                        }
+                        if due {
+                            checked = Some(Instant::now());
+                        }
+                        events.extend(checks);
+                        events.push(Event::Heartbeat(at));
+                        opts.health.streaming();
+                        if let Some(ready) = ready.take() {
+                            // Sent after these events: start-up's scan
+                            // follows what they say.
+                            for e in std::mem::take(&mut events) {
+                                if tx.send(e).await.is_err() {
+                                    return;
+                                }
+                            }
+                            let _ = ready.send(Ok(()));
+                        }
+                    }
+                    // The listener's own loop finds a dead connection.
+                    Err(e) => tracing::debug!(error = %e, "notify feed heartbeat failed"),
                 }
             }
-            // sqlx has reconnected and listens again already.
-            Ok(None) => reconnected(counters, "connection lost"),
-            Err(e) => {
-                tracing::warn!(error = %e, "notification listener failed; reconnecting");
-                drop(listener);
-                listener = loop {
-                    match connect(&pool).await {
-                        Ok(l) => break l,
-                        Err(e) => {
-                            // A failover to a standby: keep trying, the
-                            // primary may come back.
-                            tracing::warn!(error = %e, "cannot LISTEN again yet");
-                            tokio::time::sleep(Duration::from_secs(5)).await;
-                        }
-                    }
-                };
-                reconnected(counters, "listener error")
+        }
+        for e in std::mem::take(&mut events) {
+            if tx.send(e).await.is_err() {
+                return;
             }
-        };
-        if tx.send(event).await.is_err() {
-            return;
+        }
+    }
+}
+
+/// One heartbeat: a round trip on the listener's own connection (the
+/// server sends the notifications of every transaction committed before
+/// the query arrived ahead of its answer, see "Nothing falls through a
+/// gap"), and, when `check`, the checks on the pool's other connection.
+/// Returns the moment the round trip began, the listener's backend and
+/// what the checks found.
+async fn heartbeat(
+    listener: &mut PgListener,
+    pool: &PgPool,
+    watch: &Watch,
+    opts: &Options,
+    tracker: &mut Tracker,
+    check: bool,
+) -> Result<(Instant, i32, Vec<Event>), sqlx::Error> {
+    let at = Instant::now();
+    let events = if check {
+        let mut conn = pool.acquire().await?;
+        super::watch::check_triggers(&mut conn, watch, Sink::Notify, opts.install, tracker).await?
+    } else {
+        Vec::new()
+    };
+    let pid: i32 = tokio::time::timeout(
+        Duration::from_secs(5),
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *listener),
+    )
+    .await
+    .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
+    Ok((at, pid, events))
+}
+
+/// One notification's event, if it is one (junk logged within `ignored`).
+fn received(
+    watch: &Watch,
+    payload: &str,
+    counters: &Counters,
+    ignored: &LogThrottle,
+    events: &mut Vec<Event>,
+) {
+    match parse(watch, payload, counters) {
+        Ok(Some(e)) => events.push(e),
+        Ok(None) => {}
+        Err(why) => {
+            if let Some(not_logged) = ignored.permit() {
+                tracing::warn!(problem = %why, not_logged, "ignoring a notification");
+            }
         }
     }
 }
@@ -188,10 +316,7 @@ fn reconnected(counters: &Counters, why: &str) -> Event {
         reason = why,
         "notification listener reconnected; every filter is rebuilt in case changes were missed"
     );
-    Event::Resync(Resync {
-        reason: format!("notify: {why}"),
-        snapshot: None,
-    })
+    Resync::all(format!("notify: {why}"))
 }
 
 /// One payload to an event: `Ok(None)` for a table nobody watches (a
@@ -240,7 +365,12 @@ pub(super) fn parse(
         "TRUNCATE" => {
             return Ok(Some(Event::Commit(commit(ts, Vec::new(), vec![table]))));
         }
-        "RESCAN" => return Ok(Some(Event::Rescan(table))),
+        "RESCAN" => {
+            return Ok(Some(Resync::table(
+                table,
+                "notify: a change too large to announce",
+            )));
+        }
         other => {
             // Debug-quoted and cut short: the text is whatever the sender
             // chose, newlines included.
@@ -322,7 +452,7 @@ mod tests {
     fn table_events_and_junk() {
         assert!(matches!(
             event(r#"{"table":"public.users","op":"RESCAN"}"#),
-            Ok(Some(Event::Rescan(t))) if &*t == "public.users"
+            Ok(Some(Event::Resync(Resync { scope: crate::feed::Scope::Table(t), .. }))) if &*t == "public.users"
         ));
         let Ok(Some(Event::Commit(c))) = event(r#"{"table":"public.users","op":"TRUNCATE"}"#)
         else {

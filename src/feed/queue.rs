@@ -49,6 +49,13 @@
 //! ([`STATEMENT_DEADLINE`]); past it the connection is dropped and a new
 //! one made, so a hung connection delays changes by that much, no more.
 //!
+//! # Heartbeats and checks
+//! A poll's snapshot is taken after the poll began, so a successful poll
+//! has delivered every transaction committed before that moment: each is a
+//! [`Event::Heartbeat`]. A failed poll tells the gateway at once
+//! ([`Event::Interrupted`]). Every [`CHECK_EVERY`] the watched tables and
+//! their triggers are checked ([`super::watch::check_triggers`]).
+//!
 //! Snapshots compare only within one server's history. When the feed's
 //! connection is new (a different backend), it checks the server's
 //! identity (`system_identifier` and timeline): after a failover to a
@@ -65,7 +72,7 @@
 //! transaction had finished when that snapshot was taken, so a gateway
 //! whose own snapshot is younger than that has delivered them. A gateway
 //! whose last successful poll is older than half the retention (a long
-//! outage) cannot know that, and sends an [`Event::Rescan`] of every
+//! outage) cannot know that, and sends an [`Event::Resync`] of every
 //! watched table instead of resuming: their caches are cleared and their
 //! filters rebuilt from a snapshot taken after its new starting snapshot.
 //! That rule rests on every gateway having the same `queue_retention` and
@@ -99,8 +106,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use super::notify::{self, Counters};
-use super::{Event, Watch};
-use crate::db::triggers::QUEUE_TABLE_CHECK;
+use super::watch::{Tracker, check_triggers};
+use super::{CHECK_EVERY, Event, Health, Resync, Watch};
+use crate::db::triggers::{QUEUE_TABLE_CHECK, Sink};
 use crate::telemetry::LogThrottle;
 
 /// The feed's connections, as `pg_stat_activity` shows them.
@@ -152,6 +160,10 @@ pub struct Options {
     pub interval: Duration,
     /// `database.queue_retention`.
     pub retention: Duration,
+    pub health: Arc<Health>,
+    /// `database.install_triggers`: a check that finds a trigger missing or
+    /// outdated installs it (and rescans its table).
+    pub install: bool,
 }
 
 /// Why the source cannot start.
@@ -228,10 +240,45 @@ pub async fn run(
             return;
         }
     };
+    let mut tracker = Tracker::default();
+    // The first check, before start-up scans: it reports what cannot be
+    // followed. Retried like a poll.
+    loop {
+        let checked = async {
+            let mut conn = timed(pool.acquire()).await?;
+            let events = timed(check_triggers(
+                &mut conn,
+                &watch,
+                Sink::Queue,
+                opts.install,
+                &mut tracker,
+            ))
+            .await?;
+            Ok::<_, Failure>(events)
+        };
+        match checked.await {
+            Ok(events) => {
+                for e in events {
+                    if tx.send(e).await.is_err() {
+                        return;
+                    }
+                }
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot check the watched tables yet");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
     let _ = ready.send(Ok(()));
+    opts.health.streaming();
     let counters = &opts.counters;
     let ignored = LogThrottle::default();
     let failures = LogThrottle::default();
+    let mut checked = Instant::now();
+    // Told the gateway the feed stopped, since the last good poll.
+    let mut interrupted = false;
     let mut pruner = Pruner::new(opts.retention);
     let mut pruning = Owned(None);
     let mut delay = opts.interval;
@@ -249,7 +296,7 @@ pub async fn run(
         }
         let began = Instant::now();
         let outcome = if rescan {
-            restart(&pool, &watch, &tx).await.map(|p| match p {
+            restart(&pool, &tx).await.map(|p| match p {
                 Some(p) => {
                     at = p;
                     rescan = false;
@@ -289,9 +336,47 @@ pub async fn run(
                 at.taken = at.taken.max(began);
                 at.backend = backend;
                 delay = opts.interval;
+                interrupted = false;
+                opts.health.streaming();
+                let mut events = Vec::new();
+                if checked.elapsed() >= CHECK_EVERY {
+                    let check = async {
+                        let mut conn = timed(pool.acquire()).await?;
+                        timed(check_triggers(
+                            &mut conn,
+                            &watch,
+                            Sink::Queue,
+                            opts.install,
+                            &mut tracker,
+                        ))
+                        .await
+                    };
+                    match check.await {
+                        Ok(found) => {
+                            events = found;
+                            checked = Instant::now();
+                        }
+                        Err(e) => tracing::debug!(error = %e, "queue feed: the check failed"),
+                    }
+                }
+                // The poll's snapshot was taken after `began`: every
+                // transaction committed before it has been delivered.
+                events.push(Event::Heartbeat(began));
+                for e in events {
+                    if tx.send(e).await.is_err() {
+                        return;
+                    }
+                }
             }
             Err(e) => {
                 delay = failed(counters, &failures, &e, delay, opts.interval);
+                opts.health.waiting(format!("change queue: {e}"));
+                if !interrupted {
+                    interrupted = true;
+                    if tx.send(Event::Interrupted(e.to_string())).await.is_err() {
+                        return;
+                    }
+                }
                 if matches!(e, Failure::Deadline) {
                     pool = new_pool();
                 }
@@ -423,16 +508,16 @@ async fn poll(
 /// A new starting position, then a rescan of every watched table (caches
 /// cleared, filters rebuilt from a later snapshot); `None` when nobody
 /// receives events any more.
-async fn restart(
-    pool: &PgPool,
-    watch: &Watch,
-    tx: &mpsc::Sender<Event>,
-) -> Result<Option<Position>, Failure> {
+async fn restart(pool: &PgPool, tx: &mpsc::Sender<Event>) -> Result<Option<Position>, Failure> {
     let p = timed(position(pool)).await?;
-    for t in &watch.tables {
-        if tx.send(Event::Rescan(t.name.clone())).await.is_err() {
-            return Ok(None);
-        }
+    if tx
+        .send(Resync::all(
+            "queue feed: changes may have been pruned unread",
+        ))
+        .await
+        .is_err()
+    {
+        return Ok(None);
     }
     Ok(Some(p))
 }

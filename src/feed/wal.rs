@@ -54,10 +54,10 @@
 //! transaction was open (everything before it was sent, and applied).
 //! Never a keepalive's position while a whole transaction is half read: it
 //! can be past that transaction's commit. Reported when it moves, when the
-//! server asks, and every second while the feed waits or the stream is
-//! quiet; after 10 s of silence the feed asks the server for a sign of life
-//! and after 30 s it reconnects. Logical decoding outputs committed
-//! transactions only, so a rolled-back one has no effect.
+//! server asks, with every heartbeat's request for a keepalive, and every
+//! second while the feed waits; a stream silent for 30 s is given up and
+//! opened again. Logical decoding outputs committed transactions only, so
+//! a rolled-back one has no effect.
 //!
 //! # What cannot be carried
 //! A message that does not decode, or a transaction with more watched
@@ -82,18 +82,62 @@
 //!
 //! # No gap, in LSNs
 //! The slot's consistent point `C` is fixed when the slot is created, and it
-//! delivers every transaction that commits after `C`. Start-up creates the
-//! slot *before* the first scan takes its snapshot, so a transaction either
-//! committed before the snapshot (the scan sees it) or after `C` (the feed
-//! delivers it); one that does both is applied twice, which is idempotent.
-//! A rebuild opens its journal before it scans, and every commit the feed
-//! delivers meanwhile is journaled (see `resource`). A reconnect with a
-//! temporary slot loses the slot: the new slot's `C'` may be past commits
-//! that were never applied, so the feed sends [`Event::Resync`] and every
-//! filter is rebuilt from a snapshot taken after `C'`. A permanent slot
-//! resumes at its confirmed position, which is never past what was applied:
-//! no rebuild. A permanent slot invalidated by `max_slot_wal_keep_size`
-//! (`wal_status = 'lost'`) is dropped, recreated, and answered by a resync.
+//! delivers every transaction that commits after `C`. Start-up waits until
+//! the stream has *started* (`START_REPLICATION` answered; polled: the slot
+//! held) before the first scan takes its snapshot, so a transaction either
+//! committed before the snapshot (the scan sees it) or after the stream's
+//! start (the feed delivers it); one that does both is applied twice, which
+//! is idempotent. A rebuild opens its journal before it scans, and every
+//! commit the feed delivers meanwhile is journaled (see `resource`).
+//!
+//! The feed keeps its *position*: how far this process has applied (the
+//! position it confirmed last, or where its first stream started). A new
+//! stream that may start past it is a gap, answered by [`Event::Resync`]
+//! once the stream is in place (see "The principle" in [`super`]):
+//! - a temporary slot is lost with its connection: the new slot's `C'` may
+//!   be past commits never applied;
+//! - a permanent slot that is gone (dropped from outside), invalidated by
+//!   `max_slot_wal_keep_size` (`wal_status = 'lost'`, dropped and created
+//!   again here) or stuck behind a dropped publication (decoding from where
+//!   it stands fails again and again: created again here);
+//! - a permanent slot whose confirmed position is past this process's
+//!   position: someone else consumed it meanwhile (another gateway with the
+//!   same `database.slot`).
+//!
+//! A permanent slot that resumes at or before the position replays what
+//! was applied already: no rebuild. A permanent slot another backend holds
+//! is waited for (the feed is not streaming, so the gateway is not ready,
+//! and says which PID holds it); the polled feed takes a session advisory
+//! lock on the slot's name as well, since polling holds the slot only
+//! during each poll.
+//!
+//! # Heartbeats and checks
+//! Every [`HEARTBEAT_EVERY`] the feed reads the primary's flush position
+//! `P` and asks the server for a keepalive; a keepalive that comes with
+//! nothing half read and reports the server has sent up to `P` or past it
+//! means every commit before the moment `P` was read has been received.
+//! Once those are delivered at `Visible` and applied, the feed sends
+//! [`Event::Heartbeat`] with that moment. Polled, a poll that returned
+//! everything below the flush position it read does the same. Every
+//! [`CHECK_EVERY`] it checks the publication and the watched tables
+//! ([`super::watch`], `db::publication`), repairing the publication with
+//! `database.install_feed` (and rescanning the tables it repaired);
+//! without it a table the publication does not follow completely is
+//! reported ([`Event::Coverage`]). A publication that does not exist at
+//! all stops the feed from streaming (decoding would fail at the first
+//! change, and reconnecting would fail the same way): it waits, and checks
+//! again.
+//!
+//! # Replica identity
+//! pgoutput sends an UPDATE's old row only when a replica identity column
+//! changed, and a DELETE's old row as its identity columns. A watched
+//! column outside the identity (an `ALTER TABLE … REPLICA IDENTITY` at run
+//! time, say) is therefore [`Value::Unknown`] in the old row, whichever
+//! way the old row came or did not come: the gateway clears that
+//! resource's cache rather than guess. Each `Relation` message carries the
+//! identity as it is now; one that no longer carries a watched column is
+//! logged, naming the fix. A value sent as "unchanged" (TOASTed and not
+//! rewritten) in the new row is the old row's, when the old row carries it.
 //!
 //! # Visible twice
 //! A transaction's commit record can be decoded a moment before the
@@ -107,7 +151,7 @@
 //! cached between the two (a row, or "absent" for a just-deleted key) is
 //! dropped once more and loaded again by the next request.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -118,8 +162,13 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::pgoutput::{self, Datum, Message};
 use super::replication::{self, Endpoint, Frame, ReplError, Stream};
-use super::{Columns, Commit, Event, Lsn, Op, Phase, Resync, RowChange, Value, Watch};
+use super::{
+    CHECK_EVERY, Columns, Commit, Coverage, Event, HEARTBEAT_EVERY, Health, Lsn, Op, Phase, Resync,
+    RowChange, Value, Watch,
+};
 use crate::db::catalog::canonical_text;
+use crate::db::publication::{self, InstallError};
+use crate::telemetry::LogThrottle;
 
 /// How the feed connects and what it reads.
 #[derive(Clone)]
@@ -134,10 +183,12 @@ pub struct Options {
     /// `None`: stream. `Some(every)`: poll the slot at this interval
     /// instead (see "Streamed or polled").
     pub poll: Option<Duration>,
-    /// A stream silent this long is given up for dead, and reconnected;
-    /// the server is asked for a sign of life after a third of it.
+    /// A stream silent this long is given up for dead, and reconnected.
     /// [`SILENCE_LIMIT`] unless a test wants it shorter.
     pub silence_limit: Duration,
+    /// `database.install_feed`: repair the publication when a check finds
+    /// it wrong.
+    pub install: bool,
 }
 
 impl std::fmt::Debug for Options {
@@ -148,6 +199,7 @@ impl std::fmt::Debug for Options {
             .field("slot", &self.slot)
             .field("poll", &self.poll)
             .field("silence_limit", &self.silence_limit)
+            .field("install", &self.install)
             .finish_non_exhaustive()
     }
 }
@@ -162,6 +214,10 @@ pub struct Stats {
     pub truncates: AtomicU64,
     pub reconnects: AtomicU64,
     pub slot_invalidations: AtomicU64,
+    /// Streams started past this process's position (see "No gap").
+    pub gaps: AtomicU64,
+    /// Publication repairs (`install_feed`).
+    pub repairs: AtomicU64,
     /// The last LSN the slot was advanced to (applied).
     pub applied_lsn: AtomicU64,
     /// Bytes of WAL between the server's end of WAL (as its last frame
@@ -193,9 +249,9 @@ pub async fn readiness(pool: &sqlx::PgPool) -> Result<Readiness, sqlx::Error> {
 }
 
 /// What the feed needs from the database, each missing piece as an error
-/// naming its fix: `wal_level`, the role's `REPLICATION`, the publication
-/// covering every watched table, and a replica identity that carries the
-/// key on UPDATE and DELETE.
+/// naming its fix: `wal_level`, the role's `REPLICATION`, a publication
+/// that delivers every change of every watched table, and a replica
+/// identity that carries the key on UPDATE and DELETE.
 pub async fn check(pool: &sqlx::PgPool, watch: &Watch, publication: &str) -> Result<(), String> {
     let r = readiness(pool).await.map_err(|e| e.to_string())?;
     if r.wal_level != "logical" {
@@ -207,81 +263,20 @@ pub async fn check(pool: &sqlx::PgPool, watch: &Watch, publication: &str) -> Res
     if !r.can_replicate {
         return Err("database.freshness = \"wal\" needs the REPLICATION attribute: ALTER ROLE <gateway role> REPLICATION".into());
     }
-    let published: Vec<String> = sqlx::query_scalar(
-        "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1",
-    )
-    .bind(publication)
-    .fetch_all(pool)
-    .await
-    .map_err(|e| e.to_string())?;
-    let missing: Vec<&str> = watch
-        .tables
-        .iter()
-        .filter(|t| !published.iter().any(|p| p.as_str() == &*t.name))
-        .map(|t| &*t.name)
-        .collect();
-    if !missing.is_empty() {
-        return Err(format!(
-            "publication {publication:?} does not cover {}: run `bloomgate install-feed` (or set database.install_feed = true)",
-            missing.join(", ")
-        ));
+    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+    let checked = publication::check(&mut conn, watch, publication)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(why) = checked.problems.into_iter().flatten().next() {
+        return Err(why);
     }
-    for t in &watch.tables {
-        let Some(info) = crate::db::catalog::table_info(pool, &t.name)
-            .await
-            .map_err(|e| e.to_string())?
-        else {
-            continue;
-        };
-        for c in &t.columns {
-            if !info.replica_identity.carries(&c.name) {
-                return Err(format!(
-                    "table {} does not carry its old {} on UPDATE and DELETE (replica identity): ALTER TABLE {} REPLICA IDENTITY USING INDEX <a unique index on {}>, or REPLICA IDENTITY FULL",
-                    t.name, c.name, t.name, c.name
-                ));
-            }
-        }
+    let identity = publication::identity_problems(&mut conn, watch)
+        .await
+        .map_err(|e| e.to_string())?;
+    match identity.into_iter().next() {
+        Some(why) => Err(why),
+        None => Ok(()),
     }
-    Ok(())
-}
-
-/// Creates or updates the publication to cover exactly the watched tables
-/// (`bloomgate install-feed`).
-pub async fn install(
-    pool: &sqlx::PgPool,
-    watch: &Watch,
-    publication: &str,
-) -> Result<(), sqlx::Error> {
-    use crate::db::catalog::{quote, quote_table};
-    let tables: Vec<String> = watch.tables.iter().map(|t| quote_table(&t.name)).collect();
-    // Checked and created under the install lock: two gateways starting
-    // together would both find no publication and one CREATE would fail.
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(crate::db::INSTALL_LOCK_KEY)
-        .execute(&mut *tx)
-        .await?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
-            .bind(publication)
-            .fetch_one(&mut *tx)
-            .await?;
-    let sql = if exists {
-        format!(
-            "ALTER PUBLICATION {} SET TABLE {}",
-            quote(publication),
-            tables.join(", ")
-        )
-    } else {
-        format!(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)",
-            quote(publication),
-            tables.join(", ")
-        )
-    };
-    sqlx::query(&sql).execute(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(())
 }
 
 /// A watched table as the feed knows it: its key columns' positions are
@@ -292,19 +287,29 @@ struct Rel {
     columns: Vec<(Arc<str>, super::ColumnType, usize, bool)>,
 }
 
-/// Runs until aborted or `tx` closes. `ready` gets `Ok` once the slot
-/// exists (before the first scan), or the error that prevents it.
+/// Runs until aborted or `tx` closes. `ready` gets `Ok` once the stream
+/// has started (before the first scan). A session that fails, or cannot
+/// start (the slot is held by another backend, the publication is gone, the
+/// server is down), is tried again after a back-off, saying why in `health`
+/// and in the log (once per interval).
 pub async fn run(
     opts: Options,
     watch: Watch,
     tx: mpsc::Sender<Event>,
     mut applied: watch::Receiver<Lsn>,
     stats: Arc<Stats>,
+    health: Arc<Health>,
     ready: oneshot::Sender<Result<(), String>>,
 ) {
-    let mut ready = Some(ready);
-    let mut delay = Duration::from_millis(100);
-    let mut first = true;
+    let mut carry = Carry {
+        position: None,
+        tracker: super::watch::Tracker::default(),
+        slot_broken: false,
+        streamed: false,
+        ready: Some(ready),
+        throttle: LogThrottle::default(),
+    };
+    let mut delay = RETRY_FIRST;
     loop {
         // A new temporary slot name for every session: the server may not
         // yet know that the last connection is gone (a hung or cut-off
@@ -316,49 +321,87 @@ pub async fn run(
             std::process::id(),
             rand::random::<u32>()
         );
-        let cx = Ctx {
+        carry.streamed = false;
+        let mut cx = Ctx {
             opts: &opts,
             watch: &watch,
             tx: &tx,
             stats: &stats,
+            health: &health,
+            carry: &mut carry,
         };
         let r = match opts.poll {
-            None => session(cx, &mut applied, &temp_name, first, &mut ready).await,
-            Some(_) => poll_session(cx, &mut applied, &temp_name, first, &mut ready).await,
+            None => session(&mut cx, &mut applied, &temp_name).await,
+            Some(_) => poll_session(&mut cx, &mut applied, &temp_name).await,
         };
         if tx.is_closed() {
             return;
         }
-        if let Err(e) = r {
-            tracing::warn!(error = %e, retry_in = ?delay, "WAL change feed failed; reconnecting");
-            if let Some(ready) = ready.take() {
-                // Start-up waits for the slot: report, then keep trying in
-                // the background.
-                let _ = ready.send(Err(format!("cannot create the replication slot: {e}")));
-                return;
-            }
+        let Err(e) = r else { return };
+        let why = e.to_string();
+        // Decoding past a dropped publication fails from the same place
+        // every time: a permanent slot must start again elsewhere.
+        carry.slot_broken = opts.slot.is_some() && e.is_missing_publication();
+        health.waiting(why.clone());
+        if tx.send(Event::Interrupted(why.clone())).await.is_err() {
+            return;
         }
-        first = false;
+        if carry.streamed {
+            delay = RETRY_FIRST;
+        }
+        if let Some(not_logged) = carry.throttle.permit() {
+            tracing::warn!(error = %why, retry_in = ?delay, not_logged, "WAL change feed not streaming; trying again");
+        }
         stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        health.reconnected();
         tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(5));
+        delay = (delay * 2).min(RETRY_MAX);
     }
 }
 
-/// What every session of one feed reads.
-#[derive(Clone, Copy)]
+/// The first wait before a session is tried again; it doubles up to
+/// [`RETRY_MAX`], and starts over after a session that streamed.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// What every session of one feed reads, and what one hands the next.
 struct Ctx<'a> {
     opts: &'a Options,
     watch: &'a Watch,
     tx: &'a mpsc::Sender<Event>,
     stats: &'a Stats,
+    health: &'a Health,
+    carry: &'a mut Carry,
 }
 
-/// What ends a session: the database refused or went away.
+struct Carry {
+    /// How far this process has applied (see "No gap"); `None` until a
+    /// stream has started: nothing depends on the feed yet.
+    position: Option<Lsn>,
+    tracker: super::watch::Tracker,
+    /// The last session ended on a missing publication (see `run`).
+    slot_broken: bool,
+    /// This session's stream started.
+    streamed: bool,
+    ready: Option<oneshot::Sender<Result<(), String>>>,
+    /// "Not streaming" and "cannot repair" at most once per interval.
+    throttle: LogThrottle,
+}
+
+/// What ends a session: the database refused or went away, or the feed
+/// cannot stream yet (and says why).
 #[derive(Debug)]
 enum SessionError {
     Sql(sqlx::Error),
     Repl(ReplError),
+    Wait(String),
+}
+
+impl SessionError {
+    fn is_missing_publication(&self) -> bool {
+        matches!(self, SessionError::Repl(ReplError::Server { code, message })
+            if publication::is_missing_publication(code, message))
+    }
 }
 
 impl std::fmt::Display for SessionError {
@@ -366,6 +409,7 @@ impl std::fmt::Display for SessionError {
         match self {
             SessionError::Sql(e) => e.fmt(f),
             SessionError::Repl(e) => e.fmt(f),
+            SessionError::Wait(why) => f.write_str(why),
         }
     }
 }
@@ -398,31 +442,198 @@ const VISIBLE_EVERY: Duration = Duration::from_millis(5);
 
 /// Silent this long, the replication connection is given up for dead (a
 /// crashed host, a failover, a cut network: TCP alone could take many
-/// minutes to say so); the server is asked for a sign of life after a
-/// third of it. The default of [`Options::silence_limit`].
+/// minutes to say so). The default of [`Options::silence_limit`].
 pub const SILENCE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Connecting and authenticating the replication connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Checks what the feed depends on ([`super::watch`], the publication),
+/// repairs the publication where allowed, and tells the gateway what
+/// changed. Err(Wait) when there is no publication to stream from.
+async fn check_dependencies(cx: &mut Ctx<'_>, conn: &mut PgConnection) -> Result<(), SessionError> {
+    let (opts, watch) = (cx.opts, cx.watch);
+    let mut checked = publication::check(conn, watch, &opts.publication).await?;
+    let mut repaired: Vec<usize> = Vec::new();
+    if opts.install && checked.problems.iter().any(Option::is_some) {
+        match publication::install(&mut *conn, watch, &opts.publication).await {
+            Ok(()) => {
+                cx.stats.repairs.fetch_add(1, Ordering::Relaxed);
+                let problems = &checked.problems;
+                repaired = (0..problems.len())
+                    .filter(|i| problems[*i].is_some())
+                    .collect();
+                for i in &repaired {
+                    tracing::warn!(table = %watch.tables[*i].name, problem = problems[*i].as_deref().unwrap_or_default(), "publication repaired (database.install_feed); the table is rescanned");
+                }
+                checked = publication::check(conn, watch, &opts.publication).await?;
+            }
+            Err(InstallError::Sql(e)) => return Err(e.into()),
+            Err(e) => {
+                if let Some(not_logged) = cx.carry.throttle.permit() {
+                    tracing::error!(error = %e, not_logged, "cannot repair the publication");
+                }
+            }
+        }
+    }
+    let no_publication = !checked.exists;
+    let seen = super::watch::tables(conn, watch).await?;
+    let now = seen
+        .into_iter()
+        .zip(checked.problems)
+        .zip(&watch.tables)
+        .map(|((seen, problem), t)| {
+            let problem = match seen.oid {
+                None => Some(format!("table {} does not exist", t.name)),
+                Some(_) => problem,
+            };
+            (seen, problem)
+        })
+        .collect();
+    let mut events = cx.carry.tracker.update(watch, now);
+    for i in repaired {
+        let name = &watch.tables[i].name;
+        let covered = events
+            .iter()
+            .any(|e| matches!(e, Event::Resync(r) if r.scope.covers(name)));
+        if !covered {
+            events.push(Resync::table(name.clone(), "the publication was repaired"));
+        }
+    }
+    for e in events {
+        if let Event::Coverage(Coverage { table, problem }) = &e {
+            match problem {
+                Some(p) => {
+                    tracing::error!(table = %table, problem = %p, "the WAL feed cannot follow this table: its resources are not ready")
+                }
+                None => tracing::info!(table = %table, "the WAL feed follows this table again"),
+            }
+        }
+        if cx.tx.send(e).await.is_err() {
+            return Ok(());
+        }
+    }
+    if no_publication {
+        return Err(SessionError::Wait(format!(
+            "publication {:?} does not exist: run `bloomgate install-feed` (or set database.install_feed = true)",
+            opts.publication
+        )));
+    }
+    Ok(())
+}
+
+/// Opens the permanent slot `name` (see "No gap"): creates it if it does not
+/// exist, creates it again if it is lost or stuck; returns where its stream
+/// starts and whether that is a gap. Err(Wait) while another backend holds
+/// it.
+async fn open_permanent(
+    cx: &mut Ctx<'_>,
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<(Lsn, bool), SessionError> {
+    let had = cx.carry.position;
+    let state = publication::slot(conn, name).await?;
+    if let Some(s) = &state
+        && let Some(pid) = s.active_pid
+    {
+        return Err(held_by(name, pid));
+    }
+    let recreate = match &state {
+        None => None,
+        Some(s) if s.lost => {
+            cx.stats.slot_invalidations.fetch_add(1, Ordering::Relaxed);
+            Some("it was invalidated (max_slot_wal_keep_size)")
+        }
+        Some(_) if cx.carry.slot_broken => {
+            Some("decoding it failed on a publication that did not exist")
+        }
+        Some(_) => None,
+    };
+    if let Some(why) = recreate {
+        tracing::warn!(slot = %name, why, "recreating the replication slot; every filter is rebuilt");
+        sqlx::query("SELECT pg_drop_replication_slot($1)")
+            .bind(name)
+            .execute(&mut *conn)
+            .await?;
+        cx.carry.slot_broken = false;
+    }
+    match (&state, recreate) {
+        (Some(s), None) => {
+            let at = s.confirmed_flush.unwrap_or(Lsn::ZERO);
+            // Confirmed past what this process applied: someone else read it.
+            Ok((at, had.is_some_and(|p| at > p)))
+        }
+        _ => {
+            let at = create_permanent(conn, name).await?;
+            Ok((at, had.is_some()))
+        }
+    }
+}
+
+fn held_by(slot: &str, pid: i32) -> SessionError {
+    SessionError::Wait(format!(
+        "replication slot {slot} is active for PID {pid} (another gateway with the same database.slot?): waiting for it"
+    ))
+}
+
+/// A server error that says the slot is in use (SQLSTATE 55006, object in
+/// use): another backend took it between the check and the start.
+fn in_use(e: SessionError, slot: &str) -> SessionError {
+    match e {
+        SessionError::Repl(ReplError::Server { code, message }) if code == "55006" => {
+            SessionError::Wait(format!("replication slot {slot}: {message}"))
+        }
+        SessionError::Sql(sqlx::Error::Database(d)) if d.code().as_deref() == Some("55006") => {
+            SessionError::Wait(format!("replication slot {slot}: {}", d.message()))
+        }
+        e => e,
+    }
+}
+
+/// The stream has started at `start`: from here on every commit after it
+/// is delivered. Tells start-up, and the gateway of a gap.
+async fn streaming(cx: &mut Ctx<'_>, start: Lsn, gap: bool) -> bool {
+    cx.health.streaming();
+    cx.carry.streamed = true;
+    let was = cx.carry.position;
+    cx.carry.position = Some(match was {
+        Some(p) if !gap => p.max(start),
+        _ => start,
+    });
+    if gap {
+        cx.stats.gaps.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(start = %start, applied = ?was, "WAL feed: the new stream may start past changes never applied; every filter is rebuilt");
+        let ev = Resync::all("WAL feed: the stream started past what was applied");
+        if cx.tx.send(ev).await.is_err() {
+            return false;
+        }
+    }
+    if let Some(ready) = cx.carry.ready.take() {
+        let _ = ready.send(Ok(()));
+    }
+    true
+}
+
+/// The primary's flush position: what a walsender can have sent.
+async fn flush_lsn(conn: &mut PgConnection) -> Result<Lsn, sqlx::Error> {
+    let text: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
+        .fetch_one(conn)
+        .await?;
+    Ok(Lsn::parse(&text).unwrap_or(Lsn::ZERO))
+}
+
 async fn session(
-    cx: Ctx<'_>,
+    cx: &mut Ctx<'_>,
     applied: &mut watch::Receiver<Lsn>,
     temp_name: &str,
-    first: bool,
-    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
 ) -> Result<(), SessionError> {
-    let Ctx {
-        opts,
-        watch,
-        tx,
-        stats,
-    } = cx;
+    let (opts, watch, tx, stats) = (cx.opts, cx.watch, cx.tx, cx.stats);
     // Named, so an operator can tell the feed's backends from the pool's.
     let connect = feed_connect(opts);
-    // For slot bookkeeping and the visibility checks: a walsender runs no
-    // SQL once it streams.
+    // For slot bookkeeping, checks, heartbeats and visibility: a walsender
+    // runs no SQL once it streams.
     let mut conn = side_connection(&connect).await?;
+    bounded(opts.silence_limit, check_dependencies(cx, &mut conn)).await?;
     let endpoint = Endpoint::new(&opts.connect, opts.password.clone(), "bloomgate-wal-feed");
     // TLS as the pool has it: the same options.
     let tls = crate::db::tls::Tls::from_options(&opts.connect);
@@ -433,19 +644,14 @@ async fn session(
     .await
     .map_err(|_| ReplError::Io(std::io::ErrorKind::TimedOut.into()))??;
     let slot = opts.slot.as_deref().unwrap_or(temp_name);
-    let resync = match &opts.slot {
-        None => {
-            // On the replication connection: it lives as long as it does.
-            repl.create_slot(slot, true).await?;
-            // A new slot starts at a new consistent point: whatever
-            // committed while there was none was never delivered.
-            !first
-        }
-        Some(name) => permanent_slot(&mut conn, name, stats, first, opts.silence_limit).await?,
+    let (start, gap) = match &opts.slot {
+        // On the replication connection: it lives as long as it does.
+        None => (
+            repl.create_slot(slot, true).await?,
+            cx.carry.position.is_some(),
+        ),
+        Some(name) => bounded(opts.silence_limit, open_permanent(cx, &mut conn, name)).await?,
     };
-    if !slot_ready(ready, resync, tx).await {
-        return Ok(());
-    }
     // Protocol 2 (Postgres 14+) with streaming: a large transaction comes
     // in blocks while it runs instead of spilling to disk on the server
     // until it commits.
@@ -463,31 +669,53 @@ async fn session(
         options.push(("proto_version", "1"));
     }
     // Lsn::ZERO: from the slot's confirmed position.
-    let mut stream = repl.start(slot, Lsn::ZERO, &options).await?;
+    let mut stream = repl
+        .start(slot, Lsn::ZERO, &options)
+        .await
+        .map_err(|e| in_use(e.into(), slot))?;
+    if !streaming(cx, start, gap).await {
+        return Ok(());
+    }
     let mut asm = Assembler::new(watch, stats);
     // Received up to (reported as written), and applied up to (reported
     // as flushed: the slot's confirmed position).
-    let mut received = Lsn::ZERO;
-    let mut confirmed = Lsn::ZERO;
+    let mut received = start;
+    let mut confirmed = start;
     // The end of what the server has sent, from a keepalive received with
     // no whole transaction half read: nothing before it is still to come.
     let mut idle_upto: Option<Lsn> = None;
     // Delivered at `Received`, waiting for their `Visible` delivery.
     let mut pending = Pending::default();
     // As if checked long ago: the first commit is checked at once.
-    let mut checked = Instant::now()
-        .checked_sub(VISIBLE_EVERY)
-        .unwrap_or_else(Instant::now);
+    let long_ago = |d: Duration| Instant::now().checked_sub(d).unwrap_or_else(Instant::now);
+    let mut checked = long_ago(VISIBLE_EVERY);
     let mut heard = Instant::now();
+    // The heartbeat (see "Heartbeats and checks"): when the flush position
+    // was read, and what it was, until a keepalive proves it sent; then
+    // that moment, until what came before it is applied.
+    let mut probe: Option<(Instant, Lsn)> = None;
+    let mut asked = long_ago(HEARTBEAT_EVERY);
+    let mut proven: Option<Instant> = None;
+    let mut dependencies = Instant::now();
     loop {
+        if asked.elapsed() >= HEARTBEAT_EVERY {
+            if probe.is_none() {
+                let at = Instant::now();
+                let flush = bounded(opts.silence_limit, flush_lsn(&mut conn)).await?;
+                probe = Some((at, flush));
+            }
+            // Asked again while unanswered: a walsender catching up sends
+            // no keepalive of its own once it has.
+            stream.send_status(received, confirmed, true).await?;
+            asked = Instant::now();
+        }
         let wait = if pending.commits.is_empty() {
-            STATUS_EVERY
+            HEARTBEAT_EVERY.saturating_sub(asked.elapsed())
         } else {
             VISIBLE_EVERY.saturating_sub(checked.elapsed())
         };
-        // The server asked for a status; we ask it for a sign of life.
+        // The server asked for a status.
         let mut reply = false;
-        let mut ask = false;
         match tokio::time::timeout(wait, stream.recv()).await {
             Ok(first) => {
                 heard = Instant::now();
@@ -531,6 +759,12 @@ async fn session(
                             reply |= reply_requested;
                             if !asm.in_transaction() {
                                 idle_upto = Some(wal_end);
+                                if let Some((at, flush)) = probe
+                                    && wal_end >= flush
+                                {
+                                    proven = Some(at);
+                                    probe = None;
+                                }
                             }
                             received = received.max(wal_end);
                             stats
@@ -551,10 +785,10 @@ async fn session(
                 }
                 pending.resync |= std::mem::take(&mut asm.stray_error);
             }
-            Err(_) if pending.commits.is_empty() => {
-                // Quiet. We report every second, so the server never asks
-                // us anything: ask it, and give up on a peer that is gone
-                // (a crashed host, a failover) instead of waiting for TCP.
+            Err(_) => {
+                // Quiet: give up on a peer that is gone (a crashed host, a
+                // failover) instead of waiting for TCP. A live one answers
+                // every heartbeat's request.
                 let silent = heard.elapsed();
                 if silent >= opts.silence_limit {
                     return Err(ReplError::Protocol(format!(
@@ -563,10 +797,7 @@ async fn session(
                     ))
                     .into());
                 }
-                ask = silent >= opts.silence_limit / 3;
             }
-            // Time for the visibility check.
-            Err(_) => {}
         }
         let mut upto = None;
         if checked.elapsed() >= VISIBLE_EVERY || pending.commits.is_empty() {
@@ -623,17 +854,28 @@ async fn session(
                 }
             }
             // Everything received is applied and visible now: a keepalive
-            // position received meanwhile is safe to confirm too.
+            // position received meanwhile is safe to confirm too, and a
+            // proven heartbeat to send.
             upto = upto.max(idle_upto);
+            if let Some(at) = proven.take()
+                && tx.send(Event::Heartbeat(at)).await.is_err()
+            {
+                return Ok(());
+            }
         }
         let moved = upto.is_some_and(|u| u > confirmed);
         if let Some(u) = upto {
             confirmed = confirmed.max(u);
             received = received.max(confirmed);
+            cx.carry.position = Some(confirmed);
         }
-        if moved || reply || ask || heard.elapsed() >= STATUS_EVERY {
-            stream.send_status(received, confirmed, ask).await?;
+        if moved || reply || heard.elapsed() >= STATUS_EVERY {
+            stream.send_status(received, confirmed, false).await?;
             stats.applied_lsn.store(confirmed.0, Ordering::Relaxed);
+        }
+        if dependencies.elapsed() >= CHECK_EVERY {
+            bounded(opts.silence_limit, check_dependencies(cx, &mut conn)).await?;
+            dependencies = Instant::now();
         }
     }
 }
@@ -660,38 +902,62 @@ const POLL_TIMEOUT_LIMITS: u32 = 10;
 /// `upto_lsn` stops before the first record that starts at or past `upto`,
 /// and the server skips, on the next poll, only transactions whose commit
 /// record starts before the confirmed position: so nothing between the two
-/// polls is skipped, and a quiet publication does not hold WAL back.
+/// polls is skipped, and a quiet publication does not hold WAL back. Such a
+/// whole poll is also the heartbeat: every commit before it was read is
+/// delivered.
 async fn poll_session(
-    cx: Ctx<'_>,
+    cx: &mut Ctx<'_>,
     applied: &mut watch::Receiver<Lsn>,
     temp_name: &str,
-    first: bool,
-    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
 ) -> Result<(), SessionError> {
-    let Ctx {
-        opts,
-        watch,
-        tx,
-        stats,
-    } = cx;
     use futures_util::TryStreamExt;
+    let (opts, watch, tx, stats) = (cx.opts, cx.watch, cx.tx, cx.stats);
     let every = opts.poll.unwrap_or(VISIBLE_EVERY);
     let poll_timeout = opts.silence_limit * POLL_TIMEOUT_LIMITS;
     let connect = feed_connect(opts);
     let mut conn = side_connection(&connect).await?;
+    bounded(opts.silence_limit, check_dependencies(cx, &mut conn)).await?;
     let slot = opts.slot.as_deref().unwrap_or(temp_name);
-    let resync = match &opts.slot {
+    let (start, gap) = match &opts.slot {
         None => {
             // Temporary: dropped when this connection ends.
-            sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput', true)")
-                .bind(slot)
-                .execute(&mut conn)
-                .await?;
-            !first
+            let at: String = sqlx::query_scalar(
+                "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', true)",
+            )
+            .bind(slot)
+            .fetch_one(&mut conn)
+            .await?;
+            (
+                Lsn::parse(&at).unwrap_or(Lsn::ZERO),
+                cx.carry.position.is_some(),
+            )
         }
-        Some(name) => permanent_slot(&mut conn, name, stats, first, opts.silence_limit).await?,
+        Some(name) => {
+            // Polling holds the slot only during each poll: a second
+            // gateway polling it in between would consume what this one has
+            // not. A lock on its name, held by this connection, keeps it
+            // ours.
+            let mine: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, hashtext($2))")
+                .bind(SLOT_LOCK_CLASS)
+                .bind(name)
+                .fetch_one(&mut conn)
+                .await?;
+            if !mine {
+                let pid: Option<i32> = sqlx::query_scalar(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::oid
+                        AND objid = hashtext($2)::oid AND granted LIMIT 1",
+                )
+                .bind(SLOT_LOCK_CLASS)
+                .bind(name)
+                .fetch_optional(&mut conn)
+                .await?
+                .flatten();
+                return Err(held_by(name, pid.unwrap_or(0)));
+            }
+            bounded(opts.silence_limit, open_permanent(cx, &mut conn, name)).await?
+        }
     };
-    if !slot_ready(ready, resync, tx).await {
+    if !streaming(cx, start, gap).await {
         return Ok(());
     }
     let publications = replication::quote_ident(&opts.publication);
@@ -701,7 +967,8 @@ async fn poll_session(
                   LEFT JOIN LATERAL pg_logical_slot_peek_binary_changes(
                       $1, w.upto, $3, 'proto_version', '1', 'publication_names', $2) c ON true";
     let mut asm = Assembler::new(watch, stats);
-    let mut confirmed = Lsn::ZERO;
+    let mut confirmed = start;
+    let mut dependencies = Instant::now();
     loop {
         let began = Instant::now();
         let mut pending = Pending::default();
@@ -767,6 +1034,9 @@ async fn poll_session(
             }
         }
         let whole = rows_seen < POLL_CHANGES as usize;
+        if whole && tx.send(Event::Heartbeat(began)).await.is_err() {
+            return Ok(());
+        }
         let target = if whole { last.max(Some(upto)) } else { last };
         if let Some(target) = target.filter(|t| *t > confirmed) {
             // The advance and the lag in one round trip.
@@ -782,16 +1052,25 @@ async fn poll_session(
             )
             .await?;
             confirmed = target;
+            cx.carry.position = Some(confirmed);
             stats.applied_lsn.store(confirmed.0, Ordering::Relaxed);
             if let Some(lag) = lag {
                 stats.lag_bytes.store(lag.max(0) as u64, Ordering::Relaxed);
             }
+        }
+        if dependencies.elapsed() >= CHECK_EVERY {
+            bounded(opts.silence_limit, check_dependencies(cx, &mut conn)).await?;
+            dependencies = Instant::now();
         }
         if whole {
             tokio::time::sleep(every.saturating_sub(began.elapsed())).await;
         }
     }
 }
+
+/// The first key of the polled feed's advisory lock on a permanent slot's
+/// name (the second is the name's hash): "bgsl".
+const SLOT_LOCK_CLASS: i32 = 0x6267_736c;
 
 /// Commits delivered at `Received` and not yet at `Visible`, and what
 /// they could not carry.
@@ -854,6 +1133,8 @@ struct Assembler<'a> {
     /// A message that could not be decoded arrived outside any
     /// transaction: every filter is rebuilt at the end of the batch.
     stray_error: bool,
+    /// Tables logged for a replica identity that misses a watched column.
+    identity_warned: HashSet<super::TableName>,
     max_items: usize,
     max_bytes: usize,
 }
@@ -925,8 +1206,30 @@ impl<'a> Assembler<'a> {
             streams: HashMap::new(),
             block: None,
             stray_error: false,
+            identity_warned: HashSet::new(),
             max_items: MAX_ITEMS,
             max_bytes: MAX_BYTES,
+        }
+    }
+
+    /// Logs a table whose replica identity no longer carries a watched
+    /// column, once until it does again (see "Replica identity").
+    fn note_identity(&mut self, rel: &Rel) {
+        let outside: Vec<&str> = rel
+            .columns
+            .iter()
+            .filter(|(_, _, _, identity)| !identity)
+            .map(|(name, ..)| &**name)
+            .collect();
+        if outside.is_empty() {
+            self.identity_warned.remove(&rel.table);
+        } else if self.identity_warned.insert(rel.table.clone()) {
+            tracing::warn!(
+                table = %rel.table,
+                columns = ?outside,
+                "the table's replica identity does not carry these key columns: each UPDATE or DELETE of it clears the cache of their resources; ALTER TABLE {} REPLICA IDENTITY FULL (or USING INDEX a unique index on them)",
+                rel.table
+            );
         }
     }
 
@@ -1052,6 +1355,9 @@ impl<'a> Assembler<'a> {
                             })
                             .collect(),
                     });
+                if let Some(rel) = &known {
+                    self.note_identity(rel);
+                }
                 self.rels.insert(r.id, known);
             }
             Message::Insert { rel, new } => {
@@ -1069,14 +1375,38 @@ impl<'a> Assembler<'a> {
             Message::Update { rel, old, new } => {
                 if let Some(Some(r)) = self.rels.get(&rel) {
                     stats.updates.fetch_add(1, Ordering::Relaxed);
+                    let old = match &old {
+                        Some(o) => columns(r, o, true),
+                        // No old tuple: no replica identity column changed.
+                        // A watched column in the identity kept its value;
+                        // one outside it may have changed, to what is not
+                        // said (see "Replica identity").
+                        None => Columns(
+                            r.columns
+                                .iter()
+                                .map(|(name, ty, i, identity)| {
+                                    let v = match identity {
+                                        true => value(*ty, new.0.get(*i)),
+                                        false => Value::Unknown,
+                                    };
+                                    (name.clone(), v)
+                                })
+                                .collect(),
+                        ),
+                    };
+                    let mut new = columns(r, &new, false);
+                    // Sent as unchanged (TOASTed, not rewritten): the old
+                    // row's value, when the old row carries it.
+                    for ((_, n), (_, o)) in new.0.iter_mut().zip(&old.0) {
+                        if *n == Value::Unknown && *o != Value::Unknown {
+                            *n = o.clone();
+                        }
+                    }
                     let change = RowChange {
                         table: r.table.clone(),
                         op: Op::Update,
-                        new: Some(columns(r, &new, false)),
-                        // No old tuple: no replica identity column
-                        // changed, and every watched column is in the
-                        // identity (checked at start-up).
-                        old: old.map(|o| columns(r, &o, true)),
+                        new: Some(new),
+                        old: Some(old),
                     };
                     self.record(sub, Item::Row(change));
                 }
@@ -1168,72 +1498,6 @@ async fn side_connection(connect: &PgConnectOptions) -> Result<PgConnection, Ses
         .map_err(SessionError::Sql)
 }
 
-/// Opens the permanent slot `name`, creating it if it does not exist and
-/// recreating it if `max_slot_wal_keep_size` invalidated it, within
-/// `limit` (a hung connection); returns whether changes may have been
-/// missed (every filter must be rebuilt).
-async fn permanent_slot(
-    conn: &mut PgConnection,
-    name: &str,
-    stats: &Stats,
-    first: bool,
-    limit: Duration,
-) -> Result<bool, sqlx::Error> {
-    bounded(limit, open_permanent(conn, name, stats, first)).await
-}
-
-async fn open_permanent(
-    conn: &mut PgConnection,
-    name: &str,
-    stats: &Stats,
-    first: bool,
-) -> Result<bool, sqlx::Error> {
-    let status: Option<Option<String>> =
-        sqlx::query_scalar("SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1")
-            .bind(name)
-            .fetch_optional(&mut *conn)
-            .await?;
-    Ok(match status {
-        Some(Some(s)) if s == "lost" => {
-            stats.slot_invalidations.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(slot = %name, "replication slot invalidated (max_slot_wal_keep_size): recreating it and rebuilding every filter");
-            sqlx::query("SELECT pg_drop_replication_slot($1)")
-                .bind(name)
-                .execute(&mut *conn)
-                .await?;
-            create_permanent(conn, name).await?;
-            true
-        }
-        Some(_) => false,
-        None => {
-            create_permanent(conn, name).await?;
-            // A slot that did not exist: unless this is start-up (whose
-            // scan follows), changes may have been missed.
-            !first
-        }
-    })
-}
-
-/// The slot exists: tells start-up, and asks for a rebuild of every
-/// filter if changes may have been missed. False once the gateway is gone.
-async fn slot_ready(
-    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
-    resync: bool,
-    tx: &mpsc::Sender<Event>,
-) -> bool {
-    if let Some(ready) = ready.take() {
-        let _ = ready.send(Ok(()));
-    }
-    !resync
-        || tx
-            .send(Event::Resync(Resync {
-                reason: "WAL feed: new replication slot".into(),
-                snapshot: None,
-            }))
-            .await
-            .is_ok()
-}
-
 /// Delivers a batch at `Visible` once [`wait_visible`] has seen its
 /// transactions finished, then asks for what they could not carry: a
 /// rebuild's snapshot, taken after this, sees them. False once the gateway
@@ -1245,29 +1509,32 @@ async fn deliver_visible(p: Pending, tx: &mpsc::Sender<Event>) -> bool {
             return false;
         }
     }
-    if p.resync {
-        let ev = Event::Resync(Resync {
-            reason: "WAL feed: undecodable message".into(),
-            snapshot: None,
-        });
-        if tx.send(ev).await.is_err() {
-            return false;
-        }
+    if p.resync
+        && tx
+            .send(Resync::all("WAL feed: undecodable message"))
+            .await
+            .is_err()
+    {
+        return false;
     }
     for t in p.rescan {
-        if tx.send(Event::Rescan(t)).await.is_err() {
+        let ev = Resync::table(t, "WAL feed: a transaction too large to hold");
+        if tx.send(ev).await.is_err() {
             return false;
         }
     }
     true
 }
 
-async fn create_permanent(conn: &mut PgConnection, name: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput', false)")
-        .bind(name)
-        .execute(conn)
-        .await?;
-    Ok(())
+/// Creates the permanent slot `name`; returns its consistent point.
+async fn create_permanent(conn: &mut PgConnection, name: &str) -> Result<Lsn, sqlx::Error> {
+    let at: String = sqlx::query_scalar(
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false)",
+    )
+    .bind(name)
+    .fetch_one(conn)
+    .await?;
+    Ok(Lsn::parse(&at).unwrap_or(Lsn::ZERO))
 }
 
 /// Waits (briefly) until no snapshot taken now would see any of `xids` as
@@ -1316,13 +1583,13 @@ async fn wait_visible(
 /// `query`, given up after `limit` as an I/O time-out: a connection to a
 /// hung host or across a cut network would otherwise wait forever (sqlx
 /// sets no time-out of its own on a query).
-async fn bounded<T>(
+async fn bounded<T, E: From<sqlx::Error>>(
     limit: Duration,
-    query: impl std::future::Future<Output = Result<T, sqlx::Error>>,
-) -> Result<T, sqlx::Error> {
+    query: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, E> {
     tokio::time::timeout(limit, query)
         .await
-        .unwrap_or_else(|_| Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())))
+        .unwrap_or_else(|_| Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()).into()))
 }
 
 /// Whether a snapshot taken now on the primary sees every transaction in
@@ -1366,15 +1633,19 @@ fn columns(rel: &Rel, tuple: &pgoutput::Tuple, old: bool) -> Columns {
                 if old && !identity {
                     return (name.clone(), Value::Unknown);
                 }
-                let v = match tuple.0.get(*i) {
-                    Some(Datum::Text(t)) => Value::Text(canonical_text(*ty, t).to_string()),
-                    Some(Datum::Null) => Value::Null,
-                    Some(Datum::Unchanged) | None => Value::Unknown,
-                };
-                (name.clone(), v)
+                (name.clone(), value(*ty, tuple.0.get(*i)))
             })
             .collect(),
     )
+}
+
+/// One column's value as a tuple carries it.
+fn value(ty: super::ColumnType, datum: Option<&Datum>) -> Value {
+    match datum {
+        Some(Datum::Text(t)) => Value::Text(canonical_text(ty, t).to_string()),
+        Some(Datum::Null) => Value::Null,
+        Some(Datum::Unchanged) | None => Value::Unknown,
+    }
 }
 
 /// Postgres' microseconds since 2000-01-01 as a `SystemTime`.

@@ -214,6 +214,13 @@ pub struct ResourceView {
     /// `null` before start-up has chosen.
     freshness: Option<&'static str>,
     ready: bool,
+    /// Why not ready (a filter loading, a resync, a table the change feed
+    /// cannot follow, a feed not proven current); `null` when ready.
+    not_ready_because: Option<String>,
+    /// Lookups answered from the database past filter and cache while not
+    /// vouched for, and keys rejected then past `verify_budget` (503).
+    unverified_loads: u64,
+    unverified_refused: u64,
     generation: u64,
     #[schema(value_type = Option<Object>)]
     filter: Option<crate::filter::FilterStats>,
@@ -281,6 +288,9 @@ fn view(gw: &Gateway, r: &Resource) -> ResourceView {
         key_type: r.config.key_type.sql_type().into(),
         freshness: gw.feed_mode().map(|m| m.as_str()),
         ready: r.is_ready(),
+        not_ready_because: r.why_not_ready(),
+        unverified_loads: l(&s.unvouched_loads),
+        unverified_refused: l(&s.unverified),
         generation: r.generation(),
         filter: r.filter_stats(),
         last_build: r.last_build(),

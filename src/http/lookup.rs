@@ -181,6 +181,19 @@ fn nth_segment(path: &str, n: usize) -> Option<&str> {
 fn answer(route: &Route, lookup: Lookup, headers: &HeaderMap) -> (Response, usize) {
     match lookup {
         Lookup::Filtered => filtered(route),
+        Lookup::Unvouched(Some(row)) => (
+            found(
+                route,
+                row,
+                headers,
+                "bloomgate; fwd=bypass; detail=unverified",
+            ),
+            outcome::MISS,
+        ),
+        Lookup::Unvouched(None) => (
+            not_found(route, "bloomgate; fwd=bypass; detail=unverified"),
+            outcome::MISS,
+        ),
         Lookup::Cached(o) => match o {
             Outcome::Hit(row) => (found(route, row, headers, "bloomgate; hit"), outcome::HIT),
             Outcome::Loaded {
@@ -255,6 +268,9 @@ fn found(
         )
     };
     let Parts { etag, length, body } = row.sent(coding);
+    if !if_match(headers, etag.as_bytes()) {
+        return precondition_failed(etag, cache_status);
+    }
     let not_modified = if_none_match(headers, etag.as_bytes());
     let mut resp = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
@@ -283,6 +299,37 @@ fn found(
     resp
 }
 
+/// RFC 9110 §13.1.1: true without `If-Match`; with it, `*` (the row
+/// exists: a row is being answered) or a strong match of one of its tags
+/// (a weak tag never matches).
+fn if_match(headers: &HeaderMap, ours: &[u8]) -> bool {
+    let mut values = headers.get_all(header::IF_MATCH).iter().peekable();
+    if values.peek().is_none() {
+        return true;
+    }
+    values
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|tag| tag == "*" || tag.as_bytes() == ours)
+}
+
+/// 412 (RFC 9110 §13.1.1): `If-Match` did not match the row's current
+/// representation. Its ETag says which that is; nothing here is for a
+/// cache to keep.
+fn precondition_failed(etag: HeaderValue, cache_status: &'static str) -> Response {
+    let mut resp = super::response::json_error(
+        StatusCode::PRECONDITION_FAILED,
+        "precondition_failed",
+        "If-Match does not match the current representation",
+    );
+    let h = resp.headers_mut();
+    h.insert(header::ETAG, etag);
+    h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
 /// RFC 9110 §13.1.2: weak comparison against every tag in every
 /// `If-None-Match` header, or `*`.
 fn if_none_match(headers: &HeaderMap, ours: &[u8]) -> bool {
@@ -304,6 +351,21 @@ mod tests {
         fn nth_segment_is_split_nth(path in "[a-z/%]{0,12}", n in 0usize..6) {
             proptest::prop_assert_eq!(nth_segment(&path, n), path.split('/').nth(n));
         }
+    }
+
+    #[test]
+    fn if_match_compares_strongly_and_star_matches_a_row() {
+        let etag = b"\"abc\"";
+        let mut h = HeaderMap::new();
+        assert!(if_match(&h, etag), "no precondition");
+        h.insert(header::IF_MATCH, HeaderValue::from_static("\"x\", \"abc\""));
+        assert!(if_match(&h, etag));
+        h.insert(header::IF_MATCH, HeaderValue::from_static("W/\"abc\""));
+        assert!(!if_match(&h, etag), "a weak tag never matches strongly");
+        h.insert(header::IF_MATCH, HeaderValue::from_static("\"abcd\""));
+        assert!(!if_match(&h, etag));
+        h.insert(header::IF_MATCH, HeaderValue::from_static("*"));
+        assert!(if_match(&h, etag));
     }
 
     #[test]

@@ -192,23 +192,38 @@ async fn healthz() -> Response {
     json_bytes(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#))
 }
 
-/// Readiness: 200 once every resource's filter is built, 503 before.
+/// Readiness: 200 once every resource's filter is built and vouched for by
+/// the change feed (see `vouch`), 503 with the reasons otherwise.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
-        (status = 200, description = "Every filter is built", body = openapi::StatusBody),
-        (status = 503, description = "Still loading; `loading` names the resources", body = openapi::StatusBody),
+        (status = 200, description = "Every filter is built and the change feed has confirmed it is current", body = openapi::StatusBody),
+        (status = 503, description = "Not ready: `loading` names the resources whose filter is still loading, `reasons` says for each resource (and for the change feed) what it waits for", body = openapi::StatusBody),
     ))]
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
-    let pending: Vec<&str> = gw
-        .resources
-        .iter()
-        .filter(|r| !r.is_ready())
-        .map(|r| r.name())
-        .collect();
-    if pending.is_empty() {
+    let readiness = gw.readiness();
+    if readiness.is_empty() {
         json_bytes(StatusCode::OK, Bytes::from_static(br#"{"status":"ready"}"#))
     } else {
-        let body = serde_json::json!({ "status": "starting", "loading": pending });
+        let loading: Vec<&str> = gw
+            .resources
+            .iter()
+            .filter(|r| !r.is_built())
+            .map(|r| r.name())
+            .collect();
+        let mut reasons: serde_json::Map<String, serde_json::Value> = readiness
+            .resources
+            .into_iter()
+            .map(|(r, why)| (r, why.into()))
+            .collect();
+        if let Some(feed) = readiness.feed {
+            reasons.insert("change_feed".into(), feed.into());
+        }
+        let status = if loading.is_empty() {
+            "not_ready"
+        } else {
+            "starting"
+        };
+        let body = serde_json::json!({ "status": status, "loading": loading, "reasons": reasons });
         let mut resp = json_bytes(
             StatusCode::SERVICE_UNAVAILABLE,
             Bytes::from(body.to_string()),

@@ -34,10 +34,13 @@ use crate::key::KeyType;
 /// `{"status": ...}` of the health endpoints.
 #[derive(Serialize, ToSchema)]
 pub struct StatusBody {
-    /// `ok`, `ready` or `starting`.
+    /// `ok`, `ready`, `starting` (a filter is still loading) or `not_ready`.
     pub status: String,
     /// Resources whose filters are still loading (503 only).
     pub loading: Option<Vec<String>>,
+    /// What each resource not ready waits for, by name, and
+    /// `change_feed` for the feed's own reason (503 only).
+    pub reasons: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Every error: a stable code and a message safe to show.
@@ -431,6 +434,11 @@ fn add_resource(
                 .header("Cache-Control", header("`cache.http_cache_control`")),
         )
         .response("400", error("Malformed key"))
+        .response(
+            "412",
+            error("If-Match did not match the row's current ETag (which this response carries)")
+                .header("ETag", header("The row's current ETag")),
+        )
         .response(
             "404",
             error("No such row (the filter or the database said so)").header(

@@ -23,7 +23,7 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Error::BadKey(_) => StatusCode::BAD_REQUEST,
-            Error::NotReady | Error::Unavailable(_) | Error::Overloaded => {
+            Error::NotReady | Error::Unverified | Error::Unavailable(_) | Error::Overloaded => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Error::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -36,6 +36,7 @@ impl Error {
         match self {
             Error::BadKey(_) => "bloomgate; detail=malformed-key",
             Error::NotReady => "bloomgate; detail=not-ready",
+            Error::Unverified => "bloomgate; detail=unverified",
             Error::Unavailable(_) => "bloomgate; fwd=miss; detail=database-unavailable",
             Error::Overloaded => "bloomgate; detail=overloaded",
             Error::Timeout => "bloomgate; detail=timeout",

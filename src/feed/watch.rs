@@ -1,0 +1,295 @@
+//! What a feed depends on besides its stream, checked while it runs (see
+//! "The principle" in [`super`]): which relation each watched table's name
+//! leads to, its partitions, and the feed's own dependency (the
+//! publication, the triggers) as a problem per table.
+//!
+//! # Guarantees (tested below)
+//! [`Tracker::update`] turns successive checks into events such that:
+//! - a table whose relation changed since the last check (dropped and
+//!   created again, swapped in by a rename: another OID) or whose leaf
+//!   partitions changed (ATTACH, DETACH, a partition dropped) gets a
+//!   [`Event::Resync`] of that table: its rows may have changed without a
+//!   row change any feed sees;
+//! - a table the feed cannot follow gets [`Event::Coverage`] with the
+//!   problem, once per distinct problem; when it can again, a
+//!   [`Event::Coverage`] without one, then a [`Event::Resync`] of it (what
+//!   changed meanwhile was not delivered);
+//! - the first check only records (the first scan follows it), except that
+//!   a problem is reported at once.
+
+use sqlx::PgConnection;
+
+use super::{Coverage, Event, Resync, Watch};
+use crate::db::catalog::quote_table;
+use crate::db::triggers::{self, Sink};
+
+/// One watched table as the catalog has it now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    /// The relation its name leads to; `None`: no such relation now.
+    pub oid: Option<u32>,
+    /// `relkind = 'p'`.
+    pub partitioned: bool,
+    /// Leaf partitions of a partitioned table, sorted.
+    pub partitions: Vec<u32>,
+}
+
+/// Every watched table as the catalog has it now, in `watch` order: one
+/// round trip.
+pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Seen>, sqlx::Error> {
+    let names: Vec<String> = watch.tables.iter().map(|t| quote_table(&t.name)).collect();
+    let rows: Vec<(Option<i64>, Option<bool>, Vec<i64>)> = sqlx::query_as(
+        "SELECT c.oid::int8, c.relkind = 'p',
+                coalesce((SELECT array_agg(p.relid::int8 ORDER BY p.relid::int8)
+                            FROM pg_partition_tree(c.oid) p
+                           WHERE c.relkind = 'p' AND p.isleaf), '{}')
+           FROM unnest($1::text[]) WITH ORDINALITY AS t(name, i)
+           LEFT JOIN pg_class c ON c.oid = to_regclass(t.name)
+          ORDER BY t.i",
+    )
+    .bind(&names)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(oid, partitioned, partitions)| Seen {
+            oid: oid.and_then(|o| u32::try_from(o).ok()),
+            partitioned: partitioned.unwrap_or(false),
+            partitions: partitions
+                .into_iter()
+                .filter_map(|p| u32::try_from(p).ok())
+                .collect(),
+        })
+        .collect())
+}
+
+/// What the checks of one feed have seen so far (kept across its sessions:
+/// a table replaced while the feed was away is found at the next check).
+#[derive(Debug, Default)]
+pub struct Tracker {
+    /// Per watched table: the last check's view and problem.
+    last: Vec<Option<(Seen, Option<String>)>>,
+}
+
+impl Tracker {
+    /// Takes a check's result, one `(seen, problem)` per watched table in
+    /// `watch` order; returns what the gateway must be told, in order.
+    pub fn update(&mut self, watch: &Watch, now: Vec<(Seen, Option<String>)>) -> Vec<Event> {
+        self.last.resize(watch.tables.len(), None);
+        let mut events = Vec::new();
+        for ((t, last), (seen, problem)) in watch.tables.iter().zip(&mut self.last).zip(now) {
+            let coverage = |problem: Option<String>| {
+                Event::Coverage(Coverage {
+                    table: t.name.clone(),
+                    problem,
+                })
+            };
+            match last.take() {
+                None => {
+                    if problem.is_some() {
+                        events.push(coverage(problem.clone()));
+                    }
+                }
+                Some((before, had)) => {
+                    if had != problem {
+                        events.push(coverage(problem.clone()));
+                    }
+                    let why = if before.oid != seen.oid {
+                        Some(format!("table {} was dropped or replaced", t.name))
+                    } else if before.partitions != seen.partitions {
+                        Some(format!("the partitions of {} changed", t.name))
+                    } else if had.is_some() && problem.is_none() {
+                        Some(format!("{} is followed again", t.name))
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        events.push(Resync::table(t.name.clone(), why));
+                    }
+                }
+            }
+            *last = Some((seen, problem));
+        }
+        events
+    }
+
+    /// Whether the last check found any problem.
+    pub fn has_problem(&self) -> bool {
+        self.last
+            .iter()
+            .any(|l| l.as_ref().is_some_and(|(_, p)| p.is_some()))
+    }
+}
+
+/// The trigger feeds' check (`notify`, `queue`): every watched table's
+/// relation and partitions, and its trigger ([`triggers::problem`]). With
+/// `install`, a missing or outdated trigger is installed (and its table
+/// rescanned: what changed without it was missed). Returns the events for
+/// the gateway.
+pub async fn check_triggers(
+    conn: &mut PgConnection,
+    watch: &Watch,
+    sink: Sink,
+    install: bool,
+    tracker: &mut Tracker,
+) -> Result<Vec<Event>, sqlx::Error> {
+    let seen = tables(conn, watch).await?;
+    let mut problems = Vec::with_capacity(seen.len());
+    let mut repaired = Vec::new();
+    for (t, s) in watch.tables.iter().zip(&seen) {
+        if s.oid.is_none() {
+            problems.push(Some(format!("table {} does not exist", t.name)));
+            continue;
+        }
+        let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
+        let mut problem = triggers::problem(conn, &t.name, &columns, sink).await?;
+        if problem.is_some() && install {
+            let mut sql = triggers::install_sql(&t.name, &columns, sink);
+            if sink == Sink::Queue {
+                sql.insert_str(0, triggers::QUEUE_TABLE_SQL);
+            }
+            sql.insert_str(0, crate::db::INSTALL_LOCK);
+            match sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&sql)).await {
+                Ok(_) => {
+                    tracing::warn!(table = %t.name, problem = problem.as_deref().unwrap_or_default(), "trigger installed again (database.install_triggers); the table is rescanned");
+                    repaired.push(t.name.clone());
+                    problem = triggers::problem(conn, &t.name, &columns, sink).await?;
+                }
+                Err(e) => {
+                    tracing::error!(table = %t.name, error = %e, "cannot install the trigger")
+                }
+            }
+        }
+        problems.push(problem);
+    }
+    let mut events = tracker.update(watch, seen.into_iter().zip(problems).collect());
+    for name in repaired {
+        if !events
+            .iter()
+            .any(|e| matches!(e, Event::Resync(r) if r.scope.covers(&name)))
+        {
+            events.push(Resync::table(name, "its trigger was installed again"));
+        }
+    }
+    for e in &events {
+        if let Event::Coverage(Coverage { table, problem }) = e {
+            match problem {
+                Some(p) => {
+                    tracing::error!(table = %table, problem = %p, "changes to this table cannot be followed: its resources are not ready")
+                }
+                None => tracing::info!(table = %table, "changes to this table are followed again"),
+            }
+        }
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::feed::{ColumnType, Scope, WatchedColumn, WatchedTable};
+
+    fn watch() -> Watch {
+        let t = |n: &str| WatchedTable {
+            name: Arc::from(n),
+            columns: vec![WatchedColumn {
+                name: Arc::from("id"),
+                ty: ColumnType::Int8,
+            }],
+        };
+        Watch {
+            tables: vec![t("public.a"), t("public.b")],
+        }
+    }
+
+    fn seen(oid: u32, partitions: &[u32]) -> Seen {
+        Seen {
+            oid: Some(oid),
+            partitioned: !partitions.is_empty(),
+            partitions: partitions.to_vec(),
+        }
+    }
+
+    /// What the events say, as text: `resync a`, `problem a: …`, `ok a`.
+    fn said(events: &[Event]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                Event::Resync(r) => match &r.scope {
+                    Scope::Table(t) => format!("resync {t}"),
+                    Scope::All => "resync all".into(),
+                },
+                Event::Coverage(c) => match &c.problem {
+                    Some(p) => format!("problem {}: {p}", c.table),
+                    None => format!("ok {}", c.table),
+                },
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_check_only_records_but_says_a_problem() {
+        let w = watch();
+        let mut t = Tracker::default();
+        let e = t.update(
+            &w,
+            vec![(seen(1, &[]), None), (seen(2, &[]), Some("x".into()))],
+        );
+        assert_eq!(said(&e), ["problem public.b: x"]);
+        assert!(t.has_problem());
+        // Unchanged: nothing.
+        let e = t.update(
+            &w,
+            vec![(seen(1, &[]), None), (seen(2, &[]), Some("x".into()))],
+        );
+        assert!(e.is_empty());
+    }
+
+    #[test]
+    fn a_replaced_table_or_changed_partitions_are_rescanned() {
+        let w = watch();
+        let mut t = Tracker::default();
+        t.update(&w, vec![(seen(1, &[]), None), (seen(2, &[10, 11]), None)]);
+        let e = t.update(&w, vec![(seen(3, &[]), None), (seen(2, &[10, 11]), None)]);
+        assert_eq!(said(&e), ["resync public.a"]);
+        let e = t.update(
+            &w,
+            vec![(seen(3, &[]), None), (seen(2, &[10, 11, 12]), None)],
+        );
+        assert_eq!(said(&e), ["resync public.b"], "attached");
+        let e = t.update(&w, vec![(seen(3, &[]), None), (seen(2, &[11, 12]), None)]);
+        assert_eq!(said(&e), ["resync public.b"], "detached");
+        let gone = Seen::default();
+        let e = t.update(
+            &w,
+            vec![
+                (gone.clone(), Some("gone".into())),
+                (seen(2, &[11, 12]), None),
+            ],
+        );
+        assert_eq!(said(&e), ["problem public.a: gone", "resync public.a"]);
+        let e = t.update(&w, vec![(seen(4, &[]), None), (seen(2, &[11, 12]), None)]);
+        assert_eq!(said(&e), ["ok public.a", "resync public.a"]);
+    }
+
+    #[test]
+    fn a_problem_is_said_once_and_its_end_rescans() {
+        let w = watch();
+        let mut t = Tracker::default();
+        let ok = || vec![(seen(1, &[]), None), (seen(2, &[]), None)];
+        t.update(&w, ok());
+        let bad = |p: &str| vec![(seen(1, &[]), Some(p.to_string())), (seen(2, &[]), None)];
+        assert_eq!(said(&t.update(&w, bad("p1"))), ["problem public.a: p1"]);
+        assert!(t.update(&w, bad("p1")).is_empty(), "said once");
+        assert_eq!(said(&t.update(&w, bad("p2"))), ["problem public.a: p2"]);
+        assert_eq!(
+            said(&t.update(&w, ok())),
+            ["ok public.a", "resync public.a"],
+            "followed again: what changed meanwhile was missed"
+        );
+        assert!(!t.has_problem());
+    }
+}

@@ -1,0 +1,199 @@
+//! Whether the gateway can vouch for one resource's filter and cache (see
+//! "The principle" in `feed`): the change feed has proven itself current
+//! within the bound (*fresh*), no gap is open (every resync since has been
+//! covered by a rebuild that swapped its filter in), and the feed can
+//! follow the resource's table (no *problem*).
+//!
+//! The request path reads one flag, [`Vouch::ok`]; the applier and the
+//! rebuilds change the inputs, rarely, under a mutex that recomputes it.
+//!
+//! # Guarantees (tested below)
+//! - `ok` holds exactly while fresh, with no problem, and every gap opened
+//!   is closed.
+//! - A gap opened by [`Vouch::open_gap`] is closed only by a rebuild that
+//!   called [`Vouch::rebuild_began`] after it (its journal opened, so its
+//!   scan's snapshot is later than the gap's event), once that rebuild's
+//!   filter is in place ([`Vouch::rebuild_covered`]). A rebuild that began
+//!   before the gap closes only the gaps before it.
+//! - Memory order: `ok` is stored with `Release` after whatever made it
+//!   true (a filter swapped in), and the request path loads it with
+//!   `Acquire` *before* it reads the filter; so a request that sees it true
+//!   reads that filter or a later one, never the one the gap made
+//!   untrustworthy.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+#[derive(Debug)]
+pub struct Vouch {
+    ok: AtomicBool,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    fresh: bool,
+    /// Gaps opened, and the latest one a rebuild has covered.
+    opened: u64,
+    closed: u64,
+    /// Why the last gap was opened (for readiness).
+    gap: Option<String>,
+    problem: Option<String>,
+}
+
+impl State {
+    fn ok(&self) -> bool {
+        self.fresh && self.closed >= self.opened && self.problem.is_none()
+    }
+}
+
+impl Default for Vouch {
+    /// Not fresh: nothing is vouched for until the feed (or the gateway,
+    /// without one) says so.
+    fn default() -> Self {
+        Self {
+            ok: AtomicBool::new(false),
+            state: Mutex::default(),
+        }
+    }
+}
+
+impl Vouch {
+    /// Whether the filter's "absent" and the cache's answers may be given.
+    /// Read it before the filter (see the module doc).
+    #[inline]
+    pub fn ok(&self) -> bool {
+        self.ok.load(Ordering::Acquire)
+    }
+
+    fn change(&self, f: impl FnOnce(&mut State)) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut s);
+        self.ok.store(s.ok(), Ordering::Release);
+    }
+
+    /// What [`Vouch::set_fresh`] last said.
+    pub fn is_fresh(&self) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).fresh
+    }
+
+    /// Whether the feed has proven itself current within the bound.
+    pub fn set_fresh(&self, fresh: bool) {
+        self.change(|s| s.fresh = fresh);
+    }
+
+    /// Changes may have been missed: not vouched for until a rebuild that
+    /// begins after this has swapped in.
+    pub fn open_gap(&self, why: &str) {
+        self.change(|s| {
+            s.opened += 1;
+            s.gap = Some(why.to_string());
+        });
+    }
+
+    /// A rebuild's journal has opened: returns what it will cover.
+    pub fn rebuild_began(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).opened
+    }
+
+    /// That rebuild's filter is in place (or merged into the live one):
+    /// every gap up to `began` is closed.
+    pub fn rebuild_covered(&self, began: u64) {
+        self.change(|s| {
+            s.closed = s.closed.max(began);
+            if s.closed >= s.opened {
+                s.gap = None;
+            }
+        });
+    }
+
+    /// Whether the feed can follow the table, and if not why.
+    pub fn set_problem(&self, problem: Option<String>) {
+        self.change(|s| s.problem = problem);
+    }
+
+    /// Why not vouched, for readiness; `None` when vouched.
+    pub fn why_not(&self) -> Option<String> {
+        let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = &s.problem {
+            return Some(p.clone());
+        }
+        if s.closed < s.opened {
+            return Some(format!(
+                "resyncing: {}",
+                s.gap.as_deref().unwrap_or("changes may have been missed")
+            ));
+        }
+        if !s.fresh {
+            return Some("the change feed has not confirmed it is current".into());
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vouched_exactly_while_fresh_without_gap_or_problem() {
+        let v = Vouch::default();
+        assert!(!v.ok(), "nothing is vouched for before the feed says so");
+        v.set_fresh(true);
+        assert!(v.ok());
+        assert_eq!(v.why_not(), None);
+        v.set_problem(Some("not in the publication".into()));
+        assert!(!v.ok());
+        assert_eq!(v.why_not().as_deref(), Some("not in the publication"));
+        v.set_problem(None);
+        v.set_fresh(false);
+        assert!(!v.ok());
+        assert!(v.why_not().unwrap().contains("current"));
+        v.set_fresh(true);
+        assert!(v.ok());
+    }
+
+    #[test]
+    fn a_gap_is_closed_only_by_a_rebuild_that_began_after_it() {
+        let v = Vouch::default();
+        v.set_fresh(true);
+        let early = v.rebuild_began();
+        v.open_gap("reconnect");
+        assert!(!v.ok());
+        assert!(v.why_not().unwrap().contains("reconnect"));
+        v.rebuild_covered(early);
+        assert!(!v.ok(), "a rebuild that began before the gap");
+        let late = v.rebuild_began();
+        v.open_gap("another");
+        v.rebuild_covered(late);
+        assert!(!v.ok(), "the second gap came after that rebuild began");
+        let last = v.rebuild_began();
+        v.rebuild_covered(last);
+        assert!(v.ok());
+        assert_eq!(v.why_not(), None);
+    }
+
+    proptest::proptest! {
+        /// Any interleaving of gaps and rebuilds: vouched exactly when the
+        /// last gap precedes the start of some covered rebuild.
+        #[test]
+        fn gaps_and_rebuilds_in_any_order(ops in proptest::collection::vec(0u8..3, 0..40)) {
+            let v = Vouch::default();
+            v.set_fresh(true);
+            let (mut last_gap, mut began, mut covered_from) = (0u64, Vec::new(), 0u64);
+            let mut clock = 0u64;
+            for op in ops {
+                clock += 1;
+                match op {
+                    0 => { v.open_gap("g"); last_gap = clock; }
+                    1 => began.push((clock, v.rebuild_began())),
+                    _ => if let Some((at, epoch)) = began.pop() {
+                        v.rebuild_covered(epoch);
+                        covered_from = covered_from.max(at);
+                    },
+                }
+                proptest::prop_assert_eq!(v.ok(), last_gap < covered_from || last_gap == 0);
+            }
+        }
+    }
+}
