@@ -81,6 +81,10 @@ stop_throwaway_postgres() {
 ensure_replica_pair() {
   local bindir run=() pport=${BLOOMGATE_PRIMARY_PORT:-54332} rport=${BLOOMGATE_REPLICA_PORT:-54333}
   local pdir=${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary} rdir=${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}
+  # max_prepared_transactions: tests/truth.rs commits with PREPARE
+  # TRANSACTION / COMMIT PREPARED; the replica must allow as many.
+  local popts="-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB -c max_prepared_transactions=20"
+  local ropts="-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
   bindir=$(bg_pg_bindir)
   if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
     bg_pg_install || return 1
@@ -102,8 +106,7 @@ ensure_replica_pair() {
       # Replication connections from 127.0.0.1 (initdb's trust lines cover
       # "replication" for local sockets and 127.0.0.1 already).
     fi
-    "${run[@]}" "$bindir/pg_ctl" -D "$pdir" -w -t 60 -l "$pdir/server.log" \
-      -o "-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB" start >&2 \
+    "${run[@]}" "$bindir/pg_ctl" -D "$pdir" -w -t 60 -l "$pdir/server.log" -o "$popts" start >&2 \
       || { cat "$pdir/server.log" >&2; return 1; }
   fi
   # Three roles that must give a password, one per method the WAL feed's
@@ -135,10 +138,31 @@ ensure_replica_pair() {
       "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$rdir" -R -X stream \
         -C -S bloomgate_replica >&2 || return 1
     fi
-    "${run[@]}" "$bindir/pg_ctl" -D "$rdir" -w -t 60 -l "$rdir/server.log" \
-      -o "-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on" start >&2 \
+    "${run[@]}" "$bindir/pg_ctl" -D "$rdir" -w -t 60 -l "$rdir/server.log" -o "$ropts" start >&2 \
       || { cat "$rdir/server.log" >&2; return 1; }
   fi
+  # A pair started by an older version of this script runs without
+  # max_prepared_transactions (tests/truth.rs commits with PREPARE
+  # TRANSACTION): restarted with it, the replica first, since a standby
+  # must allow at least as many as its primary or it stops replaying.
+  # Only servers whose data directory is ours are restarted.
+  bg_pg_restart_without_2pc "$bindir" "$rport" "$rdir" "$ropts" "${run[@]}" || return 1
+  bg_pg_restart_without_2pc "$bindir" "$pport" "$pdir" "$popts" "${run[@]}" || return 1
+}
+
+# bg_pg_restart_without_2pc BINDIR PORT DATADIR OPTIONS [RUNNER...]: restarts
+# the server on PORT with OPTIONS if its data directory is DATADIR (one this
+# script started) and max_prepared_transactions is 0.
+bg_pg_restart_without_2pc() {
+  local bindir=$1 port=$2 dir=$3 opts=$4 got
+  shift 4
+  got=$("$bindir/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc \
+    "SELECT current_setting('data_directory') || '|' || current_setting('max_prepared_transactions')" 2>/dev/null) \
+    || return 0
+  [ "${got%|*}" = "$(readlink -f "$dir")" ] && [ "${got##*|}" = 0 ] || return 0
+  bg_pg_log "restarting the server in $dir with max_prepared_transactions (for PREPARE TRANSACTION)"
+  "$@" "$bindir/pg_ctl" -D "$dir" -w -t 60 -m fast -l "$dir/server.log" -o "$opts" restart >&2 \
+    || { cat "$dir/server.log" >&2; return 1; }
 }
 
 stop_replica_pair() {
