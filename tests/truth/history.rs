@@ -1,0 +1,1293 @@
+//! One history: a database, its gateways, readers, a writer and the
+//! faults, judged as the crate doc says.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use bloomgate::feed::Lsn;
+use bloomgate::gateway::Gateway;
+use bloomgate::http::App;
+use futures_util::StreamExt;
+use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, Executor, PgConnection, PgPool};
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
+
+use crate::common::TestDb;
+use crate::model::{Model, secs};
+use crate::ops::{End, Focus, Gen, Part, Step, Stmt, Table, user_paths};
+use crate::rng::Rng;
+use crate::schema::{self, Path, Res, Setup};
+use crate::{Fault, Feed};
+
+/// A feed's connection lost (walsender, listener, poller killed; slot
+/// dropped): how long the gateway may serve what it had before.
+pub const FEED_GAP: Duration = Duration::from_secs(3);
+/// Something the feed depends on changed under it (publication, replica
+/// identity, partitions): how long until the gateway must have noticed
+/// (its check interval, assumed at most 2 s, plus a rescan).
+pub const WATCHED: Duration = Duration::from_secs(5);
+/// A gateway that should be serving (the only one, or the survivor) may
+/// say not ready this long after a fault before it is reported.
+pub const NOT_READY_LIMIT: Duration = Duration::from_secs(20);
+/// A ready gateway must have applied the marker write within this.
+pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(10);
+/// After catching up: the WAL feed's second, visible-phase delivery
+/// (every 5 ms) has run.
+const SETTLE: Duration = Duration::from_millis(100);
+const READERS: usize = 2;
+
+pub struct Opts {
+    pub feed: Feed,
+    pub seed: u64,
+    pub faults: Vec<Fault>,
+    pub rounds: usize,
+    /// Forced slot kind (`BLOOMGATE_TRUTH_SLOT`); else the seed decides.
+    pub permanent_slot: Option<bool>,
+    /// The streaming replica's server URL (no database), when there is one.
+    pub replica: Option<String>,
+    pub trace: bool,
+}
+
+#[derive(Default)]
+pub struct Report {
+    pub ops: u64,
+    pub faults: u64,
+    pub checks: u64,
+    pub unavailable: u64,
+    pub violations: Vec<String>,
+    pub journal: Vec<String>,
+    /// The seed's choices (slot kind, replica), for the failure message.
+    pub setup: String,
+}
+
+/// One gateway of the history.
+struct Gw {
+    id: usize,
+    gw: Arc<Gateway>,
+    app: App,
+    /// Taken out of service: its answers no longer count (a reader that
+    /// finishes a request after this ignores it).
+    retired: AtomicBool,
+    /// The one that must serve (not a second gateway waiting for the slot).
+    primary: AtomicBool,
+    ready_at: Mutex<Option<Duration>>,
+    failed: Mutex<Option<String>>,
+    start: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the readers share with the driver.
+struct Shared {
+    epoch: Instant,
+    model: Mutex<Model>,
+    gws: RwLock<Vec<Arc<Gw>>>,
+    violations: Mutex<Vec<String>>,
+    journal: Mutex<Vec<String>>,
+    checks: AtomicU64,
+    unavailable: AtomicU64,
+    stop: AtomicBool,
+    trace: bool,
+}
+
+impl Shared {
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn note(&self, line: String) {
+        let line = format!("t={} {line}", secs(self.now()));
+        if self.trace {
+            eprintln!("truth: {line}");
+        }
+        self.journal.lock().unwrap().push(line);
+    }
+
+    fn violation(&self, line: String) {
+        let line = format!("t={} {line}", secs(self.now()));
+        eprintln!("truth: VIOLATION {line}");
+        self.journal
+            .lock()
+            .unwrap()
+            .push(format!("VIOLATION {line}"));
+        self.violations.lock().unwrap().push(line);
+    }
+
+    fn live(&self) -> Vec<Arc<Gw>> {
+        self.gws.read().unwrap().clone()
+    }
+}
+
+/// What a GET answered.
+enum Answer {
+    Row(Value, String),
+    Absent(String),
+    /// 503 or 504: not a violation.
+    Unavailable,
+    Other(StatusCode, String),
+}
+
+impl Answer {
+    fn body(&self) -> Option<&Value> {
+        match self {
+            Answer::Row(v, _) => Some(v),
+            _ => None,
+        }
+    }
+
+    fn show(&self) -> String {
+        match self {
+            Answer::Row(v, cs) => format!("200 {v} [{cs}]"),
+            Answer::Absent(cs) => format!("404 [{cs}]"),
+            Answer::Unavailable => "503".into(),
+            Answer::Other(s, b) => format!("{s} {b}"),
+        }
+    }
+}
+
+async fn get(app: &App, url: &str) -> Answer {
+    let req = Request::get(url).body(Body::empty()).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let cs = resp
+        .headers()
+        .get("cache-status")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap_or_default();
+    match status {
+        StatusCode::OK => match serde_json::from_slice(&body) {
+            Ok(v) => Answer::Row(v, cs),
+            Err(_) => Answer::Other(status, String::from_utf8_lossy(&body).into_owned()),
+        },
+        StatusCode::NOT_FOUND => Answer::Absent(cs),
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT => Answer::Unavailable,
+        _ => Answer::Other(status, String::from_utf8_lossy(&body).into_owned()),
+    }
+}
+
+async fn is_ready(g: &Gw) -> bool {
+    matches!(get(&g.app, "/readyz").await, Answer::Row(..))
+}
+
+/// Reads random paths from random gateways until told to stop, judging
+/// each answer against the versions Postgres committed.
+async fn reader(shared: Arc<Shared>, mut rng: Rng) {
+    while !shared.stop.load(Ordering::Relaxed) {
+        let path = {
+            let m = shared.model.lock().unwrap();
+            m.paths[rng.below(m.paths.len())].clone()
+        };
+        let live = shared.live();
+        if live.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        let g = live[rng.below(live.len())].clone();
+        let url = path.url();
+        let t0 = shared.now();
+        let answer = get(&g.app, &url).await;
+        let t1 = shared.now();
+        if g.retired.load(Ordering::SeqCst) {
+            continue;
+        }
+        match &answer {
+            Answer::Unavailable => {
+                shared.unavailable.fetch_add(1, Ordering::Relaxed);
+            }
+            Answer::Other(..) => {
+                shared.violation(format!("gw{} GET {url} -> {}", g.id, answer.show()));
+            }
+            Answer::Row(..) | Answer::Absent(_) => {
+                shared.checks.fetch_add(1, Ordering::Relaxed);
+                let verdict = shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .judge(&path, answer.body(), t0, t1);
+                if let Err(why) = verdict {
+                    shared.violation(format!(
+                        "during the run: gw{} GET {url} -> {}; {why}",
+                        g.id,
+                        answer.show()
+                    ));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Repairs and other actions that come a number of steps after a fault.
+#[derive(Clone, Copy, Debug)]
+enum Action {
+    RepairPublication,
+    RepairIdentity,
+    StopOne,
+    RestartAll,
+    Resume,
+}
+
+struct World {
+    opts: Opts,
+    shared: Arc<Shared>,
+    db: TestDb,
+    writer: PgConnection,
+    writes: Gen,
+    slot: Option<String>,
+    replica_db: Option<String>,
+    /// The replica's `postgres` database, for pausing its replay.
+    replica_admin: Option<PgPool>,
+    paused: Option<Resume>,
+    marker: i64,
+    step: u64,
+    due: Vec<(u64, Action)>,
+    next_gw: usize,
+    next_part: u32,
+    columns_added: u32,
+    open_publication: bool,
+    open_identity: bool,
+    open_second: bool,
+    report: Report,
+    readers: Vec<JoinHandle<()>>,
+}
+
+pub async fn run(opts: Opts) -> Report {
+    let mut w = World::setup(opts).await;
+    if w.shared.violations.lock().unwrap().is_empty() {
+        w.main().await;
+    }
+    w.teardown().await
+}
+
+impl World {
+    async fn setup(opts: Opts) -> World {
+        let mut rng = Rng::new(opts.seed);
+        let db = TestDb::new().await;
+        db.exec(schema::SETUP).await;
+        let mut writer = PgConnection::connect(&db.url).await.unwrap();
+        let tag = db.name.trim_start_matches("bloomgate_test_").to_string();
+        let mut writes = Gen::new(rng.fork(), format!("truth_{tag}"));
+        let prepared: String = sqlx::query_scalar("SHOW max_prepared_transactions")
+            .fetch_one(&mut writer)
+            .await
+            .unwrap();
+        // Postgres refuses to PREPARE a transaction that sent a NOTIFY,
+        // which every write does through the notify feed's triggers: no
+        // two-phase writer can use a table that feed watches.
+        writes.prepared_ok = prepared != "0" && opts.feed != Feed::Notify;
+        let only_permanent = !opts.faults.is_empty()
+            && opts
+                .faults
+                .iter()
+                .all(|f| matches!(f, Fault::DropSlot | Fault::SecondGateway));
+        let permanent = opts.feed.is_wal()
+            && opts
+                .permanent_slot
+                .unwrap_or_else(|| only_permanent || rng.chance(50));
+        let slot = permanent.then(|| format!("truth_{tag}"));
+        let use_replica = opts.replica.is_some()
+            && (opts.faults.contains(&Fault::ReplicaPause) || rng.chance(50));
+        let replica_db =
+            use_replica.then(|| format!("{}/{}", opts.replica.as_ref().unwrap(), db.name));
+        let report = Report {
+            setup: format!(
+                "slot {}, {}, database {}{}",
+                if !opts.feed.is_wal() {
+                    "none"
+                } else if permanent {
+                    "permanent"
+                } else {
+                    "temporary"
+                },
+                if use_replica {
+                    "read replica"
+                } else {
+                    "no replica"
+                },
+                db.name,
+                if prepared == "0" {
+                    ", max_prepared_transactions = 0: no PREPARE TRANSACTION (scripts/pg.sh sets it)"
+                } else if opts.feed == Feed::Notify {
+                    ", no PREPARE TRANSACTION (refused after NOTIFY)"
+                } else {
+                    ""
+                }
+            ),
+            ..Report::default()
+        };
+        let shared = Arc::new(Shared {
+            epoch: Instant::now(),
+            model: Mutex::new(Model::default()),
+            gws: RwLock::new(Vec::new()),
+            violations: Mutex::new(Vec::new()),
+            journal: Mutex::new(Vec::new()),
+            checks: AtomicU64::new(0),
+            unavailable: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            trace: opts.trace,
+        });
+        shared.note(format!(
+            "history seed={} feed={} faults={:?}: {}",
+            opts.seed,
+            opts.feed.name(),
+            opts.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            report.setup
+        ));
+        let mut w = World {
+            opts,
+            shared,
+            db,
+            writer,
+            writes,
+            slot,
+            replica_db,
+            replica_admin: None,
+            paused: None,
+            marker: 0,
+            step: 0,
+            due: Vec::new(),
+            next_gw: 0,
+            next_part: 1,
+            columns_added: 0,
+            open_publication: false,
+            open_identity: false,
+            open_second: false,
+            report,
+            readers: Vec::new(),
+        };
+        // The rows before the gateway starts, and probes that never exist.
+        let mut paths = Vec::new();
+        for s in w.writes.initial(30) {
+            w.writer.execute(s.sql.as_str()).await.unwrap();
+            paths.extend(s.paths);
+        }
+        let absent = w.writes.absent(6);
+        paths.extend(absent.iter().cloned());
+        let truth = read_back(&mut w.writer, &paths).await;
+        {
+            let mut m = w.shared.model.lock().unwrap();
+            for (p, body) in truth {
+                m.initial(p, body);
+            }
+        }
+        if let Some(url) = w.replica_db.clone() {
+            w.wait_for_replica(&url).await;
+        }
+        let first = w.spawn_gateway(true);
+        let began = Instant::now();
+        while first.ready_at.lock().unwrap().is_none() {
+            if let Some(e) = first.failed.lock().unwrap().clone() {
+                w.shared
+                    .violation(format!("gw{} did not start: {e}", first.id));
+                return w;
+            }
+            if began.elapsed() > Duration::from_secs(60) {
+                w.shared
+                    .violation(format!("gw{} not started after 60 s", first.id));
+                return w;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for _ in 0..READERS {
+            let rng = w.writes.rng.fork();
+            w.readers.push(tokio::spawn(reader(w.shared.clone(), rng)));
+        }
+        w
+    }
+
+    /// The gateway's pools would fail on a replica that has not replayed
+    /// the database's creation yet.
+    async fn wait_for_replica(&mut self, url: &str) {
+        let want = self.writes.shadow.users.len() as i64;
+        let began = Instant::now();
+        loop {
+            if let Ok(mut c) = PgConnection::connect(url).await {
+                let n: Result<i64, _> = sqlx::query_scalar("SELECT count(*) FROM users")
+                    .fetch_one(&mut c)
+                    .await;
+                if n.is_ok_and(|n| n == want) {
+                    break;
+                }
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "the replica never caught up with the new database"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let admin = url.rsplit_once('/').unwrap().0.to_string() + "/postgres";
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&admin)
+            .await
+            .unwrap();
+        // A run that died while replay was paused must not leave it so.
+        let _ = pool.execute("SELECT pg_wal_replay_resume()").await;
+        self.replica_admin = Some(pool);
+    }
+
+    fn setup_config(&self) -> bloomgate::config::Config {
+        schema::config(&Setup {
+            url: &self.db.url,
+            feed: self.opts.feed,
+            slot: self.slot.as_deref(),
+            replica: self.replica_db.as_deref(),
+        })
+    }
+
+    /// A new gateway, starting in the background (503 until ready).
+    fn spawn_gateway(&mut self, primary: bool) -> Arc<Gw> {
+        let gw = Gateway::new(self.setup_config()).unwrap();
+        let app = bloomgate::http::app(gw.clone());
+        self.next_gw += 1;
+        let g = Arc::new(Gw {
+            id: self.next_gw,
+            gw,
+            app,
+            retired: AtomicBool::new(false),
+            primary: AtomicBool::new(primary),
+            ready_at: Mutex::new(None),
+            failed: Mutex::new(None),
+            start: Mutex::new(None),
+        });
+        let (g2, shared) = (g.clone(), self.shared.clone());
+        let task = tokio::spawn(async move {
+            match g2.gw.start().await {
+                Ok(()) => {
+                    *g2.ready_at.lock().unwrap() = Some(shared.now());
+                    shared.note(format!("gw{} started", g2.id));
+                }
+                Err(e) => {
+                    shared.note(format!("gw{} failed to start: {e}", g2.id));
+                    *g2.failed.lock().unwrap() = Some(e.to_string());
+                }
+            }
+        });
+        *g.start.lock().unwrap() = Some(task);
+        self.shared.gws.write().unwrap().push(g.clone());
+        self.shared.note(format!(
+            "gw{} starting ({})",
+            g.id,
+            if primary { "primary" } else { "second" }
+        ));
+        g
+    }
+
+    fn retire(&self, g: &Arc<Gw>) {
+        g.retired.store(true, Ordering::SeqCst);
+        self.shared
+            .gws
+            .write()
+            .unwrap()
+            .retain(|x| !Arc::ptr_eq(x, g));
+        if let Some(t) = g.start.lock().unwrap().take() {
+            t.abort();
+        }
+        g.gw.stop();
+        self.shared.note(format!("gw{} stopped", g.id));
+    }
+
+    fn now(&self) -> Duration {
+        self.shared.now()
+    }
+
+    fn violations(&self) -> usize {
+        self.shared.violations.lock().unwrap().len()
+    }
+
+    async fn main(&mut self) {
+        let mut faults = self.opts.faults.clone();
+        faults.sort_by_key(|f| f.name());
+        for round in 0..self.opts.rounds {
+            let steps = self.writes.rng.range(15, 35);
+            // Early in the round, so that writes follow the fault.
+            let fault = if !faults.is_empty() && self.writes.rng.chance(85) {
+                Some((
+                    self.writes.rng.below(steps / 2 + 1),
+                    *self.writes.rng.pick(&faults),
+                ))
+            } else {
+                None
+            };
+            for s in 0..steps {
+                self.run_due(false).await;
+                if let Some((at, f)) = fault
+                    && at == s
+                {
+                    self.inject(f).await;
+                }
+                let step = self.writes.step();
+                self.exec(step).await;
+                self.report.ops += 1;
+                self.step += 1;
+                let pause = self.writes.rng.below(4) as u64;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            self.quiesce(&format!("round {round}")).await;
+            if self.violations() > 0 {
+                // The round's picture is complete; later rounds would only
+                // pile up consequences.
+                self.shared
+                    .note("stopping the history at its first violations".into());
+                return;
+            }
+        }
+        // Everything repairable repaired: the last comparison is strict.
+        self.run_due(true).await;
+        self.quiesce("final").await;
+    }
+
+    async fn run_due(&mut self, all: bool) {
+        self.due.sort_by_key(|(at, _)| *at);
+        while let Some(&(at, action)) = self.due.first() {
+            if !all && at > self.step {
+                break;
+            }
+            self.due.remove(0);
+            self.act(action).await;
+        }
+    }
+
+    fn later(&mut self, lo: usize, hi: usize, action: Action) {
+        let at = self.step + self.writes.rng.range(lo, hi) as u64;
+        self.due.push((at, action));
+    }
+
+    /// One transaction: its statements, what it makes of every path it
+    /// touched (read inside it, so exactly what it commits), then the
+    /// commit, recorded around it.
+    async fn exec(&mut self, step: Step) {
+        let trace = self.opts.trace;
+        if trace {
+            eprintln!(
+                "truth: t={} step {} {:?}",
+                secs(self.now()),
+                step.kind,
+                step.parts
+            );
+        }
+        let paths = step.paths();
+        let c = &mut self.writer;
+        c.execute("BEGIN").await.unwrap();
+        for part in &step.parts {
+            match part {
+                Part::Stmt(s) => run_stmt(c, s).await,
+                Part::RolledBack(ss) => {
+                    c.execute("SAVEPOINT s").await.unwrap();
+                    for s in ss {
+                        run_stmt(c, s).await;
+                    }
+                    c.execute("ROLLBACK TO SAVEPOINT s").await.unwrap();
+                }
+            }
+        }
+        let changes = read_back(c, &paths).await;
+        match &step.end {
+            End::Commit => {
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .stage(self.shared.now(), changes);
+                c.execute("COMMIT").await.unwrap();
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .committed(self.shared.now());
+            }
+            End::Prepared { gid, commit } => {
+                c.execute(format!("PREPARE TRANSACTION '{gid}'").as_str())
+                    .await
+                    .unwrap();
+                // Readers read while it is prepared: nothing may show.
+                let pause = self.writes.rng.below(20) as u64;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                let c = &mut self.writer;
+                if *commit {
+                    self.shared
+                        .model
+                        .lock()
+                        .unwrap()
+                        .stage(self.shared.now(), changes);
+                    c.execute(format!("COMMIT PREPARED '{gid}'").as_str())
+                        .await
+                        .unwrap();
+                    self.shared
+                        .model
+                        .lock()
+                        .unwrap()
+                        .committed(self.shared.now());
+                } else {
+                    c.execute(format!("ROLLBACK PREPARED '{gid}'").as_str())
+                        .await
+                        .unwrap();
+                }
+            }
+        }
+    }
+
+    /// The marker write, then every gateway that should serve is waited
+    /// for (ready, applied past the marker), then the fault windows are
+    /// let close, then every path is compared on every ready gateway.
+    async fn quiesce(&mut self, label: &str) {
+        self.marker += 1;
+        let marker = self.marker;
+        let c = &mut self.writer;
+        c.execute("BEGIN").await.unwrap();
+        sqlx::query("INSERT INTO marker VALUES ($1)")
+            .bind(marker)
+            .execute(&mut *c)
+            .await
+            .unwrap();
+        // Read just before COMMIT: the commit record ends past it, so a
+        // gateway whose applied LSN reaches it has applied the marker and
+        // (commit order) every write before it.
+        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+            .fetch_one(&mut *c)
+            .await
+            .unwrap();
+        c.execute("COMMIT").await.unwrap();
+        let lsn = Lsn::parse(&lsn).unwrap();
+        self.shared
+            .note(format!("{label}: quiescence, marker {marker} at {lsn}"));
+        let mut ready = Vec::new();
+        for g in self.shared.live() {
+            if let Some(g) = self.caught_up(&g, marker, lsn, label).await {
+                ready.push(g);
+            }
+        }
+        let quiet = self.shared.model.lock().unwrap().quiet_from();
+        let now = self.now();
+        if quiet > now {
+            tokio::time::sleep(quiet - now).await;
+        }
+        tokio::time::sleep(SETTLE).await;
+        self.compare(&ready, label).await;
+    }
+
+    /// `Some(g)` if `g` should be compared: ready, and (reported if not)
+    /// caught up.
+    async fn caught_up(&self, g: &Arc<Gw>, marker: i64, lsn: Lsn, label: &str) -> Option<Arc<Gw>> {
+        let began = Instant::now();
+        let primary = g.primary.load(Ordering::SeqCst);
+        loop {
+            if let Some(e) = g.failed.lock().unwrap().clone() {
+                self.shared
+                    .violation(format!("{label}: gw{} failed to start: {e}", g.id));
+                return None;
+            }
+            if is_ready(g).await {
+                break;
+            }
+            // A second gateway may wait for the slot as long as the first
+            // holds it.
+            if !primary {
+                self.shared.note(format!(
+                    "{label}: gw{} (second) not ready: not compared",
+                    g.id
+                ));
+                return None;
+            }
+            if began.elapsed() > NOT_READY_LIMIT {
+                self.shared.violation(format!(
+                    "{label}: gw{} has said not ready for {} s",
+                    g.id,
+                    NOT_READY_LIMIT.as_secs()
+                ));
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let began = Instant::now();
+        let mut applied = g.gw.applied();
+        let mut lsn_reached = !self.opts.feed.is_wal();
+        let url = format!("/marker/{marker}");
+        loop {
+            if !lsn_reached && *applied.borrow_and_update() >= lsn {
+                lsn_reached = true;
+            }
+            if lsn_reached && matches!(get(&g.app, &url).await, Answer::Row(..)) {
+                return Some(g.clone());
+            }
+            if began.elapsed() > CATCH_UP_LIMIT {
+                self.shared.violation(format!(
+                    "{label}: gw{} says ready but has not applied the marker write (applied {}, marker at {lsn}, GET {url} {}) within {} s",
+                    g.id,
+                    *applied.borrow(),
+                    get(&g.app, &url).await.show(),
+                    CATCH_UP_LIMIT.as_secs()
+                ));
+                // Compared anyway: what it serves says what it missed.
+                return Some(g.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn compare(&mut self, gws: &[Arc<Gw>], label: &str) {
+        let paths = self.shared.model.lock().unwrap().paths.clone();
+        let mut conn = self.db.pool.acquire().await.unwrap();
+        let truth = read_back(&mut conn, &paths).await;
+        {
+            let m = self.shared.model.lock().unwrap();
+            for (p, body) in &truth {
+                assert_eq!(
+                    m.latest(p),
+                    body.as_ref(),
+                    "the checker's model lost track of {} (seed {}): a bug in tests/truth",
+                    p.url(),
+                    self.opts.seed
+                );
+            }
+        }
+        let mut wrong = 0;
+        for g in gws {
+            let answers: Vec<(usize, Answer)> =
+                futures_util::stream::iter(truth.iter().enumerate())
+                    .map(|(i, (p, _))| {
+                        let app = g.app.clone();
+                        async move {
+                            let url = p.url();
+                            let mut a = get(&app, &url).await;
+                            for _ in 0..3 {
+                                if !matches!(a, Answer::Unavailable) {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                a = get(&app, &url).await;
+                            }
+                            (i, a)
+                        }
+                    })
+                    .buffer_unordered(8)
+                    .collect()
+                    .await;
+            let mut unavailable = 0;
+            for (i, a) in answers {
+                let (p, want) = &truth[i];
+                if matches!(a, Answer::Unavailable) {
+                    unavailable += 1;
+                    continue;
+                }
+                self.shared.checks.fetch_add(1, Ordering::Relaxed);
+                let ok = !matches!(a, Answer::Other(..)) && a.body() == want.as_ref();
+                if !ok {
+                    wrong += 1;
+                    let history = self.shared.model.lock().unwrap().describe(p);
+                    self.shared.violation(format!(
+                        "{label}: gw{} GET {} -> {}; Postgres: {} (versions: {history})",
+                        g.id,
+                        p.url(),
+                        a.show(),
+                        want.as_ref()
+                            .map(|v| v.to_string())
+                            .unwrap_or_else(|| "404".into()),
+                    ));
+                }
+            }
+            if unavailable > 0 {
+                self.shared
+                    .unavailable
+                    .fetch_add(unavailable, Ordering::Relaxed);
+                self.shared.note(format!(
+                    "{label}: gw{} answered 503 for {unavailable} paths at quiescence",
+                    g.id
+                ));
+            }
+        }
+        self.shared.note(format!(
+            "{label}: compared {} paths on {} gateways: {wrong} wrong",
+            truth.len(),
+            gws.len()
+        ));
+    }
+
+    async fn sql(&mut self, sql: &str) {
+        if self.opts.trace {
+            eprintln!("truth: t={} {sql}", secs(self.now()));
+        }
+        self.writer
+            .execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Loads `n` random rows into every gateway's cache (GET once), and
+    /// returns their paths: a fault followed by writes to them shows
+    /// whether the gateway drops what it cached.
+    async fn warm(&mut self, n: usize, by_email: bool) -> Vec<Path> {
+        let mut paths = Vec::new();
+        for _ in 0..n {
+            let t = if by_email {
+                Table::Users
+            } else {
+                *self.writes.rng.pick(&Table::ALL)
+            };
+            let all = self.writes.shadow.paths(t);
+            if all.is_empty() {
+                continue;
+            }
+            let p = all[self.writes.rng.below(all.len())].clone();
+            let p = if by_email && p.res == Res::Users {
+                let id: i64 = p.key.parse().unwrap();
+                user_paths(id, &self.writes.shadow.users[&id])[1].clone()
+            } else {
+                p
+            };
+            paths.push(p);
+        }
+        for g in self.shared.live() {
+            for p in &paths {
+                let _ = get(&g.app, &p.url()).await;
+            }
+        }
+        paths
+    }
+
+    async fn inject(&mut self, f: Fault) {
+        let injected = match f {
+            Fault::KillWalsender | Fault::KillListener | Fault::DropSlot => {
+                if f == Fault::DropSlot && self.slot.is_none() {
+                    false
+                } else {
+                    let paths = self.warm(6, false).await;
+                    let what = match f {
+                        Fault::DropSlot => self.drop_slot().await,
+                        _ => self.kill_feed().await,
+                    };
+                    self.shared.note(format!("fault {}: {what}", f.name()));
+                    let now = self.now();
+                    self.shared
+                        .model
+                        .lock()
+                        .unwrap()
+                        .window(f.name(), now, FEED_GAP);
+                    self.writes.focus(
+                        Focus::Update {
+                            paths,
+                            emails: false,
+                        },
+                        6,
+                    );
+                    true
+                }
+            }
+            Fault::Restart => {
+                let live = self.shared.live();
+                let g = live[self.writes.rng.below(live.len())].clone();
+                let primary = g.primary.load(Ordering::SeqCst);
+                self.shared.note(format!("fault restart: gw{}", g.id));
+                self.retire(&g);
+                self.spawn_gateway(primary);
+                true
+            }
+            Fault::SecondGateway => {
+                if self.open_second || self.shared.live().len() > 1 {
+                    false
+                } else {
+                    self.shared.note(format!(
+                        "fault second-gateway{}",
+                        self.slot
+                            .as_ref()
+                            .map(|s| format!(" on slot {s}"))
+                            .unwrap_or_default()
+                    ));
+                    self.spawn_gateway(false);
+                    self.open_second = true;
+                    self.later(10, 40, Action::StopOne);
+                    self.writes.focus(Focus::Inserts, 8);
+                    true
+                }
+            }
+            Fault::Publication => {
+                if self.open_publication {
+                    false
+                } else {
+                    self.edit_publication().await;
+                    self.open_publication = true;
+                    self.later(8, 30, Action::RepairPublication);
+                    true
+                }
+            }
+            Fault::ReplicaIdentity => {
+                if self.open_identity {
+                    false
+                } else {
+                    let paths = self.warm(6, true).await;
+                    let to = if self.writes.rng.chance(70) {
+                        "DEFAULT"
+                    } else {
+                        "USING INDEX users_email_key"
+                    };
+                    self.sql(&format!("ALTER TABLE users REPLICA IDENTITY {to}"))
+                        .await;
+                    self.shared
+                        .note(format!("fault replica-identity: users now {to}"));
+                    let now = self.now();
+                    self.shared
+                        .model
+                        .lock()
+                        .unwrap()
+                        .window("replica-identity", now, WATCHED);
+                    self.writes.focus(
+                        Focus::Update {
+                            paths,
+                            emails: true,
+                        },
+                        6,
+                    );
+                    self.open_identity = true;
+                    self.later(8, 30, Action::RepairIdentity);
+                    true
+                }
+            }
+            Fault::Partition => {
+                let detach = !self.writes.shadow.attached.is_empty()
+                    && (self.writes.shadow.attached.len() >= 3 || self.writes.rng.chance(50));
+                if detach {
+                    self.detach().await;
+                } else {
+                    self.attach().await;
+                }
+                true
+            }
+            Fault::AddColumn => {
+                if self.columns_added >= 6 {
+                    false
+                } else {
+                    self.columns_added += 1;
+                    let t = self.writes.rng.pick(&Table::ALL).name();
+                    let n = self.columns_added;
+                    let sql = if self.writes.rng.chance(50) {
+                        format!("ALTER TABLE {t} ADD COLUMN extra{n} int DEFAULT {n}")
+                    } else {
+                        format!("ALTER TABLE {t} ADD COLUMN extra{n} text")
+                    };
+                    self.sql(&sql).await;
+                    self.shared.note(format!("fault add-column: {sql}"));
+                    true
+                }
+            }
+            Fault::ReplicaPause => {
+                if self.replica_admin.is_none() || self.paused.is_some() {
+                    false
+                } else {
+                    let pool = self.replica_admin.clone().unwrap();
+                    pool.execute("SELECT pg_wal_replay_pause()").await.unwrap();
+                    self.paused = Some(Resume(Some(pool)));
+                    self.shared
+                        .note("fault replica-pause: replay paused".into());
+                    // Half the time the gateways start while it is behind.
+                    if self.writes.rng.chance(50) {
+                        self.later(3, 8, Action::RestartAll);
+                        self.later(10, 30, Action::Resume);
+                    } else {
+                        self.later(5, 30, Action::Resume);
+                    }
+                    true
+                }
+            }
+        };
+        if injected {
+            self.report.faults += 1;
+        }
+    }
+
+    /// Kills the feed's own connections (not the pool's): the walsender
+    /// (and its side connection), the listener, or the queue's poller.
+    async fn kill_feed(&mut self) -> String {
+        let filter = match self.opts.feed {
+            Feed::Wal | Feed::WalPoll => "application_name = 'bloomgate-wal-feed'",
+            Feed::Notify => "query ILIKE 'LISTEN%'",
+            Feed::Queue => "application_name = 'bloomgate-queue-feed'",
+        };
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() AND {filter}"
+        );
+        let n: i64 = sqlx::query_scalar(&sql)
+            .fetch_one(&mut self.writer)
+            .await
+            .unwrap();
+        format!("{n} backends terminated ({filter})")
+    }
+
+    /// Drops the permanent slot from outside: its holder killed, then the
+    /// slot dropped before the gateway takes it again.
+    async fn drop_slot(&mut self) -> String {
+        let slot = self.slot.clone().unwrap();
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(3) {
+            let _ = sqlx::query(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            )
+            .bind(&slot)
+            .execute(&mut self.writer)
+            .await;
+            let dropped = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(&slot)
+                .execute(&mut self.writer)
+                .await;
+            match dropped {
+                Ok(_) => return format!("slot {slot} dropped"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+        format!("slot {slot} could not be dropped within 3 s")
+    }
+
+    async fn edit_publication(&mut self) {
+        let (sql, focus) = match self.writes.rng.below(3) {
+            0 => (
+                "ALTER PUBLICATION bloomgate SET (publish = 'insert')".to_string(),
+                Focus::Update {
+                    paths: self.warm(6, false).await,
+                    emails: false,
+                },
+            ),
+            1 => {
+                let t = *self.writes.rng.pick(&Table::ALL);
+                (
+                    format!("ALTER PUBLICATION bloomgate DROP TABLE {}", t.name()),
+                    Focus::Table(t),
+                )
+            }
+            _ => ("DROP PUBLICATION bloomgate".to_string(), Focus::Inserts),
+        };
+        self.sql(&sql).await;
+        self.shared.note(format!("fault publication: {sql}"));
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("publication", now, WATCHED);
+        self.writes.focus(focus, 8);
+    }
+
+    async fn attach(&mut self) {
+        let n = self.next_part;
+        self.next_part += 1;
+        let (create, fill, step) = self.writes.attach(n);
+        self.sql(&create).await;
+        self.sql(&fill).await;
+        self.exec(step).await;
+        self.shared.note(format!(
+            "fault partition: events_p{n} attached with its rows"
+        ));
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("partition", now, WATCHED);
+    }
+
+    async fn detach(&mut self) {
+        let (n, step) = self.writes.detach();
+        self.exec(step).await;
+        self.shared
+            .note(format!("fault partition: events_p{n} detached"));
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("partition", now, WATCHED);
+        self.sql(&format!("DROP TABLE events_p{n}")).await;
+    }
+
+    async fn act(&mut self, action: Action) {
+        match action {
+            Action::RepairPublication => {
+                let sql = format!(
+                    "DO $$ BEGIN
+                       IF NOT EXISTS (SELECT FROM pg_publication WHERE pubname = 'bloomgate') THEN
+                         CREATE PUBLICATION bloomgate FOR TABLE {t} WITH (publish_via_partition_root = true);
+                       END IF;
+                     END $$;
+                     ALTER PUBLICATION bloomgate SET TABLE {t};
+                     ALTER PUBLICATION bloomgate SET (publish = 'insert, update, delete, truncate', publish_via_partition_root = true);",
+                    t = schema::TABLES
+                );
+                self.sql(&sql).await;
+                self.open_publication = false;
+                self.shared.note("repair: publication as installed".into());
+                let now = self.now();
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .window("publication repaired", now, WATCHED);
+            }
+            Action::RepairIdentity => {
+                self.sql("ALTER TABLE users REPLICA IDENTITY FULL").await;
+                self.open_identity = false;
+                self.shared
+                    .note("repair: users REPLICA IDENTITY FULL".into());
+                let now = self.now();
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .window("replica identity repaired", now, WATCHED);
+            }
+            Action::StopOne => {
+                let live = self.shared.live();
+                if live.len() > 1 {
+                    let g = live[self.writes.rng.below(live.len())].clone();
+                    let was_primary = g.primary.load(Ordering::SeqCst);
+                    self.retire(&g);
+                    if was_primary {
+                        for other in self.shared.live() {
+                            other.primary.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    self.shared.note(format!(
+                        "second-gateway: gw{} stopped, the other serves on",
+                        g.id
+                    ));
+                }
+                self.open_second = false;
+            }
+            Action::RestartAll => {
+                self.shared
+                    .note("replica-pause: every gateway restarted while replay is paused".into());
+                for g in self.shared.live() {
+                    let primary = g.primary.load(Ordering::SeqCst);
+                    self.retire(&g);
+                    self.spawn_gateway(primary);
+                }
+            }
+            Action::Resume => {
+                if let Some(r) = self.paused.take() {
+                    r.resume().await;
+                    self.shared.note("replica-pause: replay resumed".into());
+                }
+            }
+        }
+    }
+
+    async fn teardown(mut self) -> Report {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for r in self.readers.drain(..) {
+            let _ = r.await;
+        }
+        for g in self.shared.live() {
+            self.retire(&g);
+        }
+        if let Some(r) = self.paused.take() {
+            r.resume().await;
+        }
+        // The database cannot be dropped while a prepared transaction or
+        // a replication slot (permanent, or a temporary one whose
+        // walsender has not exited yet) is on it.
+        let gids: Vec<String> = sqlx::query_scalar(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()",
+        )
+        .fetch_all(&mut self.writer)
+        .await
+        .unwrap_or_default();
+        for gid in gids {
+            let _ = self
+                .writer
+                .execute(format!("ROLLBACK PREPARED '{gid}'").as_str())
+                .await;
+        }
+        let began = Instant::now();
+        loop {
+            let _ = self
+                .writer
+                .execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                     WHERE database = current_database() AND active_pid IS NOT NULL",
+                )
+                .await;
+            let _ = self
+                .writer
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE database = current_database() AND NOT active AND NOT temporary",
+                )
+                .await;
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+            )
+            .fetch_one(&mut self.writer)
+            .await
+            .unwrap_or(0);
+            if left == 0 || began.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut report = std::mem::take(&mut self.report);
+        report.checks = self.shared.checks.load(Ordering::Relaxed);
+        report.unavailable = self.shared.unavailable.load(Ordering::Relaxed);
+        report.violations = std::mem::take(&mut *self.shared.violations.lock().unwrap());
+        report.journal = std::mem::take(&mut *self.shared.journal.lock().unwrap());
+        report
+    }
+}
+
+async fn run_stmt(c: &mut PgConnection, s: &Stmt) {
+    c.execute(s.sql.as_str())
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", s.sql));
+}
+
+/// What Postgres has for each of `paths`, as seen by `c`.
+async fn read_back(c: &mut PgConnection, paths: &[Path]) -> Vec<(Path, Option<Value>)> {
+    let mut by_res: BTreeMap<Res, Vec<String>> = BTreeMap::new();
+    for p in paths {
+        by_res.entry(p.res).or_default().push(p.key.clone());
+    }
+    let mut found = BTreeMap::new();
+    for (res, keys) in by_res {
+        let rows = schema::fetch(c, res, &keys).await.unwrap();
+        found.insert(res, rows);
+    }
+    paths
+        .iter()
+        .map(|p| (p.clone(), found[&p.res].get(&p.key).cloned()))
+        .collect()
+}
+
+/// Replay paused on the replica (its `postgres` database's pool): resumed
+/// by [`Resume::resume`], or when dropped if a history ends in a panic
+/// (over psql: the test's runtime may be gone).
+struct Resume(Option<PgPool>);
+
+impl Resume {
+    async fn resume(mut self) {
+        let pool = self.0.take().unwrap();
+        pool.execute("SELECT pg_wal_replay_resume()").await.unwrap();
+    }
+}
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        if self.0.is_none() {
+            return;
+        }
+        if let Ok(url) = std::env::var("BLOOMGATE_TEST_REPLICA_URL") {
+            let _ = std::process::Command::new("psql")
+                .args([
+                    &format!("{url}/postgres"),
+                    "-qAtc",
+                    "SELECT pg_wal_replay_resume()",
+                ])
+                .status();
+        }
+    }
+}
