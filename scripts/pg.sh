@@ -165,11 +165,44 @@ bg_pg_restart_without_2pc() {
     || { cat "$dir/server.log" >&2; return 1; }
 }
 
+# A second streaming replica of that primary, for tests/truth.rs: its
+# replica fault pauses the first replica's replay while the gateway also
+# has this one, on which its scans need not wait, as in a deployment with
+# several replicas. On ${BLOOMGATE_REPLICA2_PORT:-54336}, data in
+# ${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}; starts the pair
+# first. Idempotent; exports BLOOMGATE_TEST_REPLICA2_URL (no database).
+ensure_second_replica() {
+  ensure_replica_pair || return 1
+  local bindir run=() pport=${BLOOMGATE_PRIMARY_PORT:-54332} port=${BLOOMGATE_REPLICA2_PORT:-54336}
+  local dir=${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}
+  local opts="-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
+  bindir=$(bg_pg_bindir)
+  if [ "$(id -u)" -eq 0 ]; then
+    run=(runuser -u postgres --)
+  fi
+  export BLOOMGATE_TEST_REPLICA2_URL="postgres://postgres@127.0.0.1:$port"
+  if "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port"; then
+    return 0
+  fi
+  if [ ! -s "$dir/PG_VERSION" ]; then
+    bg_pg_log "making a second streaming replica in $dir on port $port (pg_basebackup)"
+    rm -rf "$dir" && mkdir -p "$dir"
+    [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
+    chmod 700 "$dir"
+    "$bindir/psql" -h 127.0.0.1 -p "$pport" -U postgres -d postgres -qAtc \
+      "SELECT pg_drop_replication_slot('bloomgate_replica2') FROM pg_replication_slots WHERE slot_name = 'bloomgate_replica2'" >/dev/null
+    "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$dir" -R -X stream \
+      -C -S bloomgate_replica2 >&2 || return 1
+  fi
+  "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" -o "$opts" start >&2 \
+    || { cat "$dir/server.log" >&2; return 1; }
+}
+
 stop_replica_pair() {
   local bindir run=()
   bindir=$(bg_pg_bindir)
   [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
-  for d in "${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}" "${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary}"; do
+  for d in "${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}" "${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}" "${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary}"; do
     [ -s "$d/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$d" -m fast stop >&2 || true
   done
 }
@@ -261,8 +294,9 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   case "${1:-start}" in
     start) ensure_postgres && echo "$PG_BASE_URL" ;;
     replicas) ensure_replica_pair && echo "$BLOOMGATE_TEST_PRIMARY_URL $BLOOMGATE_TEST_REPLICA_URL" ;;
+    replica2) ensure_second_replica && echo "$BLOOMGATE_TEST_REPLICA2_URL" ;;
     tls) ensure_tls_server && echo "$BLOOMGATE_TEST_TLS_URL $BLOOMGATE_TEST_TLS_CA" ;;
     stop) stop_tls_server; stop_replica_pair; stop_throwaway_postgres ;;
-    *) echo "usage: scripts/pg.sh [start|replicas|tls|stop]" >&2; exit 2 ;;
+    *) echo "usage: scripts/pg.sh [start|replicas|replica2|tls|stop]" >&2; exit 2 ;;
   esac
 fi

@@ -148,8 +148,8 @@ pub struct Setup<'a> {
     pub feed: Feed,
     /// A permanent `database.slot`, else temporary slots.
     pub slot: Option<&'a str>,
-    /// A streaming replica's URL for `replica_urls`.
-    pub replica: Option<&'a str>,
+    /// Streaming replicas' URLs for `replica_urls` (none: no replicas).
+    pub replicas: &'a [String],
 }
 
 pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
@@ -166,12 +166,14 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
     if let Some(slot) = s.slot {
         db.push_str(&format!("slot = \"{slot}\"\n"));
     }
-    if let Some(replica) = s.replica {
+    if !s.replicas.is_empty() {
         // The lag limit is small enough that a rebuild never waits long for
         // a paused replica; below it, only the LSN check keeps a load off a
         // replica that has not replayed a change.
+        let urls: Vec<String> = s.replicas.iter().map(|r| format!("\"{r}\"")).collect();
         db.push_str(&format!(
-            "replica_urls = [\"{replica}\"]\nmax_replica_lag = \"2s\"\nreplica_check_interval = \"50ms\"\n"
+            "replica_urls = [{}]\nmax_replica_lag = \"2s\"\nreplica_check_interval = \"50ms\"\n",
+            urls.join(", ")
         ));
     }
     let mut text = format!("[database]\n{db}\n");
