@@ -79,21 +79,21 @@
 //! | `replica-identity` | wal | `users` to `REPLICA IDENTITY DEFAULT` (or `USING INDEX` on email) after caching some emails, which are updated next; back to `FULL` later | `WATCHED` from each change |
 //! | `partition` | all | a table with rows attached to `events`, or an attached one detached | `WATCHED` |
 //! | `add-column` | all | `ALTER TABLE … ADD COLUMN` on a served table | none |
-//! | `replica-pause` | all, with the replica | `pg_wal_replay_pause()` on the read replica in `replica_urls`, half the time with every gateway restarted while it is behind; resumed later | none |
+//! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the first of the two read replicas in `replica_urls` (the second, `scripts/pg.sh replica2`, stays in step, so scans need not wait for the first), half the time with every gateway restarted while it is behind; resumed later | none |
 //!
 //! `FEED_GAP` is deliberately shorter than the WAL feed's reconnect
 //! back-off cap (5 s): a gateway blind for longer than that while it says
 //! ready is reported. `WATCHED` assumes the gateway checks what the feed
 //! depends on at least every 2 s (issue 26 asks it to state the interval).
-//! The read replica is shared with the other tests of the suite: a pause
-//! lasts a few seconds and is always resumed.
+//! The paused replica is shared with the other tests of the suite: a
+//! pause lasts a few seconds and is always resumed (on a panic too).
 //!
 //! # Running it
 //! The four feed tests are `#[ignore]`d in a plain `cargo test` (about two
 //! minutes together); `scripts/test.sh` runs them once, or:
 //!
 //! ```sh
-//! . scripts/pg.sh && ensure_postgres && ensure_replica_pair && \
+//! . scripts/pg.sh && ensure_postgres && ensure_second_replica && \
 //!   BLOOMGATE_TEST_DATABASE_URL=$PG_BASE_URL/postgres \
 //!   cargo test --test truth -- --ignored --nocapture
 //! ```
