@@ -52,7 +52,7 @@ pub struct Opts {
     pub rounds: usize,
     /// Forced slot kind (`BLOOMGATE_TRUTH_SLOT`); else the seed decides.
     pub permanent_slot: Option<bool>,
-    /// The streaming replicas' server URLs (no database); the first is the
+    /// The streaming replicas' server URLs (no database); the last is the
     /// one the replica fault pauses.
     pub replicas: Vec<String>,
     pub trace: bool,
@@ -140,8 +140,9 @@ struct World {
     slot: Option<String>,
     /// The replicas' URLs for this database (empty: none configured).
     replica_dbs: Vec<String>,
-    /// The first replica's `postgres` database, for pausing its replay.
-    replica_admin: Option<PgPool>,
+    /// The last replica's `postgres` database (pool, URL), for pausing its
+    /// replay.
+    replica_admin: Option<(PgPool, String)>,
     paused: Option<Resume>,
     marker: i64,
     step: u64,
@@ -170,6 +171,7 @@ impl World {
         let db = TestDb::new().await;
         db.exec(schema::SETUP).await;
         let mut writer = PgConnection::connect(&db.url).await.unwrap();
+        drop_stale_slots(&mut writer).await;
         let tag = db.name.trim_start_matches("bloomgate_test_").to_string();
         let mut writes = Gen::new(rng.fork(), format!("truth_{tag}"));
         let prepared: String = sqlx::query_scalar("SHOW max_prepared_transactions")
@@ -282,7 +284,32 @@ impl World {
             }
         }
         for url in w.replica_dbs.clone() {
-            w.wait_for_replica(&url).await;
+            if !w.replica_has_database(&url).await {
+                // Paused or stopped by another test on the shared server:
+                // the gateway's pools would not start on it.
+                let why = format!(
+                    "replica {url} is paused or has not replayed the new database in 15 s: no replicas in this history"
+                );
+                eprintln!("truth: seed {}: {why}", w.opts.seed);
+                w.shared.note(why);
+                w.report
+                    .setup
+                    .push_str(" (replicas not in step: none used)");
+                w.replica_dbs.clear();
+                break;
+            }
+        }
+        if let Some(url) = w.replica_dbs.last() {
+            // The last one is paused by the replica fault: the second
+            // replica is the checker's alone, the first is shared with
+            // tests/replicas.rs, which pauses and stops it itself.
+            let admin = url.rsplit_once('/').unwrap().0.to_string() + "/postgres";
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&admin)
+                .await
+                .unwrap();
+            w.replica_admin = Some((pool, admin));
         }
         let first = w.spawn_gateway("first");
         let began = Instant::now();
@@ -306,38 +333,33 @@ impl World {
         w
     }
 
-    /// The gateway's pools would fail on a replica that has not replayed
-    /// the database's creation yet.
-    async fn wait_for_replica(&mut self, url: &str) {
+    /// Whether the replica at `url` (this database on it) has replayed
+    /// the seeded rows within 15 s; at once `false` if someone paused its
+    /// replay.
+    async fn replica_has_database(&mut self, url: &str) -> bool {
         let want = self.writes.shadow.users.len() as i64;
+        let server = url.rsplit_once('/').unwrap().0.to_string() + "/postgres";
+        if let Ok(mut c) = PgConnection::connect(&server).await {
+            let paused: Result<bool, _> = sqlx::query_scalar("SELECT pg_is_wal_replay_paused()")
+                .fetch_one(&mut c)
+                .await;
+            if paused.unwrap_or(false) {
+                return false;
+            }
+        }
         let began = Instant::now();
-        loop {
+        while began.elapsed() < Duration::from_secs(15) {
             if let Ok(mut c) = PgConnection::connect(url).await {
                 let n: Result<i64, _> = sqlx::query_scalar("SELECT count(*) FROM users")
                     .fetch_one(&mut c)
                     .await;
                 if n.is_ok_and(|n| n == want) {
-                    break;
+                    return true;
                 }
             }
-            assert!(
-                began.elapsed() < Duration::from_secs(30),
-                "the replica never caught up with the new database"
-            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if self.replica_admin.is_some() {
-            return;
-        }
-        let admin = url.rsplit_once('/').unwrap().0.to_string() + "/postgres";
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&admin)
-            .await
-            .unwrap();
-        // A run that died while replay was paused must not leave it so.
-        let _ = pool.execute("SELECT pg_wal_replay_resume()").await;
-        self.replica_admin = Some(pool);
+        false
     }
 
     fn setup_config(&self) -> bloomgate::config::Config {
@@ -806,6 +828,27 @@ impl World {
         report.violations = std::mem::take(&mut *self.shared.violations.lock().unwrap());
         report.journal = std::mem::take(&mut *self.shared.journal.lock().unwrap());
         report
+    }
+}
+
+/// Drops the permanent slots of histories whose process is gone (a panic
+/// skips the teardown): on the shared primary they would keep WAL for
+/// ever. Named `truth_<pid>_…`; a live process's slots are left alone.
+async fn drop_stale_slots(c: &mut PgConnection) {
+    let slots: Vec<String> = sqlx::query_scalar(
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'truth\\_%' AND NOT active",
+    )
+    .fetch_all(&mut *c)
+    .await
+    .unwrap_or_default();
+    for slot in slots {
+        let pid = slot.split('_').nth(1).unwrap_or_default();
+        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(&slot)
+                .execute(&mut *c)
+                .await;
+        }
     }
 }
 

@@ -19,8 +19,12 @@
 //! too), deletes, deleted keys inserted again, `TRUNCATE`, bulk inserts,
 //! several statements in one transaction, statements rolled back to a
 //! savepoint, and `PREPARE TRANSACTION` followed by `COMMIT PREPARED` (or
-//! `ROLLBACK PREPARED`). Two readers GET random present and absent keys
-//! from random gateways throughout. A history is a number of rounds
+//! `ROLLBACK PREPARED`; not on the notify feed: Postgres refuses to
+//! prepare a transaction that sent a `NOTIFY`, as its triggers do). A
+//! transaction Postgres aborts (a deadlock with a gateway's DDL at
+//! start-up) is retried and counted in the summary line, as an
+//! application would see it. Two readers GET random present and absent
+//! keys from random gateways throughout. A history is a number of rounds
 //! (`BLOOMGATE_TRUTH_ROUNDS`, 5), each 15-35 transactions with one fault
 //! injected early in it (85 % of rounds), then a quiescence point.
 //!
@@ -79,14 +83,17 @@
 //! | `replica-identity` | wal | `users` to `REPLICA IDENTITY DEFAULT` (or `USING INDEX` on email) after caching some emails, which are updated next; back to `FULL` later | `WATCHED` from each change |
 //! | `partition` | all | a table with rows attached to `events`, or an attached one detached | `WATCHED` |
 //! | `add-column` | all | `ALTER TABLE … ADD COLUMN` on a served table | none |
-//! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the first of the two read replicas in `replica_urls` (the second, `scripts/pg.sh replica2`, stays in step, so scans need not wait for the first), half the time with every gateway restarted while it is behind; resumed later | none |
+//! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
 //!
 //! `FEED_GAP` is deliberately shorter than the WAL feed's reconnect
 //! back-off cap (5 s): a gateway blind for longer than that while it says
 //! ready is reported. `WATCHED` assumes the gateway checks what the feed
 //! depends on at least every 2 s (issue 26 asks it to state the interval).
-//! The paused replica is shared with the other tests of the suite: a
-//! pause lasts a few seconds and is always resumed (on a panic too).
+//! The first replica is shared with tests/replicas.rs, which pauses and
+//! stops it: a history for which it is paused, or has not replayed the
+//! new database within 15 s, runs without replicas (its failure message
+//! says so). The checker pauses only
+//! its own second replica, and always resumes it (on a panic too).
 //!
 //! # Running it
 //! The four feed tests are `#[ignore]`d in a plain `cargo test` (about two
@@ -384,8 +391,9 @@ async fn check(feed: Feed) {
     // TestDb creates (and drops) its databases there; set under the lock,
     // so no other history reads it meanwhile.
     unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", &server) };
-    // The second replica (scripts/pg.sh replica2), where there is one,
-    // stays in step while the first is paused: scans need not wait.
+    // The second replica (scripts/pg.sh replica2), where there is one, is
+    // the one the replica fault pauses; the first stays in step, so scans
+    // need not wait.
     let replicas: Vec<String> = if primary.is_some() {
         ["BLOOMGATE_TEST_REPLICA_URL", "BLOOMGATE_TEST_REPLICA2_URL"]
             .into_iter()

@@ -203,11 +203,14 @@ impl World {
                 if self.replica_admin.is_none() || self.paused.is_some() {
                     false
                 } else {
-                    let pool = self.replica_admin.clone().unwrap();
+                    let (pool, url) = self.replica_admin.clone().unwrap();
                     pool.execute("SELECT pg_wal_replay_pause()").await.unwrap();
-                    self.paused = Some(Resume(Some(pool)));
                     self.shared
-                        .note("fault replica-pause: replay paused".into());
+                        .note(format!("fault replica-pause: replay paused on {url}"));
+                    self.paused = Some(Resume {
+                        pool: Some(pool),
+                        url,
+                    });
                     // Half the time the gateways start while it is behind
                     // (the rows written meanwhile are what it lacks).
                     if self.writes.rng.chance(50) {
@@ -395,30 +398,27 @@ impl World {
     }
 }
 
-/// Replay paused on the replica (its `postgres` database's pool): resumed
-/// by [`Resume::resume`], or when dropped if a history ends in a panic
-/// (over psql: the test's runtime may be gone).
-pub(super) struct Resume(Option<PgPool>);
+/// Replay paused on the last replica (its `postgres` database's pool):
+/// resumed by [`Resume::resume`], or when dropped if a history ends in a
+/// panic (over psql: the test's runtime may be gone).
+pub(super) struct Resume {
+    pool: Option<PgPool>,
+    /// The replica's `postgres` database.
+    url: String,
+}
 
 impl Resume {
     pub(super) async fn resume(mut self) {
-        let pool = self.0.take().unwrap();
+        let pool = self.pool.take().unwrap();
         pool.execute("SELECT pg_wal_replay_resume()").await.unwrap();
     }
 }
 
 impl Drop for Resume {
     fn drop(&mut self) {
-        if self.0.is_none() {
-            return;
-        }
-        if let Ok(url) = std::env::var("BLOOMGATE_TEST_REPLICA_URL") {
+        if self.pool.is_some() {
             let _ = std::process::Command::new("psql")
-                .args([
-                    &format!("{url}/postgres"),
-                    "-qAtc",
-                    "SELECT pg_wal_replay_resume()",
-                ])
+                .args([&self.url, "-qAtc", "SELECT pg_wal_replay_resume()"])
                 .status();
         }
     }
