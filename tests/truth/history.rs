@@ -56,6 +56,8 @@ pub struct Opts {
     /// one the replica fault pauses.
     pub replicas: Vec<String>,
     pub trace: bool,
+    /// Run every round even after a violation (`BLOOMGATE_TRUTH_KEEP_GOING`).
+    pub keep_going: bool,
 }
 
 #[derive(Default)]
@@ -455,7 +457,7 @@ impl World {
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
             self.quiesce(&format!("round {round}")).await;
-            if self.violations() > 0 {
+            if self.violations() > 0 && !self.opts.keep_going {
                 // The round's picture is complete; later rounds would only
                 // pile up consequences.
                 self.shared
@@ -507,14 +509,10 @@ impl World {
             };
             let _ = self.writer.execute("ROLLBACK").await;
             self.shared.model.lock().unwrap().aborted();
-            let code = match &e {
-                sqlx::Error::Database(d) => d.code().map(|c| c.to_string()),
-                _ => None,
-            };
             // What an application would see too: a deadlock with a
             // gateway's DDL at start-up, say. Retried, and counted.
             attempt += 1;
-            if !matches!(code.as_deref(), Some("40P01" | "40001")) || attempt > 10 {
+            if !aborted(&e) || attempt > 10 {
                 panic!("seed {}: {step:?}: {e}", self.opts.seed);
             }
             self.report.writer_aborts += 1;
@@ -603,19 +601,33 @@ impl World {
     /// write before it.
     async fn write_marker(&mut self) -> (i64, Lsn) {
         self.marker += 1;
+        for attempt in 0.. {
+            match self.try_marker().await {
+                Ok(lsn) => return (self.marker, lsn),
+                Err(e) if aborted(&e) && attempt < 10 => {
+                    let _ = self.writer.execute("ROLLBACK").await;
+                    self.report.writer_aborts += 1;
+                    self.shared
+                        .note(format!("the marker write was aborted, retried: {e}"));
+                }
+                Err(e) => panic!("seed {}: the marker write: {e}", self.opts.seed),
+            }
+        }
+        unreachable!()
+    }
+
+    async fn try_marker(&mut self) -> Result<Lsn, sqlx::Error> {
         let c = &mut self.writer;
-        c.execute("BEGIN").await.unwrap();
+        c.execute("BEGIN").await?;
         sqlx::query("INSERT INTO marker VALUES ($1)")
             .bind(self.marker)
             .execute(&mut *c)
-            .await
-            .unwrap();
+            .await?;
         let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
             .fetch_one(&mut *c)
-            .await
-            .unwrap();
-        c.execute("COMMIT").await.unwrap();
-        (self.marker, Lsn::parse(&lsn).unwrap())
+            .await?;
+        c.execute("COMMIT").await?;
+        Ok(Lsn::parse(&lsn).unwrap())
     }
 
     /// The gateways to compare: those that say ready once one does. One
@@ -828,6 +840,15 @@ impl World {
         report.violations = std::mem::take(&mut *self.shared.violations.lock().unwrap());
         report.journal = std::mem::take(&mut *self.shared.journal.lock().unwrap());
         report
+    }
+}
+
+/// Whether Postgres aborted the transaction for a deadlock or a
+/// serialization failure: retrying it is what an application would do.
+fn aborted(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => matches!(d.code().as_deref(), Some("40P01" | "40001")),
+        _ => false,
     }
 }
 

@@ -118,7 +118,8 @@
 //! - `BLOOMGATE_TRUTH_ROUNDS` (5), `BLOOMGATE_TRUTH_SLOT=temporary|permanent`
 //!   (default: the seed chooses), `BLOOMGATE_TRUTH_TRACE=1` (every step
 //!   and fault as it happens), `BLOOMGATE_TRUTH_LOG=info` (the gateways'
-//!   own log, a `RUST_LOG`-style filter).
+//!   own log, a `RUST_LOG`-style filter), `BLOOMGATE_TRUTH_KEEP_GOING=1`
+//!   (every round of a history even after its first violation).
 //!
 //! # Replay
 //! Every failing history prints its violations, the end of its journal and
@@ -246,6 +247,7 @@ struct Knobs {
     rounds: usize,
     permanent_slot: Option<bool>,
     trace: bool,
+    keep_going: bool,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -315,6 +317,7 @@ impl Knobs {
             rounds,
             permanent_slot,
             trace: env("BLOOMGATE_TRUTH_TRACE").is_some_and(|v| v != "0"),
+            keep_going: env("BLOOMGATE_TRUTH_KEEP_GOING").is_some_and(|v| v != "0"),
         }
     }
 
@@ -326,6 +329,9 @@ impl Knobs {
         }
         if self.rounds != 5 {
             vars.push_str(&format!(" BLOOMGATE_TRUTH_ROUNDS={}", self.rounds));
+        }
+        if self.keep_going {
+            vars.push_str(" BLOOMGATE_TRUTH_KEEP_GOING=1");
         }
         if let Some(p) = self.permanent_slot {
             let kind = if p { "permanent" } else { "temporary" };
@@ -441,6 +447,7 @@ async fn check(feed: Feed) {
             permanent_slot: knobs.permanent_slot,
             replicas: replicas.clone(),
             trace: knobs.trace,
+            keep_going: knobs.keep_going,
         })
         .await;
         histories += 1;

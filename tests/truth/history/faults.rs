@@ -32,12 +32,10 @@ impl World {
         for attempt in 0.. {
             match self.writer.execute(sql).await {
                 Ok(_) => return,
-                Err(sqlx::Error::Database(d))
-                    if d.code().as_deref() == Some("40P01") && attempt < 10 =>
-                {
+                Err(e) if super::aborted(&e) && attempt < 10 => {
                     self.report.writer_aborts += 1;
                     self.shared
-                        .note(format!("the fault's statement was aborted, retried: {d}"));
+                        .note(format!("the fault's statement was aborted, retried: {e}"));
                 }
                 Err(e) => panic!("seed {}: {sql}: {e}", self.opts.seed),
             }
