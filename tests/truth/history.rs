@@ -124,7 +124,9 @@ impl Shared {
 
     fn violation(&self, line: String) {
         let line = format!("t={} {line}", secs(self.now()));
-        eprintln!("truth: VIOLATION {line}");
+        if self.trace {
+            eprintln!("truth: VIOLATION {line}");
+        }
         self.violations.lock().unwrap().push(line);
     }
 
