@@ -165,10 +165,10 @@ bg_pg_restart_without_2pc() {
     || { cat "$dir/server.log" >&2; return 1; }
 }
 
-# A second streaming replica of that primary, for tests/truth.rs: its
-# replica fault pauses the first replica's replay while the gateway also
-# has this one, on which its scans need not wait, as in a deployment with
-# several replicas. On ${BLOOMGATE_REPLICA2_PORT:-54336}, data in
+# A second streaming replica of that primary, for tests/truth: its
+# replica fault pauses this one's replay while the gateway also has the
+# first, on which its scans need not wait, as in a deployment with several
+# replicas (the first is tests/replicas.rs', which pauses and stops it). On ${BLOOMGATE_REPLICA2_PORT:-54336}, data in
 # ${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}; starts the pair
 # first. Idempotent; exports BLOOMGATE_TEST_REPLICA2_URL (no database).
 ensure_second_replica() {

@@ -13,8 +13,8 @@ cd "$(dirname "$0")/.."
 ensure_postgres
 # tests/replicas.rs: a throwaway primary with a streaming replica.
 ensure_replica_pair
-# tests/truth: a second replica of it, which stays in step while the
-# checker pauses the first.
+# tests/truth: a second replica of it, the checker's own, whose replay it
+# pauses while the first stays in step.
 ensure_second_replica
 # tests/tls.rs: a throwaway TLS-only server (hostssl) with its own CA.
 ensure_tls_server
