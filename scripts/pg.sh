@@ -81,6 +81,10 @@ stop_throwaway_postgres() {
 ensure_replica_pair() {
   local bindir run=() pport=${BLOOMGATE_PRIMARY_PORT:-54332} rport=${BLOOMGATE_REPLICA_PORT:-54333}
   local pdir=${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary} rdir=${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}
+  # max_prepared_transactions: tests/truth.rs commits with PREPARE
+  # TRANSACTION / COMMIT PREPARED; the replica must allow as many.
+  local popts="-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB -c max_prepared_transactions=20"
+  local ropts="-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
   bindir=$(bg_pg_bindir)
   if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
     bg_pg_install || return 1
@@ -102,8 +106,7 @@ ensure_replica_pair() {
       # Replication connections from 127.0.0.1 (initdb's trust lines cover
       # "replication" for local sockets and 127.0.0.1 already).
     fi
-    "${run[@]}" "$bindir/pg_ctl" -D "$pdir" -w -t 60 -l "$pdir/server.log" \
-      -o "-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB" start >&2 \
+    "${run[@]}" "$bindir/pg_ctl" -D "$pdir" -w -t 60 -l "$pdir/server.log" -o "$popts" start >&2 \
       || { cat "$pdir/server.log" >&2; return 1; }
   fi
   # Three roles that must give a password, one per method the WAL feed's
@@ -135,17 +138,71 @@ ensure_replica_pair() {
       "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$rdir" -R -X stream \
         -C -S bloomgate_replica >&2 || return 1
     fi
-    "${run[@]}" "$bindir/pg_ctl" -D "$rdir" -w -t 60 -l "$rdir/server.log" \
-      -o "-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on" start >&2 \
+    "${run[@]}" "$bindir/pg_ctl" -D "$rdir" -w -t 60 -l "$rdir/server.log" -o "$ropts" start >&2 \
       || { cat "$rdir/server.log" >&2; return 1; }
   fi
+  # A pair started by an older version of this script runs without
+  # max_prepared_transactions (tests/truth.rs commits with PREPARE
+  # TRANSACTION): restarted with it, the replica first, since a standby
+  # must allow at least as many as its primary or it stops replaying.
+  # Only servers whose data directory is ours are restarted.
+  bg_pg_restart_without_2pc "$bindir" "$rport" "$rdir" "$ropts" "${run[@]}" || return 1
+  bg_pg_restart_without_2pc "$bindir" "$pport" "$pdir" "$popts" "${run[@]}" || return 1
+}
+
+# bg_pg_restart_without_2pc BINDIR PORT DATADIR OPTIONS [RUNNER...]: restarts
+# the server on PORT with OPTIONS if its data directory is DATADIR (one this
+# script started) and max_prepared_transactions is 0.
+bg_pg_restart_without_2pc() {
+  local bindir=$1 port=$2 dir=$3 opts=$4 got
+  shift 4
+  got=$("$bindir/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc \
+    "SELECT current_setting('data_directory') || '|' || current_setting('max_prepared_transactions')" 2>/dev/null) \
+    || return 0
+  [ "${got%|*}" = "$(readlink -f "$dir")" ] && [ "${got##*|}" = 0 ] || return 0
+  bg_pg_log "restarting the server in $dir with max_prepared_transactions (for PREPARE TRANSACTION)"
+  "$@" "$bindir/pg_ctl" -D "$dir" -w -t 60 -m fast -l "$dir/server.log" -o "$opts" restart >&2 \
+    || { cat "$dir/server.log" >&2; return 1; }
+}
+
+# A second streaming replica of that primary, for tests/truth: its
+# replica fault pauses this one's replay while the gateway also has the
+# first, on which its scans need not wait, as in a deployment with several
+# replicas (the first is tests/replicas.rs', which pauses and stops it). On ${BLOOMGATE_REPLICA2_PORT:-54336}, data in
+# ${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}; starts the pair
+# first. Idempotent; exports BLOOMGATE_TEST_REPLICA2_URL (no database).
+ensure_second_replica() {
+  ensure_replica_pair || return 1
+  local bindir run=() pport=${BLOOMGATE_PRIMARY_PORT:-54332} port=${BLOOMGATE_REPLICA2_PORT:-54336}
+  local dir=${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}
+  local opts="-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
+  bindir=$(bg_pg_bindir)
+  if [ "$(id -u)" -eq 0 ]; then
+    run=(runuser -u postgres --)
+  fi
+  export BLOOMGATE_TEST_REPLICA2_URL="postgres://postgres@127.0.0.1:$port"
+  if "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port"; then
+    return 0
+  fi
+  if [ ! -s "$dir/PG_VERSION" ]; then
+    bg_pg_log "making a second streaming replica in $dir on port $port (pg_basebackup)"
+    rm -rf "$dir" && mkdir -p "$dir"
+    [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
+    chmod 700 "$dir"
+    "$bindir/psql" -h 127.0.0.1 -p "$pport" -U postgres -d postgres -qAtc \
+      "SELECT pg_drop_replication_slot('bloomgate_replica2') FROM pg_replication_slots WHERE slot_name = 'bloomgate_replica2'" >/dev/null
+    "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$dir" -R -X stream \
+      -C -S bloomgate_replica2 >&2 || return 1
+  fi
+  "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" -o "$opts" start >&2 \
+    || { cat "$dir/server.log" >&2; return 1; }
 }
 
 stop_replica_pair() {
   local bindir run=()
   bindir=$(bg_pg_bindir)
   [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
-  for d in "${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}" "${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary}"; do
+  for d in "${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}" "${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}" "${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary}"; do
     [ -s "$d/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$d" -m fast stop >&2 || true
   done
 }
@@ -237,8 +294,9 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   case "${1:-start}" in
     start) ensure_postgres && echo "$PG_BASE_URL" ;;
     replicas) ensure_replica_pair && echo "$BLOOMGATE_TEST_PRIMARY_URL $BLOOMGATE_TEST_REPLICA_URL" ;;
+    replica2) ensure_second_replica && echo "$BLOOMGATE_TEST_REPLICA2_URL" ;;
     tls) ensure_tls_server && echo "$BLOOMGATE_TEST_TLS_URL $BLOOMGATE_TEST_TLS_CA" ;;
     stop) stop_tls_server; stop_replica_pair; stop_throwaway_postgres ;;
-    *) echo "usage: scripts/pg.sh [start|replicas|tls|stop]" >&2; exit 2 ;;
+    *) echo "usage: scripts/pg.sh [start|replicas|replica2|tls|stop]" >&2; exit 2 ;;
   esac
 fi

@@ -4,7 +4,8 @@
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
 # Without arguments (the whole suite, as CI runs it) tests/freshness.rs runs
 # a second time on the WAL feed streamed, a third on it polled and a fourth
-# on the queue feed, and the outside checks follow: Schemathesis and REDbot against the live gateway
+# on the queue feed, the randomized checker (tests/truth) runs its CI
+# seeds, and the outside checks follow: Schemathesis and REDbot against the live gateway
 # (scripts/contract.sh; BLOOMGATE_SKIP_CONTRACT=1 leaves them out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,9 @@ cd "$(dirname "$0")/.."
 ensure_postgres
 # tests/replicas.rs: a throwaway primary with a streaming replica.
 ensure_replica_pair
+# tests/truth: a second replica of it, the checker's own, whose replay it
+# pauses while the first stays in step.
+ensure_second_replica
 # tests/tls.rs: a throwaway TLS-only server (hostssl) with its own CA.
 ensure_tls_server
 # The status-page test drives a headless Chromium.
@@ -45,4 +49,7 @@ BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness
 BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --test freshness
 # And on the triggers writing to the change table (`freshness = "queue"`).
 BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
+# The randomized checker (tests/truth, ignored in the run above): its CI
+# seeds on every feed, about two minutes, with its one-line summaries.
+cargo test --test truth -- --ignored --nocapture
 scripts/contract.sh

@@ -1,0 +1,896 @@
+//! One history: a database, its gateways, readers, a writer and the
+//! faults, judged as the crate doc says.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use bloomgate::feed::Lsn;
+use bloomgate::gateway::Gateway;
+use bloomgate::http::App;
+use futures_util::StreamExt;
+use serde_json::Value;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, Executor, PgConnection, PgPool};
+use tokio::task::JoinHandle;
+
+mod faults;
+mod reads;
+
+use faults::{Action, Resume};
+use reads::{Answer, get, is_ready, reader};
+
+use crate::common::TestDb;
+use crate::model::{Model, secs};
+use crate::ops::{End, Gen, Part, Step};
+use crate::rng::Rng;
+use crate::schema::{self, Path, Res, Setup};
+use crate::{Fault, Feed};
+
+/// A feed's connection lost (walsender, listener, poller killed; slot
+/// dropped): how long the gateway may serve what it had before.
+pub const FEED_GAP: Duration = Duration::from_secs(3);
+/// Something the feed depends on changed under it (publication, replica
+/// identity, partitions): how long until the gateway must have noticed
+/// (its check interval, assumed at most 2 s, plus a rescan).
+pub const WATCHED: Duration = Duration::from_secs(5);
+/// At a quiescence point, at least one of the history's gateways must say
+/// ready within this (a second one may wait for the slot the first holds).
+pub const NOT_READY_LIMIT: Duration = Duration::from_secs(20);
+/// A ready gateway must have applied the marker write within this.
+pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(10);
+/// After catching up: the WAL feed's second, visible-phase delivery
+/// (every 5 ms) has run.
+const SETTLE: Duration = Duration::from_millis(100);
+const READERS: usize = 2;
+
+pub struct Opts {
+    pub feed: Feed,
+    pub seed: u64,
+    pub faults: Vec<Fault>,
+    pub rounds: usize,
+    /// Forced slot kind (`BLOOMGATE_TRUTH_SLOT`); else the seed decides.
+    pub permanent_slot: Option<bool>,
+    /// The streaming replicas' server URLs (no database); the last is the
+    /// one the replica fault pauses.
+    pub replicas: Vec<String>,
+    pub trace: bool,
+    /// Run every round even after a violation (`BLOOMGATE_TRUTH_KEEP_GOING`).
+    pub keep_going: bool,
+}
+
+#[derive(Default)]
+pub struct Report {
+    pub ops: u64,
+    pub faults: u64,
+    pub checks: u64,
+    pub unavailable: u64,
+    /// The writer's transactions Postgres aborted (deadlocks), retried.
+    pub writer_aborts: u64,
+    pub violations: Vec<String>,
+    pub journal: Vec<String>,
+    /// The seed's choices (slot kind, replica), for the failure message.
+    pub setup: String,
+}
+
+/// One gateway of the history.
+struct Gw {
+    id: usize,
+    gw: Arc<Gateway>,
+    app: App,
+    /// Taken out of service: its answers no longer count (a reader that
+    /// finishes a request after this ignores it).
+    retired: AtomicBool,
+    ready_at: Mutex<Option<Duration>>,
+    failed: Mutex<Option<String>>,
+    start: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the readers share with the driver.
+struct Shared {
+    epoch: Instant,
+    model: Mutex<Model>,
+    gws: RwLock<Vec<Arc<Gw>>>,
+    violations: Mutex<Vec<String>>,
+    journal: Mutex<Vec<String>>,
+    flagged: Mutex<HashSet<(usize, String)>>,
+    checks: AtomicU64,
+    unavailable: AtomicU64,
+    stop: AtomicBool,
+    trace: bool,
+}
+
+impl Shared {
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn note(&self, line: String) {
+        let line = format!("t={} {line}", secs(self.now()));
+        if self.trace {
+            eprintln!("truth: {line}");
+        }
+        self.journal.lock().unwrap().push(line);
+    }
+
+    /// A violation during the run, recorded once per gateway and path
+    /// (a stale row is read again and again until it is fixed).
+    fn violation_once(&self, gw: usize, url: &str, line: String) {
+        if self.flagged.lock().unwrap().insert((gw, url.to_string())) {
+            self.violation(line);
+        }
+    }
+
+    fn violation(&self, line: String) {
+        let line = format!("t={} {line}", secs(self.now()));
+        if self.trace {
+            eprintln!("truth: VIOLATION {line}");
+        }
+        self.violations.lock().unwrap().push(line);
+    }
+
+    fn live(&self) -> Vec<Arc<Gw>> {
+        self.gws.read().unwrap().clone()
+    }
+}
+
+struct World {
+    opts: Opts,
+    shared: Arc<Shared>,
+    db: TestDb,
+    writer: PgConnection,
+    writes: Gen,
+    slot: Option<String>,
+    /// The replicas' URLs for this database (empty: none configured).
+    replica_dbs: Vec<String>,
+    /// The last replica's `postgres` database (pool, URL), for pausing its
+    /// replay.
+    replica_admin: Option<(PgPool, String)>,
+    paused: Option<Resume>,
+    marker: i64,
+    step: u64,
+    due: Vec<(u64, Action)>,
+    next_gw: usize,
+    next_part: u32,
+    columns_added: u32,
+    open_publication: bool,
+    open_identity: bool,
+    open_second: bool,
+    report: Report,
+    readers: Vec<JoinHandle<()>>,
+}
+
+pub async fn run(opts: Opts) -> Report {
+    let mut w = World::setup(opts).await;
+    if w.shared.violations.lock().unwrap().is_empty() {
+        w.main().await;
+    }
+    w.teardown().await
+}
+
+impl World {
+    async fn setup(opts: Opts) -> World {
+        let mut rng = Rng::new(opts.seed);
+        let db = TestDb::new().await;
+        db.exec(schema::SETUP).await;
+        let mut writer = PgConnection::connect(&db.url).await.unwrap();
+        drop_stale_slots(&mut writer).await;
+        let tag = db.name.trim_start_matches("bloomgate_test_").to_string();
+        let mut writes = Gen::new(rng.fork(), format!("truth_{tag}"));
+        let prepared: String = sqlx::query_scalar("SHOW max_prepared_transactions")
+            .fetch_one(&mut writer)
+            .await
+            .unwrap();
+        // Postgres refuses to PREPARE a transaction that sent a NOTIFY,
+        // which every write does through the notify feed's triggers: no
+        // two-phase writer can use a table that feed watches.
+        writes.prepared_ok = prepared != "0" && opts.feed != Feed::Notify;
+        let only_permanent = !opts.faults.is_empty()
+            && opts
+                .faults
+                .iter()
+                .all(|f| matches!(f, Fault::DropSlot | Fault::SecondGateway));
+        let permanent = opts.feed.is_wal()
+            && opts
+                .permanent_slot
+                .unwrap_or_else(|| only_permanent || rng.chance(50));
+        let slot = permanent.then(|| format!("truth_{tag}"));
+        let use_replica = !opts.replicas.is_empty()
+            && (opts.faults.contains(&Fault::ReplicaPause) || rng.chance(50));
+        let replica_dbs: Vec<String> = if use_replica {
+            opts.replicas
+                .iter()
+                .map(|r| format!("{r}/{}", db.name))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let report = Report {
+            setup: format!(
+                "slot {}, {}, database {}{}",
+                if !opts.feed.is_wal() {
+                    "none"
+                } else if permanent {
+                    "permanent"
+                } else {
+                    "temporary"
+                },
+                match replica_dbs.len() {
+                    0 => "no replica".to_string(),
+                    n => format!("{n} read replicas"),
+                },
+                db.name,
+                if prepared == "0" {
+                    ", max_prepared_transactions = 0: no PREPARE TRANSACTION (scripts/pg.sh sets it)"
+                } else if opts.feed == Feed::Notify {
+                    ", no PREPARE TRANSACTION (refused after NOTIFY)"
+                } else {
+                    ""
+                }
+            ),
+            ..Report::default()
+        };
+        let shared = Arc::new(Shared {
+            epoch: Instant::now(),
+            model: Mutex::new(Model::default()),
+            gws: RwLock::new(Vec::new()),
+            violations: Mutex::new(Vec::new()),
+            journal: Mutex::new(Vec::new()),
+            flagged: Mutex::new(HashSet::new()),
+            checks: AtomicU64::new(0),
+            unavailable: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            trace: opts.trace,
+        });
+        shared.note(format!(
+            "history seed={} feed={} faults={:?}: {}",
+            opts.seed,
+            opts.feed.name(),
+            opts.faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+            report.setup
+        ));
+        let mut w = World {
+            opts,
+            shared,
+            db,
+            writer,
+            writes,
+            slot,
+            replica_dbs,
+            replica_admin: None,
+            paused: None,
+            marker: 0,
+            step: 0,
+            due: Vec::new(),
+            next_gw: 0,
+            next_part: 1,
+            columns_added: 0,
+            open_publication: false,
+            open_identity: false,
+            open_second: false,
+            report,
+            readers: Vec::new(),
+        };
+        // The rows before the gateway starts, and probes that never exist.
+        let mut paths = Vec::new();
+        for s in w.writes.initial(30) {
+            w.writer.execute(s.sql.as_str()).await.unwrap();
+            paths.extend(s.paths);
+        }
+        let absent = w.writes.absent(6);
+        paths.extend(absent.iter().cloned());
+        let truth = read_back(&mut w.writer, &paths).await.unwrap();
+        {
+            let mut m = w.shared.model.lock().unwrap();
+            for (p, body) in truth {
+                m.initial(p, body);
+            }
+        }
+        for url in w.replica_dbs.clone() {
+            if !w.replica_has_database(&url).await {
+                // Paused or stopped by another test on the shared server:
+                // the gateway's pools would not start on it.
+                let why = format!(
+                    "replica {url} is paused or has not replayed the new database in 15 s: no replicas in this history"
+                );
+                eprintln!("truth: seed {}: {why}", w.opts.seed);
+                w.shared.note(why);
+                w.report
+                    .setup
+                    .push_str(" (replicas not in step: none used)");
+                w.replica_dbs.clear();
+                break;
+            }
+        }
+        if let Some(url) = w.replica_dbs.last() {
+            // The last one is paused by the replica fault: the second
+            // replica is the checker's alone, the first is shared with
+            // tests/replicas.rs, which pauses and stops it itself.
+            let admin = url.rsplit_once('/').unwrap().0.to_string() + "/postgres";
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&admin)
+                .await
+                .unwrap();
+            w.replica_admin = Some((pool, admin));
+        }
+        let first = w.spawn_gateway("first");
+        let began = Instant::now();
+        while first.ready_at.lock().unwrap().is_none() {
+            if let Some(e) = first.failed.lock().unwrap().clone() {
+                w.shared
+                    .violation(format!("gw{} did not start: {e}", first.id));
+                return w;
+            }
+            if began.elapsed() > Duration::from_secs(60) {
+                w.shared
+                    .violation(format!("gw{} not started after 60 s", first.id));
+                return w;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for _ in 0..READERS {
+            let rng = w.writes.rng.fork();
+            w.readers.push(tokio::spawn(reader(w.shared.clone(), rng)));
+        }
+        w
+    }
+
+    /// Whether the replica at `url` (this database on it) has replayed
+    /// the seeded rows within 15 s; at once `false` if someone paused its
+    /// replay.
+    async fn replica_has_database(&mut self, url: &str) -> bool {
+        let want = self.writes.shadow.users.len() as i64;
+        let server = url.rsplit_once('/').unwrap().0.to_string() + "/postgres";
+        if let Ok(mut c) = PgConnection::connect(&server).await {
+            let paused: Result<bool, _> = sqlx::query_scalar("SELECT pg_is_wal_replay_paused()")
+                .fetch_one(&mut c)
+                .await;
+            if paused.unwrap_or(false) {
+                return false;
+            }
+        }
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(15) {
+            if let Ok(mut c) = PgConnection::connect(url).await {
+                let n: Result<i64, _> = sqlx::query_scalar("SELECT count(*) FROM users")
+                    .fetch_one(&mut c)
+                    .await;
+                if n.is_ok_and(|n| n == want) {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    fn setup_config(&self) -> bloomgate::config::Config {
+        schema::config(&Setup {
+            url: &self.db.url,
+            feed: self.opts.feed,
+            slot: self.slot.as_deref(),
+            replicas: &self.replica_dbs,
+        })
+    }
+
+    /// A new gateway, starting in the background (503 until ready).
+    fn spawn_gateway(&mut self, why: &str) -> Arc<Gw> {
+        let gw = Gateway::new(self.setup_config()).unwrap();
+        let app = bloomgate::http::app(gw.clone());
+        self.next_gw += 1;
+        let g = Arc::new(Gw {
+            id: self.next_gw,
+            gw,
+            app,
+            retired: AtomicBool::new(false),
+            ready_at: Mutex::new(None),
+            failed: Mutex::new(None),
+            start: Mutex::new(None),
+        });
+        let (g2, shared) = (g.clone(), self.shared.clone());
+        let task = tokio::spawn(async move {
+            match g2.gw.start().await {
+                Ok(()) => {
+                    *g2.ready_at.lock().unwrap() = Some(shared.now());
+                    shared.note(format!("gw{} started", g2.id));
+                }
+                Err(e) => {
+                    shared.note(format!("gw{} failed to start: {e}", g2.id));
+                    *g2.failed.lock().unwrap() = Some(e.to_string());
+                }
+            }
+        });
+        *g.start.lock().unwrap() = Some(task);
+        self.shared.gws.write().unwrap().push(g.clone());
+        self.shared.note(format!("gw{} starting ({why})", g.id));
+        g
+    }
+
+    fn retire(&self, g: &Arc<Gw>) {
+        g.retired.store(true, Ordering::SeqCst);
+        self.shared
+            .gws
+            .write()
+            .unwrap()
+            .retain(|x| !Arc::ptr_eq(x, g));
+        if let Some(t) = g.start.lock().unwrap().take() {
+            t.abort();
+        }
+        g.gw.stop();
+        self.shared.note(format!("gw{} stopped", g.id));
+    }
+
+    fn now(&self) -> Duration {
+        self.shared.now()
+    }
+
+    fn violations(&self) -> usize {
+        self.shared.violations.lock().unwrap().len()
+    }
+
+    async fn main(&mut self) {
+        let mut faults = self.opts.faults.clone();
+        faults.sort_by_key(|f| f.name());
+        for round in 0..self.opts.rounds {
+            let steps = self.writes.rng.range(15, 35);
+            // Early in the round, so that writes follow the fault.
+            let fault = if !faults.is_empty() && self.writes.rng.chance(85) {
+                Some((
+                    self.writes.rng.below(steps / 2 + 1),
+                    *self.writes.rng.pick(&faults),
+                ))
+            } else {
+                None
+            };
+            for s in 0..steps {
+                self.run_due(false).await;
+                if let Some((at, f)) = fault
+                    && at == s
+                {
+                    self.inject(f).await;
+                }
+                let step = self.writes.step();
+                self.exec(step).await;
+                self.report.ops += 1;
+                self.step += 1;
+                let pause = self.writes.rng.below(4) as u64;
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            self.quiesce(&format!("round {round}")).await;
+            if self.violations() > 0 && !self.opts.keep_going {
+                // The round's picture is complete; later rounds would only
+                // pile up consequences.
+                self.shared
+                    .note("stopping the history at its first violations".into());
+                return;
+            }
+        }
+        // Everything repairable repaired: the last comparison is strict.
+        self.run_due(true).await;
+        self.quiesce("final").await;
+    }
+
+    async fn run_due(&mut self, all: bool) {
+        self.due.sort_by_key(|(at, _)| *at);
+        while let Some(&(at, action)) = self.due.first() {
+            if !all && at > self.step {
+                break;
+            }
+            self.due.remove(0);
+            self.act(action).await;
+        }
+    }
+
+    fn later(&mut self, lo: usize, hi: usize, action: Action) {
+        let at = self.step + self.writes.rng.range(lo, hi) as u64;
+        self.due.push((at, action));
+    }
+
+    /// Runs `step`, retrying it when Postgres aborts it (see `try_exec`).
+    async fn exec(&mut self, step: Step) {
+        if self.opts.trace {
+            eprintln!(
+                "truth: t={} step {} {:?}",
+                secs(self.now()),
+                step.kind,
+                step.parts
+            );
+        }
+        // Drawn once: a retry must not move the seed's sequence.
+        let pause = match step.end {
+            End::Prepared { .. } => self.writes.rng.below(20) as u64,
+            End::Commit => 0,
+        };
+        let paths = step.paths();
+        let mut attempt = 0;
+        loop {
+            let Err(e) = self.try_exec(&step, &paths, pause).await else {
+                return;
+            };
+            let _ = self.writer.execute("ROLLBACK").await;
+            self.shared.model.lock().unwrap().aborted();
+            // What an application would see too: a deadlock with a
+            // gateway's DDL at start-up, say. Retried, and counted.
+            attempt += 1;
+            if !aborted(&e) || attempt > 10 {
+                panic!("seed {}: {step:?}: {e}", self.opts.seed);
+            }
+            self.report.writer_aborts += 1;
+            self.shared.note(format!(
+                "the writer's transaction was aborted, retried: {e}"
+            ));
+        }
+    }
+
+    /// One transaction: its statements, what it makes of every path it
+    /// touched (read inside it, so exactly what it commits), then the
+    /// commit, recorded around it.
+    async fn try_exec(
+        &mut self,
+        step: &Step,
+        paths: &[Path],
+        pause: u64,
+    ) -> Result<(), sqlx::Error> {
+        let c = &mut self.writer;
+        c.execute("BEGIN").await?;
+        for part in &step.parts {
+            match part {
+                Part::Stmt(s) => {
+                    c.execute(s.sql.as_str()).await?;
+                }
+                Part::RolledBack(ss) => {
+                    c.execute("SAVEPOINT s").await?;
+                    for s in ss {
+                        c.execute(s.sql.as_str()).await?;
+                    }
+                    c.execute("ROLLBACK TO SAVEPOINT s").await?;
+                }
+            }
+        }
+        let changes = read_back(c, paths).await?;
+        let model = &self.shared.model;
+        match &step.end {
+            End::Commit => {
+                model.lock().unwrap().stage(self.shared.now(), changes);
+                c.execute("COMMIT").await?;
+                model.lock().unwrap().committed(self.shared.now());
+            }
+            End::Prepared { gid, commit } => {
+                c.execute(format!("PREPARE TRANSACTION '{gid}'").as_str())
+                    .await?;
+                // Readers read while it is prepared: nothing may show.
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+                if *commit {
+                    model.lock().unwrap().stage(self.shared.now(), changes);
+                    c.execute(format!("COMMIT PREPARED '{gid}'").as_str())
+                        .await?;
+                    model.lock().unwrap().committed(self.shared.now());
+                } else {
+                    c.execute(format!("ROLLBACK PREPARED '{gid}'").as_str())
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The marker write, then every gateway that should serve is waited
+    /// for (ready, applied past the marker), then the fault windows are
+    /// let close, then every path is compared on every ready gateway.
+    async fn quiesce(&mut self, label: &str) {
+        let (marker, lsn) = self.write_marker().await;
+        self.shared
+            .note(format!("{label}: quiescence, marker {marker} at {lsn}"));
+        let mut ready = Vec::new();
+        for g in self.ready_gateways(label).await {
+            self.caught_up(&g, label).await;
+            ready.push(g);
+        }
+        let quiet = self.shared.model.lock().unwrap().quiet_from();
+        let now = self.now();
+        if quiet > now {
+            tokio::time::sleep(quiet - now).await;
+        }
+        tokio::time::sleep(SETTLE).await;
+        self.compare(&ready, label).await;
+    }
+
+    /// A new marker row, and the WAL insert position read just before its
+    /// COMMIT: the commit record ends past it, so a gateway whose applied
+    /// LSN reaches it has applied the marker and (commit order) every
+    /// write before it.
+    async fn write_marker(&mut self) -> (i64, Lsn) {
+        self.marker += 1;
+        for attempt in 0.. {
+            match self.try_marker().await {
+                Ok(lsn) => return (self.marker, lsn),
+                Err(e) if aborted(&e) && attempt < 10 => {
+                    let _ = self.writer.execute("ROLLBACK").await;
+                    self.report.writer_aborts += 1;
+                    self.shared
+                        .note(format!("the marker write was aborted, retried: {e}"));
+                }
+                Err(e) => panic!("seed {}: the marker write: {e}", self.opts.seed),
+            }
+        }
+        unreachable!()
+    }
+
+    async fn try_marker(&mut self) -> Result<Lsn, sqlx::Error> {
+        let c = &mut self.writer;
+        c.execute("BEGIN").await?;
+        sqlx::query("INSERT INTO marker VALUES ($1)")
+            .bind(self.marker)
+            .execute(&mut *c)
+            .await?;
+        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+            .fetch_one(&mut *c)
+            .await?;
+        c.execute("COMMIT").await?;
+        Ok(Lsn::parse(&lsn).unwrap())
+    }
+
+    /// The gateways to compare: those that say ready once one does. One
+    /// must within `NOT_READY_LIMIT`; the others may wait (a second
+    /// gateway for the slot the first holds, one still starting).
+    async fn ready_gateways(&mut self, label: &str) -> Vec<Arc<Gw>> {
+        let began = Instant::now();
+        loop {
+            let live = self.shared.live();
+            let mut ready = Vec::new();
+            for g in &live {
+                if let Some(e) = g.failed.lock().unwrap().take() {
+                    self.shared
+                        .violation(format!("{label}: gw{} failed to start: {e}", g.id));
+                }
+                if is_ready(g).await {
+                    ready.push(g.clone());
+                }
+            }
+            if !ready.is_empty() || live.is_empty() {
+                for g in live
+                    .iter()
+                    .filter(|g| !ready.iter().any(|r| Arc::ptr_eq(r, g)))
+                {
+                    self.shared
+                        .note(format!("{label}: gw{} not ready: not compared", g.id));
+                }
+                return ready;
+            }
+            if began.elapsed() > NOT_READY_LIMIT {
+                self.shared.violation(format!(
+                    "{label}: no gateway has said ready for {} s",
+                    NOT_READY_LIMIT.as_secs()
+                ));
+                return ready;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Reports `g` unless it applies a marker write within
+    /// `CATCH_UP_LIMIT`.
+    async fn caught_up(&mut self, g: &Arc<Gw>, label: &str) {
+        let began = Instant::now();
+        let mut applied = g.gw.applied();
+        let (mut marker, mut lsn) = self.write_marker().await;
+        let mut written = Instant::now();
+        loop {
+            let lsn_reached = !self.opts.feed.is_wal() || *applied.borrow_and_update() >= lsn;
+            let url = format!("/marker/{marker}");
+            if lsn_reached && matches!(get(&g.app, &url).await, Answer::Row(..)) {
+                return;
+            }
+            if began.elapsed() > CATCH_UP_LIMIT {
+                self.shared.violation(format!(
+                    "{label}: gw{} says ready but has not applied a marker write (applied {}, marker at {lsn}, GET {url} {}) within {} s",
+                    g.id,
+                    *applied.borrow(),
+                    get(&g.app, &url).await.show(),
+                    CATCH_UP_LIMIT.as_secs()
+                ));
+                // Compared anyway: what it serves says what it missed.
+                return;
+            }
+            // A feed that resynced (a new temporary slot) never delivers
+            // the commits before its new slot: the rebuild covers them. A
+            // later marker is delivered once it streams again.
+            if written.elapsed() > Duration::from_millis(500) {
+                (marker, lsn) = self.write_marker().await;
+                written = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn compare(&mut self, gws: &[Arc<Gw>], label: &str) {
+        let paths = self.shared.model.lock().unwrap().paths.clone();
+        let mut conn = self.db.pool.acquire().await.unwrap();
+        let truth = read_back(&mut conn, &paths).await.unwrap();
+        {
+            let m = self.shared.model.lock().unwrap();
+            for (p, body) in &truth {
+                assert_eq!(
+                    m.latest(p),
+                    body.as_ref(),
+                    "the checker's model lost track of {} (seed {}): a bug in tests/truth",
+                    p.url(),
+                    self.opts.seed
+                );
+            }
+        }
+        let mut wrong = 0;
+        for g in gws {
+            let answers: Vec<(usize, Answer)> =
+                futures_util::stream::iter(truth.iter().enumerate())
+                    .map(|(i, (p, _))| {
+                        let app = g.app.clone();
+                        async move {
+                            let url = p.url();
+                            let mut a = get(&app, &url).await;
+                            for _ in 0..3 {
+                                if !matches!(a, Answer::Unavailable) {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                a = get(&app, &url).await;
+                            }
+                            (i, a)
+                        }
+                    })
+                    .buffer_unordered(8)
+                    .collect()
+                    .await;
+            let mut unavailable = 0;
+            for (i, a) in answers {
+                let (p, want) = &truth[i];
+                if matches!(a, Answer::Unavailable) {
+                    unavailable += 1;
+                    continue;
+                }
+                self.shared.checks.fetch_add(1, Ordering::Relaxed);
+                let ok = !matches!(a, Answer::Other(..)) && a.body() == want.as_ref();
+                if !ok {
+                    wrong += 1;
+                    let history = self.shared.model.lock().unwrap().describe(p);
+                    self.shared.violation(format!(
+                        "{label}: gw{} GET {} -> {}; Postgres: {} (versions: {history})",
+                        g.id,
+                        p.url(),
+                        a.show(),
+                        want.as_ref()
+                            .map(|v| v.to_string())
+                            .unwrap_or_else(|| "404".into()),
+                    ));
+                }
+            }
+            if unavailable > 0 {
+                self.shared
+                    .unavailable
+                    .fetch_add(unavailable, Ordering::Relaxed);
+                self.shared.note(format!(
+                    "{label}: gw{} answered 503 for {unavailable} paths at quiescence",
+                    g.id
+                ));
+            }
+        }
+        self.shared.note(format!(
+            "{label}: compared {} paths on {} gateways: {wrong} wrong",
+            truth.len(),
+            gws.len()
+        ));
+    }
+
+    async fn teardown(mut self) -> Report {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for r in self.readers.drain(..) {
+            let _ = r.await;
+        }
+        for g in self.shared.live() {
+            self.retire(&g);
+        }
+        if let Some(r) = self.paused.take() {
+            r.resume().await;
+        }
+        // The database cannot be dropped while a prepared transaction or
+        // a replication slot (permanent, or a temporary one whose
+        // walsender has not exited yet) is on it.
+        let gids: Vec<String> = sqlx::query_scalar(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()",
+        )
+        .fetch_all(&mut self.writer)
+        .await
+        .unwrap_or_default();
+        for gid in gids {
+            let _ = self
+                .writer
+                .execute(format!("ROLLBACK PREPARED '{gid}'").as_str())
+                .await;
+        }
+        let began = Instant::now();
+        loop {
+            let _ = self
+                .writer
+                .execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                     WHERE database = current_database() AND active_pid IS NOT NULL",
+                )
+                .await;
+            let _ = self
+                .writer
+                .execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                     WHERE database = current_database() AND NOT active AND NOT temporary",
+                )
+                .await;
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+            )
+            .fetch_one(&mut self.writer)
+            .await
+            .unwrap_or(0);
+            if left == 0 || began.elapsed() > Duration::from_secs(10) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut report = std::mem::take(&mut self.report);
+        report.checks = self.shared.checks.load(Ordering::Relaxed);
+        report.unavailable = self.shared.unavailable.load(Ordering::Relaxed);
+        report.violations = std::mem::take(&mut *self.shared.violations.lock().unwrap());
+        report.journal = std::mem::take(&mut *self.shared.journal.lock().unwrap());
+        report
+    }
+}
+
+/// Whether Postgres aborted the transaction for a deadlock or a
+/// serialization failure: retrying it is what an application would do.
+fn aborted(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => matches!(d.code().as_deref(), Some("40P01" | "40001")),
+        _ => false,
+    }
+}
+
+/// Drops the permanent slots of histories whose process is gone (a panic
+/// skips the teardown): on the shared primary they would keep WAL for
+/// ever. Named `truth_<pid>_…`; a live process's slots are left alone.
+async fn drop_stale_slots(c: &mut PgConnection) {
+    let slots: Vec<String> = sqlx::query_scalar(
+        "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'truth\\_%' AND NOT active",
+    )
+    .fetch_all(&mut *c)
+    .await
+    .unwrap_or_default();
+    for slot in slots {
+        let pid = slot.split('_').nth(1).unwrap_or_default();
+        if !pid.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(&slot)
+                .execute(&mut *c)
+                .await;
+        }
+    }
+}
+
+/// What Postgres has for each of `paths`, as seen by `c`.
+async fn read_back(
+    c: &mut PgConnection,
+    paths: &[Path],
+) -> Result<Vec<(Path, Option<Value>)>, sqlx::Error> {
+    let mut by_res: BTreeMap<Res, Vec<String>> = BTreeMap::new();
+    for p in paths {
+        by_res.entry(p.res).or_default().push(p.key.clone());
+    }
+    let mut found = BTreeMap::new();
+    for (res, keys) in by_res {
+        let rows = schema::fetch(c, res, &keys).await?;
+        found.insert(res, rows);
+    }
+    Ok(paths
+        .iter()
+        .map(|p| (p.clone(), found[&p.res].get(&p.key).cloned()))
+        .collect())
+}

@@ -1,0 +1,423 @@
+//! The faults: how each is injected, and what follows it (repairs,
+//! resumptions, a gateway stopped).
+
+use std::time::{Duration, Instant};
+
+use sqlx::{Executor, PgPool};
+
+use super::reads::get;
+use super::{FEED_GAP, WATCHED, World};
+use crate::model::secs;
+use crate::ops::{Focus, Table, user_paths};
+use crate::schema::{self, Path, Res};
+use crate::{Fault, Feed};
+
+/// Repairs and other actions that come a number of steps after a fault.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Action {
+    RepairPublication,
+    RepairIdentity,
+    StopOne,
+    RestartAll,
+    Resume,
+}
+
+impl World {
+    /// A statement of a fault, on its own (retried if Postgres aborts it
+    /// for a deadlock, as the writer's transactions are).
+    async fn sql(&mut self, sql: &str) {
+        if self.opts.trace {
+            eprintln!("truth: t={} {sql}", secs(self.now()));
+        }
+        for attempt in 0.. {
+            match self.writer.execute(sql).await {
+                Ok(_) => return,
+                Err(e) if super::aborted(&e) && attempt < 10 => {
+                    self.report.writer_aborts += 1;
+                    self.shared
+                        .note(format!("the fault's statement was aborted, retried: {e}"));
+                }
+                Err(e) => panic!("seed {}: {sql}: {e}", self.opts.seed),
+            }
+        }
+    }
+
+    /// Loads `n` random rows into every gateway's cache (GET once), and
+    /// returns their paths: a fault followed by writes to them shows
+    /// whether the gateway drops what it cached.
+    async fn warm(&mut self, n: usize, by_email: bool) -> Vec<Path> {
+        let mut paths = Vec::new();
+        for _ in 0..n {
+            let t = if by_email {
+                Table::Users
+            } else {
+                *self.writes.rng.pick(&Table::ALL)
+            };
+            let all = self.writes.shadow.paths(t);
+            if all.is_empty() {
+                continue;
+            }
+            let p = all[self.writes.rng.below(all.len())].clone();
+            let p = if by_email && p.res == Res::Users {
+                let id: i64 = p.key.parse().unwrap();
+                user_paths(id, &self.writes.shadow.users[&id])[1].clone()
+            } else {
+                p
+            };
+            paths.push(p);
+        }
+        for g in self.shared.live() {
+            for p in &paths {
+                let _ = get(&g.app, &p.url()).await;
+            }
+        }
+        paths
+    }
+
+    pub(super) async fn inject(&mut self, f: Fault) {
+        let injected = match f {
+            Fault::KillWalsender | Fault::KillListener | Fault::DropSlot => {
+                if f == Fault::DropSlot && self.slot.is_none() {
+                    false
+                } else {
+                    let paths = self.warm(6, false).await;
+                    let what = match f {
+                        Fault::DropSlot => self.drop_slot().await,
+                        _ => self.kill_feed().await,
+                    };
+                    self.shared.note(format!("fault {}: {what}", f.name()));
+                    let now = self.now();
+                    self.shared
+                        .model
+                        .lock()
+                        .unwrap()
+                        .window(f.name(), now, FEED_GAP);
+                    self.writes.focus(
+                        Focus::Update {
+                            paths,
+                            emails: false,
+                        },
+                        6,
+                    );
+                    true
+                }
+            }
+            Fault::Restart => {
+                let live = self.shared.live();
+                let g = live[self.writes.rng.below(live.len())].clone();
+                self.shared.note(format!("fault restart: gw{}", g.id));
+                self.retire(&g);
+                self.spawn_gateway("restart");
+                true
+            }
+            Fault::SecondGateway => {
+                if self.open_second || self.shared.live().len() > 1 {
+                    false
+                } else {
+                    self.shared.note(format!(
+                        "fault second-gateway{}",
+                        self.slot
+                            .as_ref()
+                            .map(|s| format!(" on slot {s}"))
+                            .unwrap_or_default()
+                    ));
+                    self.spawn_gateway("second");
+                    self.open_second = true;
+                    self.later(10, 40, Action::StopOne);
+                    self.writes.focus(Focus::Inserts, 8);
+                    true
+                }
+            }
+            Fault::Publication => {
+                if self.open_publication {
+                    false
+                } else {
+                    self.edit_publication().await;
+                    self.open_publication = true;
+                    self.later(8, 30, Action::RepairPublication);
+                    true
+                }
+            }
+            Fault::ReplicaIdentity => {
+                if self.open_identity {
+                    false
+                } else {
+                    let paths = self.warm(6, true).await;
+                    let to = if self.writes.rng.chance(70) {
+                        "DEFAULT"
+                    } else {
+                        "USING INDEX users_email_key"
+                    };
+                    self.sql(&format!("ALTER TABLE users REPLICA IDENTITY {to}"))
+                        .await;
+                    self.shared
+                        .note(format!("fault replica-identity: users now {to}"));
+                    let now = self.now();
+                    self.shared
+                        .model
+                        .lock()
+                        .unwrap()
+                        .window("replica-identity", now, WATCHED);
+                    self.writes.focus(
+                        Focus::Update {
+                            paths,
+                            emails: true,
+                        },
+                        6,
+                    );
+                    self.open_identity = true;
+                    self.later(8, 30, Action::RepairIdentity);
+                    true
+                }
+            }
+            Fault::Partition => {
+                let detach = !self.writes.shadow.attached.is_empty()
+                    && (self.writes.shadow.attached.len() >= 3 || self.writes.rng.chance(50));
+                if detach {
+                    self.detach().await;
+                } else {
+                    self.attach().await;
+                }
+                true
+            }
+            Fault::AddColumn => {
+                if self.columns_added >= 6 {
+                    false
+                } else {
+                    self.columns_added += 1;
+                    let t = self.writes.rng.pick(&Table::ALL).name();
+                    let n = self.columns_added;
+                    let sql = if self.writes.rng.chance(50) {
+                        format!("ALTER TABLE {t} ADD COLUMN extra{n} int DEFAULT {n}")
+                    } else {
+                        format!("ALTER TABLE {t} ADD COLUMN extra{n} text")
+                    };
+                    self.sql(&sql).await;
+                    self.shared.note(format!("fault add-column: {sql}"));
+                    true
+                }
+            }
+            Fault::ReplicaPause => {
+                if self.replica_admin.is_none() || self.paused.is_some() {
+                    false
+                } else {
+                    let (pool, url) = self.replica_admin.clone().unwrap();
+                    pool.execute("SELECT pg_wal_replay_pause()").await.unwrap();
+                    self.shared
+                        .note(format!("fault replica-pause: replay paused on {url}"));
+                    self.paused = Some(Resume {
+                        pool: Some(pool),
+                        url,
+                    });
+                    // Half the time the gateways start while it is behind
+                    // (the rows written meanwhile are what it lacks).
+                    if self.writes.rng.chance(50) {
+                        self.later(5, 12, Action::RestartAll);
+                        self.later(15, 40, Action::Resume);
+                    } else {
+                        self.later(5, 30, Action::Resume);
+                    }
+                    true
+                }
+            }
+        };
+        if injected {
+            self.report.faults += 1;
+        }
+    }
+
+    /// Kills the feed's own connections (not the pool's): the walsender
+    /// (and its side connection), the listener, or the queue's poller.
+    async fn kill_feed(&mut self) -> String {
+        let filter = match self.opts.feed {
+            Feed::Wal | Feed::WalPoll => "application_name = 'bloomgate-wal-feed'",
+            Feed::Notify => "query ILIKE 'LISTEN%'",
+            Feed::Queue => "application_name = 'bloomgate-queue-feed'",
+        };
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() AND {filter}"
+        );
+        let n: i64 = sqlx::query_scalar(&sql)
+            .fetch_one(&mut self.writer)
+            .await
+            .unwrap();
+        format!("{n} backends terminated ({filter})")
+    }
+
+    /// Drops the permanent slot from outside: its holder killed, then the
+    /// slot dropped before the gateway takes it again.
+    async fn drop_slot(&mut self) -> String {
+        let slot = self.slot.clone().unwrap();
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(3) {
+            let _ = sqlx::query(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            )
+            .bind(&slot)
+            .execute(&mut self.writer)
+            .await;
+            let dropped = sqlx::query("SELECT pg_drop_replication_slot($1)")
+                .bind(&slot)
+                .execute(&mut self.writer)
+                .await;
+            match dropped {
+                Ok(_) => return format!("slot {slot} dropped"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+        format!("slot {slot} could not be dropped within 3 s")
+    }
+
+    async fn edit_publication(&mut self) {
+        let (sql, focus) = match self.writes.rng.below(3) {
+            0 => (
+                "ALTER PUBLICATION bloomgate SET (publish = 'insert')".to_string(),
+                Focus::Update {
+                    paths: self.warm(6, false).await,
+                    emails: false,
+                },
+            ),
+            1 => {
+                let t = *self.writes.rng.pick(&Table::ALL);
+                (
+                    format!("ALTER PUBLICATION bloomgate DROP TABLE {}", t.name()),
+                    Focus::Table(t),
+                )
+            }
+            _ => ("DROP PUBLICATION bloomgate".to_string(), Focus::Inserts),
+        };
+        self.sql(&sql).await;
+        self.shared.note(format!("fault publication: {sql}"));
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("publication", now, WATCHED);
+        self.writes.focus(focus, 8);
+    }
+
+    async fn attach(&mut self) {
+        let n = self.next_part;
+        self.next_part += 1;
+        let (create, fill, step) = self.writes.attach(n);
+        self.sql(&create).await;
+        self.sql(&fill).await;
+        self.exec(step).await;
+        self.shared.note(format!(
+            "fault partition: events_p{n} attached with its rows"
+        ));
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("partition", now, WATCHED);
+    }
+
+    async fn detach(&mut self) {
+        let (n, step) = self.writes.detach();
+        self.exec(step).await;
+        self.shared
+            .note(format!("fault partition: events_p{n} detached"));
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("partition", now, WATCHED);
+        self.sql(&format!("DROP TABLE events_p{n}")).await;
+    }
+
+    pub(super) async fn act(&mut self, action: Action) {
+        match action {
+            Action::RepairPublication => {
+                let sql = format!(
+                    "DO $$ BEGIN
+                       IF NOT EXISTS (SELECT FROM pg_publication WHERE pubname = 'bloomgate') THEN
+                         CREATE PUBLICATION bloomgate FOR TABLE {t} WITH (publish_via_partition_root = true);
+                       END IF;
+                     END $$;
+                     ALTER PUBLICATION bloomgate SET TABLE {t};
+                     ALTER PUBLICATION bloomgate SET (publish = 'insert, update, delete, truncate', publish_via_partition_root = true);",
+                    t = schema::TABLES
+                );
+                self.sql(&sql).await;
+                self.open_publication = false;
+                self.shared.note("repair: publication as installed".into());
+                let now = self.now();
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .window("publication repaired", now, WATCHED);
+            }
+            Action::RepairIdentity => {
+                self.sql("ALTER TABLE users REPLICA IDENTITY FULL").await;
+                self.open_identity = false;
+                self.shared
+                    .note("repair: users REPLICA IDENTITY FULL".into());
+                let now = self.now();
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .window("replica identity repaired", now, WATCHED);
+            }
+            Action::StopOne => {
+                let live = self.shared.live();
+                if live.len() > 1 {
+                    let g = live[self.writes.rng.below(live.len())].clone();
+                    self.retire(&g);
+                    self.shared.note(format!(
+                        "second-gateway: gw{} stopped, the other serves on",
+                        g.id
+                    ));
+                }
+                self.open_second = false;
+            }
+            Action::RestartAll => {
+                self.shared
+                    .note("replica-pause: every gateway restarted while replay is paused".into());
+                for g in self.shared.live() {
+                    self.retire(&g);
+                    self.spawn_gateway("restart while the replica is behind");
+                }
+            }
+            Action::Resume => {
+                if let Some(r) = self.paused.take() {
+                    r.resume().await;
+                    self.shared.note("replica-pause: replay resumed".into());
+                }
+            }
+        }
+    }
+}
+
+/// Replay paused on the last replica (its `postgres` database's pool):
+/// resumed by [`Resume::resume`], or when dropped if a history ends in a
+/// panic (over psql: the test's runtime may be gone).
+pub(super) struct Resume {
+    pool: Option<PgPool>,
+    /// The replica's `postgres` database.
+    url: String,
+}
+
+impl Resume {
+    pub(super) async fn resume(mut self) {
+        let pool = self.pool.take().unwrap();
+        pool.execute("SELECT pg_wal_replay_resume()").await.unwrap();
+    }
+}
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        if self.pool.is_some() {
+            let _ = std::process::Command::new("psql")
+                .args([&self.url, "-qAtc", "SELECT pg_wal_replay_resume()"])
+                .status();
+        }
+    }
+}

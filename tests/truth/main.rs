@@ -1,0 +1,527 @@
+//! The randomized checker: seeded histories of writes and faults against
+//! real servers, every answer of the gateway judged against Postgres.
+//!
+//! The promise checked: **a row that exists is never answered 404, and a
+//! row is never served stale after its change commits**, through every
+//! feed (`wal` streamed and polled, `notify`, `queue`) and through the
+//! faults below.
+//!
+//! # A history
+//! A fresh database with five resources: `users` by `id` (bigint) and by
+//! `email` (text: one table under two keys, `REPLICA IDENTITY FULL` so the
+//! WAL carries the old email), `docs` (uuid), `tags` (text keys with
+//! spaces, `%`, `/`, non-ASCII letters), `events` (bigint, a partitioned
+//! table), plus `marker` (see Quiescence). 30 rows a table exist before
+//! the first gateway starts, and a few keys of each resource are probes
+//! that never exist. One writer runs transactions, one at a time: inserts,
+//! updates of non-key columns, updates of the key (`users.id`,
+//! `users.email`, `docs.id`, `tags.code`, `events.id`, across partitions
+//! too), deletes, deleted keys inserted again, `TRUNCATE`, bulk inserts,
+//! several statements in one transaction, statements rolled back to a
+//! savepoint, and `PREPARE TRANSACTION` followed by `COMMIT PREPARED` (or
+//! `ROLLBACK PREPARED`; not on the notify feed: Postgres refuses to
+//! prepare a transaction that sent a `NOTIFY`, as its triggers do). A
+//! transaction Postgres aborts (a deadlock with a gateway's DDL at
+//! start-up) is retried and counted in the summary line, as an
+//! application would see it. Two readers GET random present and absent
+//! keys from random gateways throughout. A history is a number of rounds
+//! (`BLOOMGATE_TRUTH_ROUNDS`, 5), each 15-35 transactions with one fault
+//! injected early in it (85 % of rounds), then a quiescence point.
+//!
+//! # The oracle
+//! For every path the checker keeps the versions Postgres committed: the
+//! body (`row_to_json` of the resource's columns, the gateway's own query)
+//! or 404, each read *inside* the transaction that makes it, before its
+//! COMMIT is sent. A version may be visible from the moment that COMMIT
+//! is sent and stays allowed until the next version's COMMIT returned.
+//! - **During the run**, an answer is a violation unless it equals a
+//!   version that was committed by the time the response came back and
+//!   was still current at the *cutoff*: [`model::BASE`] (2 s) before the
+//!   request began, or, when the request began inside a fault's window,
+//!   `BASE` before that window opened. So a 404 for a row committed more
+//!   than 2 s earlier, or a body older than a commit made more than 2 s
+//!   earlier, is reported. 503 and 504 are never violations.
+//! - **At quiescence** (writes stopped, every gateway that should serve
+//!   caught up, every fault window closed) every path ever touched is
+//!   compared exactly, on every gateway that says ready on `/readyz`,
+//!   with a direct `SELECT` of the same columns: same status (200 or
+//!   404), same JSON value.
+//!
+//! # Quiescence: how "applied past the last write" is known
+//! The round ends with a marker transaction: `INSERT INTO marker`, then
+//! `pg_current_wal_insert_lsn()` read just before its COMMIT, whose commit
+//! record therefore ends past it. On the WAL feeds the gateway publishes
+//! the end LSN of each commit it applied (`Gateway::applied`); once that
+//! reaches the position read, the marker and, since every feed applies in
+//! commit order, every write before it have been applied. The `notify` and
+//! `queue` feeds carry no LSN: there the marker row being served (`GET
+//! /marker/{n}` answers 200, which needs its insert applied to the
+//! filter) says the same; on the WAL feeds it is checked too. Then the
+//! windows of the faults injected are let close, then 100 ms more for the
+//! WAL feed's second (visible-phase) delivery, then the comparison. It is
+//! reported when no gateway of the history says ready for
+//! [`history::NOT_READY_LIMIT`] (20 s; a second gateway may wait for the
+//! slot the first holds, and is not compared meanwhile), and when one
+//! says ready but has not applied a marker within
+//! [`history::CATCH_UP_LIMIT`] (10 s; a feed that resynced never delivers
+//! the commits before its new slot, so a new marker is written every
+//! 500 ms). A history stops at the end of the round in which its first
+//! violation was found.
+//!
+//! # Faults and their bounds
+//! Each is selected by name in `BLOOMGATE_TRUTH_FAULTS`; a fault that does
+//! not apply to a feed is left out on it.
+//!
+//! | fault | feeds | what | window |
+//! |---|---|---|---|
+//! | `kill-walsender` | wal | `pg_terminate_backend` of the feed's backends (`application_name = 'bloomgate-wal-feed'`), right after caching a few rows that are updated next | [`history::FEED_GAP`] (3 s) |
+//! | `kill-listener` | notify, queue | the same for the `LISTEN` connection (notify) or the poller (`bloomgate-queue-feed`) | `FEED_GAP` |
+//! | `drop-slot` | wal, permanent slot | the slot's holder killed and the slot dropped from outside | `FEED_GAP` |
+//! | `restart` | all | a gateway stopped and a new one started on the same config (temporary or permanent slot, as the seed chose) | none: 503 until ready |
+//! | `second-gateway` | all | a second gateway on the same config (on the WAL feed with a permanent slot: the same slot); both are checked while they say ready; 10-40 transactions later one of them stops | none |
+//! | `publication` | wal | `SET (publish = 'insert')`, a table dropped from it, or `DROP PUBLICATION`; repaired 8-30 transactions later | [`history::WATCHED`] (5 s) from the edit and from the repair |
+//! | `replica-identity` | wal | `users` to `REPLICA IDENTITY DEFAULT` (or `USING INDEX` on email) after caching some emails, which are updated next; back to `FULL` later | `WATCHED` from each change |
+//! | `partition` | all | a table with rows attached to `events`, or an attached one detached | `WATCHED` |
+//! | `add-column` | all | `ALTER TABLE … ADD COLUMN` on a served table | none |
+//! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
+//!
+//! `FEED_GAP` is deliberately shorter than the WAL feed's reconnect
+//! back-off cap (5 s): a gateway blind for longer than that while it says
+//! ready is reported. `WATCHED` assumes the gateway checks what the feed
+//! depends on at least every 2 s (issue 26 asks it to state the interval).
+//! The first replica is shared with tests/replicas.rs, which pauses and
+//! stops it: a history for which it is paused, or has not replayed the
+//! new database within 15 s, runs without replicas (its failure message
+//! says so). The checker pauses only
+//! its own second replica, and always resumes it (on a panic too).
+//!
+//! # Running it
+//! The four feed tests are `#[ignore]`d in a plain `cargo test` (about two
+//! minutes together); `scripts/test.sh` runs them once, or:
+//!
+//! ```sh
+//! . scripts/pg.sh && ensure_postgres && ensure_second_replica && \
+//!   BLOOMGATE_TEST_DATABASE_URL=$PG_BASE_URL/postgres \
+//!   cargo test --test truth -- --ignored --nocapture
+//! ```
+//!
+//! (`scripts/test.sh --test truth -- --ignored --nocapture` does the same.)
+//! Knobs, all optional:
+//! - `BLOOMGATE_TRUTH_SEED`: `7`, `7,9`, `1..20` (end excluded). Default:
+//!   the CI seeds, [`CI_SEEDS`].
+//! - `BLOOMGATE_TRUTH_DURATION=10m`: a long run, histories on consecutive
+//!   seeds (from the first of `BLOOMGATE_TRUTH_SEED`, else 1000) until that
+//!   much time has passed, per feed.
+//! - `BLOOMGATE_TRUTH_FEEDS=wal,wal-poll,notify,queue` (default all).
+//! - `BLOOMGATE_TRUTH_FAULTS=kill-walsender,restart` or `all` (default) or
+//!   `none`.
+//! - `BLOOMGATE_TRUTH_ROUNDS` (5), `BLOOMGATE_TRUTH_SLOT=temporary|permanent`
+//!   (default: the seed chooses), `BLOOMGATE_TRUTH_TRACE=1` (every step
+//!   and fault as it happens), `BLOOMGATE_TRUTH_LOG=info` (the gateways'
+//!   own log, a `RUST_LOG`-style filter), `BLOOMGATE_TRUTH_KEEP_GOING=1`
+//!   (every round of a history even after its first violation).
+//!
+//! # Replay
+//! Every failing history prints its violations, the end of its journal and
+//! a command with its seed, feed and fault set, e.g.
+//! `BLOOMGATE_TRUTH_SEED=3 BLOOMGATE_TRUTH_FAULTS=kill-walsender scripts/test.sh --test truth truth_wal_streamed -- --ignored --nocapture`.
+//! The seed fixes every decision of the history (configuration, each
+//! statement, which fault when, which rows are cached first); only timing
+//! is not replayed (how far the gateway got when a fault lands, which
+//! reads interleave), so a replay finds the same defect but not always the
+//! same violation lines. At the end of each feed's run one line sums up:
+//! histories, operations, faults, checks, violations.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod history;
+mod model;
+mod ops;
+mod rng;
+mod schema;
+
+use std::time::{Duration, Instant};
+
+use history::{Opts, Report};
+
+/// The histories CI runs on each feed: on the WAL feeds seed 1 has a
+/// permanent slot, seed 3 temporary ones.
+pub const CI_SEEDS: &[u64] = &[1, 3];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Feed {
+    Wal,
+    WalPoll,
+    Notify,
+    Queue,
+}
+
+impl Feed {
+    pub fn name(self) -> &'static str {
+        match self {
+            Feed::Wal => "wal",
+            Feed::WalPoll => "wal-poll",
+            Feed::Notify => "notify",
+            Feed::Queue => "queue",
+        }
+    }
+
+    pub fn is_wal(self) -> bool {
+        matches!(self, Feed::Wal | Feed::WalPoll)
+    }
+
+    fn test(self) -> &'static str {
+        match self {
+            Feed::Wal => "truth_wal_streamed",
+            Feed::WalPoll => "truth_wal_polled",
+            Feed::Notify => "truth_notify",
+            Feed::Queue => "truth_queue",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    KillWalsender,
+    KillListener,
+    DropSlot,
+    Restart,
+    SecondGateway,
+    Publication,
+    ReplicaIdentity,
+    Partition,
+    AddColumn,
+    ReplicaPause,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 10] = [
+        Fault::KillWalsender,
+        Fault::KillListener,
+        Fault::DropSlot,
+        Fault::Restart,
+        Fault::SecondGateway,
+        Fault::Publication,
+        Fault::ReplicaIdentity,
+        Fault::Partition,
+        Fault::AddColumn,
+        Fault::ReplicaPause,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::KillWalsender => "kill-walsender",
+            Fault::KillListener => "kill-listener",
+            Fault::DropSlot => "drop-slot",
+            Fault::Restart => "restart",
+            Fault::SecondGateway => "second-gateway",
+            Fault::Publication => "publication",
+            Fault::ReplicaIdentity => "replica-identity",
+            Fault::Partition => "partition",
+            Fault::AddColumn => "add-column",
+            Fault::ReplicaPause => "replica-pause",
+        }
+    }
+
+    fn applies(self, feed: Feed) -> bool {
+        match self {
+            Fault::KillWalsender
+            | Fault::DropSlot
+            | Fault::Publication
+            | Fault::ReplicaIdentity => feed.is_wal(),
+            Fault::KillListener => !feed.is_wal(),
+            _ => true,
+        }
+    }
+}
+
+/// The environment's knobs (see the module doc).
+struct Knobs {
+    seeds: Vec<u64>,
+    /// Seeds were given (a replay) rather than the CI default.
+    seeds_given: bool,
+    duration: Option<Duration>,
+    feeds: Vec<Feed>,
+    faults: Vec<Fault>,
+    faults_given: Option<String>,
+    rounds: usize,
+    permanent_slot: Option<bool>,
+    trace: bool,
+    keep_going: bool,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl Knobs {
+    fn from_env() -> Knobs {
+        let seeds_text = env("BLOOMGATE_TRUTH_SEED");
+        let seeds = match &seeds_text {
+            None => CI_SEEDS.to_vec(),
+            Some(text) => parse_seeds(text),
+        };
+        let duration = env("BLOOMGATE_TRUTH_DURATION").map(|d| {
+            humantime::parse_duration(&d)
+                .unwrap_or_else(|e| panic!("BLOOMGATE_TRUTH_DURATION={d:?}: {e}"))
+        });
+        let feeds = match env("BLOOMGATE_TRUTH_FEEDS") {
+            None => vec![Feed::Wal, Feed::WalPoll, Feed::Notify, Feed::Queue],
+            Some(text) => text
+                .split(',')
+                .map(|f| {
+                    [Feed::Wal, Feed::WalPoll, Feed::Notify, Feed::Queue]
+                        .into_iter()
+                        .find(|x| x.name() == f.trim())
+                        .unwrap_or_else(|| {
+                            panic!("BLOOMGATE_TRUTH_FEEDS: no feed {f:?} (wal, wal-poll, notify, queue)")
+                        })
+                })
+                .collect(),
+        };
+        let faults_given = env("BLOOMGATE_TRUTH_FAULTS");
+        let faults = match faults_given.as_deref() {
+            None | Some("all") => Fault::ALL.to_vec(),
+            Some("none") => Vec::new(),
+            Some(text) => text
+                .split(',')
+                .map(|f| {
+                    Fault::ALL
+                        .into_iter()
+                        .find(|x| x.name() == f.trim())
+                        .unwrap_or_else(|| {
+                            let all: Vec<_> = Fault::ALL.iter().map(|f| f.name()).collect();
+                            panic!(
+                                "BLOOMGATE_TRUTH_FAULTS: no fault {f:?} ({})",
+                                all.join(", ")
+                            )
+                        })
+                })
+                .collect(),
+        };
+        let rounds = env("BLOOMGATE_TRUTH_ROUNDS")
+            .map(|r| r.parse().expect("BLOOMGATE_TRUTH_ROUNDS: a number"))
+            .unwrap_or(5);
+        let permanent_slot = env("BLOOMGATE_TRUTH_SLOT").map(|s| match s.as_str() {
+            "permanent" => true,
+            "temporary" => false,
+            _ => panic!("BLOOMGATE_TRUTH_SLOT: temporary or permanent"),
+        });
+        Knobs {
+            seeds,
+            seeds_given: seeds_text.is_some(),
+            duration,
+            feeds,
+            faults,
+            faults_given,
+            rounds,
+            permanent_slot,
+            trace: env("BLOOMGATE_TRUTH_TRACE").is_some_and(|v| v != "0"),
+            keep_going: env("BLOOMGATE_TRUTH_KEEP_GOING").is_some_and(|v| v != "0"),
+        }
+    }
+
+    /// The command that replays `seed` on `feed` with these knobs.
+    fn replay(&self, feed: Feed, seed: u64) -> String {
+        let mut vars = format!("BLOOMGATE_TRUTH_SEED={seed}");
+        if let Some(f) = &self.faults_given {
+            vars.push_str(&format!(" BLOOMGATE_TRUTH_FAULTS={f}"));
+        }
+        if self.rounds != 5 {
+            vars.push_str(&format!(" BLOOMGATE_TRUTH_ROUNDS={}", self.rounds));
+        }
+        if self.keep_going {
+            vars.push_str(" BLOOMGATE_TRUTH_KEEP_GOING=1");
+        }
+        if let Some(p) = self.permanent_slot {
+            let kind = if p { "permanent" } else { "temporary" };
+            vars.push_str(&format!(" BLOOMGATE_TRUTH_SLOT={kind}"));
+        }
+        format!(
+            "{vars} scripts/test.sh --test truth {} -- --ignored --nocapture",
+            feed.test()
+        )
+    }
+}
+
+fn parse_seeds(text: &str) -> Vec<u64> {
+    let bad = || {
+        panic!("BLOOMGATE_TRUTH_SEED={text:?}: a seed, seeds separated by commas, or a range a..b")
+    };
+    let mut out = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        if let Some((a, b)) = part.split_once("..") {
+            let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) else {
+                bad()
+            };
+            out.extend(a..b);
+        } else {
+            out.push(part.parse().unwrap_or_else(|_| bad()));
+        }
+    }
+    out
+}
+
+/// The checker's histories share the read replica and kill backends by
+/// database: one at a time, whichever feed's test runs.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn check(feed: Feed) {
+    let knobs = Knobs::from_env();
+    if !knobs.feeds.contains(&feed) {
+        eprintln!(
+            "truth: feed {} not selected (BLOOMGATE_TRUTH_FEEDS)",
+            feed.name()
+        );
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    if let Some(filter) = env("BLOOMGATE_TRUTH_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    // Every history on the logical primary, where the replica is: the WAL
+    // feeds need it, and the replica fault needs its replica.
+    let primary = env("BLOOMGATE_TEST_PRIMARY_URL");
+    let server = match (&primary, feed.is_wal()) {
+        (Some(p), _) => format!("{p}/postgres"),
+        (None, true) => panic!(
+            "BLOOMGATE_TEST_PRIMARY_URL unset: the WAL feed needs the logical primary; run with scripts/test.sh"
+        ),
+        (None, false) => env("BLOOMGATE_TEST_DATABASE_URL")
+            .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into()),
+    };
+    // TestDb creates (and drops) its databases there; set under the lock,
+    // so no other history reads it meanwhile.
+    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", &server) };
+    // The second replica (scripts/pg.sh replica2), where there is one, is
+    // the one the replica fault pauses; the first stays in step, so scans
+    // need not wait.
+    let replicas: Vec<String> = if primary.is_some() {
+        ["BLOOMGATE_TEST_REPLICA_URL", "BLOOMGATE_TEST_REPLICA2_URL"]
+            .into_iter()
+            .map_while(env)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let faults: Vec<Fault> = knobs
+        .faults
+        .iter()
+        .copied()
+        .filter(|f| f.applies(feed))
+        .filter(|f| *f != Fault::ReplicaPause || !replicas.is_empty())
+        .collect();
+
+    let began = Instant::now();
+    let mut seeds = knobs.seeds.clone().into_iter();
+    let mut next_long = if knobs.seeds_given {
+        knobs.seeds[0]
+    } else {
+        1000
+    };
+    let (mut histories, mut total) = (0u64, Report::default());
+    let mut failed = Vec::new();
+    loop {
+        let seed = match knobs.duration {
+            Some(d) => {
+                if began.elapsed() >= d {
+                    break;
+                }
+                next_long += 1;
+                next_long - 1
+            }
+            None => match seeds.next() {
+                Some(s) => s,
+                None => break,
+            },
+        };
+        let report = history::run(Opts {
+            feed,
+            seed,
+            faults: faults.clone(),
+            rounds: knobs.rounds,
+            permanent_slot: knobs.permanent_slot,
+            replicas: replicas.clone(),
+            trace: knobs.trace,
+            keep_going: knobs.keep_going,
+        })
+        .await;
+        histories += 1;
+        total.ops += report.ops;
+        total.faults += report.faults;
+        total.checks += report.checks;
+        total.unavailable += report.unavailable;
+        total.writer_aborts += report.writer_aborts;
+        if !report.violations.is_empty() {
+            let n = report.violations.len();
+            eprintln!(
+                "\ntruth: {n} violations, seed {seed}, feed {}, faults {:?} ({})",
+                feed.name(),
+                faults.iter().map(|f| f.name()).collect::<Vec<_>>(),
+                report.setup
+            );
+            for v in report.violations.iter().take(20) {
+                eprintln!("  {v}");
+            }
+            if n > 20 {
+                eprintln!("  ... and {} more", n - 20);
+            }
+            eprintln!("journal (last 40 lines):");
+            let from = report.journal.len().saturating_sub(40);
+            for line in &report.journal[from..] {
+                eprintln!("  {line}");
+            }
+            let replay = knobs.replay(feed, seed);
+            eprintln!("replay: {replay}\n");
+            total.violations.extend(report.violations);
+            failed.push(replay);
+        }
+    }
+    eprintln!(
+        "truth: feed={} histories={histories} operations={} faults={} checks={} violations={} (503s: {}, writer transactions aborted by Postgres: {}) in {:.0?}",
+        feed.name(),
+        total.ops,
+        total.faults,
+        total.checks,
+        total.violations.len(),
+        total.unavailable,
+        total.writer_aborts,
+        began.elapsed()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} violations on the {} feed in {} of {histories} histories; replay:\n{}",
+        total.violations.len(),
+        feed.name(),
+        failed.len(),
+        failed.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the randomized checker (minutes): scripts/test.sh runs it; see tests/truth/main.rs"]
+async fn truth_wal_streamed() {
+    check(Feed::Wal).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the randomized checker (minutes): scripts/test.sh runs it; see tests/truth/main.rs"]
+async fn truth_wal_polled() {
+    check(Feed::WalPoll).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the randomized checker (minutes): scripts/test.sh runs it; see tests/truth/main.rs"]
+async fn truth_notify() {
+    check(Feed::Notify).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the randomized checker (minutes): scripts/test.sh runs it; see tests/truth/main.rs"]
+async fn truth_queue() {
+    check(Feed::Queue).await;
+}

@@ -1,0 +1,246 @@
+//! What every key's URL was allowed to answer, and when: the versions of
+//! each path as Postgres committed them, and the windows in which a fault
+//! lets the gateway lag (see the crate doc for the rules).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::schema::Path;
+
+/// Any change may take this long to be served, fault or not.
+pub const BASE: Duration = Duration::from_secs(2);
+
+/// One committed state of a path: `body` (`None`: no such row) from the
+/// moment its COMMIT was sent (it cannot be visible before) until the next
+/// version's COMMIT returned (it may be visible until then).
+#[derive(Clone, Debug)]
+pub struct Version {
+    pub sent: Duration,
+    /// When its COMMIT returned; `None` while it is in flight.
+    pub done: Option<Duration>,
+    pub body: Option<Value>,
+}
+
+/// A fault's allowance: a read that began within `[from, until]` may
+/// return a version superseded up to `BASE` before `from`.
+#[derive(Clone, Debug)]
+pub struct Window {
+    pub what: String,
+    pub from: Duration,
+    pub until: Duration,
+}
+
+#[derive(Default)]
+pub struct Model {
+    versions: HashMap<Path, Vec<Version>>,
+    /// Every path known, in the order first seen (readers pick from it).
+    pub paths: Vec<Path>,
+    pub windows: Vec<Window>,
+    /// Paths whose last version is in flight.
+    staged: Vec<Path>,
+}
+
+impl Model {
+    /// `path` with `body` since before the history began.
+    pub fn initial(&mut self, path: Path, body: Option<Value>) {
+        assert!(!self.versions.contains_key(&path), "{path:?} twice");
+        self.paths.push(path.clone());
+        self.versions.insert(
+            path,
+            vec![Version {
+                sent: Duration::ZERO,
+                done: Some(Duration::ZERO),
+                body,
+            }],
+        );
+    }
+
+    pub fn latest(&self, path: &Path) -> Option<&Value> {
+        self.versions
+            .get(path)
+            .and_then(|v| v.last())
+            .and_then(|v| v.body.as_ref())
+    }
+
+    /// Records what the transaction about to commit makes of `changes`
+    /// (read inside it), before its COMMIT is sent: a reader that sees the
+    /// new state finds it here. A path never seen had no row before.
+    pub fn stage(&mut self, at: Duration, changes: Vec<(Path, Option<Value>)>) {
+        assert!(self.staged.is_empty(), "one transaction at a time");
+        for (path, body) in changes {
+            if !self.versions.contains_key(&path) {
+                self.initial(path.clone(), None);
+            }
+            let versions = self.versions.get_mut(&path).unwrap();
+            if versions.last().unwrap().body == body {
+                continue;
+            }
+            versions.push(Version {
+                sent: at,
+                done: None,
+                body,
+            });
+            self.staged.push(path);
+        }
+    }
+
+    /// The staged transaction's COMMIT returned.
+    pub fn committed(&mut self, at: Duration) {
+        for path in self.staged.drain(..) {
+            let v = self.versions.get_mut(&path).unwrap().last_mut().unwrap();
+            v.done = Some(at);
+        }
+    }
+
+    /// The staged transaction did not commit.
+    pub fn aborted(&mut self) {
+        for path in self.staged.drain(..) {
+            self.versions.get_mut(&path).unwrap().pop();
+        }
+    }
+
+    pub fn window(&mut self, what: impl Into<String>, from: Duration, bound: Duration) {
+        self.windows.push(Window {
+            what: what.into(),
+            from,
+            until: from + bound,
+        });
+    }
+
+    /// When the last window closes.
+    pub fn quiet_from(&self) -> Duration {
+        self.windows
+            .iter()
+            .map(|w| w.until)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Whether `got` (`None`: 404) may answer `path` for a read that began
+    /// at `t0` and ended at `t1`: it must be a version that was committed
+    /// by `t1` and was still current at the cutoff (`BASE` before `t0`, or
+    /// before the start of a fault window `t0` falls in). `Err` says what
+    /// Postgres had.
+    pub fn judge(
+        &self,
+        path: &Path,
+        got: Option<&Value>,
+        t0: Duration,
+        t1: Duration,
+    ) -> Result<(), String> {
+        let mut cutoff = t0.saturating_sub(BASE);
+        let mut within = Vec::new();
+        for w in &self.windows {
+            if w.from <= t0 && t0 <= w.until {
+                cutoff = cutoff.min(w.from.saturating_sub(BASE));
+                within.push(w.what.as_str());
+            }
+        }
+        let versions = &self.versions[path];
+        for (i, v) in versions.iter().enumerate() {
+            if v.body.as_ref() != got || v.sent > t1 {
+                continue;
+            }
+            match versions.get(i + 1).map(|next| next.done) {
+                None | Some(None) => return Ok(()),
+                Some(Some(superseded)) if superseded > cutoff => return Ok(()),
+                Some(Some(_)) => {}
+            }
+        }
+        let windows = if within.is_empty() {
+            String::new()
+        } else {
+            format!(", in the window of {}", within.join(", "))
+        };
+        Err(format!(
+            "allowed: versions current after {} (read {}..{}{windows}); Postgres had {}",
+            secs(cutoff),
+            secs(t0),
+            secs(t1),
+            history(versions)
+        ))
+    }
+
+    pub fn describe(&self, path: &Path) -> String {
+        history(&self.versions[path])
+    }
+}
+
+pub fn secs(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
+
+/// The last versions, oldest first: `body since commit sent..returned`.
+fn history(versions: &[Version]) -> String {
+    let from = versions.len().saturating_sub(4);
+    let parts: Vec<String> = versions[from..]
+        .iter()
+        .map(|v| {
+            let body = match &v.body {
+                Some(b) => b.to_string(),
+                None => "404".into(),
+            };
+            let done = v.done.map(secs).unwrap_or_else(|| "in flight".into());
+            format!("{body} @ {}..{done}", secs(v.sent))
+        })
+        .collect();
+    let skipped = if from > 0 {
+        format!("({from} older) ")
+    } else {
+        String::new()
+    };
+    format!("{skipped}{}", parts.join(" -> "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::Res;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The rules themselves: a checker whose oracle accepts everything
+    /// finds nothing.
+    #[test]
+    fn the_oracle_rejects_what_is_too_old_or_not_yet_committed() {
+        let mut m = Model::default();
+        let p = Path::new(Res::Users, "1");
+        let a = Some(serde_json::json!({"id": 1, "name": "a"}));
+        let b = Some(serde_json::json!({"id": 1, "name": "b"}));
+        m.initial(p.clone(), a.clone());
+        // b committed between 10 s and 10.1 s.
+        m.stage(ms(10_000), vec![(p.clone(), b.clone())]);
+        // While in flight, both are fine.
+        assert!(m.judge(&p, a.as_ref(), ms(10_050), ms(10_060)).is_ok());
+        assert!(m.judge(&p, b.as_ref(), ms(10_050), ms(10_060)).is_ok());
+        m.committed(ms(10_100));
+        // b cannot be seen by a read that ended before its COMMIT was sent.
+        assert!(m.judge(&p, b.as_ref(), ms(9_000), ms(9_999)).is_err());
+        // a within BASE of b's commit returning, then not.
+        assert!(m.judge(&p, a.as_ref(), ms(12_000), ms(12_001)).is_ok());
+        assert!(m.judge(&p, a.as_ref(), ms(12_200), ms(12_201)).is_err());
+        // Nothing else, ever; a 404 for a row that always existed neither.
+        assert!(m.judge(&p, None, ms(10_050), ms(10_060)).is_err());
+        // A fault window from 11 s to 16 s lets a stay until then.
+        m.window("kill", ms(11_000), ms(5_000));
+        assert!(m.judge(&p, a.as_ref(), ms(15_000), ms(15_001)).is_ok());
+        assert!(m.judge(&p, a.as_ref(), ms(16_500), ms(16_501)).is_err());
+        assert_eq!(m.quiet_from(), ms(16_000));
+        // An aborted transaction leaves no version; an unchanged body none.
+        m.stage(ms(20_000), vec![(p.clone(), None)]);
+        m.aborted();
+        m.stage(ms(20_000), vec![(p.clone(), b.clone())]);
+        m.committed(ms(20_001));
+        assert_eq!(m.latest(&p), b.as_ref());
+        // A key first seen in a transaction had no row before it.
+        let q = Path::new(Res::Users, "2");
+        m.stage(ms(30_000), vec![(q.clone(), a.clone())]);
+        m.committed(ms(30_001));
+        assert!(m.judge(&q, None, ms(29_000), ms(29_500)).is_ok());
+        assert!(m.judge(&q, None, ms(32_100), ms(32_200)).is_err());
+    }
+}

@@ -1,0 +1,225 @@
+//! The tables, the resources serving them, the gateway's config, and the
+//! oracle's query.
+
+use std::collections::HashMap;
+
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use crate::Feed;
+
+/// A resource the checker compares. The marker resource (see `history`)
+/// is not one: it only tells how far a gateway got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Res {
+    Users,
+    UsersByEmail,
+    Docs,
+    Tags,
+    Events,
+}
+
+impl Res {
+    pub const ALL: [Res; 5] = [
+        Res::Users,
+        Res::UsersByEmail,
+        Res::Docs,
+        Res::Tags,
+        Res::Events,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Res::Users => "users",
+            Res::UsersByEmail => "users_by_email",
+            Res::Docs => "docs",
+            Res::Tags => "tags",
+            Res::Events => "events",
+        }
+    }
+
+    pub fn route(self) -> &'static str {
+        match self {
+            Res::Users => "/users",
+            Res::UsersByEmail => "/users-by-email",
+            Res::Docs => "/docs",
+            Res::Tags => "/tags",
+            Res::Events => "/events",
+        }
+    }
+
+    pub fn table(self) -> &'static str {
+        match self {
+            Res::Users | Res::UsersByEmail => "users",
+            Res::Docs => "docs",
+            Res::Tags => "tags",
+            Res::Events => "events",
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Res::UsersByEmail => "email",
+            Res::Tags => "code",
+            _ => "id",
+        }
+    }
+
+    /// The config's `key_type`, which is also the SQL type of the column.
+    pub fn key_type(self) -> &'static str {
+        match self {
+            Res::Users | Res::Events => "bigint",
+            Res::Docs => "uuid",
+            Res::UsersByEmail | Res::Tags => "text",
+        }
+    }
+
+    pub fn columns(self) -> &'static [&'static str] {
+        match self {
+            Res::Users | Res::UsersByEmail => &["id", "email", "name"],
+            Res::Docs => &["id", "title", "rev"],
+            Res::Tags => &["code", "label", "rev"],
+            Res::Events => &["id", "kind", "rev"],
+        }
+    }
+}
+
+/// One key of one resource: one URL.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Path {
+    pub res: Res,
+    pub key: String,
+}
+
+/// RFC 3986 unreserved characters stay; everything else is escaped, so a
+/// text key with spaces, `%`, `/` or non-ASCII letters is one segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+impl Path {
+    pub fn new(res: Res, key: impl Into<String>) -> Self {
+        Path {
+            res,
+            key: key.into(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "{}/{}",
+            self.res.route(),
+            utf8_percent_encode(&self.key, SEGMENT)
+        )
+    }
+}
+
+/// Run once on a fresh database (migrated: `users` and `articles` exist).
+/// No foreign keys: `TRUNCATE` of one table must not need `CASCADE`.
+/// `users` carries its old email on UPDATE and DELETE (`REPLICA IDENTITY
+/// FULL`), which the WAL feed needs for `users_by_email`.
+pub const SETUP: &str = "
+    DROP TABLE articles;
+    ALTER TABLE users REPLICA IDENTITY FULL;
+    CREATE TABLE docs (id uuid PRIMARY KEY, title text NOT NULL, rev int NOT NULL);
+    CREATE TABLE tags (code text PRIMARY KEY, label text NOT NULL, rev int NOT NULL);
+    CREATE TABLE events (id bigint PRIMARY KEY, kind text NOT NULL, rev int NOT NULL)
+        PARTITION BY RANGE (id);
+    CREATE TABLE events_p0 PARTITION OF events FOR VALUES FROM (0) TO (1000000);
+    CREATE TABLE marker (id bigint PRIMARY KEY);
+";
+
+/// Every table a resource serves: what the publication must cover.
+pub const TABLES: &str = "users, docs, tags, events, marker";
+
+/// Keys of `events` partition `n` (0 is `events_p0`, always attached; the
+/// others are attached and detached by the partition fault).
+pub fn partition_range(n: u32) -> (i64, i64) {
+    let lo = i64::from(n) * 1_000_000;
+    (lo, lo + 1_000_000)
+}
+
+/// What a history's gateways are configured with.
+pub struct Setup<'a> {
+    pub url: &'a str,
+    pub feed: Feed,
+    /// A permanent `database.slot`, else temporary slots.
+    pub slot: Option<&'a str>,
+    /// Streaming replicas' URLs for `replica_urls` (none: no replicas).
+    pub replicas: &'a [String],
+}
+
+pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
+    let mut db = format!(
+        "url = \"{}\"\npool_size = 8\nacquire_timeout = \"2s\"\nmigrate = false\n",
+        s.url
+    );
+    db.push_str(match s.feed {
+        Feed::Wal => "freshness = \"wal\"\ninstall_feed = true\n",
+        Feed::WalPoll => "freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"5ms\"\n",
+        Feed::Notify => "freshness = \"notify\"\ninstall_triggers = true\n",
+        Feed::Queue => "freshness = \"queue\"\ninstall_triggers = true\n",
+    });
+    if let Some(slot) = s.slot {
+        db.push_str(&format!("slot = \"{slot}\"\n"));
+    }
+    if !s.replicas.is_empty() {
+        // The lag limit is small enough that a rebuild never waits long for
+        // a paused replica; below it, only the LSN check keeps a load off a
+        // replica that has not replayed a change.
+        let urls: Vec<String> = s.replicas.iter().map(|r| format!("\"{r}\"")).collect();
+        db.push_str(&format!(
+            "replica_urls = [{}]\nmax_replica_lag = \"2s\"\nreplica_check_interval = \"50ms\"\n",
+            urls.join(", ")
+        ));
+    }
+    let mut text = format!("[database]\n{db}\n");
+    for r in Res::ALL {
+        let columns: Vec<String> = r.columns().iter().map(|c| format!("\"{c}\"")).collect();
+        text.push_str(&format!(
+            "[[resource]]\nname = \"{}\"\nroute = \"{}/{{key}}\"\ntable = \"{}\"\nkey_column = \"{}\"\nkey_type = \"{}\"\ncolumns = [{}]\n\n",
+            r.name(),
+            r.route(),
+            r.table(),
+            r.key(),
+            r.key_type(),
+            columns.join(", ")
+        ));
+    }
+    text.push_str(
+        "[[resource]]\nname = \"marker\"\nroute = \"/marker/{id}\"\ntable = \"marker\"\nkey_column = \"id\"\nkey_type = \"bigint\"\ncolumns = [\"id\"]\n",
+    );
+    bloomgate::config::Config::from_toml(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+/// The rows of `keys` as the gateway would serve them: the same columns
+/// through the same `row_to_json`, by key text.
+pub async fn fetch(
+    conn: &mut PgConnection,
+    res: Res,
+    keys: &[String],
+) -> Result<HashMap<String, Value>, sqlx::Error> {
+    let cols: Vec<String> = res.columns().iter().map(|c| format!("\"{c}\"")).collect();
+    let sql = format!(
+        "SELECT t.\"{key}\"::text, row_to_json(t)::text FROM \
+         (SELECT {cols} FROM \"{table}\" WHERE \"{key}\" = ANY($1::text[]::{ty}[])) t",
+        key = res.key(),
+        cols = cols.join(", "),
+        table = res.table(),
+        ty = res.key_type(),
+    );
+    let rows: Vec<(String, String)> = sqlx::query_as(&sql).bind(keys).fetch_all(conn).await?;
+    Ok(rows
+        .into_iter()
+        .map(|(k, json)| (k, serde_json::from_str(&json).expect("row_to_json")))
+        .collect())
+}
+
+/// Quotes `s` as an SQL string literal (the generated statements are
+/// printed to replay a history by hand, so they carry their values).
+pub fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
