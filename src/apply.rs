@@ -350,7 +350,17 @@ async fn apply_change(route: &Route, change: &RowChange, from: Provenance, phase
         r.clear_cache();
     }
     if phase == Phase::Visible {
-        // Filter and counts were done on receipt: only the cache again.
+        // Counts were done on receipt. The cache again; and a new key into
+        // the filter again: a rebuild whose journal opened after the
+        // receipt may have taken its snapshot before the commit was
+        // visible, and missed it (see `resource`, "The filter is never
+        // missing a key").
+        if let (Seen::Key(n), false) = (
+            &new,
+            matches!((&old, &new), (Seen::Key(o), Seen::Key(n)) if o == n),
+        ) {
+            r.insert_key_again(n);
+        }
         for k in [&old, &new] {
             if let Seen::Key(k) = k {
                 r.invalidate(k).await;

@@ -20,7 +20,11 @@
 //!
 //! A key inserted before step 1 is in the snapshot (its row committed before
 //! it was announced); one inserted between 1 and 3 is replayed; one inserted
-//! after 3 goes into the new filter directly. Since step 3 holds the lock, no
+//! after 3 goes into the new filter directly. The WAL feed announces a
+//! commit on receipt, a moment before new snapshots see it, so a key it
+//! inserted before step 1 may be in neither: it is inserted once more at
+//! the commit's `Visible` delivery (`apply`), which comes once snapshots
+//! see it, so that second insert is journaled or precedes the snapshot. Since step 3 holds the lock, no
 //! insert can land between "replayed" and "swapped". The journal is closed
 //! by a guard on every way out of a rebuild: success, refusal, error, panic,
 //! or the rebuild future being dropped (its task aborted at shutdown), so a
@@ -851,6 +855,13 @@ impl Resource {
             self.confirm_later(key);
         }
         self.cache.invalidate(key).await;
+    }
+
+    /// A trusted key already inserted on receipt of its commit, into the
+    /// filter once more now that the commit is visible (see the module
+    /// doc): not counted again as a live insert.
+    pub fn insert_key_again(&self, key: &Key) {
+        self.add_to_filter(key, Provenance::Trusted);
     }
 
     /// [`insert_key_from`](Self::insert_key_from) with

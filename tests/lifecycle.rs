@@ -22,22 +22,6 @@ use common::*;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-async fn logical_db(n: i64) -> TestDb {
-    let primary = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
-        .expect("run with scripts/test.sh, which starts a server with wal_level = logical");
-    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", format!("{primary}/postgres")) };
-    let db = TestDb::new().await;
-    db.seed_users(n).await;
-    db
-}
-
-fn wal_config(db: &TestDb, extra: &str) -> bloomgate::config::Config {
-    config(
-        &db.url,
-        &format!("freshness = \"wal\"\ninstall_feed = true\n{extra}"),
-    )
-}
-
 /// A slot name of this test's own (dropped by [`drop_slot`], and by
 /// [`SlotGuard`] if the test fails first).
 fn slot_of(db: &TestDb) -> String {
@@ -116,19 +100,6 @@ async fn kill_feed(db: &TestDb, application_name: &str) -> i64 {
     .fetch_one(&db.pool)
     .await
     .unwrap()
-}
-
-/// Polls until `f` holds; the deadline only bounds a failing test.
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !f().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn name_of(r: &Resp) -> String {

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use bloomgate::key::Key;
@@ -25,19 +25,6 @@ async fn scans_running(db: &TestDb) -> i64 {
     .fetch_one(&db.pool)
     .await
     .unwrap()
-}
-
-/// Polls `cond` until it holds, or panics naming `what` after 10 s (which
-/// only catches "never").
-async fn eventually<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut cond: impl FnMut() -> F,
-) {
-    let began = Instant::now();
-    while !cond().await {
-        assert!(began.elapsed() < Duration::from_secs(10), "never: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 async fn insert_user(db: &TestDb, id: i64) {

@@ -8,7 +8,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use bloomgate::db::Db;
@@ -83,19 +83,6 @@ async fn replication(url: &str) -> Result<(), ReplError> {
 
 async fn status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
     get(gw, path).await.status
-}
-
-/// Polls until `f` holds; the deadline only bounds a failing test.
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]

@@ -16,14 +16,6 @@ use common::*;
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{mpsc, oneshot, watch};
 
-async fn logical_db() -> TestDb {
-    let primary = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
-        .expect("run with scripts/test.sh, which starts a server with wal_level = logical");
-    // TestDb creates (and drops) its database on the logical server.
-    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", format!("{primary}/postgres")) };
-    TestDb::new().await
-}
-
 fn watch_of(tables: &[(&str, &str, ColumnType)]) -> Watch {
     Watch {
         tables: tables
@@ -171,7 +163,7 @@ async fn the_polled_feed_sends_the_same_events() {
 }
 
 async fn every_kind_of_change(poll: Option<Duration>) {
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     db.exec("CREATE TABLE things (code text PRIMARY KEY, label text NOT NULL)")
         .await;
     // Outside the watch, but in the publication: its changes must not show.
@@ -241,7 +233,7 @@ async fn every_kind_of_change(poll: Option<Duration>) {
 /// `Value::Unknown` rather than invent a value.
 #[tokio::test]
 async fn an_unchanged_toasted_key_outside_the_replica_identity_is_unknown() {
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     // `install` refuses such a table (its identity does not carry the key):
     // the publication is made by hand, as a DBA could.
     db.exec(
@@ -289,7 +281,7 @@ async fn an_unchanged_toasted_key_outside_the_replica_identity_is_unknown() {
 /// rebuild; the key is the old row's.
 #[tokio::test]
 async fn an_unchanged_toasted_key_under_full_identity_is_the_old_rows() {
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     db.exec(
         "CREATE TABLE notes (code text NOT NULL, body text NOT NULL);
          ALTER TABLE notes ALTER COLUMN code SET STORAGE EXTERNAL;
@@ -338,7 +330,7 @@ async fn a_hundred_thousand_row_transaction_is_one_commit_polled() {
 }
 
 async fn hundred_thousand_rows(poll: Option<Duration>) {
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     db.exec("CREATE TABLE nums (n bigint PRIMARY KEY)").await;
     let mut feed = Feed::start_with(
         &db,
@@ -373,7 +365,7 @@ async fn hundred_thousand_rows(poll: Option<Duration>) {
 #[tokio::test]
 async fn a_quiet_publication_does_not_hold_wal_back() {
     for poll in [None, Some(Duration::from_millis(5))] {
-        let db = logical_db().await;
+        let db = logical_db(0).await;
         db.exec("CREATE TABLE watched (n bigint PRIMARY KEY); CREATE TABLE busy (n bigint)")
             .await;
         let _feed = Feed::start_with(
@@ -421,7 +413,7 @@ async fn a_quiet_publication_does_not_hold_wal_back() {
 /// `pg_stat_replication_slots.stream_txns` proves the streaming happened.
 #[tokio::test]
 async fn a_streamed_transaction_is_delivered_at_commit_without_its_aborts() {
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     db.exec(&format!(
         "ALTER DATABASE {} SET logical_decoding_work_mem = '64kB'",
         db.name
@@ -509,7 +501,7 @@ async fn a_silent_server_is_given_up_and_the_polled_feed_reconnects() {
 /// `gives_up`: how long the feed must wait before it gives up (the
 /// silence limit, or a poll's time-out).
 async fn silent_server(poll: Option<Duration>, silence: Duration, gives_up: Duration) {
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     db.exec("CREATE TABLE nums (n bigint PRIMARY KEY)").await;
     let proxy = Proxy::start().await;
     let mut feed = Feed::start_full(
@@ -584,7 +576,7 @@ async fn silent_server(poll: Option<Duration>, silence: Duration, gives_up: Dura
 /// from the snapshot's list of running xids).
 #[tokio::test]
 async fn a_running_transaction_is_not_visible_even_the_newest() {
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     let mut open = db.pool.acquire().await.unwrap();
     sqlx::query("BEGIN").execute(&mut *open).await.unwrap();
     let xid: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::int8 % 4294967296")
@@ -617,7 +609,7 @@ async fn the_replication_client_authenticates_and_streams() {
     use bloomgate::feed::pgoutput::{self, Message};
     use bloomgate::feed::replication::{Connection, Endpoint, Frame, ReplError};
 
-    let db = logical_db().await;
+    let db = logical_db(0).await;
     let opts: PgConnectOptions = db.url.parse().unwrap();
     let endpoint = |user: &str, password: Option<&str>| Endpoint {
         host: opts.get_host().to_owned(),

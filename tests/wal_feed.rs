@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::StatusCode;
 use bloomgate::gateway::{FeedMode, Gateway};
@@ -14,37 +14,6 @@ use common::*;
 
 /// Tests that kill the feed's backend must not kill another test's.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn logical_db(n: i64) -> TestDb {
-    let primary = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
-        .expect("run with scripts/test.sh, which starts a server with wal_level = logical");
-    // TestDb creates (and drops) its database on the logical server.
-    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", format!("{primary}/postgres")) };
-    let db = TestDb::new().await;
-    db.seed_users(n).await;
-    db
-}
-
-fn wal_config(db: &TestDb, extra: &str) -> bloomgate::config::Config {
-    config(
-        &db.url,
-        &format!("freshness = \"wal\"\ninstall_feed = true\n{extra}"),
-    )
-}
-
-/// Polls until `f` holds (the feed applies within milliseconds; the
-/// deadline only bounds a failing test).
-async fn eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 async fn status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
     get(gw, path).await.status

@@ -213,13 +213,9 @@ impl Db {
         columns: &[&str],
         sink: triggers::Sink,
     ) -> Result<(), DbError> {
-        let mut sql = triggers::install_sql(table, columns, sink);
-        if sink == triggers::Sink::Queue {
-            sql.insert_str(0, triggers::QUEUE_TABLE_SQL);
-        }
         // One implicit transaction (a multi-statement simple query): the
         // lock is held to its end.
-        sql.insert_str(0, INSTALL_LOCK);
+        let sql = triggers::install_with_table(table, columns, sink);
         sqlx::raw_sql(&sql).execute(&self.pool).await?;
         Ok(())
     }

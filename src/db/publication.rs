@@ -142,6 +142,49 @@ pub async fn check(
     })
 }
 
+/// Each watched table's entry in the publication as catalog rows (the
+/// publication's own row, the table's entry, its schema's entry: OIDs and
+/// row versions), in `watch` order, for `feed::watch`: any edit changes
+/// it, even one undone before the next check.
+pub async fn fingerprints(
+    conn: &mut PgConnection,
+    watch: &Watch,
+    publication: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(&mut *conn)
+        .await?;
+    // Schemas in a publication exist from Postgres 15 on.
+    let schemas = if version >= 150_000 {
+        "(SELECT string_agg(n.oid::text || ':' || n.xmin::text, ',')
+            FROM pg_publication_namespace n JOIN pg_class c ON c.relnamespace = n.pnnspid
+           WHERE n.pnpubid = p.oid AND c.oid = to_regclass(t.name))"
+    } else {
+        "NULL::text"
+    };
+    let sql = format!(
+        "SELECT coalesce((SELECT p.oid::text || ':' || p.xmin::text), '-') || '/' ||
+                coalesce((SELECT string_agg(r.oid::text || ':' || r.xmin::text, ',')
+                            FROM pg_publication_rel r
+                           WHERE r.prpubid = p.oid AND r.prrelid = to_regclass(t.name)), '-') || '/' ||
+                coalesce({schemas}, '-')
+           FROM unnest($2::text[]) WITH ORDINALITY AS t(name, i)
+           LEFT JOIN pg_publication p ON p.pubname = $1
+          ORDER BY t.i"
+    );
+    sqlx::query_scalar(&sql)
+        .bind(publication)
+        .bind(
+            watch
+                .tables
+                .iter()
+                .map(|t| quote_table(&t.name))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(conn)
+        .await
+}
+
 /// Every watched table whose replica identity does not carry every key
 /// column of its resources, each as an error naming the fix.
 pub async fn identity_problems(

@@ -91,28 +91,37 @@ impl Sink {
 /// PRIVILEGES ... GRANT ... ON TABLES`) gave at creation included;
 /// `feed::queue` refuses to start on a table someone else may write (see
 /// [`QUEUE_TABLE_CHECK`]).
-pub const QUEUE_TABLE_SQL: &str = "CREATE TABLE IF NOT EXISTS public.bloomgate_changes (
-    xid     xid8 NOT NULL DEFAULT pg_current_xact_id(),
-    payload text NOT NULL
-);
-COMMENT ON TABLE public.bloomgate_changes IS
-    'Written by bloomgate''s triggers, read and pruned by its gateways (database.freshness = queue).';
-CREATE INDEX IF NOT EXISTS bloomgate_changes_xid ON public.bloomgate_changes (xid);
-CREATE TABLE IF NOT EXISTS public.bloomgate_changes_pruned (below xid8 NOT NULL);
-INSERT INTO public.bloomgate_changes_pruned
-    SELECT '0' WHERE NOT EXISTS (SELECT FROM public.bloomgate_changes_pruned);
-DO $bloomgate$
+pub const QUEUE_TABLE_SQL: &str = "DO $bloomgate$
 DECLARE
     t text;
     grantee oid;
 BEGIN
+    -- Only what is missing: an install must not lock a change table that
+    -- exists, or it deadlocks with writers whose triggers write to it
+    -- (see the install's lock order, `Db::install_triggers`).
+    IF to_regclass('public.bloomgate_changes') IS NULL THEN
+        CREATE TABLE public.bloomgate_changes (
+            xid     xid8 NOT NULL DEFAULT pg_current_xact_id(),
+            payload text NOT NULL
+        );
+        COMMENT ON TABLE public.bloomgate_changes IS
+            'Written by bloomgate''s triggers, read and pruned by its gateways (database.freshness = queue).';
+        CREATE INDEX bloomgate_changes_xid ON public.bloomgate_changes (xid);
+    END IF;
+    IF to_regclass('public.bloomgate_changes_pruned') IS NULL THEN
+        CREATE TABLE public.bloomgate_changes_pruned (below xid8 NOT NULL);
+        INSERT INTO public.bloomgate_changes_pruned VALUES ('0');
+    END IF;
     FOREACH t IN ARRAY ARRAY['public.bloomgate_changes', 'public.bloomgate_changes_pruned'] LOOP
-        EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC', t);
         FOR grantee IN
             SELECT DISTINCT a.grantee FROM pg_class c, aclexplode(c.relacl) a
-             WHERE c.oid = t::regclass AND a.grantee <> c.relowner AND a.grantee <> 0
+             WHERE c.oid = t::regclass AND a.grantee <> c.relowner
         LOOP
-            EXECUTE format('REVOKE ALL ON TABLE %s FROM %I', t, pg_get_userbyid(grantee));
+            IF grantee = 0 THEN
+                EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC', t);
+            ELSE
+                EXECUTE format('REVOKE ALL ON TABLE %s FROM %I', t, pg_get_userbyid(grantee));
+            END IF;
         END LOOP;
     END LOOP;
 END
@@ -180,7 +189,7 @@ fn literal(text: &str) -> String {
 /// as one transaction) that creates or replaces the function and triggers
 /// of `table` announcing `columns` (distinct key column names, as they are
 /// spelled in the table) to `sink`. The queue sink needs [`QUEUE_TABLE_SQL`]
-/// run first.
+/// run after it, in the same transaction (see [`install_with_table`]).
 pub fn install_sql(table: &TableName, columns: &[&str], sink: Sink) -> String {
     assert!(
         !columns.is_empty(),
@@ -307,6 +316,41 @@ pub fn uninstall_sql(table: &TableName) -> String {
         tt = quote(&format!("{name}_t")),
         s = quote(schema),
     )
+}
+
+/// The whole install of `table`'s triggers as one transaction: the install
+/// lock, the function and triggers, then (queue sink) whatever of the
+/// change table is missing. In that order a writer's order (its table,
+/// then through its trigger the change table) is the install's too, and
+/// an existing change table is not locked at all: installing while the
+/// application writes cannot deadlock with it.
+pub fn install_with_table(table: &TableName, columns: &[&str], sink: Sink) -> String {
+    let mut sql = String::from(super::INSTALL_LOCK);
+    sql.push_str(&install_sql(table, columns, sink));
+    if sink == Sink::Queue {
+        sql.push('\n');
+        sql.push_str(QUEUE_TABLE_SQL);
+    }
+    sql
+}
+
+/// `table`'s triggers and their function as catalog rows (OIDs and row
+/// versions), for `feed::watch`: any edit changes it, even one undone.
+pub async fn fingerprint(
+    conn: &mut sqlx::PgConnection,
+    table: &TableName,
+) -> Result<String, sqlx::Error> {
+    let name = function_name(table);
+    sqlx::query_scalar(
+        "SELECT coalesce(string_agg(g.oid::text || ':' || g.xmin::text || ':' || p.oid::text
+                                    || ':' || p.xmin::text, ',' ORDER BY g.tgname), '-')
+           FROM pg_trigger g JOIN pg_proc p ON p.oid = g.tgfoid
+          WHERE g.tgrelid = to_regclass($1) AND g.tgname IN ($2, $2 || '_t')",
+    )
+    .bind(quote_table(table))
+    .bind(&name)
+    .fetch_one(conn)
+    .await
 }
 
 /// What is wrong with `table`'s trigger for a feed reading `sink` and keys

@@ -398,9 +398,18 @@ enum SessionError {
 }
 
 impl SessionError {
+    /// The server could not decode past a publication that did not exist
+    /// (streamed: the walsender's error; polled: the peek's).
     fn is_missing_publication(&self) -> bool {
-        matches!(self, SessionError::Repl(ReplError::Server { code, message })
-            if publication::is_missing_publication(code, message))
+        match self {
+            SessionError::Repl(ReplError::Server { code, message }) => {
+                publication::is_missing_publication(code, message)
+            }
+            SessionError::Sql(sqlx::Error::Database(d)) => d
+                .code()
+                .is_some_and(|c| publication::is_missing_publication(&c, d.message())),
+            _ => false,
+        }
     }
 }
 
@@ -477,7 +486,11 @@ async fn check_dependencies(cx: &mut Ctx<'_>, conn: &mut PgConnection) -> Result
         }
     }
     let no_publication = !checked.exists;
-    let seen = super::watch::tables(conn, watch).await?;
+    let mut seen = super::watch::tables(conn, watch).await?;
+    let prints = publication::fingerprints(conn, watch, &opts.publication).await?;
+    for (s, print) in seen.iter_mut().zip(prints) {
+        s.dependency = print;
+    }
     let now = seen
         .into_iter()
         .zip(checked.problems)

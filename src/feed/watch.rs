@@ -10,6 +10,10 @@
 //!   partitions changed (ATTACH, DETACH, a partition dropped) gets a
 //!   [`Event::Resync`] of that table: its rows may have changed without a
 //!   row change any feed sees;
+//! - a table whose publication entry or trigger rows changed since the
+//!   last check ([`Seen::dependency`]) gets one too: an edit undone within
+//!   one check (a table dropped from the publication and added back, a
+//!   trigger disabled and enabled) kept changes from the feed meanwhile;
 //! - a table the feed cannot follow gets [`Event::Coverage`] with the
 //!   problem, once per distinct problem; when it can again, a
 //!   [`Event::Coverage`] without one, then a [`Event::Resync`] of it (what
@@ -32,6 +36,11 @@ pub struct Seen {
     pub partitioned: bool,
     /// Leaf partitions of a partitioned table, sorted.
     pub partitions: Vec<u32>,
+    /// The catalog rows of the feed's own dependency for this table (its
+    /// publication entry, its trigger), as their OIDs and row versions
+    /// (`xmin`): an edit undone before the next check still changes them,
+    /// and the changes it kept from the feed meanwhile are rescanned.
+    pub dependency: String,
 }
 
 /// Every watched table as the catalog has it now, in `watch` order: one
@@ -59,6 +68,7 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Seen>,
                 .into_iter()
                 .filter_map(|p| u32::try_from(p).ok())
                 .collect(),
+            dependency: String::new(),
         })
         .collect())
 }
@@ -98,6 +108,11 @@ impl Tracker {
                         Some(format!("table {} was dropped or replaced", t.name))
                     } else if before.partitions != seen.partitions {
                         Some(format!("the partitions of {} changed", t.name))
+                    } else if before.dependency != seen.dependency {
+                        Some(format!(
+                            "the publication entry or trigger of {} was edited",
+                            t.name
+                        ))
                     } else if had.is_some() && problem.is_none() {
                         Some(format!("{} is followed again", t.name))
                     } else {
@@ -144,11 +159,7 @@ pub async fn check_triggers(
         let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
         let mut problem = triggers::problem(conn, &t.name, &columns, sink).await?;
         if problem.is_some() && install {
-            let mut sql = triggers::install_sql(&t.name, &columns, sink);
-            if sink == Sink::Queue {
-                sql.insert_str(0, triggers::QUEUE_TABLE_SQL);
-            }
-            sql.insert_str(0, crate::db::INSTALL_LOCK);
+            let sql = triggers::install_with_table(&t.name, &columns, sink);
             match sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&sql)).await {
                 Ok(_) => {
                     tracing::warn!(table = %t.name, problem = problem.as_deref().unwrap_or_default(), "trigger installed again (database.install_triggers); the table is rescanned");
@@ -161,6 +172,10 @@ pub async fn check_triggers(
             }
         }
         problems.push(problem);
+    }
+    let mut seen = seen;
+    for (t, s) in watch.tables.iter().zip(&mut seen) {
+        s.dependency = triggers::fingerprint(conn, &t.name).await?;
     }
     let mut events = tracker.update(watch, seen.into_iter().zip(problems).collect());
     for name in repaired {
@@ -209,6 +224,7 @@ mod tests {
             oid: Some(oid),
             partitioned: !partitions.is_empty(),
             partitions: partitions.to_vec(),
+            dependency: String::new(),
         }
     }
 
@@ -273,6 +289,22 @@ mod tests {
         assert_eq!(said(&e), ["problem public.a: gone", "resync public.a"]);
         let e = t.update(&w, vec![(seen(4, &[]), None), (seen(2, &[11, 12]), None)]);
         assert_eq!(said(&e), ["ok public.a", "resync public.a"]);
+    }
+
+    #[test]
+    fn an_edit_undone_between_two_checks_is_rescanned() {
+        let w = watch();
+        let mut t = Tracker::default();
+        let with = |dep: &str| {
+            let mut s = seen(1, &[]);
+            s.dependency = dep.into();
+            vec![(s, None), (seen(2, &[]), None)]
+        };
+        t.update(&w, with("10:500"));
+        assert!(t.update(&w, with("10:500")).is_empty());
+        // Dropped from the publication and added back: another row.
+        assert_eq!(said(&t.update(&w, with("11:530"))), ["resync public.a"]);
+        assert!(t.update(&w, with("11:530")).is_empty());
     }
 
     #[test]

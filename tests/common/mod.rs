@@ -578,3 +578,39 @@ pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
         .finish();
     (logs, tracing::subscriber::set_default(subscriber))
 }
+
+/// Polls until `f` holds, every 10 ms; panics naming `what` after 15 s,
+/// which only catches "never" (no latency is asserted).
+pub async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !f().await {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// A database on the throwaway `wal_level = logical` primary that
+/// `scripts/test.sh` starts (`TestDb` creates and drops it there), with
+/// `n` users.
+pub async fn logical_db(n: i64) -> TestDb {
+    let primary = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
+        .expect("run with scripts/test.sh, which starts a server with wal_level = logical");
+    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", format!("{primary}/postgres")) };
+    let db = TestDb::new().await;
+    if n > 0 {
+        db.seed_users(n).await;
+    }
+    db
+}
+
+/// [`config`] on the WAL feed, the publication installed at start-up.
+pub fn wal_config(db: &TestDb, extra: &str) -> Config {
+    config(
+        &db.url,
+        &format!("freshness = \"wal\"\ninstall_feed = true\n{extra}"),
+    )
+}

@@ -231,7 +231,7 @@ impl World {
     async fn kill_feed(&mut self) -> String {
         let filter = match self.opts.feed {
             Feed::Wal | Feed::WalPoll => "application_name = 'bloomgate-wal-feed'",
-            Feed::Notify => "query ILIKE 'LISTEN%'",
+            Feed::Notify => "application_name = 'bloomgate-notify-feed'",
             Feed::Queue => "application_name = 'bloomgate-queue-feed'",
         };
         let sql = format!(
