@@ -52,6 +52,8 @@ pub struct Gateway {
     feed_mode: OnceLock<FeedMode>,
     /// The `wal` feed's counters (zero in the other modes).
     pub wal_stats: Arc<feed::wal::Stats>,
+    /// The access checks of every resource (see `auth`).
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 /// How the `wal` feed reads the slot (`database.wal_poll_interval`), for
@@ -142,6 +144,7 @@ impl Gateway {
             .map(|r| Arc::new(Resource::new(r, db.clone(), loads.clone())))
             .collect();
         let (applied_tx, applied) = watch::channel(Lsn::ZERO);
+        let auth = Arc::new(crate::auth::Auth::new(&config));
         Arc::new(Self {
             config,
             db,
@@ -155,6 +158,7 @@ impl Gateway {
             applied_tx,
             feed_mode: OnceLock::new(),
             wal_stats: Arc::default(),
+            auth,
         })
     }
 

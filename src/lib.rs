@@ -85,6 +85,7 @@
 //!    cached; database errors are not (503 with `Retry-After`).
 
 pub mod apply;
+pub mod auth;
 pub mod budget;
 pub mod cache;
 pub mod config;

@@ -172,11 +172,17 @@ pub struct Stats {
     pub decay_rebuilds: AtomicU64,
     /// Loads refused because `max_concurrency` loads were in flight (503).
     pub shed_loads: AtomicU64,
+    /// Refused by the access checks: no valid credential (401), a scope or
+    /// the owner missing or another owner's key or row (403, or the 404 of
+    /// an absent key), past the caller's rate limit (429).
+    pub unauthorized: AtomicU64,
+    pub forbidden: AtomicU64,
+    pub rate_limited: AtomicU64,
 }
 
 impl Stats {
     /// Lookups by outcome, in `metrics::OUTCOMES` order.
-    pub fn by_outcome(&self) -> [u64; 8] {
+    pub fn by_outcome(&self) -> [u64; crate::metrics::OUTCOMES.len()] {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             self.filtered.get(),
@@ -187,6 +193,9 @@ impl Stats {
             l(&self.bad_requests),
             l(&self.unavailable),
             l(&self.not_ready),
+            l(&self.unauthorized),
+            l(&self.forbidden),
+            l(&self.rate_limited),
         ]
     }
 }

@@ -56,6 +56,7 @@ pub type App = front::Front<Dispatch>;
 
 /// The public router for `gateway`, behind the front layer.
 pub fn app(gateway: Arc<Gateway>) -> App {
+    gateway.auth.start();
     let routes = resource_routes(&gateway);
     let (router, doc) = with_resources(&routes).split_for_parts();
     let mut direct = Templates::default();
@@ -86,7 +87,7 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         .method_not_allowed_fallback(method_not_allowed);
     tower::Layer::layer(
         &front_layer(&gateway, Some(gateway.config.server.request_timeout)),
-        Dispatch::new(router, direct),
+        Dispatch::with_peer(router, direct, gateway.auth.limits_any()),
     )
 }
 
@@ -102,9 +103,16 @@ fn resource_routes(gateway: &Arc<Gateway>) -> Vec<Arc<Route>> {
     gateway
         .resources
         .iter()
-        .map(|resource| {
+        .enumerate()
+        .map(|(i, resource)| {
             let latency = gateway.metrics.latency_histograms(resource.name());
-            Arc::new(Route::new(resource.clone(), server.max_key_length, latency))
+            Arc::new(Route::new(
+                resource.clone(),
+                server.max_key_length,
+                latency,
+                gateway.auth.clone(),
+                i,
+            ))
         })
         .collect()
 }
@@ -192,19 +200,23 @@ async fn healthz() -> Response {
     json_bytes(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#))
 }
 
-/// Readiness: 200 once every resource's filter is built, 503 before.
+/// Readiness: 200 once every resource's filter is built (and the key set
+/// at `auth.jwks_url` fetched), 503 before.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Every filter is built", body = openapi::StatusBody),
-        (status = 503, description = "Still loading; `loading` names the resources", body = openapi::StatusBody),
+        (status = 503, description = "Still loading; `loading` names the resources (and `auth.jwks_url` until its key set is fetched)", body = openapi::StatusBody),
     ))]
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
-    let pending: Vec<&str> = gw
+    let mut pending: Vec<&str> = gw
         .resources
         .iter()
         .filter(|r| !r.is_ready())
         .map(|r| r.name())
         .collect();
+    if !gw.auth.is_ready() {
+        pending.push("auth.jwks_url");
+    }
     if pending.is_empty() {
         json_bytes(StatusCode::OK, Bytes::from_static(br#"{"status":"ready"}"#))
     } else {
