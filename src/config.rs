@@ -780,6 +780,11 @@ impl fmt::Debug for AuthConfig {
 /// What a secret is shown as.
 pub const REDACTED: &str = "<redacted>";
 
+/// `auth.jwt_secret` in `check-config`: long enough to be accepted, so the
+/// printed config still loads (`fuzz/config_parse` checks it does), and
+/// plainly not the secret.
+pub const REDACTED_SECRET: &str = "<redacted: the secret is never shown>";
+
 /// The shortest `auth.jwt_secret`: 256 bits, the size of HS256's output
 /// (RFC 7518 §3.2).
 pub const MIN_JWT_SECRET: usize = 32;
@@ -1017,7 +1022,7 @@ impl Config {
             *u = redact_url(u);
         }
         if c.auth.jwt_secret.is_some() {
-            c.auth.jwt_secret = Some(REDACTED.into());
+            c.auth.jwt_secret = Some(REDACTED_SECRET.into());
         }
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
@@ -1214,6 +1219,27 @@ impl Config {
             validate_filter(&res.filter, &at("filter")).map_err(|(k, p)| bad(k, p))?;
             validate_cache(&res.cache, &at("cache")).map_err(|(k, p)| bad(k, p))?;
             validate_access(r, &self.auth, i).map_err(|(k, p)| bad(k, p))?;
+            if r.auth != AuthMode::None {
+                for (field, value) in [
+                    ("http_cache_control", &res.cache.http_cache_control),
+                    (
+                        "http_cache_control_not_found",
+                        &res.cache.http_cache_control_not_found,
+                    ),
+                ] {
+                    if value
+                        .split(',')
+                        .any(|d| d.trim().eq_ignore_ascii_case("public"))
+                    {
+                        return Err(bad(
+                            at(&format!("cache.{field}")),
+                            "\"public\" would let a shared cache keep one caller's answer for \
+                             others; a resource with auth is sent private"
+                                .into(),
+                        ));
+                    }
+                }
+            }
             if res.filter.mode == Mode::Exact && r.key_type != KeyType::Bigint {
                 return Err(bad(
                     at("filter.mode"),

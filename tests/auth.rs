@@ -459,16 +459,28 @@ async fn missing_invalid_and_insufficient_credentials_get_rfc_6750_answers() {
     );
     // A malformed key is 400 whoever asks (parse comes first).
     assert_eq!(c.get("/private/users/abc", &[]).await.status(), 400);
+    // HEAD goes through axum's router, with the same checks.
+    let head = |t: Option<&str>| {
+        let mut req = c.http.head(format!("{}/private/users/3", c.base));
+        if let Some(t) = t {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    assert_eq!(head(None).await.unwrap().status(), 401);
+    let r = head(Some(&good)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(h(&r, "cache-control").starts_with("private, "));
 
     // The counts, per resource and by reason.
     let p = gw.resource("private_users").unwrap();
-    assert_eq!(p.stats.unauthorized.load(Ordering::Relaxed), 3);
+    assert_eq!(p.stats.unauthorized.load(Ordering::Relaxed), 4);
     assert_eq!(p.stats.forbidden.load(Ordering::Relaxed), 1);
     let v = gw.auth.view();
     assert_eq!(v.failures["expired"], 1);
     assert_eq!(v.failures["insufficient_scope"], 2);
     assert_eq!(v.failures["unknown_api_key"], 1);
-    assert_eq!(v.failures["missing"], 3);
+    assert_eq!(v.failures["missing"], 4);
     assert_eq!(v.failures["two_credentials"], 1);
     served.shutdown().await.unwrap();
     let _ = std::fs::remove_file(keyfile);
@@ -983,4 +995,45 @@ async fn refusals_are_counted_in_the_admin_api_and_metrics_and_no_secret_is_show
         assert!(!everything.contains(secret), "a secret was shown");
     }
     let _ = std::fs::remove_file(keyfile);
+}
+
+/// The public document declares the schemes, each operation's security
+/// and scopes, and the 401, 403 and 429 answers where they can happen.
+#[tokio::test]
+async fn the_openapi_document_declares_schemes_security_and_refusals() {
+    let db = seeded().await;
+    let cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let doc: Value = c.get("/openapi.json", &[]).await.json().await.unwrap();
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["bearerAuth"]["scheme"], "bearer");
+    assert_eq!(schemes["bearerAuth"]["bearerFormat"], "JWT");
+    assert_eq!(schemes["apiKey"]["in"], "header");
+    assert_eq!(schemes["apiKey"]["name"], "X-API-Key");
+    let op = |path: &str| doc["paths"][path]["get"].clone();
+    let private = op("/private/users/{id}");
+    assert_eq!(private["security"], json!([{"bearerAuth": ["users:read"]}]));
+    for status in ["401", "403"] {
+        assert!(private["responses"][status].is_object(), "{status}");
+    }
+    assert!(private["responses"].get("429").is_none());
+    assert_eq!(
+        op("/any/users/{id}")["security"],
+        json!([{"bearerAuth": []}, {"apiKey": []}])
+    );
+    assert_eq!(
+        op("/keyed/users/{id}")["security"],
+        json!([{"apiKey": ["users:read"]}])
+    );
+    let limited = op("/limited/users/{id}");
+    assert!(limited["responses"]["429"]["headers"]["Retry-After"].is_object());
+    assert!(limited["responses"]["429"]["headers"]["RateLimit"].is_object());
+    // Public resources: no security, a 429 only where limited.
+    let public = op("/users/{id}");
+    assert!(public.get("security").is_none());
+    assert!(public["responses"].get("401").is_none());
+    assert!(op("/open/users/{id}")["responses"]["429"].is_object());
+    served.shutdown().await.unwrap();
 }
