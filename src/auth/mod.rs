@@ -330,6 +330,8 @@ impl Auth {
             }
         }
         let keyed = keyed::KeyedHash::random();
+        let any_auth = resources.iter().any(|r| r.access.mode != AuthMode::None);
+        let any_limit = resources.iter().any(|r| r.access.rate_limit.is_some());
         let policies = resources
             .iter()
             .map(|r| {
@@ -427,8 +429,15 @@ impl Auth {
             keys: ArcSwap::from_pointee(cfg.loaded.jwks.clone()),
             remote,
             api_callers,
-            verified: verified::Cache::new(cfg.token_cache_entries),
-            limiter: limit::Limiter::new(cfg.rate_limit_callers),
+            // A gateway that checks nothing keeps no tables.
+            verified: verified::Cache::new(match any_auth {
+                true => cfg.token_cache_entries,
+                false => verified::WAYS,
+            }),
+            limiter: limit::Limiter::new(match any_limit {
+                true => cfg.rate_limit_callers,
+                false => limit::WAYS,
+            }),
             rules: jwt::Rules {
                 issuer: cfg.issuer.clone(),
                 audience: cfg.audience.clone(),
@@ -716,6 +725,8 @@ impl Auth {
                 message: "the credential lacks the claim that names its owner",
                 challenge: p.challenge_scope.clone(),
             },
+            // Never refused here: another owner's row is answered as absent
+            // (`http::lookup`), a rate limit by `limit`.
             Reason::NotOwner | Reason::RateLimited => {
                 Error::Internal("refused without a refusal".into())
             }
