@@ -52,7 +52,6 @@ use serde::Serialize;
 use crate::config::{AuthConfig, AuthMode, Config};
 use crate::counter::Counter;
 use crate::error::Error;
-use crate::http::response::static_header;
 use crate::key::Key;
 use crate::telemetry::LogThrottle;
 use jwt::Invalid;
@@ -298,8 +297,10 @@ pub struct Auth {
     stop: tokio::sync::watch::Sender<()>,
 }
 
+/// A header value made once per resource and cloned on each refusal (never
+/// on a request that is let through).
 fn static_value(v: &str) -> HeaderValue {
-    static_header(v).expect("challenges are built from checked ASCII")
+    HeaderValue::from_str(v).unwrap_or_else(|_| HeaderValue::from_static("Bearer"))
 }
 
 fn scope_bits(names: &[String], held: impl IntoIterator<Item = impl AsRef<str>>) -> u64 {
@@ -496,7 +497,11 @@ impl Auth {
             }
             (None, Some(key)) => self.credential(p, b'k', key.as_bytes())?,
         };
-        let v = caller.verified().expect("a credential was checked");
+        let Some(v) = caller.verified() else {
+            return Err(Error::Internal(
+                "a checked credential without its claims".into(),
+            ));
+        };
         if v.scopes & p.required != p.required {
             return Err(self.refuse(p, Reason::InsufficientScope));
         }
@@ -638,7 +643,10 @@ impl Auth {
                 let secs = retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
                 Err(Error::RateLimited {
                     retry_after: secs,
-                    policy: p.rate_policy.clone().expect("set with the rate"),
+                    policy: p
+                        .rate_policy
+                        .clone()
+                        .unwrap_or(HeaderValue::from_static("default")),
                     state: HeaderValue::from_str(&format!("\"{}\";r=0;t={secs}", p.resource))
                         .unwrap_or(HeaderValue::from_static("r=0")),
                 })
