@@ -22,6 +22,12 @@
 -- KEYLOG  optional path prefix: thread t writes every key it sends to
 --         KEYLOG.t, one per line (run.sh counts distinct keys from them).
 --
+-- Environment (bench/auth.sh): PATH_PREFIX [/users/]; AUTH_HEADER, one
+-- header sent with every request ("Authorization: Bearer ..."); TOKENS_FILE,
+-- a file of tokens, one a line, each request sending the next as a bearer
+-- token (each thread from its own offset), for credentials the gateway has
+-- not seen.
+--
 -- done() prints one line "RESULT k=v ..." (latencies in microseconds) that
 -- run.sh parses. `bad` counts responses other than 200 and 404: wrk's own
 -- "status errors" count every 404, which is the right answer for an absent
@@ -34,6 +40,16 @@ local K = tonumber(os.getenv("HIT_KEYS") or "10000")
 assert(K >= 1 and K <= N, "HIT_KEYS must be in 1.." .. N)
 
 local threads = {}
+local PREFIX = os.getenv("PATH_PREFIX") or "/users/"
+local headers = nil
+do
+  local h = os.getenv("AUTH_HEADER")
+  if h and h ~= "" then
+    local name, value = h:match("^([^:]+):%s*(.*)$")
+    headers = { [name] = value }
+  end
+end
+local tokens, token_at = nil, 0
 
 function setup(thread)
   thread:set("tid", #threads + 1)
@@ -110,6 +126,12 @@ function init(args)
   else
     error("unknown workload " .. workload)
   end
+  local tf = os.getenv("TOKENS_FILE")
+  if tf and tf ~= "" then
+    tokens = {}
+    for line in io.lines(tf) do tokens[#tokens + 1] = line end
+    token_at = math.floor(#tokens * (((tid or 1) - 1) * 0.5 % 1))
+  end
   if args[3] and args[3] ~= "" then
     log = assert(io.open(args[3] .. "." .. (tid or 0), "w"))
     log:setvbuf("full", 65536)
@@ -120,7 +142,12 @@ function request()
   local id = next_id()
   sent = sent + 1
   if log then log:write(string.format("%d\n", id)) end
-  return wrk.format("GET", string.format("/users/%d", id))
+  local path = PREFIX .. string.format("%d", id)
+  if tokens then
+    token_at = token_at % #tokens + 1
+    return wrk.format("GET", path, { ["Authorization"] = "Bearer " .. tokens[token_at] })
+  end
+  return wrk.format("GET", path, headers)
 end
 
 function response(status, headers, body)

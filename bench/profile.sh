@@ -42,7 +42,9 @@
 # cores. Appends to bench/results/profiles/cachesim.tsv; keeps
 # SYSTEM-WORKLOAD.cachesim.txt (callgrind_annotate by data misses).
 #
-# Environment: DURATION [15s perf, 20s callgrind], LABEL [SYSTEM] (the row
+# Environment: CONFIG [config/bloomgate.toml] (bench/auth.sh's resources
+# with credentials: PATH_PREFIX and AUTH_HEADER reach keys.lua through
+# the environment), DURATION [15s perf, 20s callgrind], LABEL [SYSTEM] (the row
 # name in callgrind.tsv and the file names), PORT [18089], PG_URL
 # [postgres://postgres@127.0.0.1:5432]; the server inherits the rest of the
 # environment (BLOOMGATE_* settings). Needs bench/run.sh's database (run it
@@ -88,7 +90,7 @@ start() { # WRAPPER...
     "$@" "$BIN" --listen "127.0.0.1:$PORT" >"$WORK/server.log" 2>&1 &
   else
     DATABASE_URL="$PG_URL/bloomgate_bench" BLOOMGATE_SERVER__LISTEN="127.0.0.1:$PORT" RUST_LOG=warn \
-      "$@" "$BIN" serve --config config/bloomgate.toml >"$WORK/server.log" 2>&1 &
+      "$@" "$BIN" serve --config "${CONFIG:-config/bloomgate.toml}" >"$WORK/server.log" 2>&1 &
   fi
   PID=$!
   local i

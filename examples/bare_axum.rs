@@ -17,7 +17,8 @@ use bytes::Bytes;
 use clap::Parser;
 
 /// What `/users/500000` returns from the gateway on the seeded demo data.
-pub const BODY: &[u8] = br#"{"id":500000,"email":"user500000@example.com","name":"User 500000","created_at":"2024-12-13T05:20:00+00:00"}"#;
+pub const BODY: &[u8] =
+    br#"{"id":500000,"name":"User 500000","created_at":"2024-12-13T05:20:00+00:00"}"#;
 
 #[derive(Parser)]
 struct Args {

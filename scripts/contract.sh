@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The outside checks, against the live gateway on demo data:
-#   - Schemathesis (every check, its default) on the public document and,
-#     with the token, on the admin one: zero failures;
+#   - Schemathesis (every check, its default) on the public document, without
+#     a credential and with a valid bearer token (the shipped config's private
+#     profile switched on: auth, scopes, owner, rate limit), and, with the
+#     admin token, on the admin one: zero failures;
 #   - REDbot on a 200 (with its own If-None-Match revalidation: the 304), a
 #     200 large enough to be compressed (with REDbot's gzip negotiation), a
 #     filtered 404, a negative 404 and a 503: no note of level BAD or WARN.
@@ -45,6 +47,15 @@ trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 public=$(free_port); admin=$(free_port); down=$(free_port)
 token="contract-$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+# The shipped config with its private profile (/me/{id}: a bearer JWT,
+# scope users:read, the owner's row only, a rate limit) switched on.
+cfg="$art/contract-config.toml"
+{
+  cat config/bloomgate.toml
+  sed -n '/^# >>> private profile/,/^# <<< private profile/p' config/bloomgate.toml |
+    grep -v '^# [<>]\{3\}' | sed 's/^# \{0,1\}//'
+} >"$cfg"
+export BLOOMGATE_AUTH__JWT_SECRET="contract-$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')"
 
 export DATABASE_URL="$PG_BASE_URL/$db"
 $bin migrate >&2
@@ -54,7 +65,7 @@ $bin seed --users 500 --articles 100 >&2
 article=$(psql "$DATABASE_URL" -Atqc "UPDATE articles SET body = repeat('All work and no play. ', 100)
   WHERE id = md5('article-1')::uuid RETURNING id")
 BLOOMGATE_ADMIN_TOKEN=$token BLOOMGATE_SERVER__LISTEN=127.0.0.1:$public \
-  BLOOMGATE_ADMIN__LISTEN=127.0.0.1:$admin $bin serve >"$art/contract-gateway.log" 2>&1 &
+  BLOOMGATE_ADMIN__LISTEN=127.0.0.1:$admin $bin serve --config "$cfg" >"$art/contract-gateway.log" 2>&1 &
 pids+=($!)
 # A second gateway whose database never answers: its lookups are 503.
 DATABASE_URL="postgres://postgres@127.0.0.1:$(free_port)/nowhere" \
@@ -78,6 +89,15 @@ st() {
 log "schemathesis: public document"
 st "http://127.0.0.1:$public/openapi.json" >"$art/schemathesis-public.txt" 2>&1 || fail=1
 tail -n 4 "$art/schemathesis-public.txt" >&2
+# The same with a valid token (the owner of user 42, scope users:read): the
+# private profile's 200s, its owner 404s and its 429s are checked too.
+jwt=$($bin mint-token --config "$cfg" --sub 42 --scope users:read --ttl 1h)
+log "schemathesis: public document, with a bearer token"
+st "http://127.0.0.1:$public/openapi.json" -H "Authorization: Bearer $jwt" \
+  >"$art/schemathesis-public-token.txt" 2>&1 || fail=1
+tail -n 4 "$art/schemathesis-public-token.txt" >&2
+code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $jwt" "http://127.0.0.1:$public/me/42")
+[ "$code" = 200 ] || { log "the token's own row /me/42 answered $code, not 200"; fail=1; }
 log "schemathesis: admin document"
 st "http://127.0.0.1:$admin/admin/openapi.json" -H "Authorization: Bearer $token" \
   >"$art/schemathesis-admin.txt" 2>&1 || fail=1
@@ -115,6 +135,7 @@ grep -q "Content negotiation for gzip compression is supported" "$art/redbot-com
 redbot_check filtered "http://127.0.0.1:$public/users/987654321" 404
 redbot_check negative "http://127.0.0.1:$public/users/321" 404
 redbot_check unavailable "http://127.0.0.1:$down/users/1" 503
+redbot_check unauthorized "http://127.0.0.1:$public/me/42" 401
 # The 304: REDbot revalidates the 200 with its ETag and notes the result.
 grep -q "If-None-Match conditional requests are supported" "$art/redbot-row.txt" \
   || { log "redbot: the 200's If-None-Match revalidation did not give a 304"; fail=1; }

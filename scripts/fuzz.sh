@@ -34,7 +34,7 @@ elif ! [[ "$duration" =~ ^[0-9]+$ ]] || [ "$duration" -lt 1 ]; then
     echo "usage: $0 [SECONDS|replay]" >&2
     exit 2
 fi
-targets="${FUZZ_TARGETS:-key_parse config_parse filter_decode copy_parse pgoutput_decode}"
+targets="${FUZZ_TARGETS:-key_parse config_parse filter_decode copy_parse pgoutput_decode token_verify}"
 sanitizer="${FUZZ_SANITIZER:-address}"
 cargo_fuzz_version=0.13.2
 

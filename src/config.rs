@@ -41,6 +41,9 @@ pub struct Config {
     pub filter: FilterConfig,
     /// Defaults for every resource's cache; each resource may override.
     pub cache: CacheConfig,
+    /// Who may read what: token and key sources, shared by every resource
+    /// whose `auth` is not `none` (see [`AuthConfig`]).
+    pub auth: AuthConfig,
     /// The resources served, one `[[resource]]` table each.
     #[serde(rename = "resource")]
     pub resources: Vec<ResourceConfig>,
@@ -583,7 +586,218 @@ pub struct ResourceConfig {
     /// Per-resource overrides of `[cache]`.
     #[serde(default)]
     pub cache: CacheOverrides,
+    /// Who may read this resource: `none` (anyone, the default), `jwt` (a
+    /// bearer JWT), `api_key` (an `X-API-Key` from `auth.api_keys_file`)
+    /// or `any` (either).
+    #[serde(default, skip_serializing_if = "AuthMode::is_none")]
+    pub auth: AuthMode,
+    /// Scopes the caller must hold, all of them (a JWT's `auth.scope_claim`,
+    /// an API key's `scopes`). Default none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scopes: Vec<String>,
+    /// A JWT claim (`sub`, say) naming the only row the caller may read:
+    /// the one whose key, or `owner_column`, equals the claim's value.
+    /// Another owner's row is answered 404, exactly as an absent key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_claim: Option<String>,
+    /// The column `owner_claim` is compared with, read from the cached row
+    /// (so it must be one of `columns`). Default: the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_column: Option<String>,
+    /// Requests per caller (`"20/s"`, `"600/m"`, `"10000/h"`): the token's
+    /// `sub` or the API key's name, else the client address (an IPv6
+    /// address by its /64). Past it: 429. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    /// Requests a caller may send at once above the rate, after a pause.
+    /// Default: one second's worth of `rate_limit` (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_burst: Option<u32>,
 }
+
+/// `[[resource]] auth`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    #[default]
+    None,
+    Jwt,
+    ApiKey,
+    Any,
+}
+
+impl AuthMode {
+    pub fn is_none(&self) -> bool {
+        *self == AuthMode::None
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::None => "none",
+            AuthMode::Jwt => "jwt",
+            AuthMode::ApiKey => "api_key",
+            AuthMode::Any => "any",
+        }
+    }
+
+    /// Takes a bearer JWT.
+    pub fn takes_jwt(self) -> bool {
+        matches!(self, AuthMode::Jwt | AuthMode::Any)
+    }
+
+    /// Takes an `X-API-Key`.
+    pub fn takes_api_key(self) -> bool {
+        matches!(self, AuthMode::ApiKey | AuthMode::Any)
+    }
+}
+
+/// `rate_limit` and its burst, parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+/// A resource's access rules, checked (see `auth`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Access {
+    pub mode: AuthMode,
+    pub scopes: Vec<String>,
+    pub owner_claim: Option<String>,
+    /// `None` with an `owner_claim`: the key is compared.
+    pub owner_column: Option<String>,
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// `"N/s"`, `"N/m"` (`/min`) or `"N/h"`, N a positive number: requests per
+/// second.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let bad = || format!("{text:?} is not a rate such as \"20/s\", \"600/m\" or \"10000/h\"");
+    let (n, unit) = text.split_once('/').ok_or_else(bad)?;
+    let n: f64 = n.trim().parse().map_err(|_| bad())?;
+    let seconds = match unit.trim() {
+        "s" | "sec" | "second" => 1.0,
+        "m" | "min" | "minute" => 60.0,
+        "h" | "hour" => 3600.0,
+        _ => return Err(bad()),
+    };
+    let per_second = n / seconds;
+    if !(n.is_finite() && n > 0.0 && (1e-4..=1e9).contains(&per_second)) {
+        return Err(format!(
+            "{text:?}: the rate must be above 0 and between one request in about 3 hours and 1e9 a second"
+        ));
+    }
+    Ok(per_second)
+}
+
+/// `[auth]`: where tokens and keys are checked from. Nothing here applies
+/// to a resource whose `auth` is `none` (the default).
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The HS256/384/512 secret, at least 32 bytes; never logged, redacted
+    /// in `check-config`. `BLOOMGATE_AUTH__JWT_SECRET` sets it from the
+    /// environment. Default none.
+    pub jwt_secret: Option<String>,
+    /// A JWK Set (RFC 7517) of RS*, PS*, ES256, ES384 or EdDSA (Ed25519)
+    /// public keys, read at start-up. Default none.
+    pub jwks_file: Option<PathBuf>,
+    /// A JWK Set fetched at start-up, every `jwks_refresh_interval`, and
+    /// when a token names a `kid` it lacks (at most once per
+    /// `jwks_min_refetch_interval`, so no caller can make the gateway fetch
+    /// at will). `https://`, or `http://` to a loopback address. Default
+    /// none.
+    pub jwks_url: Option<String>,
+    /// Default `5m`.
+    #[serde(with = "humantime_serde")]
+    pub jwks_refresh_interval: Duration,
+    /// Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub jwks_min_refetch_interval: Duration,
+    /// When set, a token's `iss` must equal it. Default none.
+    pub issuer: Option<String>,
+    /// When set, a token's `aud` (a string or an array) must hold it; when
+    /// not, a token that has an `aud` is refused (RFC 7519 §4.1.3: it is
+    /// meant for someone else). Default none.
+    pub audience: Option<String>,
+    /// Clock skew allowed on `exp` and `nbf`. At most `5m`. Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub leeway: Duration,
+    /// The claim holding a token's scopes: a space-separated string
+    /// (`scope`, RFC 8693) or an array of strings (`scp`, `roles`).
+    /// Default `scope`.
+    pub scope_claim: String,
+    /// A TOML file of named API keys (`[[key]]` with `name`, `key` or
+    /// `sha256`, `scopes`), read at start-up. Default none.
+    pub api_keys_file: Option<PathBuf>,
+    /// Longest token or key looked at; longer ones are refused (401)
+    /// before any decoding. Between 512 and 65536. Default 8192.
+    pub max_token_bytes: usize,
+    /// Verified tokens and keys remembered (until their `exp`), so a hit
+    /// does not verify a signature: at most this many, about 200 bytes
+    /// each plus the owner claims. Default 65536.
+    pub token_cache_entries: usize,
+    /// Callers whose rate-limit state is kept, across resources: a fixed
+    /// table of this many 16-byte slots; an idle caller's slot is reused
+    /// first. Default 65536.
+    pub rate_limit_callers: usize,
+    /// What the files above held, checked and parsed at load.
+    #[serde(skip)]
+    pub loaded: crate::auth::Loaded,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            jwt_secret: None,
+            jwks_file: None,
+            jwks_url: None,
+            jwks_refresh_interval: Duration::from_secs(300),
+            jwks_min_refetch_interval: Duration::from_secs(30),
+            issuer: None,
+            audience: None,
+            leeway: Duration::from_secs(30),
+            scope_claim: "scope".into(),
+            api_keys_file: None,
+            max_token_bytes: 8192,
+            token_cache_entries: 65536,
+            rate_limit_callers: 65536,
+            loaded: crate::auth::Loaded::default(),
+        }
+    }
+}
+
+impl fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("jwt_secret", &self.jwt_secret.as_ref().map(|_| REDACTED))
+            .field("jwks_file", &self.jwks_file)
+            .field("jwks_url", &self.jwks_url)
+            .field("jwks_refresh_interval", &self.jwks_refresh_interval)
+            .field("jwks_min_refetch_interval", &self.jwks_min_refetch_interval)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("leeway", &self.leeway)
+            .field("scope_claim", &self.scope_claim)
+            .field("api_keys_file", &self.api_keys_file)
+            .field("max_token_bytes", &self.max_token_bytes)
+            .field("token_cache_entries", &self.token_cache_entries)
+            .field("rate_limit_callers", &self.rate_limit_callers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a secret is shown as.
+pub const REDACTED: &str = "<redacted>";
+
+/// `auth.jwt_secret` in `check-config`: long enough to be accepted, so the
+/// printed config still loads (`fuzz/config_parse` checks it does), and
+/// plainly not the secret.
+pub const REDACTED_SECRET: &str = "<redacted: the secret is never shown>";
+
+/// The shortest `auth.jwt_secret`: 256 bits, the size of HS256's output
+/// (RFC 7518 §3.2).
+pub const MIN_JWT_SECRET: usize = 32;
 
 /// Any field left out keeps the global `[filter]` value.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -632,6 +846,33 @@ pub struct CacheOverrides {
     pub http_cache_control_not_found: Option<String>,
     pub compression: Option<bool>,
     pub compress_min_bytes: Option<ByteSize>,
+}
+
+impl ResourceConfig {
+    /// The access rules; `rate_limit` unparsable reads as none here (the
+    /// config was validated before anything calls this).
+    fn access(&self) -> Access {
+        let owner_column = self
+            .owner_column
+            .clone()
+            .filter(|c| *c != self.key_column && self.owner_claim.is_some());
+        Access {
+            mode: self.auth,
+            scopes: self.scopes.clone(),
+            owner_claim: self.owner_claim.clone(),
+            owner_column,
+            rate_limit: self
+                .rate_limit
+                .as_deref()
+                .and_then(|r| parse_rate(r).ok())
+                .map(|per_second| RateLimit {
+                    per_second,
+                    burst: self
+                        .rate_limit_burst
+                        .unwrap_or((per_second.ceil() as u32).max(1)),
+                }),
+        }
+    }
 }
 
 impl FilterOverrides {
@@ -702,6 +943,7 @@ pub struct Resolved {
     pub columns: Vec<String>,
     pub filter: FilterConfig,
     pub cache: CacheConfig,
+    pub access: Access,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -752,8 +994,14 @@ impl Config {
                     .split("__"),
             );
         }
-        let config: Config = fig.extract().map_err(|e| ConfigError::Load(Box::new(e)))?;
+        let mut config: Config = fig.extract().map_err(|e| ConfigError::Load(Box::new(e)))?;
         config.validate(source)?;
+        config.auth.loaded =
+            crate::auth::load(&config.auth).map_err(|(key, problem)| ConfigError::Invalid {
+                file: source.to_string(),
+                key,
+                problem,
+            })?;
         Ok(config)
     }
 
@@ -771,6 +1019,7 @@ impl Config {
                 columns: r.columns.clone(),
                 filter: r.filter.apply(&self.filter),
                 cache: r.cache.apply(&self.cache),
+                access: r.access(),
             })
             .collect()
     }
@@ -781,6 +1030,9 @@ impl Config {
         c.database.url = redact_url(&c.database.url);
         for u in &mut c.database.replica_urls {
             *u = redact_url(u);
+        }
+        if c.auth.jwt_secret.is_some() {
+            c.auth.jwt_secret = Some(REDACTED_SECRET.into());
         }
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
@@ -930,6 +1182,7 @@ impl Config {
         }
         validate_filter(&self.filter, "filter").map_err(|(k, p)| bad(k, p))?;
         validate_cache(&self.cache, "cache").map_err(|(k, p)| bad(k, p))?;
+        validate_auth(&self.auth).map_err(|(k, p)| bad(k, p))?;
         if self.resources.is_empty() {
             return Err(bad(
                 "resource".into(),
@@ -993,6 +1246,28 @@ impl Config {
             }
             validate_filter(&res.filter, &at("filter")).map_err(|(k, p)| bad(k, p))?;
             validate_cache(&res.cache, &at("cache")).map_err(|(k, p)| bad(k, p))?;
+            validate_access(r, &self.auth, i).map_err(|(k, p)| bad(k, p))?;
+            if r.auth != AuthMode::None {
+                for (field, value) in [
+                    ("http_cache_control", &res.cache.http_cache_control),
+                    (
+                        "http_cache_control_not_found",
+                        &res.cache.http_cache_control_not_found,
+                    ),
+                ] {
+                    if value
+                        .split(',')
+                        .any(|d| d.trim().eq_ignore_ascii_case("public"))
+                    {
+                        return Err(bad(
+                            at(&format!("cache.{field}")),
+                            "\"public\" would let a shared cache keep one caller's answer for \
+                             others; a resource with auth is sent private"
+                                .into(),
+                        ));
+                    }
+                }
+            }
             if res.filter.mode == Mode::Exact && r.key_type != KeyType::Bigint {
                 return Err(bad(
                     at("filter.mode"),
@@ -1000,8 +1275,177 @@ impl Config {
                 ));
             }
         }
+        let scopes: HashSet<&String> = self.resources.iter().flat_map(|r| &r.scopes).collect();
+        if scopes.len() > crate::auth::MAX_SCOPES {
+            return Err(bad(
+                "resource[].scopes".into(),
+                format!(
+                    "{} distinct scopes; at most {} are supported",
+                    scopes.len(),
+                    crate::auth::MAX_SCOPES
+                ),
+            ));
+        }
+        let claims: HashSet<&String> = self
+            .resources
+            .iter()
+            .filter_map(|r| r.owner_claim.as_ref())
+            .collect();
+        if claims.len() > crate::auth::MAX_OWNER_CLAIMS {
+            return Err(bad(
+                "resource[].owner_claim".into(),
+                format!(
+                    "{} distinct owner claims; at most {} are supported",
+                    claims.len(),
+                    crate::auth::MAX_OWNER_CLAIMS
+                ),
+            ));
+        }
         Ok(())
     }
+}
+
+fn validate_auth(a: &AuthConfig) -> Result<(), (String, String)> {
+    let bad = |key: &str, problem: String| Err((format!("auth.{key}"), problem));
+    if let Some(s) = &a.jwt_secret
+        && s.len() < MIN_JWT_SECRET
+    {
+        return bad(
+            "jwt_secret",
+            format!(
+                "must be at least {MIN_JWT_SECRET} bytes (HS256 needs 256 bits); it has {}",
+                s.len()
+            ),
+        );
+    }
+    if let Some(u) = &a.jwks_url {
+        crate::auth::jwks::check_url(u).map_err(|p| ("auth.jwks_url".to_string(), p))?;
+    }
+    if !(Duration::from_secs(1)..=Duration::from_secs(86_400)).contains(&a.jwks_refresh_interval) {
+        return bad("jwks_refresh_interval", "must be between 1s and 1d".into());
+    }
+    if a.jwks_min_refetch_interval < Duration::from_secs(1)
+        || a.jwks_min_refetch_interval > a.jwks_refresh_interval
+    {
+        return bad(
+            "jwks_min_refetch_interval",
+            "must be at least 1s and at most jwks_refresh_interval".into(),
+        );
+    }
+    if a.leeway > Duration::from_secs(300) {
+        return bad("leeway", "must be at most 5m".into());
+    }
+    if a.scope_claim.is_empty() {
+        return bad("scope_claim", "must name a claim".into());
+    }
+    if !(512..=65_536).contains(&a.max_token_bytes) {
+        return bad("max_token_bytes", "must be between 512 and 65536".into());
+    }
+    if !(16..=1 << 24).contains(&a.token_cache_entries) {
+        return bad(
+            "token_cache_entries",
+            "must be between 16 and 16777216".into(),
+        );
+    }
+    if !(16..=1 << 24).contains(&a.rate_limit_callers) {
+        return bad(
+            "rate_limit_callers",
+            "must be between 16 and 16777216".into(),
+        );
+    }
+    Ok(())
+}
+
+/// A scope token (RFC 6749 §3.3): printable ASCII, no space, `"` or `\`,
+/// so it can be quoted in `WWW-Authenticate`.
+fn is_scope(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
+}
+
+fn validate_access(r: &ResourceConfig, a: &AuthConfig, i: usize) -> Result<(), (String, String)> {
+    let at = |field: &str| format!("resource[{i}].{field}");
+    let has_jwt = a.jwt_secret.is_some() || a.jwks_file.is_some() || a.jwks_url.is_some();
+    let has_keys = a.api_keys_file.is_some();
+    match r.auth {
+        AuthMode::Jwt if !has_jwt => {
+            return Err((
+                at("auth"),
+                "\"jwt\" needs auth.jwt_secret, auth.jwks_file or auth.jwks_url".into(),
+            ));
+        }
+        AuthMode::ApiKey if !has_keys => {
+            return Err((at("auth"), "\"api_key\" needs auth.api_keys_file".into()));
+        }
+        AuthMode::Any if !has_jwt && !has_keys => {
+            return Err((
+                at("auth"),
+                "\"any\" needs a token source (auth.jwt_secret, auth.jwks_file, auth.jwks_url) or auth.api_keys_file".into(),
+            ));
+        }
+        _ => {}
+    }
+    if r.auth == AuthMode::None {
+        for (field, set) in [
+            ("scopes", !r.scopes.is_empty()),
+            ("owner_claim", r.owner_claim.is_some()),
+        ] {
+            if set {
+                return Err((
+                    at(field),
+                    "needs a caller: set auth to \"jwt\", \"api_key\" or \"any\"".into(),
+                ));
+            }
+        }
+    }
+    if let Some(s) = r.scopes.iter().find(|s| !is_scope(s)) {
+        return Err((
+            at("scopes"),
+            format!(
+                "{s:?} is not a scope (printable ASCII without space, '\"' or '\\', at most 128)"
+            ),
+        ));
+    }
+    if let Some(c) = &r.owner_claim {
+        if r.auth == AuthMode::ApiKey {
+            return Err((
+                at("owner_claim"),
+                "API keys carry no claims: use auth = \"jwt\" or \"any\"".into(),
+            ));
+        }
+        if c.is_empty() || c.len() > 128 {
+            return Err((at("owner_claim"), "must name a claim".into()));
+        }
+    }
+    if let Some(c) = &r.owner_column {
+        if r.owner_claim.is_none() {
+            return Err((at("owner_column"), "needs owner_claim".into()));
+        }
+        if *c != r.key_column && !r.columns.contains(c) {
+            return Err((
+                at("owner_column"),
+                format!("{c:?} must be one of columns: the check reads it from the cached row"),
+            ));
+        }
+    }
+    match (&r.rate_limit, r.rate_limit_burst) {
+        (Some(rate), burst) => {
+            parse_rate(rate).map_err(|p| (at("rate_limit"), p))?;
+            if burst.is_some_and(|b| b == 0 || b > 1_000_000) {
+                return Err((
+                    at("rate_limit_burst"),
+                    "must be between 1 and 1000000".into(),
+                ));
+            }
+        }
+        (None, Some(_)) => {
+            return Err((at("rate_limit_burst"), "needs rate_limit".into()));
+        }
+        (None, None) => {}
+    }
+    Ok(())
 }
 
 fn validate_filter(f: &FilterConfig, at: &str) -> Result<(), (String, String)> {
@@ -1165,7 +1609,9 @@ pub fn cache_control_max_age(value: &str) -> Result<Option<u64>, String> {
 /// `BLOOMGATE_SERVER_LISTEN` (one underscore) looks like a config key but
 /// would be ignored: refuse it rather than run with the file's value.
 fn check_env_typos() -> Result<(), ConfigError> {
-    const SECTIONS: [&str; 6] = ["server", "admin", "database", "log", "filter", "cache"];
+    const SECTIONS: [&str; 7] = [
+        "server", "admin", "database", "log", "filter", "cache", "auth",
+    ];
     for (name, _) in std::env::vars_os() {
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("BLOOMGATE_")) else {
             continue;
@@ -1654,6 +2100,148 @@ mod tests {
     #[test]
     fn no_resources_is_an_error() {
         assert!(err("").contains("[[resource]]"));
+    }
+
+    const PRIVATE: &str = r#"
+        [[resource]]
+        name = "me"
+        route = "/me/{id}"
+        table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "owner_id", "email"]
+        auth = "jwt"
+        scopes = ["users:read"]
+        owner_claim = "sub"
+        owner_column = "owner_id"
+        rate_limit = "600/m"
+    "#;
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn access_rules_have_defaults_and_resolve() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.resolved()[0].access, Access::default());
+        assert_eq!(c.auth.leeway, Duration::from_secs(30));
+        assert_eq!(c.auth.scope_claim, "scope");
+        assert_eq!(c.auth.max_token_bytes, 8192);
+        let c = Config::from_toml(&format!(
+            "[auth]\njwt_secret = \"{SECRET}\"\n{MINIMAL}{PRIVATE}"
+        ))
+        .unwrap();
+        let a = &c.resolved()[1].access;
+        assert_eq!(a.mode, AuthMode::Jwt);
+        assert_eq!(a.owner_column.as_deref(), Some("owner_id"));
+        let rate = a.rate_limit.unwrap();
+        assert_eq!((rate.per_second, rate.burst), (10.0, 10));
+        // An owner column that is the key is the key.
+        let c = Config::from_toml(&format!(
+            "[auth]\njwt_secret = \"{SECRET}\"\n{}",
+            PRIVATE.replace("\"owner_id\"\n", "\"id\"\n")
+        ))
+        .unwrap();
+        assert_eq!(c.resolved()[0].access.owner_column, None);
+    }
+
+    #[test]
+    fn access_errors_name_the_key() {
+        let with = |auth: &str, res: &str| err(&format!("[auth]\n{auth}\n{res}"));
+        let s = format!("jwt_secret = \"{SECRET}\"");
+        for (auth, res, key) in [
+            (
+                "jwt_secret = \"short\"",
+                PRIVATE.to_string(),
+                "auth.jwt_secret",
+            ),
+            ("", PRIVATE.to_string(), "resource[0].auth"),
+            (
+                &s,
+                PRIVATE.replace("\"jwt\"", "\"api_key\""),
+                "resource[0].auth",
+            ),
+            (
+                &s,
+                PRIVATE.replace("auth = \"jwt\"", "auth = \"none\""),
+                "resource[0].scopes",
+            ),
+            (
+                &s,
+                PRIVATE.replace("\"users:read\"", "\"a b\""),
+                "resource[0].scopes",
+            ),
+            (
+                &s,
+                PRIVATE.replace("\"owner_id\"\n", "\"other\"\n"),
+                "resource[0].owner_column",
+            ),
+            (
+                &s,
+                PRIVATE.replace("600/m", "fast"),
+                "resource[0].rate_limit",
+            ),
+            (
+                &s,
+                PRIVATE.replace("600/m", "0/s"),
+                "resource[0].rate_limit",
+            ),
+            (
+                &s,
+                format!("{PRIVATE}rate_limit_burst = 0\n"),
+                "resource[0].rate_limit_burst",
+            ),
+            (
+                &format!("{s}\njwks_url = \"http://idp.example.com/jwks\""),
+                PRIVATE.into(),
+                "auth.jwks_url",
+            ),
+            (
+                &format!("{s}\nleeway = \"1h\""),
+                PRIVATE.into(),
+                "auth.leeway",
+            ),
+            (
+                &format!("{s}\nmax_token_bytes = 10"),
+                PRIVATE.into(),
+                "auth.max_token_bytes",
+            ),
+            (
+                &format!("{s}\njwks_file = \"/nonexistent/jwks.json\""),
+                PRIVATE.into(),
+                "auth.jwks_file",
+            ),
+            (
+                &format!("{s}\napi_keys_file = \"/nonexistent/keys.toml\""),
+                PRIVATE.into(),
+                "auth.api_keys_file",
+            ),
+        ] {
+            let e = with(auth, &res);
+            assert!(e.contains(key), "{key}: {e}");
+            assert!(!e.contains(SECRET), "{e}");
+        }
+    }
+
+    /// The secret comes from the environment, is redacted in
+    /// `check-config` and in `Debug`, and never shown.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error
+    fn the_jwt_secret_comes_from_the_environment_and_is_never_shown() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bg.toml", &format!("{MINIMAL}{PRIVATE}"))?;
+            jail.set_env("BLOOMGATE_AUTH__JWT_SECRET", SECRET);
+            let c = Config::load(Path::new("bg.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(c.auth.jwt_secret.as_deref(), Some(SECRET));
+            let shown = format!("{}\n{c:?}", c.to_redacted_toml());
+            assert!(!shown.contains(SECRET), "{shown}");
+            assert!(shown.contains(REDACTED));
+            jail.set_env("BLOOMGATE_AUTH_JWT_SECRET", SECRET);
+            let e = Config::load(Path::new("bg.toml")).unwrap_err().to_string();
+            assert!(
+                e.contains("BLOOMGATE_AUTH__JWT_SECRET") && !e.contains(SECRET),
+                "{e}"
+            );
+            Ok(())
+        });
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! clients: they never carry SQL, database messages or secrets. The database's
 //! own error stays in [`Error::Unavailable`]'s source, for logs only.
 
+use axum::http::HeaderValue;
+
 use crate::key::KeyError;
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,39 @@ pub enum Error {
     /// The request did not finish within the configured timeout (504).
     #[error("the request timed out")]
     Timeout,
+    /// No credential, or one that does not verify: missing, malformed,
+    /// expired, wrongly signed, for another audience (401). `challenge` is
+    /// the resource's `WWW-Authenticate` (RFC 6750 §3); the message never
+    /// quotes the credential.
+    #[error("{message}")]
+    Unauthorized {
+        code: &'static str,
+        message: &'static str,
+        challenge: HeaderValue,
+    },
+    /// A bearer token and an API key at once, or a credential header twice
+    /// (400, RFC 6750 `invalid_request`): which one is the caller?
+    #[error("send one credential: a bearer token or an API key, once")]
+    InvalidRequest { challenge: HeaderValue },
+    /// A credential that verified but may not read this resource: a scope
+    /// or the owner claim is missing (403, `insufficient_scope`).
+    #[error("{message}")]
+    Forbidden {
+        message: &'static str,
+        challenge: HeaderValue,
+    },
+    /// The caller is past its rate limit (429): `Retry-After` in seconds,
+    /// and the `RateLimit-Policy` and `RateLimit` fields.
+    #[error("too many requests; retry after {retry_after} s")]
+    RateLimited {
+        retry_after: u64,
+        policy: HeaderValue,
+        state: HeaderValue,
+    },
+    /// `auth.jwks_url` has not been fetched yet, so no token signed by its
+    /// keys can be checked (503).
+    #[error("the gateway is starting: the token signing keys are not loaded yet")]
+    AuthNotReady,
     /// A bug: an invariant of ours did not hold (500).
     #[error("internal error")]
     Internal(String),
@@ -45,6 +80,11 @@ impl Error {
             Error::Unavailable(_) => "database_unavailable",
             Error::Overloaded => "overloaded",
             Error::Timeout => "timeout",
+            Error::Unauthorized { code, .. } => code,
+            Error::InvalidRequest { .. } => "invalid_request",
+            Error::Forbidden { .. } => "insufficient_scope",
+            Error::RateLimited { .. } => "rate_limited",
+            Error::AuthNotReady => "not_ready",
             Error::Internal(_) => "internal",
         }
     }

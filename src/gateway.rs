@@ -54,6 +54,8 @@ pub struct Gateway {
     pub wal_stats: Arc<feed::wal::Stats>,
     /// What the feed in force says of its connection.
     pub feed_health: Arc<feed::Health>,
+    /// The access checks of every resource (see `auth`).
+    pub auth: Arc<crate::auth::Auth>,
 }
 
 /// How the `wal` feed reads the slot (`database.wal_poll_interval`), for
@@ -107,17 +109,19 @@ impl Deref for GatewayStats {
 
 /// What stands between the gateway and readiness: each resource's reason
 /// (a filter loading, a resync, a table the feed cannot follow, a feed not
-/// proven current) and the feed's own (waiting for its slot, say). Safe to
-/// show: no SQL, no secret.
+/// proven current), the feed's own (waiting for its slot, say) and the
+/// access checks' (a key set not fetched yet). Safe to show: no SQL, no
+/// secret.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct Readiness {
     pub resources: Vec<(String, String)>,
     pub feed: Option<String>,
+    pub auth: Option<String>,
 }
 
 impl Readiness {
     pub fn is_empty(&self) -> bool {
-        self.resources.is_empty() && self.feed.is_none()
+        self.resources.is_empty() && self.feed.is_none() && self.auth.is_none()
     }
 }
 
@@ -126,6 +130,9 @@ impl std::fmt::Display for Readiness {
         let mut parts: Vec<String> = Vec::new();
         if let Some(feed) = &self.feed {
             parts.push(format!("change feed: {feed}"));
+        }
+        if let Some(auth) = &self.auth {
+            parts.push(format!("auth: {auth}"));
         }
         for (r, why) in &self.resources {
             parts.push(format!("{r}: {why}"));
@@ -173,6 +180,7 @@ impl Gateway {
             .map(|r| Arc::new(Resource::new(r, db.clone(), loads.clone())))
             .collect();
         let (applied_tx, applied) = watch::channel(Lsn::ZERO);
+        let auth = Arc::new(crate::auth::Auth::new(&config));
         Arc::new(Self {
             config,
             db,
@@ -187,6 +195,7 @@ impl Gateway {
             feed_mode: OnceLock::new(),
             wal_stats: Arc::default(),
             feed_health: Arc::default(),
+            auth,
         })
     }
 
@@ -194,9 +203,10 @@ impl Gateway {
         self.resources.iter().find(|r| r.name() == name)
     }
 
-    /// Every resource can answer from its filter and cache.
+    /// Every resource can answer from its filter and cache, and a key set
+    /// at `auth.jwks_url` has been fetched.
     pub fn is_ready(&self) -> bool {
-        self.resources.iter().all(|r| r.is_ready())
+        self.resources.iter().all(|r| r.is_ready()) && self.auth.is_ready()
     }
 
     /// Why the gateway is not ready, per resource and for the feed; empty
@@ -222,7 +232,13 @@ impl Gateway {
                     .unwrap_or_else(|| "the change feed is not streaming".into()),
             ),
         };
-        Readiness { resources, feed }
+        let auth = (!self.auth.is_ready())
+            .then(|| "the key set at auth.jwks_url has not been fetched yet".to_string());
+        Readiness {
+            resources,
+            feed,
+            auth,
+        }
     }
 
     /// The tables and key columns the change feeds watch (canonical names),

@@ -8,8 +8,8 @@
 //!
 //! # Layout
 //!
-//! A request flows one way, `http → key → filter → cache → db`; lower
-//! modules never import higher ones.
+//! A request flows one way, `http → key → auth → filter → cache → db`;
+//! lower modules never import higher ones.
 //!
 //! - [`http`]: the router ([`http::app`]) behind its one middleware layer
 //!   ([`http::front`]: request id, trace span, body limit, load shedding,
@@ -24,6 +24,13 @@
 //!   goes through: at most one running and one pending, owned by the
 //!   gateway's task for that resource.
 //! - [`key`]: parsing a path segment into a typed [`key::Key`].
+//! - [`auth`]: who may read what, decided per request before the filter:
+//!   bearer JWTs verified with `ring` ([`auth::jwt`], key sets from a file
+//!   or a URL: [`auth::jwks`]), API keys held as keyed hashes
+//!   ([`auth::api_key`]), a fixed table of verified credentials
+//!   ([`auth::verified`]), per-caller GCRA rate limits in a fixed table
+//!   ([`auth::limit`]), owner checks on the key or on a column of the
+//!   cached row ([`auth::owner`]).
 //! - [`filter`]: the membership filter ([`filter::KeySet`]): a cache-line
 //!   blocked Bloom filter on secret-keyed HighwayHash, or an exact roaring
 //!   bitmap. No I/O.
@@ -77,14 +84,19 @@
 //!
 //! 1. The router matches `GET {route}`; the raw path segment is parsed for the
 //!    resource's key type. Malformed: 400.
-//! 2. The filter is asked. Absent: 404 (`Cache-Status: bloomgate;
+//! 2. A resource with `auth` or a `rate_limit` checks the caller: 401 (no
+//!    valid credential), 403 (a scope or the owner claim missing), 429;
+//!    another owner's key is answered as absent (404). Nothing below is
+//!    touched for a refused request.
+//! 3. The filter is asked. Absent: 404 (`Cache-Status: bloomgate;
 //!    detail=filter-absent`), nothing else touched.
-//! 3. The cache is asked. A row: 200; a recent "no such row": 404.
-//! 4. On a miss one query per key runs, however many requests wait on it, in
+//! 4. The cache is asked. A row: 200; a recent "no such row": 404.
+//! 5. On a miss one query per key runs, however many requests wait on it, in
 //!    a task that survives clients disconnecting. Found rows and absences are
 //!    cached; database errors are not (503 with `Retry-After`).
 
 pub mod apply;
+pub mod auth;
 pub mod budget;
 pub mod cache;
 pub mod config;

@@ -49,6 +49,22 @@ enum Command {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
     },
+    /// Print an HS256 token signed with `auth.jwt_secret` (set it with
+    /// BLOOMGATE_AUTH__JWT_SECRET): for trying the private resources out,
+    /// and for the contract checks and benchmarks. Not an identity provider.
+    MintToken {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+        /// The `sub` claim (the caller, and the owner of its rows).
+        #[arg(long)]
+        sub: String,
+        /// Scopes, space-separated, in `auth.scope_claim`.
+        #[arg(long, default_value = "")]
+        scope: String,
+        /// Lifetime (`exp` from now), e.g. `15m`, `2h`.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+    },
     /// Insert demo rows (idempotent): users 1..=N and M articles.
     Seed {
         #[arg(long, default_value = config::DEFAULT_PATH)]
@@ -151,6 +167,41 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "publication {publication:?} covers every resource table; bloomgate's triggers removed"
             );
+        }
+        Command::MintToken {
+            config,
+            sub,
+            scope,
+            ttl,
+        } => {
+            let config = Config::load(&config)?;
+            let secret = config
+                .auth
+                .jwt_secret
+                .as_deref()
+                .ok_or("auth.jwt_secret is not set (BLOOMGATE_AUTH__JWT_SECRET)")?;
+            let exp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_secs()
+                + ttl.as_secs();
+            let mut claims = serde_json::json!({ "sub": sub, "exp": exp });
+            if !scope.is_empty() {
+                claims[&config.auth.scope_claim] = scope.into();
+            }
+            if let Some(iss) = &config.auth.issuer {
+                claims["iss"] = iss.as_str().into();
+            }
+            if let Some(aud) = &config.auth.audience {
+                claims["aud"] = aud.as_str().into();
+            }
+            use bloomgate::auth::jwt;
+            let key = jwt::Secret::new(secret.as_bytes());
+            let token = jwt::encode(
+                &serde_json::json!({"alg": "HS256", "typ": "JWT"}),
+                &claims,
+                |m| key.sign(jwt::Alg::HS256, m).unwrap_or_default(),
+            );
+            println!("{token}");
         }
         Command::Seed {
             config,

@@ -30,10 +30,13 @@ pub mod outcome {
     pub const BAD_REQUEST: usize = 5;
     pub const UNAVAILABLE: usize = 6;
     pub const NOT_READY: usize = 7;
+    pub const UNAUTHORIZED: usize = 8;
+    pub const FORBIDDEN: usize = 9;
+    pub const RATE_LIMITED: usize = 10;
 }
 
 /// Request outcomes, the `outcome` label of request metrics.
-pub const OUTCOMES: [&str; 8] = [
+pub const OUTCOMES: [&str; 11] = [
     "filtered",
     "hit",
     "negative_hit",
@@ -42,6 +45,9 @@ pub const OUTCOMES: [&str; 8] = [
     "bad_request",
     "unavailable",
     "not_ready",
+    "unauthorized",
+    "forbidden",
+    "rate_limited",
 ];
 
 const LATENCY: &str = "bloomgate_request_duration_seconds";
@@ -242,6 +248,26 @@ fn describe() {
         "Listener reconnects (each followed by rebuilds); queue feed: failed polls (resumed without one)."
     );
     describe_counter!(
+        "bloomgate_auth_failures_total",
+        "Requests refused by the access checks, by reason (missing, expired, signature, insufficient_scope, not_owner, rate_limited, ...)."
+    );
+    describe_counter!(
+        "bloomgate_auth_token_cache_total",
+        "Credentials found in the verified-credential cache (result=hit) or verified (result=miss)."
+    );
+    describe_gauge!(
+        "bloomgate_auth_token_cache_entries",
+        "Verified credentials held (bounded by auth.token_cache_entries)."
+    );
+    describe_gauge!(
+        "bloomgate_auth_jwks_keys",
+        "Public keys held for verifying tokens (auth.jwks_file and auth.jwks_url)."
+    );
+    describe_counter!(
+        "bloomgate_auth_jwks_fetches_total",
+        "Fetches of auth.jwks_url, by result (ok, failed), and the changes of the key set they brought (changed)."
+    );
+    describe_counter!(
         "bloomgate_requests_shed_total",
         "Requests refused at the concurrency limit."
     );
@@ -292,6 +318,20 @@ fn snapshot(gw: &Gateway) {
         }
     }
     counter!("bloomgate_requests_timed_out_total").absolute(load(&g.timeouts));
+    let a = gw.auth.view();
+    for (reason, n) in &a.failures {
+        counter!("bloomgate_auth_failures_total", "reason" => *reason).absolute(*n);
+    }
+    counter!("bloomgate_auth_token_cache_total", "result" => "hit").absolute(a.token_cache.hits);
+    counter!("bloomgate_auth_token_cache_total", "result" => "miss").absolute(a.token_cache.misses);
+    gauge!("bloomgate_auth_token_cache_entries").set(a.token_cache.entries as f64);
+    gauge!("bloomgate_auth_jwks_keys").set(a.jwks_keys as f64);
+    if let Some(j) = &a.jwks_url {
+        let fetches = "bloomgate_auth_jwks_fetches_total";
+        counter!(fetches, "result" => "ok").absolute(j.fetches - j.failures);
+        counter!(fetches, "result" => "failed").absolute(j.failures);
+        counter!(fetches, "result" => "changed").absolute(j.changes);
+    }
     gauge!("bloomgate_notification_lag_seconds")
         .set(load(&g.last_notification_lag_us) as f64 / 1e6);
 

@@ -190,11 +190,17 @@ pub struct Stats {
     /// Keys the filter rejected while not vouched for, past the
     /// `verify_budget`: 503, as nothing could say they do not exist.
     pub unverified: AtomicU64,
+    /// Refused by the access checks: no valid credential (401), a scope or
+    /// the owner missing or another owner's key or row (403, or the 404 of
+    /// an absent key), past the caller's rate limit (429).
+    pub unauthorized: AtomicU64,
+    pub forbidden: AtomicU64,
+    pub rate_limited: AtomicU64,
 }
 
 impl Stats {
     /// Lookups by outcome, in `metrics::OUTCOMES` order.
-    pub fn by_outcome(&self) -> [u64; 8] {
+    pub fn by_outcome(&self) -> [u64; crate::metrics::OUTCOMES.len()] {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
         [
             self.filtered.get(),
@@ -205,6 +211,9 @@ impl Stats {
             l(&self.bad_requests),
             l(&self.unavailable) + l(&self.unverified),
             l(&self.not_ready),
+            l(&self.unauthorized),
+            l(&self.forbidden),
+            l(&self.rate_limited),
         ]
     }
 }

@@ -316,8 +316,9 @@ async fn serve_connection(
     _slot: OwnedSemaphorePermit,
 ) {
     let dog = conn::Watchdog::new(limits);
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
     let io = TokioIo::new(conn::Watched::new(stream, dog.clone()));
-    let service = conn::Tracked::new(app, dog.clone());
+    let service = conn::Tracked::new(app, dog.clone(), peer);
     let connection = builder.serve_connection_with_upgrades(io, service);
     match conn::drive(connection, &dog, stop).await {
         conn::Ended::Done(Ok(())) => {}

@@ -168,6 +168,12 @@ async fn the_status_page_shows_a_card_per_resource() {
         field(&dom, "users", "observed FP").as_deref(),
         Some("0.000 % (0)")
     );
+    // Who may read it, and the refusals (none for a public resource).
+    assert_eq!(field(&dom, "users", "access").as_deref(), Some("none"));
+    assert_eq!(
+        field(&dom, "users", "refused").as_deref(),
+        Some("401: 0, 403: 0, 429: 0")
+    );
     let refused = "id=\"login-error\">That token was refused.</div>";
     assert!(!dom.contains(refused));
 

@@ -17,7 +17,9 @@
 //! needs `Authorization: Bearer <token>`. The check hashes the presented
 //! token with a per-process secret key and compares the digests in constant
 //! time, so its timing reveals nothing about the token, not even how much of
-//! a guess matched. Nothing here changes state without the token.
+//! a guess matched (the same scheme holds the public routes' API keys:
+//! `auth::keyed`, `auth::api_key`). Nothing here changes state without the
+//! token.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,7 +34,6 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
-use highway::{HighwayHash, HighwayHasher};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 use tower::ServiceBuilder;
@@ -42,6 +43,7 @@ use utoipa_axum::routes;
 
 use super::response::{json_bytes, json_error};
 use super::{middleware_error, with_middleware_timeout};
+use crate::auth::keyed::KeyedHash;
 use crate::gateway::Gateway;
 use crate::metrics::OUTCOMES;
 use crate::rebuild::Reason;
@@ -51,23 +53,19 @@ const PAGE: &str = include_str!("status.html");
 
 /// Verifies bearer tokens without keeping or comparing the token itself.
 pub struct TokenCheck {
-    key: highway::Key,
+    key: KeyedHash,
     digest: [u8; 32],
 }
 
 impl TokenCheck {
     pub fn new(token: &str) -> Self {
-        let mut seed = [0u8; 32];
-        getrandom::fill(&mut seed).expect("the OS random source is available");
-        let key = highway::Key(std::array::from_fn(|i| {
-            u64::from_le_bytes(seed[i * 8..i * 8 + 8].try_into().unwrap())
-        }));
-        let digest = digest(&key, token.as_bytes());
+        let key = KeyedHash::random();
+        let digest = key.digest(token.as_bytes());
         Self { key, digest }
     }
 
     pub fn verify(&self, presented: &[u8]) -> bool {
-        digest(&self.key, presented).ct_eq(&self.digest).into()
+        self.key.digest(presented).ct_eq(&self.digest).into()
     }
 }
 
@@ -75,15 +73,6 @@ impl std::fmt::Debug for TokenCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("TokenCheck(..)")
     }
-}
-
-fn digest(key: &highway::Key, data: &[u8]) -> [u8; 32] {
-    let words = HighwayHasher::new(*key).hash256(data);
-    let mut out = [0u8; 32];
-    for (chunk, w) in out.chunks_exact_mut(8).zip(words) {
-        chunk.copy_from_slice(&w.to_le_bytes());
-    }
-    out
 }
 
 pub struct AdminState {
@@ -264,6 +253,29 @@ pub struct ResourceView {
     high_water: Option<i64>,
     /// Announced keys above the mark the database did not confirm.
     announced_unconfirmed: u64,
+    /// Who may read it, and how many requests were refused.
+    #[schema(value_type = Object)]
+    access: AccessView,
+}
+
+/// A resource's access rules and refusals.
+#[derive(Serialize)]
+struct AccessView {
+    /// `none`, `jwt`, `api_key` or `any`.
+    auth: &'static str,
+    scopes: Vec<String>,
+    owner_claim: Option<String>,
+    /// `null` with an owner claim: the key is compared.
+    owner_column: Option<String>,
+    /// Requests per second per caller, and the burst.
+    rate_limit: Option<crate::config::RateLimit>,
+    /// Answered 401 (no valid credential).
+    unauthorized: u64,
+    /// Answered 403 (a scope or the owner claim missing), or 404 for
+    /// another owner's key or row.
+    forbidden: u64,
+    /// Answered 429.
+    rate_limited: u64,
 }
 
 /// The coordinator's state plus the latest outcome.
@@ -319,6 +331,16 @@ fn view(gw: &Gateway, r: &Resource) -> ResourceView {
         decay_rebuilds: l(&s.decay_rebuilds),
         high_water: r.high_water(),
         announced_unconfirmed: l(&s.announced_unconfirmed),
+        access: AccessView {
+            auth: r.config.access.mode.as_str(),
+            scopes: r.config.access.scopes.clone(),
+            owner_claim: r.config.access.owner_claim.clone(),
+            owner_column: r.config.access.owner_column.clone(),
+            rate_limit: r.config.access.rate_limit,
+            unauthorized: l(&s.unauthorized),
+            forbidden: l(&s.forbidden),
+            rate_limited: l(&s.rate_limited),
+        },
     }
 }
 
@@ -374,6 +396,10 @@ pub struct StatsView {
     /// Each read replica: in use or not, lag, replay position, queries.
     #[schema(value_type = Vec<Object>)]
     replicas: Vec<ReplicaView>,
+    /// The access checks: key sets, the verified-credential cache, refusals
+    /// by reason.
+    #[schema(value_type = Object)]
+    auth: crate::auth::AuthView,
     resources: Vec<ResourceView>,
 }
 
@@ -453,6 +479,7 @@ async fn stats(State(s): St) -> Response {
                     .collect()
             })
             .unwrap_or_default(),
+        auth: gw.auth.view(),
         resources: gw.resources.iter().map(|r| view(gw, r)).collect(),
     };
     json(StatusCode::OK, &body)

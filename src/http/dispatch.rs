@@ -56,6 +56,7 @@ use axum::routing::future::RouteFuture;
 use tower::Service;
 
 use super::lookup::{self, Begun, Route};
+use crate::auth::peer::{self, PeerAddr};
 
 /// One segment of a route template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,13 +171,26 @@ pub struct Dispatch(Arc<Inner>);
 struct Inner {
     router: Router,
     direct: Templates<Arc<Route>>,
+    /// Some resource limits callers by address: requests the router
+    /// serves carry the client address as an extension (see `auth::peer`).
+    peer_to_router: bool,
 }
 
 impl Dispatch {
     /// `router` serves everything; `direct` names the `GET`s answered
     /// without it (none for the admin router).
     pub fn new(router: Router, direct: Templates<Arc<Route>>) -> Self {
-        Self(Arc::new(Inner { router, direct }))
+        Self::with_peer(router, direct, false)
+    }
+
+    /// As [`Dispatch::new`]; `peer_to_router`: hand the client address to
+    /// the requests the router serves.
+    pub fn with_peer(router: Router, direct: Templates<Arc<Route>>, peer_to_router: bool) -> Self {
+        Self(Arc::new(Inner {
+            router,
+            direct,
+            peer_to_router,
+        }))
     }
 }
 
@@ -215,18 +229,28 @@ where
             false => None,
         };
         let Some(route) = route else {
+            let mut req = req;
+            if self.0.peer_to_router
+                && let Some(ip) = peer::current()
+            {
+                req.extensions_mut().insert(PeerAddr(ip));
+            }
             return DispatchFuture::Router(self.0.router.clone().call(req));
         };
         let began = Instant::now();
-        match lookup::begin(route, req.uri().path(), req.headers(), began) {
+        let peer = match route.guarded {
+            true => peer::current(),
+            false => None,
+        };
+        match lookup::begin(route, req.uri().path(), req.headers(), peer, began) {
             Begun::Answered(answered) => DispatchFuture::Ready(Some(answered)),
-            Begun::Ask(key, passed) => {
+            Begun::Ask(key, passed, caller) => {
                 let route = route.clone();
                 // The body is never read (every route is a GET): only the
                 // headers go on, for the validators and the coding.
                 let headers: HeaderMap = req.into_parts().0.headers;
                 DispatchFuture::Lookup(Box::pin(async move {
-                    lookup::finish(&route, key, passed, &headers, began).await
+                    lookup::finish(&route, key, passed, caller, &headers, began).await
                 }))
             }
         }

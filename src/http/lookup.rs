@@ -1,10 +1,13 @@
 //! `GET {route}`: one key of one resource.
 //!
-//! Parse, then filter, then cache, then database: a key that does not parse
-//! cannot exist, and a key the filter rejects is answered without any storage
-//! work. Every response carries RFC 9211 `Cache-Status` saying which of those
-//! steps answered it.
+//! Parse, then the access checks, then filter, then cache, then database: a
+//! key that does not parse cannot exist, a caller refused is answered before
+//! any storage is asked (the same answer whether the key exists or not),
+//! and a key the filter rejects is answered without any storage work. Every
+//! response carries RFC 9211 `Cache-Status` saying which of those steps
+//! answered it.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,6 +17,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 
 use super::response::{CACHE_STATUS, json_bytes, static_bytes, static_header};
+use crate::auth::verified::Verified;
+use crate::auth::{Auth, Caller, Policy, peer::PeerAddr};
 use crate::cache::{Outcome, Row};
 use crate::encoding::{self, Coding, Parts};
 use crate::error::Error;
@@ -46,13 +51,33 @@ pub struct Route {
     pub vary: bool,
     /// Latency by outcome, indexed as `metrics::OUTCOMES`.
     pub latency: Vec<Arc<Histogram>>,
+    /// The gateway's access checks, and this resource's rules among them.
+    pub auth: Arc<Auth>,
+    policy: usize,
+    /// Anything to check before the filter (`Policy::guarded`).
+    pub guarded: bool,
+    /// Another owner's key is refused before the filter.
+    owner_on_key: bool,
+    /// Another owner's row is refused once the cache returns it.
+    owner_on_row: bool,
+    /// With an owner column every 404 reads alike (see [`HIDDEN`]).
+    hide_absence: bool,
 }
 
+/// `Cache-Status` of every 404 of a resource with an owner column. A
+/// caller must not tell another owner's row (found, then refused) from an
+/// absent key: a 404 that said which step answered would say the filter
+/// passed the key, and so, most likely, that the row exists.
+pub const HIDDEN: &str = "bloomgate; detail=not-found";
+
 impl Route {
+    /// `policy`: the resource's index among `auth.policies`.
     pub fn new(
         resource: Arc<Resource>,
         max_key_length: usize,
         latency: Vec<Arc<Histogram>>,
+        auth: Arc<Auth>,
+        policy: usize,
     ) -> Self {
         let not_found = serde_json::json!({
             "error": "not_found",
@@ -65,10 +90,31 @@ impl Route {
             .split('/')
             .position(|s| s.starts_with('{'))
             .expect("config validation guarantees one {param} segment");
-        let header =
-            |v: &str| static_header(v).expect("config validation checks Cache-Control values");
+        let p = &auth.policies[policy];
+        // A response to a caller is the caller's: no shared cache in front
+        // may keep it (RFC 9111 §3.5 covers `Authorization`, not
+        // `X-API-Key`), a private one may.
+        let private = p.mode != crate::config::AuthMode::None;
+        let header = |v: &str| {
+            let v = match private && !v.to_ascii_lowercase().contains("private") {
+                true => format!("private, {v}"),
+                false => v.to_string(),
+            };
+            static_header(&v).expect("config validation checks Cache-Control values")
+        };
         let cache = &resource.config.cache;
+        let (guarded, owner_on_key, owner_on_row) = (
+            p.guarded(),
+            p.owner.as_ref().is_some_and(|o| o.column.is_none()),
+            p.owner_column().is_some(),
+        );
         Self {
+            guarded,
+            owner_on_key,
+            owner_on_row,
+            hide_absence: owner_on_row,
+            policy,
+            auth: auth.clone(),
             vary: cache.enabled && cache.compression,
             row_cache_control: header(&cache.http_cache_control),
             not_found_cache_control: header(&cache.http_cache_control_not_found),
@@ -81,6 +127,10 @@ impl Route {
             latency,
         }
     }
+
+    pub fn policy(&self) -> &Policy {
+        &self.auth.policies[self.policy]
+    }
 }
 
 /// The route's handler, for what axum's router serves: `HEAD`, and a `GET`
@@ -89,8 +139,11 @@ impl Route {
 /// through [`super::dispatch`], which calls [`begin`] and [`finish`] itself.
 pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
     let began = Instant::now();
-    match begin(&route, req.uri().path(), req.headers(), began) {
-        Begun::Ask(key, passed) => finish(&route, key, passed, req.headers(), began).await,
+    let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
+    match begin(&route, req.uri().path(), req.headers(), peer, began) {
+        Begun::Ask(key, passed, caller) => {
+            finish(&route, key, passed, caller, req.headers(), began).await
+        }
         Begun::Answered(answered) => answered,
     }
 }
@@ -101,30 +154,62 @@ pub enum Begun {
     /// rejects, 503 before the first build, a cache hit or negative hit),
     /// already counted.
     Answered(Response),
-    /// A key the cache could not answer at once ([`finish`]).
-    Ask(Key, Passed),
+    /// A key the cache could not answer at once ([`finish`]), with the
+    /// caller when its row must be checked for its owner.
+    Ask(Key, Passed, Option<Arc<Verified>>),
 }
 
-/// Parse, then filter, then the cache if it can answer without waiting:
-/// everything a request can be answered with before it needs a future.
-pub fn begin(route: &Route, path: &str, headers: &HeaderMap, began: Instant) -> Begun {
-    let passed = key_of(route, path).and_then(|key| {
-        let passed = route.resource.filter(&key)?;
-        Ok((key, passed))
-    });
-    match passed {
-        Ok((_, Passed::Filtered)) => {
-            let (resp, outcome) = filtered(route);
+/// Parse, then the access checks, then filter, then the cache if it can
+/// answer without waiting: everything a request can be answered with before
+/// it needs a future. `peer` is the client address (rate limits by
+/// address).
+pub fn begin(
+    route: &Route,
+    path: &str,
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    began: Instant,
+) -> Begun {
+    let key = match key_of(route, path) {
+        Ok(key) => key,
+        Err(e) => return Begun::Answered(failed(route, began, e)),
+    };
+    let caller = match route.guarded {
+        false => Caller::Anonymous,
+        true => match route.auth.check(route.policy(), headers, peer, began) {
+            Ok(caller) => caller,
+            Err(e) => return Begun::Answered(failed(route, began, e)),
+        },
+    };
+    if route.owner_on_key
+        && let Some(v) = caller.verified()
+        && !route.auth.owns_key(route.policy(), v, &key)
+    {
+        // Exactly a key the filter rejects: the caller learns nothing of
+        // other owners' keys, and nothing past this point is asked.
+        let (resp, _) = filtered(route);
+        return Begun::Answered(refused_as_absent(route, began, resp));
+    }
+    let passed = match route.resource.filter(&key) {
+        Ok(passed) => passed,
+        Err(e) => return Begun::Answered(failed(route, began, e)),
+    };
+    if passed == Passed::Filtered {
+        let (resp, outcome) = filtered(route);
+        return Begun::Answered(done(route, began, resp, outcome));
+    }
+    match route.resource.cached(&key, passed) {
+        Ok(lookup) => {
+            let (resp, outcome) = answer(route, lookup, headers, caller.verified());
             Begun::Answered(done(route, began, resp, outcome))
         }
-        Ok((key, passed)) => match route.resource.cached(&key, passed) {
-            Ok(lookup) => {
-                let (resp, outcome) = answer(route, lookup, headers);
-                Begun::Answered(done(route, began, resp, outcome))
-            }
-            Err(passed) => Begun::Ask(key, passed),
-        },
-        Err(e) => Begun::Answered(failed(route, began, e)),
+        Err(passed) => {
+            let caller = match route.owner_on_row {
+                true => caller.into_arc(),
+                false => None,
+            };
+            Begun::Ask(key, passed, caller)
+        }
     }
 }
 
@@ -133,16 +218,27 @@ pub async fn finish(
     route: &Route,
     key: Key,
     passed: Passed,
+    caller: Option<Arc<Verified>>,
     headers: &HeaderMap,
     began: Instant,
 ) -> Response {
     match route.resource.lookup_passed(key, passed).await {
         Ok(lookup) => {
-            let (resp, outcome) = answer(route, lookup, headers);
+            let (resp, outcome) = answer(route, lookup, headers, caller.as_deref());
             done(route, began, resp, outcome)
         }
         Err(e) => failed(route, began, e),
     }
+}
+
+/// Another owner's key or row: answered as absent, counted as forbidden.
+fn refused_as_absent(route: &Route, began: Instant, resp: Response) -> Response {
+    route
+        .resource
+        .stats
+        .forbidden
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    done(route, began, resp, outcome::FORBIDDEN)
 }
 
 fn done(route: &Route, began: Instant, resp: Response, outcome: usize) -> Response {
@@ -151,9 +247,31 @@ fn done(route: &Route, began: Instant, resp: Response, outcome: usize) -> Respon
 }
 
 fn failed(route: &Route, began: Instant, e: Error) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = &route.resource.stats;
     let outcome = match e {
         Error::BadKey(_) => outcome::BAD_REQUEST,
+        Error::InvalidRequest { .. } => {
+            s.bad_requests.fetch_add(1, Relaxed);
+            outcome::BAD_REQUEST
+        }
         Error::NotReady => outcome::NOT_READY,
+        Error::AuthNotReady => {
+            s.not_ready.fetch_add(1, Relaxed);
+            outcome::NOT_READY
+        }
+        Error::Unauthorized { .. } => {
+            s.unauthorized.fetch_add(1, Relaxed);
+            outcome::UNAUTHORIZED
+        }
+        Error::Forbidden { .. } => {
+            s.forbidden.fetch_add(1, Relaxed);
+            outcome::FORBIDDEN
+        }
+        Error::RateLimited { .. } => {
+            s.rate_limited.fetch_add(1, Relaxed);
+            outcome::RATE_LIMITED
+        }
         _ => outcome::UNAVAILABLE,
     };
     done(route, began, e.into_response(), outcome)
@@ -178,7 +296,34 @@ fn nth_segment(path: &str, n: usize) -> Option<&str> {
     Some(&rest[..end])
 }
 
-fn answer(route: &Route, lookup: Lookup, headers: &HeaderMap) -> (Response, usize) {
+/// The row a lookup found, if any.
+fn row_of(lookup: &Lookup) -> Option<&Row> {
+    match lookup {
+        Lookup::Cached(
+            Outcome::Hit(row) | Outcome::Loaded { row, .. } | Outcome::Bypassed(Some(row)),
+        )
+        | Lookup::Unvouched(Some(row)) => Some(row),
+        _ => None,
+    }
+}
+
+fn answer(
+    route: &Route,
+    lookup: Lookup,
+    headers: &HeaderMap,
+    caller: Option<&Verified>,
+) -> (Response, usize) {
+    if route.owner_on_row
+        && let (Some(v), Some(row)) = (caller, row_of(&lookup))
+        && !route.auth.owns_row(route.policy(), v, row.body())
+    {
+        route
+            .resource
+            .stats
+            .forbidden
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return (not_found(route, HIDDEN), outcome::FORBIDDEN);
+    }
     match lookup {
         Lookup::Filtered => filtered(route),
         Lookup::Unvouched(Some(row)) => (
@@ -239,6 +384,10 @@ fn filtered(route: &Route) -> (Response, usize) {
 }
 
 fn not_found(route: &Route, cache_status: &'static str) -> Response {
+    let cache_status = match route.hide_absence {
+        true => HIDDEN,
+        false => cache_status,
+    };
     let mut resp = json_bytes(StatusCode::NOT_FOUND, route.not_found.clone());
     let h = resp.headers_mut();
     h.insert(header::CONTENT_LENGTH, route.not_found_length.clone());

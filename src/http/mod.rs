@@ -56,6 +56,7 @@ pub type App = front::Front<Dispatch>;
 
 /// The public router for `gateway`, behind the front layer.
 pub fn app(gateway: Arc<Gateway>) -> App {
+    gateway.auth.start();
     let routes = resource_routes(&gateway);
     let (router, doc) = with_resources(&routes).split_for_parts();
     let mut direct = Templates::default();
@@ -86,7 +87,7 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         .method_not_allowed_fallback(method_not_allowed);
     tower::Layer::layer(
         &front_layer(&gateway, Some(gateway.config.server.request_timeout)),
-        Dispatch::new(router, direct),
+        Dispatch::with_peer(router, direct, gateway.auth.limits_any()),
     )
 }
 
@@ -102,9 +103,16 @@ fn resource_routes(gateway: &Arc<Gateway>) -> Vec<Arc<Route>> {
     gateway
         .resources
         .iter()
-        .map(|resource| {
+        .enumerate()
+        .map(|(i, resource)| {
             let latency = gateway.metrics.latency_histograms(resource.name());
-            Arc::new(Route::new(resource.clone(), server.max_key_length, latency))
+            Arc::new(Route::new(
+                resource.clone(),
+                server.max_key_length,
+                latency,
+                gateway.auth.clone(),
+                i,
+            ))
         })
         .collect()
 }
@@ -193,7 +201,8 @@ async fn healthz() -> Response {
 }
 
 /// Readiness: 200 once every resource's filter is built and vouched for by
-/// the change feed (see `vouch`), 503 with the reasons otherwise.
+/// the change feed (see `vouch`), and the key set at `auth.jwks_url`
+/// fetched; 503 with the reasons otherwise.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses(
         (status = 200, description = "Every filter is built and the change feed has confirmed it is current", body = openapi::StatusBody),
@@ -217,6 +226,9 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
             .collect();
         if let Some(feed) = readiness.feed {
             reasons.insert("change_feed".into(), feed.into());
+        }
+        if let Some(auth) = readiness.auth {
+            reasons.insert("auth".into(), auth.into());
         }
         let status = if loading.is_empty() {
             "not_ready"

@@ -21,12 +21,15 @@ use utoipa::ToSchema;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{ArrayBuilder, Schema, SchemaType};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::security::{
+    ApiKey, ApiKeyValue, Http, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+};
 use utoipa::openapi::{
     ContentBuilder, InfoBuilder, KnownFormat, LicenseBuilder, ObjectBuilder, OpenApi, Ref,
     Required, ResponseBuilder, SchemaFormat, Type,
 };
 
+use crate::config::AuthMode;
 use crate::db::catalog::{self, ColumnInfo};
 use crate::gateway::Gateway;
 use crate::key::KeyType;
@@ -38,8 +41,8 @@ pub struct StatusBody {
     pub status: String,
     /// Resources whose filters are still loading (503 only).
     pub loading: Option<Vec<String>>,
-    /// What each resource not ready waits for, by name, and
-    /// `change_feed` for the feed's own reason (503 only).
+    /// What each resource not ready waits for, by name, `change_feed` for
+    /// the feed's own reason and `auth` for the access checks' (503 only).
     pub reasons: Option<std::collections::BTreeMap<String, String>>,
 }
 
@@ -106,8 +109,41 @@ pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> Open
             columns.get(r.name()).map(Vec::as_slice),
         );
     }
+    add_security_schemes(&mut doc, gw);
     add_bodies(&mut doc);
     doc
+}
+
+/// The schemes the resources use: `bearerAuth` (a JWT in `Authorization`)
+/// and `apiKey` (`X-API-Key`).
+fn add_security_schemes(doc: &mut OpenApi, gw: &Gateway) {
+    let modes: Vec<AuthMode> = gw.resources.iter().map(|r| r.config.access.mode).collect();
+    let components = doc.components.get_or_insert_with(Default::default);
+    if modes.iter().any(|m| m.takes_jwt()) {
+        components.add_security_scheme(
+            "bearerAuth",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .description(Some(
+                        "A JWT signed with `auth.jwt_secret` (HS256/384/512) or a key of \
+                         `auth.jwks_file` / `auth.jwks_url` (RS*, PS*, ES256, ES384, EdDSA); \
+                         `exp` required, scopes in `auth.scope_claim`",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+    if modes.iter().any(|m| m.takes_api_key()) {
+        components.add_security_scheme(
+            "apiKey",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+                "X-API-Key",
+                "A key of `auth.api_keys_file`",
+            ))),
+        );
+    }
 }
 
 /// The operation that serves a document itself.
@@ -388,7 +424,13 @@ fn add_resource(
     };
     let unavailable =
         |d: &str| error(d).header("Retry-After", header("Seconds to wait before trying again"));
-    let op = OperationBuilder::new()
+    let access = &cfg.access;
+    let private = access.mode != AuthMode::None;
+    let row_cache_control = match private {
+        true => "`private, ` and `cache.http_cache_control`: the caller's own",
+        false => "`cache.http_cache_control`",
+    };
+    let mut op = OperationBuilder::new()
         .tag(cfg.name.clone())
         .operation_id(Some(format!("get_{}", cfg.name)))
         .summary(Some(format!(
@@ -419,7 +461,7 @@ fn add_resource(
                     header("`Accept-Encoding`, unless compression is off"),
                 )
                 .header("Cache-Status", cache_status())
-                .header("Cache-Control", header("`cache.http_cache_control`"))
+                .header("Cache-Control", header(row_cache_control))
                 .content(
                     "application/json",
                     ContentBuilder::new().schema(Some(row)).build(),
@@ -431,9 +473,15 @@ fn add_resource(
                 .description("If-None-Match matched the ETag")
                 .header("ETag", header("The row's ETag"))
                 .header("Cache-Status", cache_status())
-                .header("Cache-Control", header("`cache.http_cache_control`")),
+                .header("Cache-Control", header(row_cache_control)),
         )
-        .response("400", error("Malformed key"))
+        .response(
+            "400",
+            error(match private {
+                true => "Malformed key (whoever asks), or a bearer token and an API key at once",
+                false => "Malformed key",
+            }),
+        )
         .response(
             "412",
             error("If-Match did not match the row's current ETag (which this response carries)")
@@ -441,7 +489,11 @@ fn add_resource(
         )
         .response(
             "404",
-            error("No such row (the filter or the database said so)").header(
+            error(match access.owner_claim {
+                Some(_) => "No such row, or another owner's: the two read alike",
+                None => "No such row (the filter or the database said so)",
+            })
+            .header(
                 "Cache-Control",
                 header("`cache.http_cache_control_not_found`"),
             ),
@@ -479,6 +531,51 @@ fn add_resource(
             unavailable("Not ready, database unavailable or overloaded"),
         )
         .response("504", error("Request timed out"));
+    if private {
+        let challenge = || {
+            header(
+                "RFC 6750 challenge: `Bearer realm=...` and/or `ApiKey realm=..., header=\"X-API-Key\"`, with `error=` when a credential was refused",
+            )
+        };
+        op = op
+            .response(
+                "401",
+                error("No credential, or one that does not verify (malformed, expired, wrong signature, unknown key, wrong issuer or audience)")
+                    .header("WWW-Authenticate", challenge()),
+            )
+            .response(
+                "403",
+                error("The credential lacks a required scope, or the owner claim")
+                    .header("WWW-Authenticate", challenge()),
+            );
+        let scopes = access.scopes.clone();
+        let mut security = Vec::new();
+        if access.mode.takes_jwt() {
+            security.push(SecurityRequirement::new("bearerAuth", scopes.clone()));
+        }
+        if access.mode.takes_api_key() {
+            security.push(SecurityRequirement::new("apiKey", scopes));
+        }
+        op = op.securities(Some(security));
+    }
+    if let Some(limit) = &access.rate_limit {
+        op = op.response(
+            "429",
+            error(&format!(
+                "Past this caller's rate limit ({} requests a second, {} at once)",
+                limit.per_second, limit.burst
+            ))
+            .header("Retry-After", header("Seconds to wait"))
+            .header(
+                "RateLimit-Policy",
+                header("draft-ietf-httpapi-ratelimit-headers: `\"name\";q=burst;w=seconds`"),
+            )
+            .header(
+                "RateLimit",
+                header("draft-ietf-httpapi-ratelimit-headers: `\"name\";r=0;t=seconds`"),
+            ),
+        );
+    }
     doc.paths
         .add_path_operation(&cfg.route, vec![HttpMethod::Get, HttpMethod::Head], op);
 }

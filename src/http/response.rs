@@ -17,15 +17,24 @@ use crate::error::Error;
 /// RFC 9211. A `HeaderName` rather than a `&str`: a string name is parsed
 /// and hashed into one on every insert.
 pub const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+/// draft-ietf-httpapi-ratelimit-headers: the quota policy, and what is
+/// left of it.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
-            Error::BadKey(_) => StatusCode::BAD_REQUEST,
-            Error::NotReady | Error::Unverified | Error::Unavailable(_) | Error::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Error::BadKey(_) | Error::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            Error::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            Error::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Error::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Error::NotReady
+            | Error::AuthNotReady
+            | Error::Unverified
+            | Error::Unavailable(_)
+            | Error::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Error::Timeout => StatusCode::GATEWAY_TIMEOUT,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -35,8 +44,13 @@ impl Error {
     fn cache_status(&self) -> &'static str {
         match self {
             Error::BadKey(_) => "bloomgate; detail=malformed-key",
-            Error::NotReady => "bloomgate; detail=not-ready",
+            Error::NotReady | Error::AuthNotReady => "bloomgate; detail=not-ready",
             Error::Unverified => "bloomgate; detail=unverified",
+            Error::Unauthorized { .. } | Error::InvalidRequest { .. } => {
+                "bloomgate; detail=unauthorized"
+            }
+            Error::Forbidden { .. } => "bloomgate; detail=forbidden",
+            Error::RateLimited { .. } => "bloomgate; detail=rate-limited",
             Error::Unavailable(_) => "bloomgate; fwd=miss; detail=database-unavailable",
             Error::Overloaded => "bloomgate; detail=overloaded",
             Error::Timeout => "bloomgate; detail=timeout",
@@ -59,6 +73,23 @@ impl IntoResponse for Error {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if status == StatusCode::SERVICE_UNAVAILABLE {
             h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        match self {
+            Error::Unauthorized { challenge, .. }
+            | Error::InvalidRequest { challenge }
+            | Error::Forbidden { challenge, .. } => {
+                h.insert(header::WWW_AUTHENTICATE, challenge);
+            }
+            Error::RateLimited {
+                retry_after,
+                policy,
+                state,
+            } => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+                h.insert(RATELIMIT_POLICY, policy);
+                h.insert(RATELIMIT, state);
+            }
+            _ => {}
         }
         resp
     }

@@ -262,11 +262,14 @@ impl Drop for InFlight {
 pub struct Tracked<S> {
     inner: S,
     dog: Arc<Watchdog>,
+    /// The client's address, current while the app is called (see
+    /// `auth::peer`).
+    peer: Option<std::net::IpAddr>,
 }
 
 impl<S> Tracked<S> {
-    pub fn new(inner: S, dog: Arc<Watchdog>) -> Self {
-        Self { inner, dog }
+    pub fn new(inner: S, dog: Arc<Watchdog>, peer: Option<std::net::IpAddr>) -> Self {
+        Self { inner, dog, peer }
     }
 }
 
@@ -280,6 +283,7 @@ where
 
     fn call(&self, req: Request<B>) -> Self::Future {
         let in_flight = self.dog.begin(req.version());
+        let _peer = crate::auth::peer::enter(self.peer);
         TrackedFuture {
             inner: self.inner.call(req),
             in_flight: Some(in_flight),
@@ -550,7 +554,7 @@ mod tests {
                 })
             }
         }
-        let svc = Tracked::new(Svc, dog.clone());
+        let svc = Tracked::new(Svc, dog.clone(), None);
         let pending = hyper::service::Service::call(&svc, Request::new(false));
         assert_eq!(dog.due(), None);
         drop(pending); // the client went away mid-request

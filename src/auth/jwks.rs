@@ -1,0 +1,315 @@
+//! JWK Sets (RFC 7517): parsing them into [`PublicKey`]s, and fetching one
+//! from `auth.jwks_url` with the HTTP client hyper already brings (and the
+//! rustls the database connections use, for `https`).
+//!
+//! A key the gateway cannot use (an encryption key, a symmetric `oct` key,
+//! a curve or algorithm it does not verify, an RSA key under 2048 bits)
+//! is skipped and named in the result, not an error for the whole set: a
+//! provider may publish other keys beside the signing ones.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+
+use super::jwt::{Alg, PublicKey};
+
+/// Most keys kept from one set.
+pub const MAX_KEYS: usize = 64;
+/// Largest key set document read.
+pub const MAX_BYTES: usize = 1 << 20;
+/// A fetch, connection to body, takes at most this long.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Deserialize)]
+struct Set {
+    keys: Vec<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Jwk {
+    kty: String,
+    #[serde(default, rename = "use")]
+    use_: Option<String>,
+    #[serde(default)]
+    key_ops: Option<Vec<String>>,
+    #[serde(default)]
+    alg: Option<String>,
+    #[serde(default)]
+    kid: Option<String>,
+    #[serde(default)]
+    crv: Option<String>,
+    #[serde(default)]
+    n: Option<String>,
+    #[serde(default)]
+    e: Option<String>,
+    #[serde(default)]
+    x: Option<String>,
+    #[serde(default)]
+    y: Option<String>,
+}
+
+fn b64(field: &str, v: Option<&String>) -> Result<Vec<u8>, String> {
+    let v = v.ok_or_else(|| format!("no `{field}`"))?;
+    URL_SAFE_NO_PAD
+        .decode(v)
+        .map_err(|_| format!("`{field}` is not base64url"))
+}
+
+fn key(v: serde_json::Value) -> Result<PublicKey, String> {
+    let k: Jwk = serde_json::from_value(v).map_err(|e| format!("not a JWK: {e}"))?;
+    if k.use_.as_deref().is_some_and(|u| u != "sig") {
+        return Err("not a signing key (`use`)".into());
+    }
+    if k.key_ops
+        .as_ref()
+        .is_some_and(|ops| !ops.iter().any(|o| o == "verify"))
+    {
+        return Err("not a verification key (`key_ops`)".into());
+    }
+    let alg = match &k.alg {
+        Some(a) => {
+            Some(Alg::from_name(a).ok_or_else(|| format!("algorithm {a:?} is not accepted"))?)
+        }
+        None => None,
+    };
+    let kid = k.kid.clone();
+    if kid.as_ref().is_some_and(|k| k.len() > 256) {
+        return Err("`kid` is longer than 256 bytes".into());
+    }
+    match k.kty.as_str() {
+        "RSA" => PublicKey::rsa(
+            kid,
+            alg.unwrap_or(Alg::RS256),
+            &b64("n", k.n.as_ref())?,
+            &b64("e", k.e.as_ref())?,
+        ),
+        "EC" => {
+            let curve_alg = match k.crv.as_deref() {
+                Some("P-256") => Alg::ES256,
+                Some("P-384") => Alg::ES384,
+                other => return Err(format!("curve {other:?} is not accepted")),
+            };
+            if alg.is_some_and(|a| a != curve_alg) {
+                return Err("`alg` does not match the curve".into());
+            }
+            PublicKey::ec(
+                kid,
+                curve_alg,
+                &b64("x", k.x.as_ref())?,
+                &b64("y", k.y.as_ref())?,
+            )
+        }
+        "OKP" => {
+            if k.crv.as_deref() != Some("Ed25519") {
+                return Err(format!("curve {:?} is not accepted", k.crv));
+            }
+            if alg.is_some_and(|a| a != Alg::EdDSA) {
+                return Err("`alg` does not match the curve".into());
+            }
+            PublicKey::ed25519(kid, &b64("x", k.x.as_ref())?)
+        }
+        "oct" => Err("symmetric keys are taken from auth.jwt_secret only".into()),
+        other => Err(format!("key type {other:?} is not accepted")),
+    }
+}
+
+/// The usable keys of a JWK Set document, and why each other key was
+/// skipped. An error when the document is not a key set at all.
+pub fn parse(doc: &[u8]) -> Result<(Vec<PublicKey>, Vec<String>), String> {
+    let set: Set = serde_json::from_slice(doc).map_err(|e| format!("not a JWK Set: {e}"))?;
+    let mut keys = Vec::new();
+    let mut skipped = Vec::new();
+    for (i, v) in set.keys.into_iter().enumerate() {
+        let kid = v
+            .get("kid")
+            .and_then(|k| k.as_str())
+            .map(|k| format!(" ({k:.40})"))
+            .unwrap_or_default();
+        match key(v) {
+            Ok(k) if keys.len() < MAX_KEYS => keys.push(k),
+            Ok(_) => skipped.push(format!("key {i}{kid}: more than {MAX_KEYS} keys")),
+            Err(why) => skipped.push(format!("key {i}{kid}: {why}")),
+        }
+    }
+    Ok((keys, skipped))
+}
+
+/// `auth.jwks_url`: `https`, or `http` to a loopback address (a sidecar,
+/// a test); no user or password in it.
+pub fn check_url(text: &str) -> Result<(), String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not carry a user or password".into());
+    }
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => return Err("has no host".into()),
+    };
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if loopback => Ok(()),
+        "http" => Err(
+            "must be https:// (plain http:// only to a loopback address): a key set read in \
+             the clear can be replaced on the way"
+                .into(),
+        ),
+        s => Err(format!("scheme {s:?}: use https://")),
+    }
+}
+
+/// The TLS client configuration for `https` key sets: the host's trusted
+/// roots, on the `ring` provider.
+pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for cert in native.certs {
+        let _ = roots.add(cert);
+    }
+    if roots.is_empty() {
+        return Err("no trusted root certificates found on this host".into());
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(Arc::new(config))
+}
+
+/// GETs `url` (checked by [`check_url`]) and returns its body: status 200,
+/// at most [`MAX_BYTES`], within [`FETCH_TIMEOUT`]. Errors are safe to log
+/// (no header or body is quoted).
+pub async fn fetch(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Bytes, String> {
+    tokio::time::timeout(FETCH_TIMEOUT, fetch_inner(url, tls))
+        .await
+        .map_err(|_| format!("no answer within {}s", FETCH_TIMEOUT.as_secs()))?
+}
+
+async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Bytes, String> {
+    let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
+    let host = parsed.host_str().ok_or("no host")?.to_string();
+    let port = parsed.port_or_known_default().ok_or("no port")?;
+    let bare = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let tcp = match bare.parse::<IpAddr>() {
+        Ok(ip) => tokio::net::TcpStream::connect((ip, port)).await,
+        Err(_) => tokio::net::TcpStream::connect((bare.as_str(), port)).await,
+    }
+    .map_err(|e| format!("connect: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let target = match parsed.query() {
+        Some(q) => format!("{}?{q}", parsed.path()),
+        None => parsed.path().to_string(),
+    };
+    let authority = match parsed.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.clone(),
+    };
+    let req = hyper::Request::get(target)
+        .header(hyper::header::HOST, authority)
+        .header(
+            hyper::header::ACCEPT,
+            "application/jwk-set+json, application/json",
+        )
+        .header(
+            hyper::header::USER_AGENT,
+            concat!("bloomgate/", env!("CARGO_PKG_VERSION")),
+        )
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = if parsed.scheme() == "https" {
+        let tls = tls.ok_or("no TLS configuration")?;
+        let name = rustls::pki_types::ServerName::try_from(bare.clone())
+            .map_err(|_| format!("{bare:?} is not a server name"))?;
+        let stream = tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+        send(TokioIo::new(stream), req).await?
+    } else {
+        send(TokioIo::new(tcp), req).await?
+    };
+    if resp.status() != hyper::StatusCode::OK {
+        return Err(format!("status {}", resp.status()));
+    }
+    let body = Limited::new(resp.into_body(), MAX_BYTES)
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?;
+    Ok(body.to_bytes())
+}
+
+async fn send<T>(
+    io: TokioIo<T>,
+    req: hyper::Request<Empty<Bytes>>,
+) -> Result<hyper::Response<hyper::body::Incoming>, String>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| format!("HTTP: {e}"))?;
+    // The connection is driven beside the request and ends with it (the
+    // sender is dropped when this function's caller has the body).
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("HTTP: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unusable_keys_are_skipped_and_named() {
+        let x = URL_SAFE_NO_PAD.encode([7u8; 32]);
+        let doc = serde_json::json!({"keys": [
+            {"kty": "OKP", "crv": "Ed25519", "x": x, "kid": "ed"},
+            {"kty": "oct", "k": "c2VjcmV0", "kid": "sym"},
+            {"kty": "RSA", "n": URL_SAFE_NO_PAD.encode([1u8; 128]), "e": "AQAB", "kid": "small"},
+            {"kty": "EC", "crv": "P-521", "x": x, "y": x, "kid": "p521"},
+            {"kty": "OKP", "crv": "Ed25519", "x": x, "use": "enc"},
+            {"kty": "EC", "crv": "P-256", "x": x, "y": x, "alg": "ES384"},
+            "not an object"
+        ]});
+        let (keys, skipped) = parse(doc.to_string().as_bytes()).unwrap();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(
+            (keys[0].kid.as_deref(), keys[0].alg),
+            (Some("ed"), Alg::EdDSA)
+        );
+        assert_eq!(skipped.len(), 6, "{skipped:?}");
+        assert!(skipped.iter().any(|s| s.contains("2048")));
+        assert!(parse(b"[]").is_err());
+        assert!(parse(b"{\"keys\": 1}").is_err());
+    }
+
+    #[test]
+    fn urls_must_be_https_unless_local() {
+        assert!(check_url("https://idp.example.com/.well-known/jwks.json").is_ok());
+        assert!(check_url("http://127.0.0.1:8000/jwks").is_ok());
+        assert!(check_url("http://[::1]:8000/jwks").is_ok());
+        assert!(check_url("http://localhost/jwks").is_ok());
+        assert!(check_url("http://idp.example.com/jwks").is_err());
+        assert!(check_url("https://u:p@idp.example.com/jwks").is_err());
+        assert!(check_url("ftp://idp.example.com/jwks").is_err());
+        assert!(check_url("not a url").is_err());
+    }
+}

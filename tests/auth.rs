@@ -1,0 +1,1053 @@
+//! Access control over real sockets and a real database: bearer JWTs
+//! (HS256, RS256, ES256, EdDSA, keys made here), a JWKS URL served by a
+//! small local HTTP server and rotated, API keys, scopes, row ownership on
+//! the key and on another column, per-caller rate limits, hostile tokens,
+//! and what refused requests cost Postgres (nothing).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bloomgate::auth::jwt::{self, Alg};
+use common::*;
+use ring::rand::SystemRandom;
+use ring::signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair, RsaKeyPair};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const SECRET: &str = "test-secret-of-at-least-32-bytes-0123456789";
+const API_KEY: &str = "reporting-key-0123456789abcdef";
+const WEAK_KEY: &str = "weak-key-0123456789abcdef";
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn b64(b: &[u8]) -> String {
+    URL_SAFE_NO_PAD.encode(b)
+}
+
+/// Signing keys made for this test run.
+struct Signers {
+    rsa: RsaKeyPair,
+    ec: EcdsaKeyPair,
+    ed: Ed25519KeyPair,
+    rng: SystemRandom,
+}
+
+/// An RSA key from the openssl CLI (ring cannot make one): `-outform DER`
+/// writes the PKCS#1 `RSAPrivateKey`.
+fn rsa_key() -> RsaKeyPair {
+    let path = std::env::temp_dir().join(format!("bloomgate-rsa-{:x}.der", rand::random::<u64>()));
+    let status = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-outform",
+            "DER",
+            "-out",
+        ])
+        .arg(&path)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("the openssl CLI makes the RSA test key (scripts/test.sh installs it)");
+    assert!(status.success());
+    let der = std::fs::read(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    RsaKeyPair::from_der(&der).unwrap()
+}
+
+impl Signers {
+    fn new() -> Self {
+        let rng = SystemRandom::new();
+        let ec_doc =
+            EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+                .unwrap();
+        let ed_doc = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        Self {
+            rsa: rsa_key(),
+            ec: EcdsaKeyPair::from_pkcs8(
+                &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+                ec_doc.as_ref(),
+                &rng,
+            )
+            .unwrap(),
+            ed: Ed25519KeyPair::from_pkcs8(ed_doc.as_ref()).unwrap(),
+            rng,
+        }
+    }
+
+    fn sign(&self, alg: Alg, kid: Option<&str>, claims: &Value) -> String {
+        let mut header = json!({"alg": alg.name(), "typ": "JWT"});
+        if let Some(k) = kid {
+            header["kid"] = json!(k);
+        }
+        jwt::encode(&header, claims, |m| match alg {
+            Alg::HS256 => jwt::Secret::new(SECRET.as_bytes()).sign(alg, m).unwrap(),
+            Alg::RS256 => {
+                let mut sig = vec![0; self.rsa.public().modulus_len()];
+                self.rsa
+                    .sign(&signature::RSA_PKCS1_SHA256, &self.rng, m, &mut sig)
+                    .unwrap();
+                sig
+            }
+            Alg::ES256 => self.ec.sign(&self.rng, m).unwrap().as_ref().to_vec(),
+            Alg::EdDSA => self.ed.sign(m).as_ref().to_vec(),
+            other => panic!("no test signer for {other:?}"),
+        })
+    }
+
+    fn jwk(&self, alg: Alg, kid: &str) -> Value {
+        match alg {
+            Alg::RS256 => {
+                let c = signature::RsaPublicKeyComponents::<Vec<u8>>::from(self.rsa.public());
+                json!({"kty": "RSA", "kid": kid, "alg": "RS256", "use": "sig", "n": b64(&c.n), "e": b64(&c.e)})
+            }
+            Alg::ES256 => {
+                let p = self.ec.public_key().as_ref();
+                json!({"kty": "EC", "kid": kid, "crv": "P-256", "x": b64(&p[1..33]), "y": b64(&p[33..65])})
+            }
+            Alg::EdDSA => {
+                json!({"kty": "OKP", "kid": kid, "crv": "Ed25519", "x": b64(self.ed.public_key().as_ref())})
+            }
+            other => panic!("no JWK for {other:?}"),
+        }
+    }
+}
+
+fn claims(sub: &str, scope: &str) -> Value {
+    json!({"sub": sub, "scope": scope, "exp": now() + 600})
+}
+
+/// Extra resources on the demo tables, each with its own rules.
+const RESOURCES: &str = r#"
+    [[resource]]
+    name = "private_users"
+    route = "/private/users/{id}"
+    table = "users"
+    key_column = "id"
+    key_type = "bigint"
+    columns = ["id", "email", "name"]
+    auth = "jwt"
+    scopes = ["users:read"]
+
+    [[resource]]
+    name = "me"
+    route = "/me/{id}"
+    table = "users"
+    key_column = "id"
+    key_type = "bigint"
+    columns = ["id", "email", "name"]
+    auth = "jwt"
+    owner_claim = "sub"
+
+    [[resource]]
+    name = "my_articles"
+    route = "/my/articles/{id}"
+    table = "articles"
+    key_column = "id"
+    key_type = "uuid"
+    columns = ["id", "author_id", "title"]
+    auth = "jwt"
+    owner_claim = "sub"
+    owner_column = "author_id"
+
+    [[resource]]
+    name = "keyed_users"
+    route = "/keyed/users/{id}"
+    table = "users"
+    key_column = "id"
+    key_type = "bigint"
+    columns = ["id", "name"]
+    auth = "api_key"
+    scopes = ["users:read"]
+
+    [[resource]]
+    name = "any_users"
+    route = "/any/users/{id}"
+    table = "users"
+    key_column = "id"
+    key_type = "bigint"
+    columns = ["id", "name"]
+    auth = "any"
+
+    [[resource]]
+    name = "limited_users"
+    route = "/limited/users/{id}"
+    table = "users"
+    key_column = "id"
+    key_type = "bigint"
+    columns = ["id", "name"]
+    auth = "jwt"
+    rate_limit = "1/s"
+    rate_limit_burst = 3
+
+    [[resource]]
+    name = "open_users"
+    route = "/open/users/{id}"
+    table = "users"
+    key_column = "id"
+    key_type = "bigint"
+    columns = ["id", "name"]
+    rate_limit = "1/s"
+    rate_limit_burst = 2
+"#;
+
+/// A keys file with the reporting key (scope users:read) and a weak one
+/// (no scope), written for this test.
+fn api_keys_file() -> std::path::PathBuf {
+    let path =
+        std::env::temp_dir().join(format!("bloomgate-keys-{:x}.toml", rand::random::<u64>()));
+    std::fs::write(
+        &path,
+        format!(
+            "[[key]]\nname = \"reporting\"\nkey = \"{API_KEY}\"\nscopes = [\"users:read\"]\n\
+             [[key]]\nname = \"weak\"\nkey = \"{WEAK_KEY}\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn jwks_file(doc: &Value) -> std::path::PathBuf {
+    let path =
+        std::env::temp_dir().join(format!("bloomgate-jwks-{:x}.json", rand::random::<u64>()));
+    std::fs::write(&path, doc.to_string()).unwrap();
+    path
+}
+
+/// The test config: `database` lines, the `[auth]` table (plus the keys
+/// file when it names none: `keyed_users` needs one), the resources.
+fn auth_config(db: &TestDb, database: &str, auth: &str) -> bloomgate::config::Config {
+    let keys = match auth.contains("api_keys_file") {
+        true => String::new(),
+        false => format!("api_keys_file = \"{}\"", api_keys_file().display()),
+    };
+    config(
+        &db.url,
+        &format!(
+            "{database}\n[auth]\n{auth}\n{keys}\n[server]\nmax_header_bytes = 262144\n{RESOURCES}"
+        ),
+    )
+}
+
+async fn seeded() -> TestDb {
+    let db = TestDb::new().await;
+    db.seed_users(50).await;
+    db.exec(
+        "INSERT INTO articles (id, author_id, title, body) VALUES
+         ('00000000-0000-0000-0000-000000000007', 7, 'by seven', 'x'),
+         ('00000000-0000-0000-0000-000000000008', 8, 'by eight', 'y')",
+    )
+    .await;
+    db
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    fn new(addr: SocketAddr) -> Self {
+        Self {
+            http: reqwest::Client::new(),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut req = self.http.get(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn bearer(&self, path: &str, token: &str) -> reqwest::Response {
+        self.get(path, &[("authorization", &format!("Bearer {token}"))])
+            .await
+    }
+}
+
+fn h<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap())
+        .unwrap_or_default()
+}
+
+/// Status, the headers that describe the response (not the request id or
+/// the date), and the body.
+async fn described(r: reqwest::Response) -> (u16, Vec<(String, String)>, String) {
+    let status = r.status().as_u16();
+    let mut headers: Vec<_> = r
+        .headers()
+        .iter()
+        .filter(|(n, _)| !matches!(n.as_str(), "x-request-id" | "date"))
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
+        .collect();
+    headers.sort();
+    (status, headers, r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn every_algorithm_verifies_and_authenticated_rows_are_private_with_etags() {
+    let db = seeded().await;
+    let keys = Signers::new();
+    let set = json!({"keys": [keys.jwk(Alg::RS256, "rsa"), keys.jwk(Alg::ES256, "ec"), keys.jwk(Alg::EdDSA, "ed")]});
+    let file = jwks_file(&set);
+    let cfg = auth_config(
+        &db,
+        "",
+        &format!(
+            "jwt_secret = \"{SECRET}\"\njwks_file = \"{}\"",
+            file.display()
+        ),
+    );
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let claims = claims("1", "users:read");
+    for (alg, kid) in [
+        (Alg::HS256, None),
+        (Alg::RS256, Some("rsa")),
+        (Alg::ES256, Some("ec")),
+        (Alg::EdDSA, Some("ed")),
+        // Without a kid: the only key of its algorithm.
+        (Alg::ES256, None),
+    ] {
+        let token = keys.sign(alg, kid, &claims);
+        for round in 0..2 {
+            let r = c.bearer("/private/users/3", &token).await;
+            assert_eq!(r.status(), 200, "{alg:?} {kid:?} round {round}");
+            assert!(
+                h(&r, "cache-control").starts_with("private, "),
+                "{}",
+                h(&r, "cache-control")
+            );
+            let etag = h(&r, "etag").to_string();
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["id"], 3);
+            let r = c
+                .get(
+                    "/private/users/3",
+                    &[
+                        ("authorization", &format!("Bearer {token}")),
+                        ("if-none-match", &etag),
+                    ],
+                )
+                .await;
+            assert_eq!(r.status(), 304);
+            assert!(h(&r, "cache-control").starts_with("private, "));
+        }
+    }
+    // The public resource on the same table is as it was.
+    let r = c.get("/users/3", &[]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h(&r, "cache-control"), "max-age=0, stale-if-error=300");
+    // A token verified once is served from the cache after.
+    let v = gw.auth.view();
+    assert!(v.token_cache.hits >= 5, "{:?}", v.token_cache.hits);
+    served.shutdown().await.unwrap();
+    let _ = std::fs::remove_file(file);
+}
+
+#[tokio::test]
+async fn missing_invalid_and_insufficient_credentials_get_rfc_6750_answers() {
+    let db = seeded().await;
+    let keys = Signers::new();
+    let keyfile = api_keys_file();
+    let cfg = auth_config(
+        &db,
+        "",
+        &format!(
+            "jwt_secret = \"{SECRET}\"\napi_keys_file = \"{}\"",
+            keyfile.display()
+        ),
+    );
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+
+    let r = c.get("/private/users/3", &[]).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(h(&r, "www-authenticate"), "Bearer realm=\"bloomgate\"");
+    assert_eq!(h(&r, "cache-control"), "no-store");
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "unauthorized");
+
+    let expired = keys.sign(
+        Alg::HS256,
+        None,
+        &json!({"sub": "1", "scope": "users:read", "exp": now() - 3600}),
+    );
+    let r = c.bearer("/private/users/3", &expired).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        h(&r, "www-authenticate"),
+        "Bearer realm=\"bloomgate\", error=\"invalid_token\""
+    );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "invalid_token");
+    assert_eq!(body["message"], "the token has expired");
+
+    let unscoped = keys.sign(Alg::HS256, None, &claims("1", "other"));
+    let r = c.bearer("/private/users/3", &unscoped).await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(
+        h(&r, "www-authenticate"),
+        "Bearer realm=\"bloomgate\", error=\"insufficient_scope\", scope=\"users:read\""
+    );
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"],
+        "insufficient_scope"
+    );
+
+    // API keys: in X-API-Key, with their own scopes.
+    let r = c.get("/keyed/users/3", &[("x-api-key", API_KEY)]).await;
+    assert_eq!(r.status(), 200);
+    assert!(h(&r, "cache-control").starts_with("private, "));
+    let r = c.get("/keyed/users/3", &[("x-api-key", WEAK_KEY)]).await;
+    assert_eq!(r.status(), 403);
+    let r = c
+        .get("/keyed/users/3", &[("x-api-key", "not-a-key-0123456789")])
+        .await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        h(&r, "www-authenticate"),
+        "ApiKey realm=\"bloomgate\", header=\"X-API-Key\", error=\"invalid_key\""
+    );
+    // A bearer token is not an API key, and the other way round.
+    let good = keys.sign(Alg::HS256, None, &claims("1", "users:read"));
+    assert_eq!(c.bearer("/keyed/users/3", &good).await.status(), 401);
+    assert_eq!(c.bearer("/private/users/3", API_KEY).await.status(), 401);
+    // `any` takes either, not both at once.
+    assert_eq!(c.bearer("/any/users/3", &good).await.status(), 200);
+    assert_eq!(
+        c.get("/any/users/3", &[("x-api-key", WEAK_KEY)])
+            .await
+            .status(),
+        200
+    );
+    let r = c
+        .get(
+            "/any/users/3",
+            &[
+                ("x-api-key", WEAK_KEY),
+                ("authorization", &format!("Bearer {good}")),
+            ],
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"], "invalid_request");
+    let r = c.get("/any/users/3", &[]).await;
+    assert_eq!(
+        h(&r, "www-authenticate"),
+        "Bearer realm=\"bloomgate\", ApiKey realm=\"bloomgate\", header=\"X-API-Key\""
+    );
+    // A malformed key is 400 whoever asks (parse comes first).
+    assert_eq!(c.get("/private/users/abc", &[]).await.status(), 400);
+    // HEAD goes through axum's router, with the same checks.
+    let head = |t: Option<&str>| {
+        let mut req = c.http.head(format!("{}/private/users/3", c.base));
+        if let Some(t) = t {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    assert_eq!(head(None).await.unwrap().status(), 401);
+    let r = head(Some(&good)).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(h(&r, "cache-control").starts_with("private, "));
+
+    // The counts, per resource and by reason.
+    let p = gw.resource("private_users").unwrap();
+    assert_eq!(p.stats.unauthorized.load(Ordering::Relaxed), 4);
+    assert_eq!(p.stats.forbidden.load(Ordering::Relaxed), 1);
+    let v = gw.auth.view();
+    assert_eq!(v.failures["expired"], 1);
+    assert_eq!(v.failures["insufficient_scope"], 2);
+    assert_eq!(v.failures["unknown_api_key"], 1);
+    assert_eq!(v.failures["missing"], 4);
+    assert_eq!(v.failures["two_credentials"], 1);
+    served.shutdown().await.unwrap();
+    let _ = std::fs::remove_file(keyfile);
+}
+
+/// Tokens no gateway should take, each answered 401 at once: nothing is
+/// parsed past what refuses it, nothing panics, the server goes on.
+#[tokio::test]
+async fn hostile_tokens_are_refused_with_401_and_no_panic() {
+    let db = seeded().await;
+    let keys = Signers::new();
+    let set = json!({"keys": [keys.jwk(Alg::RS256, "rsa")]});
+    let file = jwks_file(&set);
+    // No jwt_secret: HS256 has no key at all here.
+    let cfg = auth_config(&db, "", &format!("jwks_file = \"{}\"", file.display()));
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let good = keys.sign(Alg::RS256, Some("rsa"), &claims("1", "users:read"));
+    assert_eq!(c.bearer("/private/users/3", &good).await.status(), 200);
+    let parts: Vec<&str> = good.split('.').collect();
+    let enc = |v: &str| b64(v.as_bytes());
+    // Algorithm confusion: HS256 "signed" with the RSA key's public bytes.
+    let rsa_public = keys.rsa.public().as_ref().to_vec();
+    let confused = jwt::encode(
+        &json!({"alg": "HS256", "kid": "rsa"}),
+        &claims("1", "users:read"),
+        |m| jwt::Secret::new(&rsa_public).sign(Alg::HS256, m).unwrap(),
+    );
+    let bomb = format!(
+        "{}.{}.{}",
+        enc(&format!(
+            "{{\"alg\":\"RS256\",\"kid\":\"rsa\",\"x\":{}1{}}}",
+            "[".repeat(250),
+            "]".repeat(250)
+        )),
+        parts[1],
+        parts[2]
+    );
+    let cases = [
+        (
+            "alg none",
+            format!("{}.{}.", enc("{\"alg\":\"none\"}"), parts[1]),
+        ),
+        ("HS256 with the RSA public key", confused),
+        (
+            "unknown alg",
+            format!(
+                "{}.{}.{}",
+                enc("{\"alg\":\"RS1024\",\"kid\":\"rsa\"}"),
+                parts[1],
+                parts[2]
+            ),
+        ),
+        (
+            "unknown kid",
+            keys.sign(Alg::RS256, Some("nobody"), &claims("1", "users:read")),
+        ),
+        ("100 kB", "a".repeat(100_000)),
+        ("bad base64", format!("{}.{}.{}", parts[0], "%%%", parts[2])),
+        (
+            "padding",
+            format!("{}=.{}.{}", parts[0], parts[1], parts[2]),
+        ),
+        ("JSON bomb in the header", bomb),
+        (
+            "signature of another token",
+            format!(
+                "{}.{}.{}",
+                parts[0],
+                enc("{\"sub\":\"2\",\"exp\":99999999999}"),
+                parts[2]
+            ),
+        ),
+        ("two parts", format!("{}.{}", parts[0], parts[1])),
+    ];
+    for (what, token) in &cases {
+        let r = c.bearer("/private/users/3", token).await;
+        assert_eq!(r.status(), 401, "{what}");
+        assert!(
+            h(&r, "www-authenticate").contains("invalid_token"),
+            "{what}"
+        );
+        let text = r.text().await.unwrap();
+        assert!(
+            text.len() < 300 && !text.contains(&token[..token.len().min(40)]),
+            "{what}: {text}"
+        );
+    }
+    assert_eq!(c.get("/healthz", &[]).await.status(), 200);
+    assert_eq!(c.bearer("/private/users/3", &good).await.status(), 200);
+    let v = gw.auth.view();
+    for reason in [
+        "algorithm",
+        "unknown_key",
+        "too_long",
+        "malformed",
+        "signature",
+    ] {
+        assert!(v.failures[reason] >= 1, "{reason}: {:?}", v.failures);
+    }
+    served.shutdown().await.unwrap();
+    let _ = std::fs::remove_file(file);
+}
+
+/// `exp` and `nbf` a few seconds inside and outside the leeway (30 s): the
+/// margins absorb the second that may tick between signing and checking.
+#[tokio::test]
+async fn clock_skew_is_allowed_up_to_the_leeway_and_no_further() {
+    let db = seeded().await;
+    let keys = Signers::new();
+    let cfg = auth_config(
+        &db,
+        "",
+        &format!("jwt_secret = \"{SECRET}\"\nleeway = \"30s\""),
+    );
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let t = now();
+    let token = |exp: u64, nbf: Option<u64>| {
+        let mut cl = json!({"sub": "1", "scope": "users:read", "exp": exp});
+        if let Some(n) = nbf {
+            cl["nbf"] = json!(n);
+        }
+        keys.sign(Alg::HS256, None, &cl)
+    };
+    for (what, tok, want) in [
+        ("expired 27 s ago", token(t - 27, None), 200),
+        ("expired 33 s ago", token(t - 33, None), 401),
+        ("valid from in 27 s", token(t + 600, Some(t + 27)), 200),
+        ("valid from in 33 s", token(t + 600, Some(t + 33)), 401),
+    ] {
+        let r = c.bearer("/private/users/3", &tok).await;
+        assert_eq!(r.status(), want, "{what}");
+    }
+    served.shutdown().await.unwrap();
+}
+
+/// A local JWKS endpoint whose document the test changes, counting fetches.
+struct JwksServer {
+    url: String,
+    doc: Arc<Mutex<String>>,
+    fetches: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl JwksServer {
+    async fn start(doc: &Value) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/.well-known/jwks.json",
+            listener.local_addr().unwrap()
+        );
+        let doc = Arc::new(Mutex::new(doc.to_string()));
+        let fetches = Arc::new(AtomicU64::new(0));
+        let (d, f) = (doc.clone(), fetches.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let (d, f) = (d.clone(), f.clone());
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = 0;
+                    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf[got..]).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got += n,
+                        }
+                    }
+                    f.fetch_add(1, Ordering::SeqCst);
+                    let body = d.lock().unwrap().clone();
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = s.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        Self {
+            url,
+            doc,
+            fetches,
+            task,
+        }
+    }
+
+    fn set(&self, doc: &Value) {
+        *self.doc.lock().unwrap() = doc.to_string();
+    }
+
+    fn fetches(&self) -> u64 {
+        self.fetches.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for JwksServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_key_set_refuses_the_removed_kid_and_takes_the_new_one() {
+    let db = seeded().await;
+    let keys = Signers::new();
+    let jwks = JwksServer::start(&json!({"keys": [keys.jwk(Alg::ES256, "old")]})).await;
+    let cfg = auth_config(
+        &db,
+        "",
+        &format!(
+            "jwks_url = \"{}\"\njwks_refresh_interval = \"1h\"\njwks_min_refetch_interval = \"1s\"",
+            jwks.url
+        ),
+    );
+    let gw = gateway(cfg);
+    // Ready only once the key set has been fetched.
+    let served = serve_socket(&gw, None).await;
+    assert!(gw.auth.is_ready());
+    let c = Client::new(served.addr);
+    let cl = claims("1", "users:read");
+    let old = keys.sign(Alg::ES256, Some("old"), &cl);
+    assert_eq!(c.bearer("/private/users/3", &old).await.status(), 200);
+
+    // The provider rotates: the old key goes, a new one (EdDSA) comes.
+    jwks.set(&json!({"keys": [keys.jwk(Alg::EdDSA, "new")]}));
+    let new = keys.sign(Alg::EdDSA, Some("new"), &cl);
+    // Its first token names an unknown kid: a refetch, at most one a
+    // second, whoever asks; retried until the new set is in.
+    let fetched = jwks.fetches();
+    let began = std::time::Instant::now();
+    loop {
+        let status = c.bearer("/private/users/3", &new).await.status();
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 401);
+        assert!(
+            began.elapsed() < Duration::from_secs(10),
+            "the new key never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The old kid is refused at once, though its token was verified and
+    // cached before the rotation and has not expired.
+    let r = c.bearer("/private/users/3", &old).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["message"],
+        "the token's signing key is not known"
+    );
+    // A burst of unknown kids cannot make the gateway fetch at will.
+    let before = jwks.fetches();
+    for i in 0..50 {
+        let t = keys.sign(Alg::EdDSA, Some(&format!("k{i}")), &cl);
+        assert_eq!(c.bearer("/private/users/3", &t).await.status(), 401);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        jwks.fetches() - before <= 2,
+        "{} fetches",
+        jwks.fetches() - before
+    );
+    assert!(jwks.fetches() - fetched <= 3 + began.elapsed().as_secs());
+    served.shutdown().await.unwrap();
+}
+
+/// What a refused request costs Postgres: nothing. Every gateway backend's
+/// last state change (`pg_stat_activity`, live) and the pool's query count
+/// stay as they were through 1,000 requests for absent keys without a
+/// credential; so do the filter's and the caches' counts.
+#[tokio::test]
+async fn a_thousand_unauthenticated_requests_for_absent_keys_cost_the_database_nothing() {
+    let db = seeded().await;
+    let cfg = auth_config(
+        &db,
+        "listen = false\n[filter]\nrebuild_interval = \"0s\"",
+        &format!("jwt_secret = \"{SECRET}\""),
+    );
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    // Activity of every other backend on the test database, as Postgres
+    // sees it now (not the statistics, which are flushed lazily), read on
+    // one connection of our own.
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&db.url)
+        .await
+        .unwrap();
+    let mut activity = async || {
+        sqlx::query_as::<_, (i32, Option<String>, String)>(
+            "SELECT pid, state_change::text, coalesce(query, '') FROM pg_stat_activity
+             WHERE datname = current_database() AND pid <> pg_backend_pid() ORDER BY pid",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+    };
+    let p = gw.resource("private_users").unwrap();
+    let (q0, a0, f0) = (queries(&gw), activity().await, p.stats.filtered.get());
+    for i in 0..1000 {
+        let r = c
+            .get(&format!("/private/users/{}", 1_000_000 + i), &[])
+            .await;
+        assert_eq!(r.status(), 401);
+    }
+    assert_eq!(queries(&gw), q0, "the gateway sent no query");
+    assert_eq!(
+        activity().await,
+        a0,
+        "no backend of the gateway did anything"
+    );
+    assert_eq!(p.stats.filtered.get(), f0, "the filter was not asked");
+    assert_eq!(p.cache_entries(), (0, 0));
+    assert_eq!(p.stats.unauthorized.load(Ordering::Relaxed), 1000);
+    served.shutdown().await.unwrap();
+}
+
+/// Row ownership on the key (`/me/{id}`) and on another column
+/// (`/my/articles/{id}`, `author_id`): another owner's row is a 404 that
+/// reads exactly like the 404 of a key that does not exist.
+#[tokio::test]
+async fn another_owners_row_is_a_404_indistinguishable_from_an_absent_key() {
+    let db = seeded().await;
+    let keys = Signers::new();
+    let cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let seven = keys.sign(Alg::HS256, None, &claims("7", ""));
+
+    // On the key.
+    let r = c.bearer("/me/7", &seven).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["id"], 7);
+    let other = described(c.bearer("/me/8", &seven).await).await;
+    let absent = described(c.bearer("/me/999999", &seven).await).await;
+    assert_eq!(other.0, 404);
+    assert_eq!(other, absent, "another owner's key reads as an absent one");
+    let me = gw.resource("me").unwrap();
+    assert_eq!(
+        me.stats.forbidden.load(Ordering::Relaxed),
+        2,
+        "both refused before the filter"
+    );
+    assert_eq!(me.stats.filtered.get(), 0);
+
+    // On a column read from the cached row.
+    let mine = "/my/articles/00000000-0000-0000-0000-000000000007";
+    let theirs = "/my/articles/00000000-0000-0000-0000-000000000008";
+    for _ in 0..2 {
+        let r = c.bearer(mine, &seven).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.json::<Value>().await.unwrap()["author_id"], 7);
+    }
+    for _ in 0..2 {
+        // Loaded, then from the cache: the same answer both times.
+        let theirs = described(c.bearer(theirs, &seven).await).await;
+        let absent = described(
+            c.bearer("/my/articles/00000000-0000-0000-0000-0000000000ff", &seven)
+                .await,
+        )
+        .await;
+        assert_eq!(theirs.0, 404);
+        assert_eq!(theirs, absent);
+        assert!(
+            theirs
+                .1
+                .contains(&("cache-status".into(), "bloomgate; detail=not-found".into()))
+        );
+    }
+    // A token without the owner claim may not read either.
+    let nobody = keys.sign(Alg::HS256, None, &json!({"exp": now() + 60}));
+    assert_eq!(c.bearer("/me/7", &nobody).await.status(), 403);
+
+    // Not vouched for by the change feed (a resync): rows come from the
+    // database past the cache, and the owner check still holds.
+    let articles = gw.resource("my_articles").unwrap();
+    articles.vouch.open_gap("a test's resync");
+    let r = c.bearer(theirs, &seven).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(h(&r, "cache-status"), "bloomgate; detail=not-found");
+    let r = c.bearer(mine, &seven).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        h(&r, "cache-status"),
+        "bloomgate; fwd=bypass; detail=unverified"
+    );
+    served.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_burst_above_the_rate_limit_is_429_while_another_caller_is_served() {
+    let db = seeded().await;
+    let keys = Signers::new();
+    let cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let a = keys.sign(Alg::HS256, None, &claims("alice", ""));
+    let b = keys.sign(Alg::HS256, None, &claims("bob", ""));
+    // 1/s with a burst of 3: the fourth at once is refused.
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = c.bearer("/limited/users/3", &a).await;
+        statuses.push(r.status().as_u16());
+        if r.status() == 429 {
+            let retry: u64 = h(&r, "retry-after").parse().unwrap();
+            assert!((1..=2).contains(&retry), "{retry}");
+            assert_eq!(h(&r, "ratelimit-policy"), "\"limited_users\";q=3;w=3");
+            assert!(
+                h(&r, "ratelimit").starts_with("\"limited_users\";r=0;t="),
+                "{}",
+                h(&r, "ratelimit")
+            );
+            assert_eq!(h(&r, "cache-control"), "no-store");
+            assert_eq!(r.json::<Value>().await.unwrap()["error"], "rate_limited");
+        }
+    }
+    assert_eq!(&statuses[..3], &[200, 200, 200]);
+    assert!(statuses[3..].iter().all(|s| *s == 429), "{statuses:?}");
+    // Bob is another caller: served.
+    assert_eq!(c.bearer("/limited/users/3", &b).await.status(), 200);
+    // A new token of Alice's is still Alice.
+    let a2 = keys.sign(
+        Alg::HS256,
+        None,
+        &json!({"sub": "alice", "exp": now() + 601}),
+    );
+    assert_eq!(c.bearer("/limited/users/3", &a2).await.status(), 429);
+    // A public resource limits by client address.
+    let open: Vec<u16> = futures_util::future::join_all(
+        (0..4).map(|_| async { c.get("/open/users/3", &[]).await.status().as_u16() }),
+    )
+    .await;
+    assert_eq!(open.iter().filter(|s| **s == 200).count(), 2, "{open:?}");
+    assert_eq!(open.iter().filter(|s| **s == 429).count(), 2, "{open:?}");
+    assert_eq!(
+        gw.resource("limited_users")
+            .unwrap()
+            .stats
+            .rate_limited
+            .load(Ordering::Relaxed),
+        3
+    );
+    served.shutdown().await.unwrap();
+}
+
+/// The admin API and the metrics show each resource's rules and its
+/// refusals; no token or key appears in them, nor in the log.
+#[tokio::test]
+async fn refusals_are_counted_in_the_admin_api_and_metrics_and_no_secret_is_shown() {
+    let (logs, _guard) = capture_logs();
+    let db = seeded().await;
+    let keys = Signers::new();
+    let keyfile = api_keys_file();
+    let cfg = auth_config(
+        &db,
+        "",
+        &format!(
+            "jwt_secret = \"{SECRET}\"\napi_keys_file = \"{}\"",
+            keyfile.display()
+        ),
+    );
+    let gw = gateway(cfg);
+    let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_addr = admin_listener.local_addr().unwrap();
+    let admin_token = "admin-token-0123456789abcdef";
+    let served = serve_socket(
+        &gw,
+        Some(bloomgate::server::Admin {
+            listener: admin_listener,
+            token: admin_token.into(),
+        }),
+    )
+    .await;
+    let c = Client::new(served.addr);
+    let expired = keys.sign(Alg::HS256, None, &json!({"sub": "1", "exp": now() - 3600}));
+    let good = keys.sign(Alg::HS256, None, &claims("1", "users:read"));
+    assert_eq!(c.bearer("/private/users/3", &expired).await.status(), 401);
+    assert_eq!(c.bearer("/private/users/3", &good).await.status(), 200);
+    assert_eq!(
+        c.get("/keyed/users/3", &[("x-api-key", WEAK_KEY)])
+            .await
+            .status(),
+        403
+    );
+    for _ in 0..4 {
+        c.bearer("/limited/users/3", &good).await;
+    }
+    let admin = Client::new(admin_addr);
+    let auth = [("authorization", format!("Bearer {admin_token}"))];
+    let auth: Vec<(&str, &str)> = auth.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let stats: Value = admin.get("/admin/stats", &auth).await.json().await.unwrap();
+    let by = |name: &str| {
+        stats["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let p = by("private_users");
+    assert_eq!(p["access"]["auth"], "jwt");
+    assert_eq!(p["access"]["scopes"], json!(["users:read"]));
+    assert_eq!(p["access"]["unauthorized"], 1);
+    assert_eq!(p["requests"]["unauthorized"], 1);
+    assert_eq!(by("keyed_users")["access"]["forbidden"], 1);
+    assert_eq!(by("limited_users")["access"]["rate_limited"], 1);
+    assert_eq!(by("limited_users")["access"]["rate_limit"]["burst"], 3);
+    assert_eq!(by("users")["access"]["auth"], "none");
+    assert_eq!(stats["auth"]["api_keys"], 2);
+    assert_eq!(stats["auth"]["failures"]["expired"], 1);
+    let metrics = admin.get("/metrics", &auth).await.text().await.unwrap();
+    for line in [
+        "bloomgate_requests_total{resource=\"private_users\",outcome=\"unauthorized\"} 1",
+        "bloomgate_requests_total{resource=\"keyed_users\",outcome=\"forbidden\"} 1",
+        "bloomgate_requests_total{resource=\"limited_users\",outcome=\"rate_limited\"} 1",
+        "bloomgate_auth_failures_total{reason=\"expired\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+    served.shutdown().await.unwrap();
+    let everything = format!("{stats}\n{metrics}\n{}", logs.text());
+    for secret in [SECRET, API_KEY, WEAK_KEY, &good, &expired] {
+        assert!(!everything.contains(secret), "a secret was shown");
+    }
+    let _ = std::fs::remove_file(keyfile);
+}
+
+/// The public document declares the schemes, each operation's security
+/// and scopes, and the 401, 403 and 429 answers where they can happen.
+#[tokio::test]
+async fn the_openapi_document_declares_schemes_security_and_refusals() {
+    let db = seeded().await;
+    let cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let doc: Value = c.get("/openapi.json", &[]).await.json().await.unwrap();
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["bearerAuth"]["scheme"], "bearer");
+    assert_eq!(schemes["bearerAuth"]["bearerFormat"], "JWT");
+    assert_eq!(schemes["apiKey"]["in"], "header");
+    assert_eq!(schemes["apiKey"]["name"], "X-API-Key");
+    let op = |path: &str| doc["paths"][path]["get"].clone();
+    let private = op("/private/users/{id}");
+    assert_eq!(private["security"], json!([{"bearerAuth": ["users:read"]}]));
+    for status in ["401", "403"] {
+        assert!(private["responses"][status].is_object(), "{status}");
+    }
+    assert!(private["responses"].get("429").is_none());
+    assert_eq!(
+        op("/any/users/{id}")["security"],
+        json!([{"bearerAuth": []}, {"apiKey": []}])
+    );
+    assert_eq!(
+        op("/keyed/users/{id}")["security"],
+        json!([{"apiKey": ["users:read"]}])
+    );
+    let limited = op("/limited/users/{id}");
+    assert!(limited["responses"]["429"]["headers"]["Retry-After"].is_object());
+    assert!(limited["responses"]["429"]["headers"]["RateLimit"].is_object());
+    // Public resources: no security, a 429 only where limited.
+    let public = op("/users/{id}");
+    assert!(public.get("security").is_none());
+    assert!(public["responses"].get("401").is_none());
+    assert!(op("/open/users/{id}")["responses"]["429"].is_object());
+    served.shutdown().await.unwrap();
+}
