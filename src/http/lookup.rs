@@ -417,10 +417,13 @@ fn found(
         )
     };
     let Parts { etag, length, body } = row.sent(coding);
-    if !if_match(headers, etag.as_bytes()) {
+    let Preconditions {
+        if_match,
+        not_modified,
+    } = preconditions(headers, etag.as_bytes());
+    if !if_match {
         return precondition_failed(etag, cache_status);
     }
-    let not_modified = if_none_match(headers, etag.as_bytes());
     let mut resp = if not_modified {
         StatusCode::NOT_MODIFIED.into_response()
     } else {
@@ -448,19 +451,42 @@ fn found(
     resp
 }
 
-/// RFC 9110 §13.1.1: true without `If-Match`; with it, `*` (the row
-/// exists: a row is being answered) or a strong match of one of its tags
-/// (a weak tag never matches).
-fn if_match(headers: &HeaderMap, ours: &[u8]) -> bool {
-    let mut values = headers.get_all(header::IF_MATCH).iter().peekable();
-    if values.peek().is_none() {
-        return true;
+/// What a request's conditional headers say of a row with tag `ours`.
+#[derive(Debug, PartialEq, Eq)]
+struct Preconditions {
+    /// RFC 9110 §13.1.1: true without `If-Match`; with it, `*` (a row is
+    /// being answered, so it exists) or a strong match of one of its tags
+    /// (a weak tag never matches).
+    if_match: bool,
+    /// §13.1.2: a weak match of a tag in any `If-None-Match`, or `*`.
+    not_modified: bool,
+}
+
+/// [`Preconditions`], in one pass over the request's headers: two lookups
+/// by name would hash each name, on every hit, for headers a request
+/// rarely has.
+fn preconditions(headers: &HeaderMap, ours: &[u8]) -> Preconditions {
+    fn tags(v: &HeaderValue) -> impl Iterator<Item = &str> {
+        v.to_str()
+            .ok()
+            .into_iter()
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
     }
-    values
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .any(|tag| tag == "*" || tag.as_bytes() == ours)
+    let (mut asked, mut matched, mut not_modified) = (false, false, false);
+    for (name, value) in headers {
+        if name == header::IF_MATCH {
+            asked = true;
+            matched |= tags(value).any(|tag| tag == "*" || tag.as_bytes() == ours);
+        } else if name == header::IF_NONE_MATCH {
+            not_modified |= tags(value)
+                .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag).as_bytes() == ours);
+        }
+    }
+    Preconditions {
+        if_match: !asked || matched,
+        not_modified,
+    }
 }
 
 /// 412 (RFC 9110 §13.1.1): `If-Match` did not match the row's current
@@ -479,18 +505,6 @@ fn precondition_failed(etag: HeaderValue, cache_status: &'static str) -> Respons
     resp
 }
 
-/// RFC 9110 §13.1.2: weak comparison against every tag in every
-/// `If-None-Match` header, or `*`.
-fn if_none_match(headers: &HeaderMap, ours: &[u8]) -> bool {
-    headers
-        .get_all(header::IF_NONE_MATCH)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .any(|tag| tag == "*" || tag.strip_prefix("W/").unwrap_or(tag).as_bytes() == ours)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,31 +519,46 @@ mod tests {
     #[test]
     fn if_match_compares_strongly_and_star_matches_a_row() {
         let etag = b"\"abc\"";
+        let matched = |h: &HeaderMap| preconditions(h, etag).if_match;
         let mut h = HeaderMap::new();
-        assert!(if_match(&h, etag), "no precondition");
+        assert!(matched(&h), "no precondition");
         h.insert(header::IF_MATCH, HeaderValue::from_static("\"x\", \"abc\""));
-        assert!(if_match(&h, etag));
+        assert!(matched(&h));
         h.insert(header::IF_MATCH, HeaderValue::from_static("W/\"abc\""));
-        assert!(!if_match(&h, etag), "a weak tag never matches strongly");
+        assert!(!matched(&h), "a weak tag never matches strongly");
         h.insert(header::IF_MATCH, HeaderValue::from_static("\"abcd\""));
-        assert!(!if_match(&h, etag));
+        assert!(!matched(&h));
+        h.append(header::IF_MATCH, HeaderValue::from_static("\"abc\""));
+        assert!(matched(&h), "any value of any If-Match header");
         h.insert(header::IF_MATCH, HeaderValue::from_static("*"));
-        assert!(if_match(&h, etag));
+        assert!(matched(&h));
     }
 
     #[test]
     fn if_none_match_compares_weakly_across_lists() {
         let etag = b"\"abc\"";
+        let not_modified = |h: &HeaderMap| preconditions(h, etag).not_modified;
         let mut h = HeaderMap::new();
-        assert!(!if_none_match(&h, etag));
+        assert!(!not_modified(&h));
         h.insert(
             header::IF_NONE_MATCH,
             HeaderValue::from_static("\"x\", W/\"abc\""),
         );
-        assert!(if_none_match(&h, etag));
+        assert!(not_modified(&h));
         h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"abcd\""));
-        assert!(!if_none_match(&h, etag));
+        assert!(!not_modified(&h));
+        h.append(header::IF_NONE_MATCH, HeaderValue::from_static("\"abc\""));
+        assert!(not_modified(&h));
         h.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));
-        assert!(if_none_match(&h, etag));
+        assert!(not_modified(&h));
+        // Neither header changes the other's answer.
+        h.insert(header::IF_MATCH, HeaderValue::from_static("\"zzz\""));
+        assert_eq!(
+            preconditions(&h, etag),
+            Preconditions {
+                if_match: false,
+                not_modified: true
+            }
+        );
     }
 }
