@@ -153,8 +153,11 @@ pub struct Setup<'a> {
 }
 
 pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
+    // The gateway's bound (`freshness_bound`, checked every eighth of it)
+    // inside the oracle's (`model::BASE`, 2 s): a silent feed is caught by
+    // the gateway before the oracle would call it a violation.
     let mut db = format!(
-        "url = \"{}\"\npool_size = 8\nacquire_timeout = \"2s\"\nmigrate = false\n",
+        "url = \"{}\"\npool_size = 8\nacquire_timeout = \"2s\"\nmigrate = false\nfreshness_bound = \"1500ms\"\n",
         s.url
     );
     db.push_str(match s.feed {
