@@ -11,7 +11,6 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::db::catalog::ColumnType;
 use crate::filter::{Item, KeyKind};
 
 /// The SQL type of a resource's key column.
@@ -224,9 +223,67 @@ fn percent_decode_strict(raw: &str) -> Result<std::borrow::Cow<'_, [u8]>, KeyErr
     Ok(std::borrow::Cow::Owned(out))
 }
 
+/// The base type of a key column, after resolving domains: it decides which
+/// key types fit and the canonical text of its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ColumnType {
+    Int2,
+    Int4,
+    Int8,
+    Uuid,
+    Text,
+    Varchar,
+    /// `char(n)` (`bpchar`): blank-padded; canonical text has the trailing
+    /// blanks stripped (what `::text` does).
+    Bpchar,
+    /// The `citext` extension type: compared as text by the gateway's
+    /// queries (`col = $1::text`), so case-sensitively, like the filter.
+    Citext,
+    /// Any other type: not a valid key column type.
+    Other,
+}
+
+impl ColumnType {
+    /// From the base type's name (`pg_type.typname`).
+    pub fn from_type_name(name: &str) -> ColumnType {
+        match name {
+            "int2" => ColumnType::Int2,
+            "int4" => ColumnType::Int4,
+            "int8" => ColumnType::Int8,
+            "uuid" => ColumnType::Uuid,
+            "text" => ColumnType::Text,
+            "varchar" => ColumnType::Varchar,
+            "bpchar" => ColumnType::Bpchar,
+            "citext" => ColumnType::Citext,
+            _ => ColumnType::Other,
+        }
+    }
+}
+
+/// The canonical text of a value whose source gave `raw` (its type's output
+/// function text): the value cast to `text`, which is what the filter scan
+/// reads. Only `char(n)` differs: its output keeps the padding, the cast
+/// strips trailing blanks.
+pub fn canonical_text(ty: ColumnType, raw: &str) -> &str {
+    match ty {
+        ColumnType::Bpchar => raw.trim_end_matches(' '),
+        _ => raw,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_bpchar_text_changes() {
+        assert_eq!(canonical_text(ColumnType::Bpchar, "ab  "), "ab");
+        assert_eq!(canonical_text(ColumnType::Bpchar, " ab"), " ab");
+        assert_eq!(canonical_text(ColumnType::Text, "ab  "), "ab  ");
+        assert_eq!(canonical_text(ColumnType::Varchar, "ab "), "ab ");
+        assert_eq!(canonical_text(ColumnType::Citext, "Ab "), "Ab ");
+    }
+
     use proptest::prelude::*;
 
     const MAX: usize = 64;

@@ -21,56 +21,30 @@ use std::sync::Arc;
 
 use sqlx::{PgConnection, PgPool, Row};
 
+pub use crate::key::{ColumnType, canonical_text};
+
 /// A table as Postgres names it, schema-qualified and unquoted
 /// (`public.users`).
 pub type TableName = Arc<str>;
 
-/// The base type of a key column, after resolving domains: it decides which
-/// key types fit and the canonical text of its values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ColumnType {
-    Int2,
-    Int4,
-    Int8,
-    Uuid,
-    Text,
-    Varchar,
-    /// `char(n)` (`bpchar`): blank-padded; canonical text has the trailing
-    /// blanks stripped (what `::text` does).
-    Bpchar,
-    /// The `citext` extension type: compared as text by the gateway's
-    /// queries (`col = $1::text`), so case-sensitively, like the filter.
-    Citext,
-    /// Any other type: not a valid key column type.
-    Other,
+/// What the change feeds watch: every table a resource follows, with the
+/// key column of every resource on it (read from the catalog at start-up).
+#[derive(Clone, Debug, Default)]
+pub struct Watch {
+    pub tables: Vec<WatchedTable>,
 }
 
-impl ColumnType {
-    /// From the base type's name (`pg_type.typname`).
-    pub fn from_type_name(name: &str) -> ColumnType {
-        match name {
-            "int2" => ColumnType::Int2,
-            "int4" => ColumnType::Int4,
-            "int8" => ColumnType::Int8,
-            "uuid" => ColumnType::Uuid,
-            "text" => ColumnType::Text,
-            "varchar" => ColumnType::Varchar,
-            "bpchar" => ColumnType::Bpchar,
-            "citext" => ColumnType::Citext,
-            _ => ColumnType::Other,
-        }
-    }
+#[derive(Clone, Debug)]
+pub struct WatchedTable {
+    pub name: TableName,
+    /// The key column of every resource on this table (distinct).
+    pub columns: Vec<WatchedColumn>,
 }
 
-/// The canonical text of a value whose source gave `raw` (its type's output
-/// function text): the value cast to `text`, which is what the filter scan
-/// reads. Only `char(n)` differs: its output keeps the padding, the cast
-/// strips trailing blanks.
-pub fn canonical_text(ty: ColumnType, raw: &str) -> &str {
-    match ty {
-        ColumnType::Bpchar => raw.trim_end_matches(' '),
-        _ => raw,
-    }
+#[derive(Clone, Debug)]
+pub struct WatchedColumn {
+    pub name: Arc<str>,
+    pub ty: ColumnType,
 }
 
 /// What kind of relation a resource reads.
@@ -301,15 +275,6 @@ async fn index_columns(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_bpchar_text_changes() {
-        assert_eq!(canonical_text(ColumnType::Bpchar, "ab  "), "ab");
-        assert_eq!(canonical_text(ColumnType::Bpchar, " ab"), " ab");
-        assert_eq!(canonical_text(ColumnType::Text, "ab  "), "ab  ");
-        assert_eq!(canonical_text(ColumnType::Varchar, "ab "), "ab ");
-        assert_eq!(canonical_text(ColumnType::Citext, "Ab "), "Ab ");
-    }
 
     #[test]
     fn tables_are_quoted_like_the_queries() {

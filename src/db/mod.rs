@@ -17,6 +17,7 @@ pub const INSTALL_LOCK_KEY: i64 = 7092166037569233268;
 
 pub mod catalog;
 pub mod copy;
+pub mod lsn;
 pub mod publication;
 pub mod replicas;
 pub mod tls;

@@ -17,7 +17,8 @@
 use sqlx::{Connection, PgConnection, Row};
 
 use super::catalog::{self, ReplicaIdentity, quote, quote_table};
-use crate::feed::{Watch, WatchedTable};
+use super::catalog::{Watch, WatchedTable};
+use super::lsn::Lsn;
 
 /// The fix every publication problem shares.
 const FIX: &str = "run `bloomgate install-feed` (or set database.install_feed = true)";
@@ -315,7 +316,7 @@ pub struct SlotState {
     /// `wal_status = 'lost'`: invalidated by `max_slot_wal_keep_size`.
     pub lost: bool,
     /// Where it resumes: everything before was confirmed by some consumer.
-    pub confirmed_flush: Option<crate::feed::Lsn>,
+    pub confirmed_flush: Option<Lsn>,
 }
 
 /// The slot `name`, if it exists.
@@ -333,7 +334,7 @@ pub async fn slot(conn: &mut PgConnection, name: &str) -> Result<Option<SlotStat
         lost: r.get("lost"),
         confirmed_flush: r
             .get::<Option<String>, _>("confirmed")
-            .and_then(|t| crate::feed::Lsn::parse(&t)),
+            .and_then(|t| Lsn::parse(&t)),
     }))
 }
 
@@ -343,7 +344,7 @@ mod tests {
 
     use super::*;
     use crate::db::catalog::UniqueIndex;
-    use crate::feed::{ColumnType, WatchedColumn};
+    use crate::db::catalog::{ColumnType, WatchedColumn};
 
     fn table(columns: &[&str]) -> WatchedTable {
         WatchedTable {
