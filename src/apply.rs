@@ -67,6 +67,7 @@ use crate::feed::{
 use crate::key::{self, Key};
 use crate::rebuild::Reason;
 use crate::resource::{Provenance, Resource};
+use crate::shutdown::Shutdown;
 
 /// Events applied together at most (see [`Applier::run`]).
 const BATCH: usize = 1024;
@@ -128,9 +129,9 @@ impl Applier {
         self
     }
 
-    /// Applies events until every sender is gone (or the task is aborted),
-    /// checking freshness meanwhile.
-    pub async fn run(self, mut events: mpsc::Receiver<Event>) {
+    /// Applies events until every sender is gone or `shutdown` fires (the
+    /// batch in hand is applied first), checking freshness meanwhile.
+    pub async fn run(self, mut events: mpsc::Receiver<Event>, mut shutdown: Shutdown) {
         self.check_fresh();
         let every = self.bound.map_or(Duration::from_secs(1), |b| {
             (b / 8).max(Duration::from_millis(10))
@@ -140,6 +141,7 @@ impl Applier {
         let mut batch = Vec::new();
         loop {
             let event = tokio::select! {
+                () = shutdown.fired() => return,
                 e = events.recv() => match e {
                     Some(e) => e,
                     None => return,

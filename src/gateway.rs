@@ -1,33 +1,41 @@
 //! The gateway: the database handle and every configured resource, and the
 //! start-up sequence that makes them ready.
 //!
-//! # Tasks
-//! Every background task is the gateway's: it keeps their handles and
-//! [`Gateway::stop`] aborts them all. Per resource: its background task
+//! The change feed is the [`Supervisor`]'s business: the gateway asks it
+//! to choose, prepare and start the feed, and reads what the feed says of
+//! itself; it names no feed's internals.
+//!
+//! # Tasks and shutdown
+//! Every background task is the gateway's and is given its shutdown signal
+//! ([`crate::shutdown`]): per resource its background task
 //! ([`Resource::run_background`]: the rebuild coordinator every rebuild
 //! request goes through, and the confirmation of announced keys) and its
-//! rebuild schedule; plus the change feed and the applier
-//! ([`crate::apply`]). Aborting a resource's task cancels a rebuild
-//! mid-scan: the query is cancelled on the server and the journal closed
-//! (see `resource` and `db`), and every waiting [`crate::rebuild::Ticket`] resolves.
+//! rebuild schedule; the read replicas' checks; the change feed and the
+//! applier ([`crate::apply`]). [`Gateway::shutdown`] fires the signal and
+//! waits, up to a deadline, for each task to finish the unit of work it is
+//! in and close what it holds; only what is still running then is aborted.
+//! A rebuild mid-scan is dropped at the signal: its query is cancelled on
+//! the server and the journal closed (guards in `resource` and `db`), and
+//! every waiting [`crate::rebuild::Ticket`] resolves.
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::apply::{Applied, Applier, Route};
 use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
-use crate::db::triggers::Sink;
 use crate::db::{Db, DbError};
+use crate::feed::supervisor::{self, Supervisor};
 use crate::feed::{self, Lsn, Watch, WatchedColumn, WatchedTable, notify};
 use crate::metrics::Metrics;
 use crate::resource::{RebuildError, Resource};
+use crate::shutdown::{self, Shutdown};
 
 /// Events a feed may send before it waits for the applier.
 const FEED_QUEUE: usize = 4096;
@@ -38,9 +46,10 @@ pub struct Gateway {
     pub resources: Vec<Arc<Resource>>,
     pub stats: GatewayStats,
     pub metrics: Metrics,
-    /// Every background task (see the module doc), aborted by
-    /// [`Gateway::stop`].
+    /// Every background task (see the module doc).
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Fired by [`Gateway::shutdown`] and [`Gateway::stop`].
+    shutdown: shutdown::Trigger,
     /// Set once start-up has succeeded: starting twice is a no-op.
     started: tokio::sync::Mutex<bool>,
     /// What the feeds watch, resolved from the catalog at start-up.
@@ -48,44 +57,15 @@ pub struct Gateway {
     /// The commit LSN the applier has applied up to (see `apply`).
     applied: Applied,
     applied_tx: watch::Sender<Lsn>,
-    /// The change feed start-up chose (see [`FeedMode`]).
-    feed_mode: OnceLock<FeedMode>,
+    /// The change feed start-up chose and started.
+    feed: OnceLock<Supervisor>,
     /// The `wal` feed's counters (zero in the other modes).
     pub wal_stats: Arc<feed::wal::Stats>,
-    /// What the feed in force says of its connection.
-    pub feed_health: Arc<feed::Health>,
     /// The access checks of every resource (see `auth`).
     pub auth: Arc<crate::auth::Auth>,
 }
 
-/// How the `wal` feed reads the slot (`database.wal_poll_interval`), for
-/// the log line that says which feed is in force.
-pub fn wal_delivery(db: &crate::config::DatabaseConfig) -> String {
-    match db.wal_poll_interval {
-        None => "streamed".into(),
-        Some(every) => format!("polled every {}", humantime::format_duration(every)),
-    }
-}
-
-/// The change feed in force: `database.freshness` resolved at start-up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FeedMode {
-    Wal,
-    Queue,
-    Notify,
-    Off,
-}
-
-impl FeedMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FeedMode::Wal => "wal",
-            FeedMode::Queue => "queue",
-            FeedMode::Notify => "notify",
-            FeedMode::Off => "off",
-        }
-    }
-}
+pub use crate::feed::supervisor::wal_delivery;
 
 /// Counters that belong to no single resource. The `notify` source's
 /// counters are shared with it, or with the `queue` source, which counts
@@ -192,10 +172,10 @@ impl Gateway {
             watch: OnceLock::new(),
             applied,
             applied_tx,
-            feed_mode: OnceLock::new(),
+            feed: OnceLock::new(),
             wal_stats: Arc::default(),
-            feed_health: Arc::default(),
             auth,
+            shutdown: shutdown::channel().0,
         })
     }
 
@@ -217,10 +197,10 @@ impl Gateway {
             .iter()
             .filter_map(|r| Some((r.name().to_string(), r.why_not_ready()?)))
             .collect();
-        let health = self.feed_health.get();
+        let health = self.feed.get().map(|f| f.health.get()).unwrap_or_default();
         let feed = match health.state {
             feed::FeedState::Streaming => None,
-            _ if self.feed_mode() == Some(FeedMode::Off) => None,
+            _ if self.freshness() == Some(Freshness::Off) => None,
             feed::FeedState::Starting => Some(
                 health
                     .detail
@@ -255,10 +235,11 @@ impl Gateway {
 
     /// Waits for the database, migrates if configured, reads the catalog
     /// (canonical table names, key column types: a column the key type does
-    /// not accept is an error), installs the triggers if configured,
-    /// subscribes to key changes, then builds every filter. Transient
-    /// failures are retried for as long as it takes; a permanent one (a
-    /// missing table, a standby that cannot `LISTEN`) is returned.
+    /// not accept is an error), has the supervisor choose and prepare the
+    /// change feed and start it, then builds every filter and waits for the
+    /// feed to prove itself current. Transient failures are retried for as
+    /// long as it takes; a permanent one (a missing table, a standby that
+    /// cannot `LISTEN`) is returned.
     pub async fn start(self: &Arc<Self>) -> Result<(), StartError> {
         let mut started = self.started.lock().await;
         if *started {
@@ -268,25 +249,13 @@ impl Gateway {
         // First, so that rebuild requests made from here on (the first
         // build, a feed's resync) are served.
         for r in &self.resources {
-            self.keep(tokio::spawn(r.clone().run_background()));
+            self.keep(tokio::spawn(r.clone().run_background(self.signal())));
         }
         self.db.wait_until_reachable().await;
-        if self.config.database.listen {
-            // First: on a standby everything after this fails (migrations,
-            // triggers) or hangs (LISTEN), and this names the cause.
-            let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
-                .fetch_one(self.db.pool())
-                .await
-                .map_err(StartError::Catalog)?;
-            if standby {
-                let why = if self.config.database.freshness == Freshness::Queue {
-                    feed::queue::QueueError::Standby.to_string()
-                } else {
-                    notify::NotifyError::Standby.to_string()
-                };
-                return Err(StartError::Feed(why));
-            }
-        }
+        // Before the migrations: on a standby they fail less clearly.
+        supervisor::refuse_standby(self.db.pool(), &self.config.database)
+            .await
+            .map_err(StartError::Feed)?;
         if self.config.database.migrate {
             self.db.migrate().await?;
         }
@@ -294,33 +263,20 @@ impl Gateway {
             // Known before the first scan, which may then run on one.
             replicas.check().await;
             let every = self.config.database.replica_check_interval;
-            self.keep(tokio::spawn(replicas.clone().run_checks(every)));
+            self.keep(tokio::spawn(
+                replicas.clone().run_checks(every, self.signal()),
+            ));
         }
         let (routes, watch) = self.resolve().await?;
-        let mode = self.choose_feed(&watch).await?;
-        let _ = self.feed_mode.set(mode);
-        if mode == FeedMode::Wal && self.config.database.install_feed {
-            self.remove_triggers(&watch).await;
-        }
-        let sink = match mode {
-            FeedMode::Notify => Some(Sink::Notify),
-            FeedMode::Queue => Some(Sink::Queue),
-            FeedMode::Wal | FeedMode::Off => None,
-        };
-        if let Some(sink) = sink
-            && self.config.database.install_triggers
-        {
-            for (table, r) in self.install_triggers_for(&watch, sink).await {
-                match r {
-                    Ok(columns) => {
-                        tracing::info!(table = %table, columns = ?columns, "triggers installed")
-                    }
-                    Err(e) => {
-                        tracing::warn!(table = %table, error = %e, "cannot install the triggers; changes to it are seen at the next rebuild")
-                    }
-                }
-            }
-        }
+        let feed = Supervisor::prepare(
+            &self.db,
+            &self.config.database,
+            &watch,
+            self.wal_stats.clone(),
+            self.stats.notify.clone(),
+        )
+        .await
+        .map_err(StartError::Feed)?;
         // Resources whose changes no feed follows (a view without
         // `source_table`) change only at rebuilds: nothing to prove.
         for r in &self.resources {
@@ -328,7 +284,8 @@ impl Gateway {
                 r.vouch.set_fresh(true);
             }
         }
-        self.start_feed(routes, &watch, mode).await?;
+        let feed = self.feed.get_or_init(|| feed);
+        self.start_feed(feed, routes, &watch).await?;
         let _ = self.watch.set(watch);
         if let Some(replicas) = self.db.replicas() {
             // A replica behind the primary now may lack commits no feed
@@ -354,6 +311,11 @@ impl Gateway {
         tracing::info!(elapsed = ?began.elapsed(), resources = self.resources.len(), "ready");
         *started = true;
         Ok(())
+    }
+
+    /// A shutdown signal for a task of this gateway.
+    fn signal(&self) -> Shutdown {
+        self.shutdown.signal()
     }
 
     /// Waits until the feed has proven itself current once (every resource
@@ -454,247 +416,75 @@ impl Gateway {
         &self,
     ) -> Result<Vec<(TableName, Result<Vec<String>, DbError>)>, StartError> {
         let (_, watch) = self.resolve().await?;
-        let sink = if self.config.database.freshness == Freshness::Queue {
-            Sink::Queue
-        } else {
-            Sink::Notify
-        };
-        Ok(self.install_triggers_for(&watch, sink).await)
+        let sink = supervisor::sink_for(&self.config.database);
+        Ok(supervisor::install_triggers(&self.db, &watch, sink).await)
     }
 
-    /// One function and trigger pair per watched table, with the key
-    /// columns of every resource on it (see `db::triggers`).
-    async fn install_triggers_for(
-        &self,
-        watch: &Watch,
-        sink: Sink,
-    ) -> Vec<(TableName, Result<Vec<String>, DbError>)> {
-        let mut out = Vec::new();
-        for t in &watch.tables {
-            let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
-            let r = self.db.install_triggers(&t.name, &columns, sink).await;
-            out.push((
-                t.name.clone(),
-                r.map(|()| columns.iter().map(|c| c.to_string()).collect()),
-            ));
-        }
-        out
+    /// `bloomgate install-feed`: the publication over every resource table
+    /// (every replica identity checked first: nothing changes unless all
+    /// pass), and bloomgate's triggers removed.
+    pub async fn install_feed(&self) -> Result<(), StartError> {
+        let (_, watch) = self.resolve().await?;
+        supervisor::install_publication(self.db.pool(), &self.config.database, &watch)
+            .await
+            .map_err(StartError::Feed)?;
+        supervisor::remove_triggers(&self.db, &watch).await;
+        Ok(())
     }
 
-    /// The applier task, and the change feed feeding it, subscribed before
+    /// The applier task, and the change feed feeding it, streaming before
     /// this returns (so before the first scan takes its snapshot: see
-    /// `feed::notify`).
+    /// `feed`).
     async fn start_feed(
         &self,
+        feed: &Supervisor,
         routes: Vec<Route>,
         watch: &Watch,
-        mode: FeedMode,
     ) -> Result<(), StartError> {
         // A start that failed after this point may be retried: its tasks
         // were stopped (`stop`) or will be, and new ones start here.
-        let applied = self.applied_tx.clone();
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
-        let mut applier = Applier::new(routes, applied).with_replicas(self.db.replicas().cloned());
-        if mode != FeedMode::Off {
+        let mut applier = Applier::new(routes, self.applied_tx.clone())
+            .with_replicas(self.db.replicas().cloned());
+        if feed.freshness() != Freshness::Off {
             applier = applier.with_bound(self.config.database.freshness_bound);
         }
-        self.keep(tokio::spawn(applier.run(rx)));
-        if mode == FeedMode::Off {
-            return Ok(());
-        }
-        let (ready_tx, ready) = oneshot::channel();
-        if mode == FeedMode::Wal {
-            let opts = feed::wal::Options {
-                connect: (*self.db.pool().connect_options()).clone(),
-                publication: self.config.database.publication.clone(),
-                slot: self.config.database.slot.clone(),
-                password: feed::replication::password_from_url(&self.config.database.url),
-                poll: self.config.database.wal_poll_interval,
-                silence_limit: feed::wal::SILENCE_LIMIT,
-                install: self.config.database.install_feed,
-            };
-            self.keep(tokio::spawn(feed::wal::run(
-                opts,
-                watch.clone(),
-                tx,
-                self.applied.clone(),
-                self.wal_stats.clone(),
-                self.feed_health.clone(),
-                ready_tx,
-            )));
-            return match ready.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(StartError::Feed(e)),
-                Err(_) => Err(StartError::Feed(
-                    "the WAL feed stopped before its slot existed".into(),
-                )),
-            };
-        }
-        if mode == FeedMode::Queue {
-            let opts = feed::queue::Options {
-                connect: (*self.db.pool().connect_options()).clone(),
-                counters: self.stats.notify.clone(),
-                interval: self.config.database.queue_poll_interval,
-                retention: self.config.database.queue_retention,
-                health: self.feed_health.clone(),
-                install: self.config.database.install_triggers,
-            };
-            self.keep(tokio::spawn(feed::queue::run(
-                opts,
-                watch.clone(),
-                tx,
-                ready_tx,
-            )));
-            return match ready.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(StartError::Feed(e)),
-                Err(_) => Err(StartError::Feed(
-                    "the queue feed stopped before its first snapshot".into(),
-                )),
-            };
-        }
-        let opts = notify::Options {
-            connect: (*self.db.pool().connect_options()).clone(),
-            counters: self.stats.notify.clone(),
-            health: self.feed_health.clone(),
-            install: self.config.database.install_triggers,
-        };
-        self.keep(tokio::spawn(feed::notify::run(
-            opts,
-            watch.clone(),
+        self.keep(tokio::spawn(applier.run(rx, self.signal())));
+        let Some((task, ready)) = feed.spawn(
+            &self.db,
+            &self.config.database,
+            watch,
             tx,
-            ready_tx,
-        )));
+            self.applied.clone(),
+            self.signal(),
+        ) else {
+            return Ok(());
+        };
+        self.keep(task);
         match ready.await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(StartError::Feed(e)),
             Err(_) => Err(StartError::Feed(
-                "the feed stopped before it was subscribed".into(),
+                "the change feed stopped before it was streaming".into(),
             )),
         }
     }
 
-    /// The change feed in force, once start-up has chosen it.
-    pub fn feed_mode(&self) -> Option<FeedMode> {
-        self.feed_mode.get().copied()
+    /// `database.freshness` as start-up resolved it (never `auto`), once
+    /// it has.
+    pub fn freshness(&self) -> Option<Freshness> {
+        self.feed.get().map(Supervisor::freshness)
     }
 
-    /// `database.freshness` resolved (see its doc); one log line says which
-    /// and why.
-    async fn choose_feed(&self, watch: &Watch) -> Result<FeedMode, StartError> {
-        let db = &self.config.database;
-        if !db.listen || db.freshness == Freshness::Off || watch.tables.is_empty() {
-            tracing::info!(
-                freshness = "off",
-                "change feed off: rows change in the gateway only at rebuilds and TTLs"
-            );
-            return Ok(FeedMode::Off);
-        }
-        let pool = self.db.pool();
-        match db.freshness {
-            Freshness::Queue => {
-                tracing::info!(
-                    freshness = "queue",
-                    every = %humantime::format_duration(db.queue_poll_interval),
-                    "change feed: triggers writing to the change table, polled (database.freshness = queue)"
-                );
-                Ok(FeedMode::Queue)
-            }
-            Freshness::Notify => {
-                tracing::info!(
-                    freshness = "notify",
-                    "change feed: triggers and LISTEN (database.freshness = notify)"
-                );
-                Ok(FeedMode::Notify)
-            }
-            Freshness::Wal => {
-                if db.install_feed {
-                    self.install_publication(watch).await?;
-                }
-                feed::wal::check(pool, watch, &db.publication)
-                    .await
-                    .map_err(StartError::Feed)?;
-                tracing::info!(freshness = "wal", publication = %db.publication, delivery = %wal_delivery(db), "change feed: logical decoding of the WAL (database.freshness = wal)");
-                Ok(FeedMode::Wal)
-            }
-            Freshness::Auto | Freshness::Off => {
-                let why = match feed::wal::readiness(pool).await {
-                    Ok(r) if r.wal_level != "logical" => {
-                        format!("wal_level is {}, not logical", r.wal_level)
-                    }
-                    Ok(r) if !r.can_replicate => "the role lacks REPLICATION".to_string(),
-                    Ok(_) => {
-                        let installed = match db.install_feed {
-                            true => self.install_publication(watch).await,
-                            false => Ok(()),
-                        };
-                        match installed {
-                            // Nothing was changed: the notify feed instead.
-                            Err(e) => e.to_string(),
-                            Ok(()) => match feed::wal::check(pool, watch, &db.publication).await {
-                                Ok(()) => {
-                                    tracing::info!(freshness = "wal", publication = %db.publication, delivery = %wal_delivery(db), "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
-                                    return Ok(FeedMode::Wal);
-                                }
-                                Err(e) => e,
-                            },
-                        }
-                    }
-                    Err(e) => format!("cannot read wal_level: {e}"),
-                };
-                tracing::info!(freshness = "notify", reason = %why, "change feed: triggers and LISTEN (auto: the WAL feed is not possible)");
-                Ok(FeedMode::Notify)
-            }
-        }
-    }
-
-    async fn install_publication(&self, watch: &Watch) -> Result<(), StartError> {
-        let mut conn = self
-            .db
-            .pool()
-            .acquire()
-            .await
-            .map_err(StartError::Catalog)?;
-        crate::db::publication::install(&mut conn, watch, &self.config.database.publication)
-            .await
-            .map_err(|e| StartError::Feed(format!("cannot install the publication: {e}")))?;
-        tracing::info!(publication = %self.config.database.publication, "publication covers every resource table");
-        Ok(())
-    }
-
-    /// Drops bloomgate's notification triggers from every watched table:
-    /// with the WAL feed in force, writers must not pay for them.
-    pub async fn remove_triggers(&self, watch: &Watch) {
-        for t in &watch.tables {
-            let sql = format!(
-                "{}{}",
-                crate::db::INSTALL_LOCK,
-                crate::db::triggers::uninstall_sql(&t.name)
-            );
-            match sqlx::raw_sql(&sql).execute(self.db.pool()).await {
-                Ok(_) => {
-                    tracing::info!(table = %t.name, "notification triggers removed (WAL feed in force)")
-                }
-                Err(e) => {
-                    tracing::warn!(table = %t.name, error = %e, "cannot remove the notification triggers")
-                }
-            }
-        }
-    }
-
-    /// `bloomgate install-feed`: the publication over every resource table,
-    /// and bloomgate's triggers removed.
-    pub async fn install_feed(&self) -> Result<(), StartError> {
-        let (_, watch) = self.resolve().await?;
-        self.install_publication(&watch).await?;
-        self.remove_triggers(&watch).await;
-        Ok(())
+    /// What the change feed in force says of its connection.
+    pub fn feed_health(&self) -> feed::HealthState {
+        self.feed.get().map(|f| f.health.get()).unwrap_or_default()
     }
 
     /// Starts each resource's scheduled rebuilds.
     pub fn spawn_rebuilds(&self) {
         for r in &self.resources {
-            self.keep(tokio::spawn(r.clone().rebuild_periodically()));
+            self.keep(tokio::spawn(r.clone().rebuild_periodically(self.signal())));
         }
     }
 
@@ -705,18 +495,39 @@ impl Gateway {
             .push(task);
     }
 
-    /// Stops every background task: the change feed, rebuild schedules and
-    /// coordinators (a rebuild in progress is cancelled, its scan's query
-    /// too). Returns at once; the cancelled scans' queries
-    /// are cancelled on the server within `db::CANCEL_WITHIN`.
+    /// Fires the shutdown signal and waits, up to `deadline`, for every
+    /// background task to finish its unit of work and close what it holds
+    /// (see the module doc); aborts what is still running then.
+    pub async fn shutdown(&self, deadline: Duration) {
+        self.shutdown.fire();
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let until = tokio::time::Instant::now() + deadline;
+        for mut t in tasks {
+            if tokio::time::timeout_at(until, &mut t).await.is_err() {
+                t.abort();
+            }
+        }
+    }
+
+    /// [`Gateway::shutdown`] without waiting: fires the signal, and gives
+    /// the tasks a second in the background before aborting the rest.
+    /// Returns at once; a cancelled scan's query is cancelled on the server
+    /// within `db::CANCEL_WITHIN`.
     pub fn stop(&self) {
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
-            t.abort();
+        self.shutdown.fire();
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+                    for mut t in tasks {
+                        if tokio::time::timeout_at(until, &mut t).await.is_err() {
+                            t.abort();
+                        }
+                    }
+                });
+            }
+            Err(_) => tasks.iter().for_each(JoinHandle::abort),
         }
     }
 }

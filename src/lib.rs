@@ -115,5 +115,6 @@ pub mod rebuild;
 pub mod resource;
 pub mod seed;
 pub mod server;
+pub mod shutdown;
 pub mod telemetry;
 pub mod vouch;

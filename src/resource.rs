@@ -98,6 +98,7 @@ use crate::error::Error;
 use crate::filter::{FilterError, FilterKey, FilterStats, Item, KeySet, KeySetBuilder};
 use crate::key::{self, Key, KeyType};
 use crate::rebuild::{self, Coordinator, Job, Reason, Ticket};
+use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
 use crate::vouch::Vouch;
 
@@ -1164,11 +1165,12 @@ impl Resource {
         self.lock_journal().is_some()
     }
 
-    /// The resource's background work, until the task is aborted
-    /// (`Gateway::stop`): the rebuild coordinator, and the confirmation of
-    /// announced keys above the high-water mark. Aborting it cancels a
-    /// rebuild mid-scan (the scan's query is cancelled, its journal closed).
-    pub async fn run_background(self: Arc<Self>) {
+    /// The resource's background work, until `shutdown` fires
+    /// (`Gateway::shutdown`): the rebuild coordinator, and the confirmation
+    /// of announced keys above the high-water mark. The signal, or an
+    /// abort, cancels a rebuild mid-scan (the scan's query is cancelled,
+    /// its journal closed).
+    pub async fn run_background(self: Arc<Self>, mut shutdown: Shutdown) {
         let queue = self
             .to_confirm_rx
             .lock()
@@ -1197,7 +1199,16 @@ impl Resource {
                     outcome
                 })
         });
-        tokio::join!(rebuilds, confirm, self.retry_failed(retry_rx));
+        let work = async {
+            tokio::join!(rebuilds, confirm, self.retry_failed(retry_rx));
+        };
+        // At the signal a rebuild in progress is dropped: its query is
+        // cancelled on the server and its journal closed (the guards), and
+        // every waiting ticket resolves (the coordinator's own guard).
+        tokio::select! {
+            () = shutdown.fired() => {}
+            () = work => {}
+        }
     }
 
     /// Asks again, after a back-off, for every key-recovering rebuild that
@@ -1514,21 +1525,27 @@ impl Resource {
 
     /// Requests a rebuild every `rebuild_interval`, jittered by ±10 % so
     /// replicas do not all scan the table at once, and waits for each. Runs
-    /// until the task is aborted.
-    pub async fn rebuild_periodically(self: Arc<Self>) {
+    /// until `shutdown` fires.
+    pub async fn rebuild_periodically(self: Arc<Self>, mut shutdown: Shutdown) {
         let base = self.config.filter.rebuild_interval;
         if base.is_zero() || !self.config.filter.enabled {
             return;
         }
         loop {
             let jitter = rand::random_range(0.9..1.1);
-            tokio::time::sleep(base.mul_f64(jitter)).await;
-            // Errors are logged and counted by the rebuild; the old filter
-            // stays.
-            let _ = self
-                .request_rebuild(Reason::Schedule, false)
-                .outcome()
-                .await;
+            let next = async {
+                tokio::time::sleep(base.mul_f64(jitter)).await;
+                // Errors are logged and counted by the rebuild; the old
+                // filter stays.
+                let _ = self
+                    .request_rebuild(Reason::Schedule, false)
+                    .outcome()
+                    .await;
+            };
+            tokio::select! {
+                () = shutdown.fired() => return,
+                () = next => {}
+            }
         }
     }
 

@@ -135,12 +135,16 @@ pub async fn serve(
     };
 
     tracing::info!(deadline = ?deadline, "shutting down: finishing in-flight requests");
-    // One deadline for the whole sequence. The gateway's tasks go first:
-    // a rebuild mid-scan is cancelled (its query too, on the server), so
-    // nothing below waits for a scan; an admin request waiting on one is
-    // answered at once.
+    // One deadline for the whole sequence.
     let until = tokio::time::Instant::now() + deadline;
-    gateway.stop();
+    // Beside the draining of requests: each task finishes its unit of work
+    // (a rebuild mid-scan is cancelled, its query too, so nothing below
+    // waits for a scan; an admin request waiting on one is answered at
+    // once), and what is left at the deadline is aborted.
+    let tasks = tokio::spawn({
+        let gateway = gateway.clone();
+        async move { gateway.shutdown(deadline).await }
+    });
     let _ = stop_tx.send(true);
     match tokio::time::timeout_at(until, &mut server).await {
         Ok(served) => served?,
@@ -153,6 +157,9 @@ pub async fn serve(
         && tokio::time::timeout_at(until, &mut a).await.is_err()
     {
         a.abort();
+    }
+    if tokio::time::timeout_at(until, tasks).await.is_err() {
+        tracing::warn!("shutdown deadline passed with background tasks still stopping");
     }
     // `close` waits for every connection to come back, and a load detached
     // from its client may still hold one: what is left of the deadline.

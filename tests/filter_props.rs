@@ -262,8 +262,11 @@ fn colliding_keys_for_one_key_do_not_transfer_to_a_fresh_key() {
     // proportionally, so stored keys that crowd a block in one size crowd
     // one in the other. That leak is why every build draws a fresh key.
     let same_key = BloomFilter::new(INSERTED, P, known).unwrap();
-    // With a fresh key they pass at the ordinary rate.
-    let fresh = BloomFilter::new(INSERTED, P, FilterKey::random()).unwrap();
+    // With a fresh key they pass at the ordinary rate. The fresh key is
+    // fixed too (any key the attacker did not search against is fresh): a
+    // random one made this a sampling test that failed a few runs in a
+    // hundred, since 25,000 colliders measure the rate only to +-0.0006.
+    let fresh = BloomFilter::new(INSERTED, P, fixed_key(5678)).unwrap();
     for k in &stored {
         same_key.insert(&k.to_le_bytes());
         fresh.insert(&k.to_le_bytes());

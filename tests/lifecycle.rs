@@ -376,15 +376,20 @@ async fn a_publication_that_drops_changes_is_repaired() {
     let _ = get(&gw, "/users/6").await;
     db.exec("UPDATE users SET name = 'six' WHERE id = 6").await;
     becomes(&gw, "/users/6", "six").await;
-    let (pubupdate, filtered): (bool, i64) = sqlx::query_as(
-        "SELECT p.pubupdate, (SELECT count(*) FROM pg_publication_rel r
-                              WHERE r.prpubid = p.oid AND r.prqual IS NOT NULL)
-           FROM pg_publication p WHERE pubname = 'bloomgate'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    assert!(pubupdate && filtered == 0, "repaired");
+    // Served fresh from the database at once; repaired within a check.
+    eventually("the publication repaired", || async {
+        let (pubupdate, filtered): (bool, i64) = sqlx::query_as(
+            "SELECT p.pubupdate, (SELECT count(*) FROM pg_publication_rel r
+                                  WHERE r.prpubid = p.oid AND r.prqual IS NOT NULL)
+               FROM pg_publication p WHERE pubname = 'bloomgate'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        pubupdate && filtered == 0
+    })
+    .await;
+    eventually("ready again", || async { gw.is_ready() }).await;
     gw.stop();
 }
 
@@ -442,7 +447,7 @@ async fn install_feed_refuses_a_table_without_a_replica_identity_and_changes_not
         gw.stop();
     }
     let gw = started(config(&db.url, &format!("install_feed = true\n{nopk}"))).await;
-    assert_eq!(gw.feed_mode(), Some(bloomgate::gateway::FeedMode::Notify));
+    assert_eq!(gw.freshness(), Some(bloomgate::config::Freshness::Notify));
     assert_eq!(
         published().await,
         0,

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use bloomgate::gateway::FeedMode;
+use bloomgate::config::Freshness;
 use bloomgate::key::Key;
 use common::*;
 
@@ -61,7 +61,7 @@ async fn a_transaction_that_commits_after_a_younger_one_is_delivered() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
     let gw = started(config(&db.url, QUEUE)).await;
-    assert_eq!(gw.feed_mode(), Some(FeedMode::Queue));
+    assert_eq!(gw.freshness(), Some(Freshness::Queue));
     let users = gw.resource("users").unwrap().clone();
     let gen0 = users.generation();
 

@@ -73,7 +73,13 @@ async fn the_notify_source_refuses_a_standby() {
         health: Default::default(),
         install: false,
     };
-    let task = tokio::spawn(notify::run(opts, Watch::default(), tx, ready_tx));
+    let task = tokio::spawn(notify::run(
+        opts,
+        Watch::default(),
+        tx,
+        ready_tx,
+        bloomgate::shutdown::Shutdown::never(),
+    ));
     let r = tokio::time::timeout(Duration::from_secs(20), ready)
         .await
         .expect("the source hangs on a standby")

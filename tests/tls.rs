@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use bloomgate::config::Freshness;
 use bloomgate::db::Db;
 use bloomgate::db::tls::{Tls, connect_options};
 use bloomgate::feed::replication::{Connection, Endpoint, ReplError, password_from_url};
-use bloomgate::gateway::{FeedMode, Gateway};
+use bloomgate::gateway::Gateway;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -90,7 +91,7 @@ async fn the_gateway_serves_and_follows_the_wal_over_verified_tls() {
     let db = tls_db(10).await;
     assert!(db.url.contains("sslmode=verify-full"), "{}", db.url);
     let gw = started(config(&db.url, "freshness = \"wal\"\ninstall_feed = true")).await;
-    assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    assert_eq!(gw.freshness(), Some(Freshness::Wal));
     assert_eq!(status(&gw, "/users/3").await, StatusCode::OK);
 
     // Every backend of the gateway, the walsender of its feed among them,

@@ -105,6 +105,7 @@ impl Feed {
             Arc::new(feed::wal::Stats::default()),
             Arc::new(feed::Health::default()),
             ready_tx,
+            bloomgate::shutdown::Shutdown::never(),
         ));
         ready.await.unwrap().expect("the slot is created");
         Feed { rx, applied, task }

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use bloomgate::gateway::{FeedMode, Gateway};
+use bloomgate::config::Freshness;
+use bloomgate::gateway::Gateway;
 use common::*;
 
 /// Tests that kill the feed's backend must not kill another test's.
@@ -26,7 +27,7 @@ async fn the_wal_feed_keeps_two_resources_on_one_table_fresh() {
     // The email route needs the old email on UPDATE and DELETE.
     db.exec("ALTER TABLE users REPLICA IDENTITY FULL").await;
     let gw = started(wal_config(&db, BY_EMAIL)).await;
-    assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    assert_eq!(gw.freshness(), Some(Freshness::Wal));
     let triggers: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'users'::regclass AND NOT tgisinternal",
     )
@@ -201,7 +202,7 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
     let _one = ONE_AT_A_TIME.lock().await;
     let db = logical_db(3).await;
     let gw = started(config(&db.url, "install_feed = true\n")).await;
-    assert_eq!(gw.feed_mode(), Some(FeedMode::Wal));
+    assert_eq!(gw.freshness(), Some(Freshness::Wal));
     // The admin API and the status page's stats say which feed is in force.
     for path in ["/admin/resources", "/admin/stats"] {
         let token = "s3cret-admin-token-for-tests";
@@ -230,7 +231,7 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
     // Without the publication and not allowed to make it: notify.
     let db = logical_db(3).await;
     let gw = started(config(&db.url, "publication = \"nope\"\n")).await;
-    assert_eq!(gw.feed_mode(), Some(FeedMode::Notify));
+    assert_eq!(gw.freshness(), Some(Freshness::Notify));
     gw.stop();
     // Asked for explicitly without what it needs: a start-up error naming
     // the fix.

@@ -221,6 +221,14 @@ impl Db {
         Ok(())
     }
 
+    /// Drops bloomgate's function and triggers from `table`, under the
+    /// install lock.
+    pub async fn remove_triggers(&self, table: &catalog::TableName) -> Result<(), DbError> {
+        let sql = format!("{INSTALL_LOCK}{}", triggers::uninstall_sql(table));
+        sqlx::raw_sql(&sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
     /// The row for `key` as JSON text, or `None` when there is no such row.
     ///
     /// A dead connection ([`is_dead_connection`]) is retried on another, at

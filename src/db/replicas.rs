@@ -76,6 +76,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::config::DatabaseConfig;
+use crate::shutdown::Shutdown;
 
 /// One replica: its pool, its state as last checked, its counters.
 pub struct Replica {
@@ -380,13 +381,15 @@ impl Replicas {
         lag_in(&h, replay, since_replayed, now)
     }
 
-    /// Checks until aborted.
-    pub async fn run_checks(self: Arc<Self>, every: Duration) {
+    /// Checks until `shutdown` fires (between two checks).
+    pub async fn run_checks(self: Arc<Self>, every: Duration, mut shutdown: Shutdown) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
-            self.check().await;
+            tokio::select! {
+                () = shutdown.fired() => return,
+                _ = tick.tick() => self.check().await,
+            }
         }
     }
 }

@@ -82,6 +82,7 @@ pub mod pgoutput;
 pub mod pgpass;
 pub mod queue;
 pub mod replication;
+pub mod supervisor;
 pub mod wal;
 pub mod watch;
 

@@ -60,6 +60,7 @@ use super::{
     TableName, Value, Watch,
 };
 use crate::db::triggers::Sink;
+use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
 
 pub use crate::db::triggers::CHANNEL;
@@ -108,7 +109,7 @@ struct Payload {
     ts: Option<f64>,
 }
 
-/// Listens until the task is aborted or `tx` closes. `ready` gets `Ok` once
+/// Listens until `shutdown` fires or `tx` closes. `ready` gets `Ok` once
 /// the first `LISTEN` is in place and the first check is done, or the error
 /// that prevents it for good (a standby); transient failures are retried.
 pub async fn run(
@@ -116,6 +117,7 @@ pub async fn run(
     watch: Watch,
     tx: mpsc::Sender<Event>,
     ready: oneshot::Sender<Result<(), String>>,
+    mut shutdown: Shutdown,
 ) {
     // Its own pool: the listener holds its connection for good, which must
     // not cost the request path a connection; the second is for the checks.
@@ -148,6 +150,9 @@ pub async fn run(
     let mut events = Vec::new();
     loop {
         tokio::select! {
+            // The notifications received are applied already; the
+            // connections go with the listener and the pool.
+            () = shutdown.fired() => return,
             n = listener.try_recv() => match n {
                 Ok(Some(n)) => {
                     counters.notifications.fetch_add(1, Ordering::Relaxed);

@@ -109,6 +109,7 @@ use super::notify::{self, Counters};
 use super::watch::{Tracker, check_triggers};
 use super::{CHECK_EVERY, Event, Health, Resync, Watch};
 use crate::db::triggers::{QUEUE_TABLE_CHECK, Sink};
+use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
 
 /// The feed's connections, as `pg_stat_activity` shows them.
@@ -212,7 +213,7 @@ struct Position {
     identity: String,
 }
 
-/// Polls until the task is aborted or `tx` closes. `ready` gets `Ok` once
+/// Polls until `shutdown` fires or `tx` closes. `ready` gets `Ok` once
 /// the first snapshot is taken (from then on every commit is delivered), or
 /// the error that prevents it for good; transient failures are retried.
 pub async fn run(
@@ -220,6 +221,7 @@ pub async fn run(
     watch: Watch,
     tx: mpsc::Sender<Event>,
     ready: oneshot::Sender<Result<(), String>>,
+    mut shutdown: Shutdown,
 ) {
     // Its own pool: polls must not wait for the request path's
     // connections, nor take them. Two connections: one polls, the other
@@ -286,7 +288,12 @@ pub async fn run(
     // the next turn starts afresh and rescans every table.
     let mut rescan = false;
     loop {
-        tokio::time::sleep(delay).await;
+        // Between polls: what was read is delivered, and the position is
+        // in the table; a pruning batch in flight is its own transaction.
+        tokio::select! {
+            () = shutdown.fired() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
         if !rescan && at.taken.elapsed() >= opts.retention / 2 {
             // Another gateway may have pruned rows this one never read.
             tracing::warn!(

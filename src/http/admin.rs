@@ -298,7 +298,7 @@ fn view(gw: &Gateway, r: &Resource) -> ResourceView {
         route: r.config.route.clone(),
         table: r.config.table.clone(),
         key_type: r.config.key_type.sql_type().into(),
-        freshness: gw.feed_mode().map(|m| m.as_str()),
+        freshness: gw.freshness().map(crate::feed::supervisor::name),
         ready: r.is_ready(),
         not_ready_because: r.why_not_ready(),
         unverified_loads: l(&s.unvouched_loads),
@@ -446,7 +446,7 @@ async fn stats(State(s): St) -> Response {
         listener_reconnects: l(&gw.stats.listener_reconnects),
         shed: l(&gw.stats.shed),
         timeouts: l(&gw.stats.timeouts),
-        freshness: gw.feed_mode().map(|m| m.as_str()),
+        freshness: gw.freshness().map(crate::feed::supervisor::name),
         wal: {
             let w = &gw.wal_stats;
             WalView {

@@ -1,0 +1,314 @@
+//! The one interface between the gateway and its change feed: which feed
+//! (`database.freshness` resolved, with the reason logged once), what the
+//! chosen feed needs in the database (its triggers or its publication, the
+//! other's triggers removed), the feed's task, and what the feed says of
+//! itself ([`Health`]). The gateway names no feed's internals, and no feed
+//! names the gateway.
+//!
+//! `database.freshness = "auto"` takes the WAL feed when the server and the
+//! role allow it and the publication delivers every change of every
+//! watched table (or `install_feed` may make it so), else the notify feed;
+//! `"wal"` without what it needs is a start-up error naming the fix.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::{Event, Health, Lsn, Watch, notify, queue, wal};
+use crate::config::{DatabaseConfig, Freshness};
+use crate::db::triggers::Sink;
+use crate::db::{Db, DbError, publication};
+use crate::shutdown::Shutdown;
+
+/// Fires once the feed streams, or says why it never will.
+pub type Ready = oneshot::Receiver<Result<(), String>>;
+
+/// The feed in force and what it reports.
+pub struct Supervisor {
+    /// `database.freshness` resolved: never `Auto`.
+    freshness: Freshness,
+    pub health: Arc<Health>,
+    pub wal_stats: Arc<wal::Stats>,
+    /// The notify and queue feeds' counters (they count the same things).
+    pub notify_counters: Arc<notify::Counters>,
+}
+
+/// The name `database.freshness` gives a feed.
+pub fn name(f: Freshness) -> &'static str {
+    match f {
+        Freshness::Auto => "auto",
+        Freshness::Wal => "wal",
+        Freshness::Queue => "queue",
+        Freshness::Notify => "notify",
+        Freshness::Off => "off",
+    }
+}
+
+/// How the WAL feed reads the slot (`database.wal_poll_interval`), for the
+/// log line that says which feed is in force.
+pub fn wal_delivery(db: &DatabaseConfig) -> String {
+    match db.wal_poll_interval {
+        None => "streamed".into(),
+        Some(every) => format!("polled every {}", humantime::format_duration(every)),
+    }
+}
+
+impl Supervisor {
+    /// Resolves `database.freshness` against the server and installs what
+    /// the chosen feed needs. An error says what to fix (a publication
+    /// `"wal"` cannot use).
+    pub async fn prepare(
+        db: &Db,
+        cfg: &DatabaseConfig,
+        watch: &Watch,
+        wal_stats: Arc<wal::Stats>,
+        notify_counters: Arc<notify::Counters>,
+    ) -> Result<Self, String> {
+        let pool = db.pool();
+        let freshness = choose(pool, cfg, watch).await?;
+        match freshness {
+            Freshness::Wal if cfg.install_feed => remove_triggers(db, watch).await,
+            Freshness::Notify | Freshness::Queue if cfg.install_triggers => {
+                let sink = sink_of(freshness);
+                for (table, r) in install_triggers(db, watch, sink).await {
+                    match r {
+                        Ok(columns) => {
+                            tracing::info!(table = %table, columns = ?columns, "triggers installed")
+                        }
+                        // The feed's checks report it (the table is not
+                        // followed) and retry.
+                        Err(e) => {
+                            tracing::warn!(table = %table, error = %e, "cannot install the triggers")
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(Self {
+            freshness,
+            health: Arc::default(),
+            wal_stats,
+            notify_counters,
+        })
+    }
+
+    /// `database.freshness` resolved: never `Auto`.
+    pub fn freshness(&self) -> Freshness {
+        self.freshness
+    }
+
+    /// Starts the feed (none when off): its task and what fires once it
+    /// streams, or says why it never will (a standby).
+    pub fn spawn(
+        &self,
+        db: &Db,
+        cfg: &DatabaseConfig,
+        watch: &Watch,
+        tx: mpsc::Sender<Event>,
+        applied: watch::Receiver<Lsn>,
+        shutdown: Shutdown,
+    ) -> Option<(JoinHandle<()>, Ready)> {
+        let (ready_tx, ready) = oneshot::channel();
+        let connect = (*db.pool().connect_options()).clone();
+        let watch = watch.clone();
+        let task = match self.freshness {
+            Freshness::Off | Freshness::Auto => return None,
+            Freshness::Wal => {
+                let opts = wal::Options {
+                    connect,
+                    publication: cfg.publication.clone(),
+                    slot: cfg.slot.clone(),
+                    password: super::replication::password_from_url(&cfg.url),
+                    poll: cfg.wal_poll_interval,
+                    silence_limit: wal::SILENCE_LIMIT,
+                    install: cfg.install_feed,
+                };
+                tokio::spawn(wal::run(
+                    opts,
+                    watch,
+                    tx,
+                    applied,
+                    self.wal_stats.clone(),
+                    self.health.clone(),
+                    ready_tx,
+                    shutdown,
+                ))
+            }
+            Freshness::Queue => {
+                let opts = queue::Options {
+                    connect,
+                    counters: self.notify_counters.clone(),
+                    interval: cfg.queue_poll_interval,
+                    retention: cfg.queue_retention,
+                    health: self.health.clone(),
+                    install: cfg.install_triggers,
+                };
+                tokio::spawn(queue::run(opts, watch, tx, ready_tx, shutdown))
+            }
+            Freshness::Notify => {
+                let opts = notify::Options {
+                    connect,
+                    counters: self.notify_counters.clone(),
+                    health: self.health.clone(),
+                    install: cfg.install_triggers,
+                };
+                tokio::spawn(notify::run(opts, watch, tx, ready_tx, shutdown))
+            }
+        };
+        Some((task, ready))
+    }
+}
+
+/// A hot standby cannot follow changes (`LISTEN` and the queue's pruning
+/// need the primary, and installing triggers fails there): refused before
+/// anything else is tried, with the cause named.
+pub async fn refuse_standby(pool: &PgPool, cfg: &DatabaseConfig) -> Result<(), String> {
+    if !cfg.listen {
+        return Ok(());
+    }
+    let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| format!("reading the catalog: {e}"))?;
+    if !standby {
+        return Ok(());
+    }
+    Err(match cfg.freshness {
+        Freshness::Queue => queue::QueueError::Standby.to_string(),
+        _ => notify::NotifyError::Standby.to_string(),
+    })
+}
+
+fn sink_of(freshness: Freshness) -> Sink {
+    match freshness {
+        Freshness::Queue => Sink::Queue,
+        _ => Sink::Notify,
+    }
+}
+
+/// `database.freshness` resolved; one log line says which and why.
+async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Freshness, String> {
+    if !cfg.listen || cfg.freshness == Freshness::Off || watch.tables.is_empty() {
+        tracing::info!(
+            freshness = "off",
+            "change feed off: rows change in the gateway only at rebuilds and TTLs"
+        );
+        return Ok(Freshness::Off);
+    }
+    match cfg.freshness {
+        Freshness::Queue => {
+            tracing::info!(
+                freshness = "queue",
+                every = %humantime::format_duration(cfg.queue_poll_interval),
+                "change feed: triggers writing to the change table, polled (database.freshness = queue)"
+            );
+            Ok(Freshness::Queue)
+        }
+        Freshness::Notify => {
+            tracing::info!(
+                freshness = "notify",
+                "change feed: triggers and LISTEN (database.freshness = notify)"
+            );
+            Ok(Freshness::Notify)
+        }
+        Freshness::Wal => {
+            if cfg.install_feed {
+                install_publication(pool, cfg, watch).await?;
+            }
+            wal::check(pool, watch, &cfg.publication).await?;
+            tracing::info!(freshness = "wal", publication = %cfg.publication, delivery = %wal_delivery(cfg), "change feed: logical decoding of the WAL (database.freshness = wal)");
+            Ok(Freshness::Wal)
+        }
+        Freshness::Auto | Freshness::Off => {
+            let why = match wal::readiness(pool).await {
+                Ok(r) if r.wal_level != "logical" => {
+                    format!("wal_level is {}, not logical", r.wal_level)
+                }
+                Ok(r) if !r.can_replicate => "the role lacks REPLICATION".to_string(),
+                Ok(_) => {
+                    let installed = match cfg.install_feed {
+                        true => install_publication(pool, cfg, watch).await,
+                        false => Ok(()),
+                    };
+                    match installed {
+                        // Nothing was changed: the notify feed instead.
+                        Err(e) => e,
+                        Ok(()) => match wal::check(pool, watch, &cfg.publication).await {
+                            Ok(()) => {
+                                tracing::info!(freshness = "wal", publication = %cfg.publication, delivery = %wal_delivery(cfg), "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
+                                return Ok(Freshness::Wal);
+                            }
+                            Err(e) => e,
+                        },
+                    }
+                }
+                Err(e) => format!("cannot read wal_level: {e}"),
+            };
+            tracing::info!(freshness = "notify", reason = %why, "change feed: triggers and LISTEN (auto: the WAL feed is not possible)");
+            Ok(Freshness::Notify)
+        }
+    }
+}
+
+/// The publication over every watched table (`bloomgate install-feed`,
+/// `database.install_feed`): every replica identity checked first, one
+/// transaction.
+pub async fn install_publication(
+    pool: &PgPool,
+    cfg: &DatabaseConfig,
+    watch: &Watch,
+) -> Result<(), String> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| format!("reading the catalog: {e}"))?;
+    publication::install(&mut conn, watch, &cfg.publication)
+        .await
+        .map_err(|e| format!("cannot install the publication: {e}"))?;
+    tracing::info!(publication = %cfg.publication, "publication covers every resource table");
+    Ok(())
+}
+
+/// Drops bloomgate's triggers from every watched table: with the WAL feed
+/// in force, writers must not pay for them.
+pub async fn remove_triggers(db: &Db, watch: &Watch) {
+    for t in &watch.tables {
+        match db.remove_triggers(&t.name).await {
+            Ok(()) => {
+                tracing::info!(table = %t.name, "notification triggers removed (WAL feed in force)")
+            }
+            Err(e) => {
+                tracing::warn!(table = %t.name, error = %e, "cannot remove the notification triggers")
+            }
+        }
+    }
+}
+
+/// One function and trigger pair per watched table, with the key columns of
+/// every resource on it, delivering to `sink` (see `db::triggers`); one
+/// result per table: the key columns written in, or why not.
+pub async fn install_triggers(
+    db: &Db,
+    watch: &Watch,
+    sink: Sink,
+) -> Vec<(super::TableName, Result<Vec<String>, DbError>)> {
+    let mut out = Vec::new();
+    for t in &watch.tables {
+        let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
+        let r = db.install_triggers(&t.name, &columns, sink).await;
+        out.push((
+            t.name.clone(),
+            r.map(|()| columns.iter().map(|c| c.to_string()).collect()),
+        ));
+    }
+    out
+}
+
+/// The sink `bloomgate install-triggers` installs for: the change table for
+/// the queue feed, `NOTIFY` otherwise.
+pub fn sink_for(cfg: &DatabaseConfig) -> Sink {
+    sink_of(cfg.freshness)
+}

@@ -1,0 +1,286 @@
+//! One session of the WAL feed: the slot opened, its changes read through a
+//! [`Transport`] (streamed over the replication protocol, or polled with
+//! SQL), each commit delivered at `Received` as it arrives, delivered again
+//! at `Visible` once new snapshots see it, and only then confirmed to the
+//! slot, with a heartbeat whenever the feed has proven itself current.
+//!
+//! The loop is one for both transports (receive → assemble → visible →
+//! confirm); what differs is behind [`Transport`]: how changes arrive, what
+//! proves the feed current, how a position is confirmed, and how the server
+//! is told the feed is alive while it waits.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use tokio::sync::{mpsc, watch};
+
+use super::assemble::{Assembler, Pending};
+use super::transport::{Item, Polled, Positions, Streamed, Transport};
+use super::{Feed, SessionError, bounded, deps, feed_connect, side_connection};
+use crate::feed::pgoutput;
+use crate::feed::{CHECK_EVERY, Event, Lsn, Phase, Resync};
+use crate::shutdown::Shutdown;
+
+/// How often the feed tells the server its position when nothing else
+/// made it (well inside `wal_sender_timeout`, 60 s by default).
+pub(super) const STATUS_EVERY: Duration = Duration::from_secs(1);
+
+/// Streamed, commits are delivered at `Received` as they arrive, and
+/// checked for visibility (one query for all of them), delivered at
+/// `Visible` and acknowledged at most this often: a query per commit would
+/// cost the primary more than the writes it follows.
+pub(super) const VISIBLE_EVERY: Duration = Duration::from_millis(5);
+
+/// Runs one session until it fails (the error says why: to retry, or to
+/// wait), the gateway goes, or `shutdown` fires.
+pub(super) async fn run(
+    feed: &mut Feed,
+    applied: &mut watch::Receiver<Lsn>,
+    temp_name: &str,
+    shutdown: &mut Shutdown,
+) -> Result<(), SessionError> {
+    let connect = feed_connect(&feed.opts);
+    let limit = feed.opts.silence_limit;
+    // For slot bookkeeping, checks, heartbeats and visibility (streamed: a
+    // walsender runs no SQL once it streams); polled, it holds the slot.
+    let mut conn = side_connection(&connect).await?;
+    bounded(limit, deps::check(feed, &mut conn)).await?;
+    let (mut transport, start, gap) = match feed.opts.poll {
+        None => Streamed::open(feed, &mut conn, temp_name).await?,
+        Some(every) => Polled::open(feed, &mut conn, temp_name, every).await?,
+    };
+    if !started(feed, start, gap).await {
+        return Ok(());
+    }
+    let (watch, stats, tx) = (feed.watch.clone(), feed.stats.clone(), feed.tx.clone());
+    let mut asm = Assembler::new(&watch, &stats);
+    let mut pos = Positions {
+        received: start,
+        confirmed: start,
+    };
+    // The end of what the server has sent, from a position received with
+    // no whole transaction half read: nothing before it is still to come.
+    let mut idle_upto: Option<Lsn> = None;
+    // Delivered at `Received`, waiting for their `Visible` delivery.
+    let mut pending = Pending::default();
+    // As if checked long ago: the first commit is checked at once.
+    let mut checked = Instant::now()
+        .checked_sub(VISIBLE_EVERY)
+        .unwrap_or_else(Instant::now);
+    // A moment before which every commit has been received, until what
+    // came before it is delivered and applied (then: a heartbeat).
+    let mut proven: Option<Instant> = None;
+    let mut dependencies = Instant::now();
+    let mut items = Vec::new();
+    loop {
+        let wait = if pending.commits.is_empty() {
+            STATUS_EVERY
+        } else {
+            VISIBLE_EVERY.saturating_sub(checked.elapsed())
+        };
+        tokio::select! {
+            biased;
+            // What was received is delivered and confirmed already, or
+            // will be by the next session (nothing is confirmed unapplied).
+            () = shutdown.fired() => return Ok(()),
+            r = transport.receive(&mut conn, wait, &mut pos, &stats, &mut items) => r?,
+        }
+        for item in items.drain(..) {
+            match item {
+                Item::Data(data) => match pgoutput::decode_in(&data, asm.in_block()) {
+                    Ok((sub, msg)) => {
+                        if let Some(done) = asm.push(sub, msg) {
+                            stats.commits.fetch_add(1, Ordering::Relaxed);
+                            let commit = pending.add(done);
+                            if tx.send(Event::Commit(commit)).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // Nothing sane to apply. Its transaction may not be
+                        // committed yet, and a rebuild now would not see its
+                        // rows: rebuild once it is (`Pending`).
+                        tracing::error!(error = %e, "undecodable WAL message; every filter is rebuilt after its transaction");
+                        asm.poison();
+                    }
+                },
+                Item::Position(at) => {
+                    if !asm.in_transaction() {
+                        idle_upto = Some(at);
+                        if let Some(moment) = transport.proves(at) {
+                            proven = Some(proven.map_or(moment, |p| p.max(moment)));
+                        }
+                    }
+                    pos.received = pos.received.max(at);
+                }
+            }
+        }
+        pending.resync |= asm.take_stray_error();
+        let mut upto = None;
+        if transport.delivers_every_turn()
+            || checked.elapsed() >= VISIBLE_EVERY
+            || pending.commits.is_empty()
+        {
+            // Only a check restarts the clock: a commit after a quiet spell
+            // is checked at once (its stale window is one round trip), the
+            // rest at most every VISIBLE_EVERY.
+            if !pending.commits.is_empty() {
+                checked = Instant::now();
+                upto = pending.last;
+            }
+            let p = std::mem::take(&mut pending);
+            let last = p.last;
+            if !p.commits.is_empty() {
+                let xids: Vec<u32> = p.commits.iter().filter_map(|c| c.xid).collect();
+                wait_visible(&mut conn, &connect, &xids, limit, &mut transport, &pos).await?;
+            }
+            if !deliver_visible(p, &tx).await {
+                return Ok(());
+            }
+            // Confirm only what the applier has applied. It is in this
+            // process and applies in order, so this is a short wait; the
+            // server hears from us meanwhile.
+            if let Some(target) = last {
+                while *applied.borrow() < target {
+                    match tokio::time::timeout(STATUS_EVERY, applied.changed()).await {
+                        Ok(Ok(())) => {}
+                        // The applier is gone: the gateway is stopping.
+                        Ok(Err(_)) => return Ok(()),
+                        Err(_) => transport.keep_alive(&pos).await?,
+                    }
+                }
+            }
+            // Everything received is applied and visible now: a position
+            // received meanwhile is safe to confirm too, and a proven
+            // moment to send.
+            upto = upto.max(idle_upto);
+            if let Some(at) = proven.take()
+                && tx.send(Event::Heartbeat(at)).await.is_err()
+            {
+                return Ok(());
+            }
+        }
+        let moved = upto.filter(|u| *u > pos.confirmed);
+        if let Some(u) = moved {
+            pos.confirmed = u;
+            pos.received = pos.received.max(u);
+            feed.position = Some(u);
+        }
+        transport
+            .confirm(&mut conn, &pos, moved.is_some(), &stats)
+            .await?;
+        if dependencies.elapsed() >= CHECK_EVERY {
+            bounded(limit, deps::check(feed, &mut conn)).await?;
+            dependencies = Instant::now();
+        }
+    }
+}
+
+/// The stream has started at `start`: from here on every commit after it
+/// is delivered. Tells start-up, and the gateway of a gap. False once the
+/// gateway is gone.
+async fn started(feed: &mut Feed, start: Lsn, gap: bool) -> bool {
+    feed.health.streaming();
+    feed.streamed = true;
+    let was = feed.position;
+    feed.position = Some(match was {
+        Some(p) if !gap => p.max(start),
+        _ => start,
+    });
+    if gap {
+        feed.stats.gaps.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(start = %start, applied = ?was, "WAL feed: the new stream may start past changes never applied; every filter is rebuilt");
+        let ev = Resync::all("WAL feed: the stream started past what was applied");
+        if feed.tx.send(ev).await.is_err() {
+            return false;
+        }
+    }
+    if let Some(ready) = feed.ready.take() {
+        let _ = ready.send(Ok(()));
+    }
+    true
+}
+
+/// Delivers a batch at `Visible` once [`wait_visible`] has seen its
+/// transactions finished, then asks for what they could not carry: a
+/// rebuild's snapshot, taken after this, sees them. False once the gateway
+/// is gone.
+async fn deliver_visible(p: Pending, tx: &mpsc::Sender<Event>) -> bool {
+    for mut c in p.commits {
+        c.phase = Phase::Visible;
+        if tx.send(Event::Commit(c)).await.is_err() {
+            return false;
+        }
+    }
+    if p.resync
+        && tx
+            .send(Resync::all("WAL feed: undecodable message"))
+            .await
+            .is_err()
+    {
+        return false;
+    }
+    for t in p.rescan {
+        let ev = Resync::table(t, "WAL feed: a transaction too large to hold");
+        if tx.send(ev).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Waits (briefly) until no snapshot taken now would see any of `xids` as
+/// running (see "Visible twice" in [`super`]), telling the server the feed
+/// is alive meanwhile.
+///
+/// Normally microseconds. It can take long when commits wait for a
+/// synchronous standby: delivering `Visible` early would reopen the window
+/// it closes, so it keeps waiting, and says so. Past a minute the feed
+/// moves on rather than stall every resource (logged as an error). The
+/// side connection may have been closed while idle (`idle_session_timeout`,
+/// a proxy): streamed, one new one is made, rather than a new slot and a
+/// rebuild of everything; polled, it holds the slot and the session ends.
+async fn wait_visible(
+    conn: &mut PgConnection,
+    connect: &PgConnectOptions,
+    xids: &[u32],
+    limit: Duration,
+    transport: &mut Transport,
+    pos: &Positions,
+) -> Result<(), SessionError> {
+    let began = Instant::now();
+    let mut warned = began;
+    let mut told = began;
+    let mut replaced = false;
+    loop {
+        match bounded(limit, super::all_visible(conn, xids)).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) if !replaced && matches!(transport, Transport::Streamed(_)) => {
+                tracing::warn!(error = %e, "WAL feed: visibility check failed; reconnecting its side connection");
+                *conn = side_connection(connect).await?;
+                replaced = true;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if told.elapsed() >= STATUS_EVERY {
+            transport.keep_alive(pos).await?;
+            told = Instant::now();
+        }
+        if began.elapsed() > Duration::from_secs(60) {
+            tracing::error!(
+                ?xids,
+                "transactions decoded a minute ago are still not visible; delivering them as visible anyway"
+            );
+            return Ok(());
+        }
+        if warned.elapsed() > Duration::from_secs(5) {
+            tracing::warn!(?xids, waited = ?began.elapsed(), "decoded transactions not yet visible (a synchronous standby?): waiting");
+            warned = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}

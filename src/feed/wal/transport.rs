@@ -1,0 +1,433 @@
+//! How a session reads its slot: over the replication protocol's
+//! `CopyBoth` stream ([`Streamed`]), or with SQL once per interval
+//! ([`Polled`]). Each delivers pgoutput messages and positions in stream
+//! order, says what proves the feed current, confirms a position to the
+//! slot, and tells the server the feed is alive while it waits.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sqlx::PgConnection;
+use sqlx::Row;
+
+use super::session::STATUS_EVERY;
+use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, flush_lsn, slot};
+use crate::feed::replication::{self, Endpoint, Frame, ReplError, Stream};
+use crate::feed::{HEARTBEAT_EVERY, Lsn};
+
+/// Frames taken into one batch at most: one visibility check and one
+/// acknowledgement cover them all.
+const BATCH_FRAMES: usize = 10_000;
+
+/// Changes one poll asks for at most: decoding stops at the first commit
+/// past this many rows, so a batch holds whole transactions.
+const POLL_CHANGES: i32 = 10_000;
+
+/// A poll (or a slot advance, which decodes the same range again) that
+/// takes longer than this many silence limits (300 s by default) is
+/// taken for a dead connection. Generous: a poll after a long pause, or
+/// with a long transaction open, decodes everything written since.
+const POLL_TIMEOUT_LIMITS: u32 = 10;
+
+/// What a transport delivers, in stream order.
+pub(super) enum Item {
+    /// One pgoutput message.
+    Data(Bytes),
+    /// Everything before this position has been sent.
+    Position(Lsn),
+}
+
+/// Received up to (reported to the server as written), and applied up to
+/// (reported as flushed: the slot's confirmed position).
+pub(super) struct Positions {
+    pub(super) received: Lsn,
+    pub(super) confirmed: Lsn,
+}
+
+/// How a session reads its slot.
+pub(super) enum Transport {
+    Streamed(Streamed),
+    Polled(Polled),
+}
+
+impl Transport {
+    /// The next changes and positions, in order: waits up to `wait` for
+    /// the first (streamed), or until the next poll is due (polled).
+    pub(super) async fn receive(
+        &mut self,
+        conn: &mut PgConnection,
+        wait: Duration,
+        pos: &mut Positions,
+        stats: &Stats,
+        items: &mut Vec<Item>,
+    ) -> Result<(), SessionError> {
+        match self {
+            Transport::Streamed(s) => s.receive(conn, wait, pos, stats, items).await,
+            Transport::Polled(p) => p.receive(conn, items).await,
+        }
+    }
+
+    /// The moment that a position received with nothing half read proves
+    /// every commit before it was received, if it does.
+    pub(super) fn proves(&mut self, at: Lsn) -> Option<Instant> {
+        match self {
+            Transport::Streamed(s) => s.proves(at),
+            Transport::Polled(p) => p.proves(at),
+        }
+    }
+
+    /// Polled, each poll is a batch of its own; streamed, batches are
+    /// checked for visibility at most every [`VISIBLE_EVERY`].
+    pub(super) fn delivers_every_turn(&self) -> bool {
+        matches!(self, Transport::Polled(_))
+    }
+
+    /// Tells the server the feed is alive while it waits.
+    pub(super) async fn keep_alive(&mut self, pos: &Positions) -> Result<(), SessionError> {
+        match self {
+            Transport::Streamed(s) => Ok(s
+                .stream
+                .send_status(pos.received, pos.confirmed, false)
+                .await?),
+            Transport::Polled(_) => Ok(()),
+        }
+    }
+
+    /// Confirms `pos.confirmed` to the slot when it `moved` (and, streamed,
+    /// reports when the server asked or a second passed).
+    pub(super) async fn confirm(
+        &mut self,
+        conn: &mut PgConnection,
+        pos: &Positions,
+        moved: bool,
+        stats: &Stats,
+    ) -> Result<(), SessionError> {
+        match self {
+            Transport::Streamed(s) => {
+                if moved || s.reply_owed || s.told.elapsed() >= STATUS_EVERY {
+                    s.stream
+                        .send_status(pos.received, pos.confirmed, false)
+                        .await?;
+                    s.reply_owed = false;
+                    s.told = Instant::now();
+                    stats.applied_lsn.store(pos.confirmed.0, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Transport::Polled(p) => {
+                if moved {
+                    p.advance(conn, pos.confirmed, stats).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The replication protocol's `CopyBoth` stream.
+pub(super) struct Streamed {
+    stream: Stream,
+    /// Last frame from the server.
+    heard: Instant,
+    /// Last status sent to it.
+    told: Instant,
+    /// The last heartbeat's request for a keepalive.
+    asked: Instant,
+    /// When the flush position was read, and what it was, until a
+    /// keepalive proves it sent (see "Heartbeats and checks").
+    probe: Option<(Instant, Lsn)>,
+    /// The server asked for a status.
+    reply_owed: bool,
+    silence_limit: Duration,
+}
+
+impl Streamed {
+    pub(super) async fn open(
+        feed: &mut Feed,
+        conn: &mut PgConnection,
+        temp_name: &str,
+    ) -> Result<(Transport, Lsn, bool), SessionError> {
+        let opts = &feed.opts;
+        let endpoint = Endpoint::new(&opts.connect, opts.password.clone(), "bloomgate-wal-feed");
+        // TLS as the pool has it: the same options.
+        let tls = crate::db::tls::Tls::from_options(&opts.connect);
+        let mut repl = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            replication::Connection::connect_with(&endpoint, &tls),
+        )
+        .await
+        .map_err(|_| ReplError::Io(std::io::ErrorKind::TimedOut.into()))??;
+        let limit = opts.silence_limit;
+        let name = opts.slot.clone().unwrap_or_else(|| temp_name.to_string());
+        let (start, gap) = match opts.slot.clone() {
+            // On the replication connection: it lives as long as it does.
+            None => (
+                repl.create_slot(&name, true).await?,
+                feed.position.is_some(),
+            ),
+            Some(permanent) => bounded(limit, slot::open_permanent(feed, conn, &permanent)).await?,
+        };
+        // Protocol 2 (Postgres 14+) with streaming: a large transaction
+        // comes in blocks while it runs instead of spilling to disk on the
+        // server until it commits.
+        let version: i32 = bounded(
+            limit,
+            sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+                .fetch_one(&mut *conn),
+        )
+        .await?;
+        let publications = replication::quote_ident(&feed.opts.publication);
+        let mut options = vec![("publication_names", publications.as_str())];
+        if version >= 140_000 {
+            options.extend([("proto_version", "2"), ("streaming", "on")]);
+        } else {
+            options.push(("proto_version", "1"));
+        }
+        // Lsn::ZERO: from the slot's confirmed position.
+        let stream = repl
+            .start(&name, Lsn::ZERO, &options)
+            .await
+            .map_err(|e| slot::in_use(e.into(), &name))?;
+        let now = Instant::now();
+        let transport = Transport::Streamed(Streamed {
+            stream,
+            heard: now,
+            told: now,
+            // As if asked long ago: the first heartbeat is asked at once.
+            asked: now.checked_sub(HEARTBEAT_EVERY).unwrap_or(now),
+            probe: None,
+            reply_owed: false,
+            silence_limit: limit,
+        });
+        Ok((transport, start, gap))
+    }
+
+    async fn receive(
+        &mut self,
+        conn: &mut PgConnection,
+        wait: Duration,
+        pos: &mut Positions,
+        stats: &Stats,
+        items: &mut Vec<Item>,
+    ) -> Result<(), SessionError> {
+        if self.asked.elapsed() >= HEARTBEAT_EVERY {
+            if self.probe.is_none() {
+                let at = Instant::now();
+                let flush = bounded(self.silence_limit, flush_lsn(conn)).await?;
+                self.probe = Some((at, flush));
+            }
+            // Asked again while unanswered: a walsender catching up sends
+            // no keepalive of its own once it has.
+            self.stream
+                .send_status(pos.received, pos.confirmed, true)
+                .await?;
+            self.asked = Instant::now();
+            self.told = self.asked;
+        }
+        let wait = wait.min(HEARTBEAT_EVERY.saturating_sub(self.asked.elapsed()));
+        let first = match tokio::time::timeout(wait, self.stream.recv()).await {
+            Ok(first) => first?,
+            Err(_) => {
+                // Quiet: give up on a peer that is gone (a crashed host, a
+                // failover) instead of waiting for TCP. A live one answers
+                // every heartbeat's request.
+                let silent = self.heard.elapsed();
+                if silent >= self.silence_limit {
+                    return Err(ReplError::Protocol(format!(
+                        "no word from the server for {}s",
+                        silent.as_secs()
+                    ))
+                    .into());
+                }
+                return Ok(());
+            }
+        };
+        self.heard = Instant::now();
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(frame) = next.take() {
+            match frame {
+                Frame::XLogData {
+                    start,
+                    wal_end,
+                    data,
+                } => {
+                    pos.received = pos.received.max(start);
+                    stats
+                        .lag_bytes
+                        .store(wal_end.0.saturating_sub(pos.confirmed.0), Ordering::Relaxed);
+                    items.push(Item::Data(data));
+                }
+                Frame::Keepalive {
+                    wal_end,
+                    reply_requested,
+                } => {
+                    self.reply_owed |= reply_requested;
+                    stats
+                        .lag_bytes
+                        .store(wal_end.0.saturating_sub(pos.confirmed.0), Ordering::Relaxed);
+                    items.push(Item::Position(wal_end));
+                }
+                Frame::End => {
+                    return Err(ReplError::Protocol("the server ended the stream".into()).into());
+                }
+            }
+            taken += 1;
+            if taken < BATCH_FRAMES {
+                self.stream.fill()?;
+                next = self.stream.try_recv()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A keepalive past the flush position read when the heartbeat asked
+    /// proves every commit before that moment sent.
+    fn proves(&mut self, at: Lsn) -> Option<Instant> {
+        let (moment, flush) = self.probe?;
+        if at < flush {
+            return None;
+        }
+        self.probe = None;
+        Some(moment)
+    }
+}
+
+/// The slot polled with `pg_logical_slot_peek_binary_changes` on the
+/// session's connection (see "Streamed or polled" in [`super`]): once per
+/// interval, the transactions that committed before the server's flush
+/// position at that moment (`upto`).
+///
+/// The slot's confirmed position moves only past what was applied: to the
+/// last delivered commit's end once the applier has applied it, or to
+/// `upto` when the poll returned every transaction committed before it
+/// (fewer rows than [`POLL_CHANGES`]). Decoding with `upto_lsn` stops
+/// before the first record that starts at or past `upto`, and the server
+/// skips, on the next poll, only transactions whose commit record starts
+/// before the confirmed position: so nothing between two polls is skipped,
+/// and a quiet publication does not hold WAL back. Such a whole poll is also
+/// the heartbeat: every commit before it began is delivered.
+pub(super) struct Polled {
+    slot: String,
+    publications: String,
+    every: Duration,
+    timeout: Duration,
+    /// When the last poll began, and whether it was whole.
+    began: Instant,
+    whole: bool,
+}
+
+impl Polled {
+    pub(super) async fn open(
+        feed: &mut Feed,
+        conn: &mut PgConnection,
+        temp_name: &str,
+        every: Duration,
+    ) -> Result<(Transport, Lsn, bool), SessionError> {
+        let limit = feed.opts.silence_limit;
+        let (slot_name, start, gap) = match feed.opts.slot.clone() {
+            // Temporary: dropped when this connection ends.
+            None => {
+                let start = slot::create(conn, temp_name, true).await?;
+                (temp_name.to_string(), start, feed.position.is_some())
+            }
+            Some(name) => {
+                slot::lock_for_polling(conn, &name).await?;
+                let (start, gap) = bounded(limit, slot::open_permanent(feed, conn, &name)).await?;
+                (name, start, gap)
+            }
+        };
+        let transport = Transport::Polled(Polled {
+            slot: slot_name,
+            publications: replication::quote_ident(&feed.opts.publication),
+            every,
+            timeout: limit * POLL_TIMEOUT_LIMITS,
+            // As if a whole poll ended long ago: the first is at once.
+            began: Instant::now()
+                .checked_sub(every)
+                .unwrap_or_else(Instant::now),
+            whole: true,
+        });
+        Ok((transport, start, gap))
+    }
+
+    async fn receive(
+        &mut self,
+        conn: &mut PgConnection,
+        items: &mut Vec<Item>,
+    ) -> Result<(), SessionError> {
+        use futures_util::TryStreamExt;
+        if self.whole {
+            tokio::time::sleep(self.every.saturating_sub(self.began.elapsed())).await;
+        }
+        self.began = Instant::now();
+        // Protocol 1: the SQL interface returns whole transactions only.
+        const PEEK: &str = "SELECT w.upto::text AS upto, c.lsn::text AS lsn, c.data
+              FROM (SELECT pg_current_wal_flush_lsn() AS upto) w
+              LEFT JOIN LATERAL pg_logical_slot_peek_binary_changes(
+                  $1, w.upto, $3, 'proto_version', '1', 'publication_names', $2) c ON true";
+        let mut upto = Lsn::ZERO;
+        let mut rows_seen = 0usize;
+        let poll = async {
+            let mut rows = sqlx::query(PEEK)
+                .bind(&self.slot)
+                .bind(&self.publications)
+                .bind(POLL_CHANGES)
+                .fetch(&mut *conn);
+            while let Some(row) = rows.try_next().await? {
+                upto = Lsn::parse(row.try_get("upto")?).unwrap_or(Lsn::ZERO);
+                if let Some(data) = row.try_get::<Option<&[u8]>, _>("data")? {
+                    rows_seen += 1;
+                    items.push(Item::Data(Bytes::copy_from_slice(data)));
+                }
+            }
+            Ok::<(), sqlx::Error>(())
+        };
+        match tokio::time::timeout(self.timeout, poll).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(ReplError::Protocol(format!(
+                    "a poll of the slot took over {}s",
+                    self.timeout.as_secs()
+                ))
+                .into());
+            }
+        }
+        self.whole = rows_seen < POLL_CHANGES as usize;
+        if self.whole {
+            items.push(Item::Position(upto));
+        }
+        Ok(())
+    }
+
+    /// Only a whole poll gives a position: every commit before it began.
+    fn proves(&mut self, _at: Lsn) -> Option<Instant> {
+        self.whole.then_some(self.began)
+    }
+
+    /// The advance and the lag in one round trip.
+    async fn advance(
+        &mut self,
+        conn: &mut PgConnection,
+        to: Lsn,
+        stats: &Stats,
+    ) -> Result<(), SessionError> {
+        let lag: Option<i64> = bounded(
+            self.timeout,
+            sqlx::query_scalar(
+                "SELECT (pg_current_wal_lsn() - $2::pg_lsn)::int8
+                   FROM pg_replication_slot_advance($1, $2::pg_lsn)",
+            )
+            .bind(&self.slot)
+            .bind(to.to_string())
+            .fetch_one(conn),
+        )
+        .await?;
+        stats.applied_lsn.store(to.0, Ordering::Relaxed);
+        if let Some(lag) = lag {
+            stats.lag_bytes.store(lag.max(0) as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
