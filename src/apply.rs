@@ -77,7 +77,7 @@ pub type Applied = watch::Receiver<Lsn>;
 
 /// One resource following one table through one key column.
 #[derive(Clone)]
-pub struct Route {
+pub struct Follower {
     /// The canonical name of the table whose changes it follows (its own
     /// table, or a view's `source_table`).
     pub table: TableName,
@@ -87,7 +87,7 @@ pub struct Route {
 }
 
 pub struct Applier {
-    routes: Vec<Route>,
+    followers: Vec<Follower>,
     applied: watch::Sender<Lsn>,
     /// Told the LSN of each change before it is applied (read-your-writes
     /// on replicas; see `db::replicas`).
@@ -107,9 +107,9 @@ struct Freshness {
 }
 
 impl Applier {
-    pub fn new(routes: Vec<Route>, applied: watch::Sender<Lsn>) -> Self {
+    pub fn new(followers: Vec<Follower>, applied: watch::Sender<Lsn>) -> Self {
         Self {
-            routes,
+            followers,
             applied,
             replicas: None,
             bound: None,
@@ -187,7 +187,7 @@ impl Applier {
             }
         }
         f.told = Some(fresh);
-        for r in &self.routes {
+        for r in &self.followers {
             r.resource.vouch.set_fresh(fresh);
         }
     }
@@ -246,8 +246,8 @@ impl Applier {
             }
             Event::Resync(r) => self.resync(r).await,
             Event::Coverage(Coverage { table, problem }) => {
-                for route in self.on(&table) {
-                    route.resource.vouch.set_problem(problem.clone());
+                for follower in self.on(&table) {
+                    follower.resource.vouch.set_problem(problem.clone());
                 }
             }
         }
@@ -266,13 +266,13 @@ impl Applier {
             Scope::All => Reason::Resync,
             Scope::Table(_) => Reason::Rescan,
         };
-        for route in self.routes.iter().filter(|x| r.scope.covers(&x.table)) {
-            route.resource.resync(&r.reason, reason);
+        for follower in self.followers.iter().filter(|x| r.scope.covers(&x.table)) {
+            follower.resource.resync(&r.reason, reason);
         }
     }
 
-    fn on<'a>(&'a self, table: &'a TableName) -> impl Iterator<Item = &'a Route> + 'a {
-        self.routes.iter().filter(move |r| r.table == *table)
+    fn on<'a>(&'a self, table: &'a TableName) -> impl Iterator<Item = &'a Follower> + 'a {
+        self.followers.iter().filter(move |r| r.table == *table)
     }
 
     async fn commit(&self, c: Commit) {
@@ -282,14 +282,14 @@ impl Applier {
             Provenance::Announced
         };
         for change in &c.changes {
-            for route in self.on(&change.table) {
-                apply_change(route, change, from, c.phase).await;
+            for follower in self.on(&change.table) {
+                apply_change(follower, change, from, c.phase).await;
             }
         }
         for table in &c.truncated {
-            for route in self.on(table) {
-                route.resource.clear_cache();
-                route.resource.request_rebuild(Reason::Truncate, false);
+            for follower in self.on(table) {
+                follower.resource.clear_cache();
+                follower.resource.request_rebuild(Reason::Truncate, false);
             }
         }
         if let Some(lsn) = c.lsn {
@@ -305,7 +305,7 @@ impl Applier {
 }
 
 /// What one version of a row says about a resource's key.
-enum Seen {
+enum KeyInRow {
     Key(Key),
     /// NULL, or a value that cannot be a key of this type: no request can
     /// name it.
@@ -314,40 +314,40 @@ enum Seen {
     Unknown,
 }
 
-fn seen(route: &Route, row: Option<&Columns>) -> Seen {
-    match row.and_then(|r| r.get(&route.column)) {
-        Some(Value::Text(t)) => match key::from_db_text(t, route.resource.key_type()) {
-            Some(k) => Seen::Key(k),
-            None => Seen::None,
+fn key_in(follower: &Follower, row: Option<&Columns>) -> KeyInRow {
+    match row.and_then(|r| r.get(&follower.column)) {
+        Some(Value::Text(t)) => match key::from_db_text(t, follower.resource.key_type()) {
+            Some(k) => KeyInRow::Key(k),
+            None => KeyInRow::None,
         },
-        Some(Value::Null) => Seen::None,
-        Some(Value::Unknown) | None => Seen::Unknown,
+        Some(Value::Null) => KeyInRow::None,
+        Some(Value::Unknown) | None => KeyInRow::Unknown,
     }
 }
 
-async fn apply_change(route: &Route, change: &RowChange, from: Provenance, phase: Phase) {
-    let r = &route.resource;
+async fn apply_change(follower: &Follower, change: &RowChange, from: Provenance, phase: Phase) {
+    let r = &follower.resource;
     let new = match change.op {
-        Op::Insert | Op::Update => seen(route, change.new.as_ref()),
-        Op::Delete => Seen::None,
+        Op::Insert | Op::Update => key_in(follower, change.new.as_ref()),
+        Op::Delete => KeyInRow::None,
     };
-    if change.op == Op::Update && change.old.is_none() && matches!(new, Seen::Unknown) {
+    if change.op == Op::Update && change.old.is_none() && matches!(new, KeyInRow::Unknown) {
         // The key did not change, but which one it is was not carried.
         r.clear_cache();
         return;
     }
     let old = match change.op {
-        Op::Insert => Seen::None,
-        Op::Delete => seen(route, change.old.as_ref()),
+        Op::Insert => KeyInRow::None,
+        Op::Delete => key_in(follower, change.old.as_ref()),
         // No old row: no watched column changed.
         Op::Update if change.old.is_none() => match &new {
-            Seen::Key(k) => Seen::Key(k.clone()),
-            Seen::None => Seen::None,
-            Seen::Unknown => Seen::Unknown,
+            KeyInRow::Key(k) => KeyInRow::Key(k.clone()),
+            KeyInRow::None => KeyInRow::None,
+            KeyInRow::Unknown => KeyInRow::Unknown,
         },
-        Op::Update => seen(route, change.old.as_ref()),
+        Op::Update => key_in(follower, change.old.as_ref()),
     };
-    if matches!(new, Seen::Unknown) || matches!(old, Seen::Unknown) {
+    if matches!(new, KeyInRow::Unknown) || matches!(old, KeyInRow::Unknown) {
         // Some cached row may be stale, and we cannot say which.
         r.clear_cache();
     }
@@ -357,33 +357,33 @@ async fn apply_change(route: &Route, change: &RowChange, from: Provenance, phase
         // receipt may have taken its snapshot before the commit was
         // visible, and missed it (see `resource`, "The filter is never
         // missing a key").
-        if let (Seen::Key(n), false) = (
+        if let (KeyInRow::Key(n), false) = (
             &new,
-            matches!((&old, &new), (Seen::Key(o), Seen::Key(n)) if o == n),
+            matches!((&old, &new), (KeyInRow::Key(o), KeyInRow::Key(n)) if o == n),
         ) {
             r.insert_key_again(n);
         }
         for k in [&old, &new] {
-            if let Seen::Key(k) = k {
+            if let KeyInRow::Key(k) = k {
                 r.invalidate(k).await;
             }
         }
         return;
     }
     match (&old, &new) {
-        (Seen::Key(o), Seen::Key(n)) if o == n => r.invalidate(n).await,
+        (KeyInRow::Key(o), KeyInRow::Key(n)) if o == n => r.invalidate(n).await,
         _ => {
-            if let Seen::Key(o) = &old {
+            if let KeyInRow::Key(o) = &old {
                 r.note_delete(o).await;
             }
             match &new {
-                Seen::Key(n) => r.insert_key_from(n, from).await,
+                KeyInRow::Key(n) => r.insert_key_from(n, from).await,
                 // A row whose key we were not told may be new: only a scan
                 // finds it, and until then the filter may lack it.
-                Seen::Unknown => {
+                KeyInRow::Unknown => {
                     r.resync("an insert whose key was not carried", Reason::UnknownKey);
                 }
-                Seen::None => {}
+                KeyInRow::None => {}
             }
         }
     }

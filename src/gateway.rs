@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::apply::{Applied, Applier, Route};
+use crate::apply::{Applied, Applier, Follower};
 use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
@@ -267,7 +267,7 @@ impl Gateway {
                 replicas.clone().run_checks(every, self.signal()),
             ));
         }
-        let (routes, watch) = self.resolve().await?;
+        let (followers, watch) = self.resolve().await?;
         let feed = Supervisor::prepare(
             &self.db,
             &self.config.database,
@@ -280,12 +280,12 @@ impl Gateway {
         // Resources whose changes no feed follows (a view without
         // `source_table`) change only at rebuilds: nothing to prove.
         for r in &self.resources {
-            if !routes.iter().any(|x| Arc::ptr_eq(&x.resource, r)) {
+            if !followers.iter().any(|x| Arc::ptr_eq(&x.resource, r)) {
                 r.vouch.set_fresh(true);
             }
         }
         let feed = self.feed.get_or_init(|| feed);
-        self.start_feed(feed, routes, &watch).await?;
+        self.start_feed(feed, followers, &watch).await?;
         let _ = self.watch.set(watch);
         if let Some(replicas) = self.db.replicas() {
             // A replica behind the primary now may lack commits no feed
@@ -335,9 +335,9 @@ impl Gateway {
     /// Reads every resource's table from the catalog: the table whose
     /// changes it follows (canonical name) and its key column's type, which
     /// the key type must accept.
-    async fn resolve(&self) -> Result<(Vec<Route>, Watch), StartError> {
+    async fn resolve(&self) -> Result<(Vec<Follower>, Watch), StartError> {
         let pool = self.db.pool();
-        let mut routes = Vec::new();
+        let mut followers = Vec::new();
         let mut tables: BTreeMap<TableName, Vec<WatchedColumn>> = BTreeMap::new();
         for r in &self.resources {
             let c = &r.config;
@@ -393,7 +393,7 @@ impl Gateway {
                     ty: key.column_type(),
                 });
             }
-            routes.push(Route {
+            followers.push(Follower {
                 table: source.name.clone(),
                 column,
                 resource: r.clone(),
@@ -405,7 +405,7 @@ impl Gateway {
                 .map(|(name, columns)| WatchedTable { name, columns })
                 .collect(),
         };
-        Ok((routes, watch))
+        Ok((followers, watch))
     }
 
     /// Reads the catalog and installs the triggers of every watched table
@@ -438,13 +438,13 @@ impl Gateway {
     async fn start_feed(
         &self,
         feed: &Supervisor,
-        routes: Vec<Route>,
+        followers: Vec<Follower>,
         watch: &Watch,
     ) -> Result<(), StartError> {
         // A start that failed after this point may be retried: its tasks
         // were stopped (`stop`) or will be, and new ones start here.
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
-        let mut applier = Applier::new(routes, self.applied_tx.clone())
+        let mut applier = Applier::new(followers, self.applied_tx.clone())
             .with_replicas(self.db.replicas().cloned());
         if feed.freshness() != Freshness::Off {
             applier = applier.with_bound(self.config.database.freshness_bound);

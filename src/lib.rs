@@ -17,9 +17,12 @@
 //!   ([`http::dispatch`]: a filtered key or a cache hit answered without a
 //!   future; the connection calls the app in place, not a clone), and
 //!   the one mapping from [`error::Error`] to status codes.
-//! - [`resource`]: one table served by key; puts the request path together
-//!   (parse, filter, cache, database) and rebuilds its filter without losing
-//!   live inserts, resetting its high-water mark and watching it decay.
+//! - [`resource`]: one table served by key, a thin composition of its
+//!   live filter, its row cache and its queries; puts the request path
+//!   together ([`resource::Resource::lookup_now`], then
+//!   [`resource::Resource::load`]). [`resource::LiveFilter`] owns the
+//!   published key set, the rebuild journal, the high-water mark and decay:
+//!   the never-miss invariant, and nothing else does.
 //! - [`rebuild`]: the per-resource rebuild coordinator every rebuild request
 //!   goes through: at most one running and one pending, owned by the
 //!   gateway's task for that resource.
@@ -49,7 +52,9 @@
 //!   [`db::tls`]: TLS for every connection (sqlx's and the replication
 //!   client's) as the URL's `sslmode` / `sslrootcert` say.
 //! - [`feed`]: change feeds turned into one [`feed::Event`] type; they know
-//!   nothing of the gateway, which applies their events. [`feed::notify`]:
+//!   nothing of the gateway, which applies their events.
+//!   [`feed::supervisor`]: the one interface the gateway uses (which feed,
+//!   what it needs installed, its task, its health). [`feed::notify`]:
 //!   `LISTEN bloomgate`, fed by the triggers [`db::triggers`] generates (one
 //!   small function per table, its key columns written in); resyncs after
 //!   every reconnect, refuses a hot standby. [`feed::queue`]: the same
@@ -72,6 +77,10 @@
 //!   request latency in [`histogram`]s and the fast paths' counts in
 //!   [`counter`]s, both sharded by thread so that recording them writes no
 //!   memory another core writes.
+//! - [`vouch`]: whether a resource's filter and cache may answer, from the
+//!   feed's heartbeats, interruptions and resyncs.
+//! - [`shutdown`]: the signal every long-lived task is handed; each finishes
+//!   its unit of work when it fires.
 //! - [`budget`]: a token bucket (database checks above the high-water mark).
 //! - [`server`]: binding, background start-up, graceful shutdown, and the
 //!   bounds on connections: deadlines per connection (`server::conn`), the
@@ -79,6 +88,9 @@
 //! - [`config`]: the TOML file and environment, read once into typed structs.
 //! - [`error`]: the error type of the request path.
 //! - [`seed`]: demo data. [`telemetry`]: logging.
+//!
+//! See `ARCHITECTURE.md` for a picture of the modules and who owns which
+//! invariant.
 //!
 //! # Request flow
 //!
@@ -94,6 +106,22 @@
 //! 5. On a miss one query per key runs, however many requests wait on it, in
 //!    a task that survives clients disconnecting. Found rows and absences are
 //!    cached; database errors are not (503 with `Retry-After`).
+//!
+//! # Change flow
+//!
+//! 1. [`feed::supervisor`] picks the feed (`database.freshness`), installs
+//!    what it needs in the database (publication or triggers) and starts it.
+//! 2. The feed sends [`feed::Event`]s down a channel: commits (row changes
+//!    reduced to the watched key columns, in commit order), truncates,
+//!    heartbeats, interruptions, resyncs, coverage changes.
+//! 3. [`apply`] applies each, in order, to every resource following the
+//!    table: new keys into the live filter, changed and deleted rows out of
+//!    the cache, rebuilds on truncate and resync; then publishes the LSN
+//!    applied up to, which the WAL feed acknowledges and read replicas are
+//!    gated on.
+//! 4. [`vouch`] turns heartbeats, interruptions and resyncs into whether a
+//!    resource's filter and cache may answer at all: never longer than
+//!    `database.freshness_bound` past the last proof that they are complete.
 
 pub mod apply;
 pub mod auth;

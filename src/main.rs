@@ -77,11 +77,10 @@ enum Command {
 }
 
 /// mimalloc instead of glibc's malloc: a cached hit or a filtered 404 makes
-/// ~19 small allocations (the request, its headers, the response), and
-/// mimalloc's thread-local free lists serve them in ~1,950 fewer
-/// instructions per request (-8.5 % hit, -9.1 % 404; hot and mixed 9-10 %
-/// less CPU per request), for 6-13 MB more resident memory (BENCHMARKS.md,
-/// "The allocator"). The library and its tests keep the system allocator.
+/// about twenty small allocations (the request, its headers, the
+/// response), which mimalloc's thread-local free lists serve markedly
+/// cheaper, for a few MB more resident memory. The library and its tests
+/// keep the system allocator.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -823,7 +823,7 @@ async fn a_partitioned_table_is_fresh_through_its_parent() {
 /// rebuild.
 #[tokio::test]
 async fn the_applier_keeps_the_feed_contract() {
-    use bloomgate::apply::{Applier, Route};
+    use bloomgate::apply::{Applier, Follower};
     use bloomgate::feed::{Columns, Commit, Event, Lsn, Op, Phase, RowChange, Value};
     let db = TestDb::new().await;
     db.seed_users(10).await;
@@ -837,7 +837,7 @@ async fn the_applier_keeps_the_feed_contract() {
     let id: Arc<str> = Arc::from("id");
     let (tx, applied) = tokio::sync::watch::channel(Lsn::ZERO);
     let applier = Applier::new(
-        vec![Route {
+        vec![Follower {
             table: table.clone(),
             column: id.clone(),
             resource: users.clone(),

@@ -23,7 +23,7 @@
 //! # Cost
 //! A hit with a credential seen before costs a keyed hash of it and one
 //! read of [`verified::Cache`], no allocation. A new credential costs its
-//! verification once (BENCHMARKS.md, "Access control").
+//! verification once.
 //!
 //! # Memory
 //! Bounded by the config alone: the verified cache and the rate limiter are

@@ -11,7 +11,7 @@
 //!   [`Event::Resync`] of that table: its rows may have changed without a
 //!   row change any feed sees;
 //! - a table whose publication entry or trigger rows changed since the
-//!   last check ([`Seen::dependency`]) gets one too: an edit undone within
+//!   last check ([`Observed::dependency`]) gets one too: an edit undone within
 //!   one check (a table dropped from the publication and added back, a
 //!   trigger disabled and enabled) kept changes from the feed meanwhile;
 //! - a table the feed cannot follow gets [`Event::Coverage`] with the
@@ -29,7 +29,7 @@ use crate::db::triggers::{self, Sink};
 
 /// One watched table as the catalog has it now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Seen {
+pub struct Observed {
     /// The relation its name leads to; `None`: no such relation now.
     pub oid: Option<u32>,
     /// `relkind = 'p'`.
@@ -45,7 +45,7 @@ pub struct Seen {
 
 /// Every watched table as the catalog has it now, in `watch` order: one
 /// round trip.
-pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Seen>, sqlx::Error> {
+pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observed>, sqlx::Error> {
     let names: Vec<String> = watch.tables.iter().map(|t| quote_table(&t.name)).collect();
     let rows: Vec<(Option<i64>, Option<bool>, Vec<i64>)> = sqlx::query_as(
         "SELECT c.oid::int8, c.relkind = 'p',
@@ -61,7 +61,7 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Seen>,
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(oid, partitioned, partitions)| Seen {
+        .map(|(oid, partitioned, partitions)| Observed {
             oid: oid.and_then(|o| u32::try_from(o).ok()),
             partitioned: partitioned.unwrap_or(false),
             partitions: partitions
@@ -78,13 +78,13 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Seen>,
 #[derive(Debug, Default)]
 pub struct Tracker {
     /// Per watched table: the last check's view and problem.
-    last: Vec<Option<(Seen, Option<String>)>>,
+    last: Vec<Option<(Observed, Option<String>)>>,
 }
 
 impl Tracker {
     /// Takes a check's result, one `(seen, problem)` per watched table in
     /// `watch` order; returns what the gateway must be told, in order.
-    pub fn update(&mut self, watch: &Watch, now: Vec<(Seen, Option<String>)>) -> Vec<Event> {
+    pub fn update(&mut self, watch: &Watch, now: Vec<(Observed, Option<String>)>) -> Vec<Event> {
         self.last.resize(watch.tables.len(), None);
         let mut events = Vec::new();
         for ((t, last), (seen, problem)) in watch.tables.iter().zip(&mut self.last).zip(now) {
@@ -219,8 +219,8 @@ mod tests {
         }
     }
 
-    fn seen(oid: u32, partitions: &[u32]) -> Seen {
-        Seen {
+    fn seen(oid: u32, partitions: &[u32]) -> Observed {
+        Observed {
             oid: Some(oid),
             partitioned: !partitions.is_empty(),
             partitions: partitions.to_vec(),
@@ -278,7 +278,7 @@ mod tests {
         assert_eq!(said(&e), ["resync public.b"], "attached");
         let e = t.update(&w, vec![(seen(3, &[]), None), (seen(2, &[11, 12]), None)]);
         assert_eq!(said(&e), ["resync public.b"], "detached");
-        let gone = Seen::default();
+        let gone = Observed::default();
         let e = t.update(
             &w,
             vec![

@@ -511,8 +511,8 @@ mod tests {
     }
 
     /// An empty uuid or text table sends no key at all: the layout must
-    /// still be one that can reject byte keys (issue 10, item 8: `auto`
-    /// stayed an exact set, which answers "maybe" for every byte key).
+    /// still be one that can reject byte keys (an exact set answers "maybe"
+    /// for every byte key).
     #[test]
     fn byte_keys_never_get_an_exact_set_even_with_no_keys() {
         let set = KeySetBuilder::new(Mode::Auto, KeyKind::Bytes, 1, 0.01, key())

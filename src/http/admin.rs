@@ -97,7 +97,9 @@ pub fn app(gateway: Arc<Gateway>, token: &str) -> super::App {
             async move { middleware_error(&gw, err) }
         }))
         .timeout(gateway.config.admin.request_timeout);
-    let doc = super::openapi::to_json(&super::openapi::admin_document());
+    let doc = super::openapi::to_json(&super::openapi::admin_document(
+        routes().split_for_parts().1,
+    ));
     let router = timed
         .route(
             "/admin/openapi.json",

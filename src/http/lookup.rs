@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::histogram::Histogram;
 use crate::key::Key;
 use crate::metrics::outcome;
-use crate::resource::{Lookup, Passed, Resource};
+use crate::resource::{Load, Lookup, Now, Resource};
 
 /// What a route needs, prepared once.
 pub struct Route {
@@ -141,9 +141,7 @@ pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
     let began = Instant::now();
     let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
     match begin(&route, req.uri().path(), req.headers(), peer, began) {
-        Begun::Ask(key, passed, caller) => {
-            finish(&route, key, passed, caller, req.headers(), began).await
-        }
+        Begun::Load(load, caller) => finish(&route, load, caller, req.headers(), began).await,
         Begun::Answered(answered) => answered,
     }
 }
@@ -154,9 +152,9 @@ pub enum Begun {
     /// rejects, 503 before the first build, a cache hit or negative hit),
     /// already counted.
     Answered(Response),
-    /// A key the cache could not answer at once ([`finish`]), with the
-    /// caller when its row must be checked for its owner.
-    Ask(Key, Passed, Option<Arc<Verified>>),
+    /// A key the filter and cache could not answer at once ([`finish`]),
+    /// with the caller when its row must be checked for its owner.
+    Load(Load, Option<Arc<Verified>>),
 }
 
 /// Parse, then the access checks, then filter, then the cache if it can
@@ -190,39 +188,31 @@ pub fn begin(
         let (resp, _) = filtered(route);
         return Begun::Answered(refused_as_absent(route, began, resp));
     }
-    let passed = match route.resource.filter(&key) {
-        Ok(passed) => passed,
-        Err(e) => return Begun::Answered(failed(route, began, e)),
-    };
-    if passed == Passed::Filtered {
-        let (resp, outcome) = filtered(route);
-        return Begun::Answered(done(route, began, resp, outcome));
-    }
-    match route.resource.cached(&key, passed) {
-        Ok(lookup) => {
+    match route.resource.lookup_now(key) {
+        Ok(Now::Answered(lookup)) => {
             let (resp, outcome) = answer(route, lookup, headers, caller.verified());
             Begun::Answered(done(route, began, resp, outcome))
         }
-        Err(passed) => {
+        Ok(Now::Load(load)) => {
             let caller = match route.owner_on_row {
                 true => caller.into_arc(),
                 false => None,
             };
-            Begun::Ask(key, passed, caller)
+            Begun::Load(load, caller)
         }
+        Err(e) => Begun::Answered(failed(route, began, e)),
     }
 }
 
 /// The cache (and through it the database) for a key [`begin`] let through.
 pub async fn finish(
     route: &Route,
-    key: Key,
-    passed: Passed,
+    load: Load,
     caller: Option<Arc<Verified>>,
     headers: &HeaderMap,
     began: Instant,
 ) -> Response {
-    match route.resource.lookup_passed(key, passed).await {
+    match route.resource.load(load).await {
         Ok(lookup) => {
             let (resp, outcome) = answer(route, lookup, headers, caller.as_deref());
             done(route, began, resp, outcome)
@@ -284,8 +274,8 @@ fn key_of(route: &Route, path: &str) -> Result<Key, Error> {
     route.resource.parse_key(raw, route.max_key_length)
 }
 
-/// `path.split('/').nth(n)`, by bytes: `str::split`'s general searcher
-/// cost a hit about 280 instructions here (callgrind).
+/// `path.split('/').nth(n)`, by bytes: `str::split`'s general searcher is
+/// a noticeable share of a cached hit for a one-byte separator.
 fn nth_segment(path: &str, n: usize) -> Option<&str> {
     let mut rest = path;
     for _ in 0..n {

@@ -8,8 +8,8 @@
 //!
 //! Dispatch: a resource's `GET` is matched and, when the filter rejects its
 //! key, answered by [`dispatch::Dispatch`] before axum's router, which
-//! serves every other request (BENCHMARKS.md: the router cost a hit ~3,000
-//! instructions and 4 allocations).
+//! serves every other request (the router would cost a hit more than the
+//! rest of it, and four allocations).
 //!
 //! Middleware: one layer, [`front::FrontLayer`], wrapped once around the
 //! whole router ([`App`]): request id, trace span (only while DEBUG is on),
@@ -17,8 +17,7 @@
 //! `max_concurrency` requests in flight, 504 past the request timeout.
 //! Around the router rather than inside it (`Router::layer`): axum would
 //! wrap each route in its own boxed copy of the layer and clone those boxes
-//! on every request (3 allocations and ~1,300 instructions a hit,
-//! BENCHMARKS.md); and not in an outer `Router`, which would route every
+//! on every request (three allocations a hit); and not in an outer `Router`, which would route every
 //! request twice.
 
 pub mod admin;
@@ -51,7 +50,7 @@ use response::{json_bytes, json_error};
 /// layer, with the resources' `GET`s answered before it ([`Dispatch`]). The
 /// layer wraps the whole router once rather than each route
 /// (`Router::layer`), which would box and clone every route's service
-/// stack per request (BENCHMARKS.md).
+/// stack per request.
 pub type App = front::Front<Dispatch>;
 
 /// The public router for `gateway`, behind the front layer.

@@ -160,10 +160,9 @@ fn this_document(tag: &str, id: &str) -> OperationBuilder {
         )
 }
 
-/// The admin document: the authenticated admin routes, each requiring the
-/// bearer token.
-pub fn admin_document() -> OpenApi {
-    let (_, mut doc) = super::admin::routes().split_for_parts();
+/// The admin document, from the admin routes' own (`doc`): each operation
+/// requires the bearer token.
+pub fn admin_document(mut doc: OpenApi) -> OpenApi {
     doc.info = info(
         "bloomgate admin",
         "The admin listener: metrics, resource state, cache purges and rebuilds. Every \

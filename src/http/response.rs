@@ -104,8 +104,8 @@ pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
 /// Headers a response can end with (content type, ETag, Vary,
 /// Content-Encoding, Cache-Status, Cache-Control, the request id, what the
 /// middleware adds), room made once. A default `HeaderMap` holds 6 before it
-/// grows, and a hit has 7 since `Vary`: growing it on every hit cost ~2,200
-/// instructions, 9 % of a hit (BENCHMARKS.md, "Compressed rows").
+/// grows, and a hit has 7 since `Vary`: growing it on every hit would be
+/// about a tenth of a hit's cost.
 pub const RESPONSE_HEADERS: usize = 12;
 
 /// `value` as a header value cloned by a plain copy, for a value made once
