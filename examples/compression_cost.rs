@@ -81,7 +81,7 @@ fn main() {
     config.database.url = url;
     config.database.listen = false;
     let _guard = rt.enter(); // the pool's maintenance task is spawned at once
-    let gw = Gateway::new(config).expect("gateway");
+    let gw = Gateway::new(config, &Default::default()).expect("gateway");
     rt.block_on(gw.start()).expect("start-up");
     let app = bloomgate::http::app(gw.clone());
 

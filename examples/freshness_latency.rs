@@ -106,7 +106,7 @@ async fn main() {
         notify = mode == "notify",
     );
     let config = bloomgate::config::Config::from_toml(&toml).expect("config");
-    let gw = bloomgate::gateway::Gateway::new(config).unwrap();
+    let gw = bloomgate::gateway::Gateway::new(config, &Default::default()).unwrap();
     gw.start().await.expect("start");
     let app = bloomgate::http::app(gw.clone());
     let pool = PgPoolOptions::new()

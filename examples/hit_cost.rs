@@ -391,7 +391,7 @@ fn routers(rt: &tokio::runtime::Runtime) {
     config.database.url = url;
     config.database.listen = false;
     let _guard = rt.enter(); // the pool's maintenance task is spawned at once
-    let gw = Gateway::new(config).expect("gateway");
+    let gw = Gateway::new(config, &Default::default()).expect("gateway");
     rt.block_on(gw.start()).expect("start-up");
     let app = bloomgate::http::app(gw.clone());
     let (routes, _) = bloomgate::http::public_routes(&gw).split_for_parts();

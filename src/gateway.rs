@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::apply::{Applied, Applier, Follower};
+use crate::auth::key_files::KeyFiles;
 use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
@@ -145,12 +146,13 @@ pub enum StartError {
 
 impl Gateway {
     /// Builds the gateway with a lazy pool: nothing is contacted yet.
-    pub fn new(config: Config) -> Result<Arc<Self>, StartError> {
+    /// `key_files`: what `[auth]`'s files held (`KeyFiles::read`).
+    pub fn new(config: Config, key_files: &KeyFiles) -> Result<Arc<Self>, StartError> {
         let db = Db::connect_lazy(&config.database).map_err(StartError::Url)?;
-        Ok(Self::with_db(config, Arc::new(db)))
+        Ok(Self::with_db(config, key_files, Arc::new(db)))
     }
 
-    pub fn with_db(config: Config, db: Arc<Db>) -> Arc<Self> {
+    pub fn with_db(config: Config, key_files: &KeyFiles, db: Arc<Db>) -> Arc<Self> {
         // Row loads in flight, attached to a request or detached from
         // departed clients, within the same bound as requests.
         let loads = Arc::new(tokio::sync::Semaphore::new(config.server.max_concurrency));
@@ -160,7 +162,7 @@ impl Gateway {
             .map(|r| Arc::new(Resource::new(r, db.clone(), loads.clone())))
             .collect();
         let (applied_tx, applied) = watch::channel(Lsn::ZERO);
-        let auth = Arc::new(crate::auth::Auth::new(&config));
+        let auth = Arc::new(crate::auth::Auth::new(&config, key_files));
         Arc::new(Self {
             config,
             db,

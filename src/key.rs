@@ -8,23 +8,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::filter::{Item, KeyKind};
 
-/// The SQL type of a resource's key column.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KeyType {
-    /// `bigint` (`int8`); `integer` and `smallint` columns work too, since
-    /// every value they hold is a valid `bigint`.
-    Bigint,
-    /// `uuid`, written hyphenated or as 32 hex digits, any case.
-    Uuid,
-    /// `text` / `varchar`: any UTF-8 string without control characters.
-    Text,
-}
+pub use crate::config::KeyType;
 
 impl KeyType {
     /// The kind of filter item its keys become (see [`Key::item`]).

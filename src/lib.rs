@@ -29,7 +29,8 @@
 //! - [`key`]: parsing a path segment into a typed [`key::Key`].
 //! - [`auth`]: who may read what, decided per request before the filter:
 //!   bearer JWTs verified with `ring` ([`auth::jwt`], key sets from a file
-//!   or a URL: [`auth::jwks`]), API keys held as keyed hashes
+//!   or a URL: [`auth::jwks`]; the files `[auth]` names read once at
+//!   start-up by [`auth::key_files`]), API keys held as keyed hashes
 //!   ([`auth::api_key`]), a fixed table of verified credentials
 //!   ([`auth::verified`]), per-caller GCRA rate limits in a fixed table
 //!   ([`auth::limit`]), owner checks on the key or on a column of the
@@ -85,7 +86,13 @@
 //! - [`server`]: binding, background start-up, graceful shutdown, and the
 //!   bounds on connections: deadlines per connection (`server::conn`), the
 //!   `max_connections` cap, back-off when `accept` fails.
-//! - [`config`]: the TOML file and environment, read once into typed structs.
+//! - [`config`]: the TOML file and environment, read once into typed structs,
+//!   one file per section, each validating itself ([`config::server`],
+//!   [`config::database`], [`config::resource`], ...); [`config::env`]'s
+//!   sources and typo checks, the `Cache-Control` grammar
+//!   ([`config::cache_control`]) and the one route grammar with the paths
+//!   the gateway keeps for itself ([`config::route`], which
+//!   [`http::dispatch`] matches by). It names no module above it.
 //! - [`error`]: the error type of the request path.
 //! - [`seed`]: demo data. [`telemetry`]: logging.
 //!

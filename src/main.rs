@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use bloomgate::config::{self, Config};
+use bloomgate::auth::key_files::KeyFiles;
+use bloomgate::config::{self, Config, ConfigError};
 
 #[derive(Parser)]
 #[command(
@@ -96,15 +97,24 @@ async fn main() -> ExitCode {
     }
 }
 
+/// The configuration at `path` and the key files its `[auth]` names, read
+/// together so that every command refuses a file it could not read.
+fn load(path: &std::path::Path) -> Result<(Config, KeyFiles), ConfigError> {
+    let config = Config::load(path)?;
+    let key_files = KeyFiles::read(&config.auth, &path.display().to_string())?;
+    Ok((config, key_files))
+}
+
 async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         Command::Serve { config } => {
-            let config = Config::load(&config)?;
+            let (config, key_files) = load(&config)?;
             bloomgate::telemetry::init(&config.log);
-            bloomgate::server::run(config, bloomgate::server::shutdown_signal()).await?;
+            bloomgate::server::run(config, &key_files, bloomgate::server::shutdown_signal())
+                .await?;
         }
         Command::CheckConfig { config } => {
-            let config = Config::load(&config)?;
+            let (config, key_files) = load(&config)?;
             print!("{}", config.to_redacted_toml());
             // On stderr, so stdout stays the TOML it always was.
             eprintln!(
@@ -130,17 +140,17 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                     bloomgate::gateway::wal_delivery(&config.database)
                 );
             }
-            print!("{}", describe_database(config).await);
+            print!("{}", describe_database(config, &key_files).await);
         }
         Command::Migrate { config } => {
-            let config = Config::load(&config)?;
+            let (config, _) = load(&config)?;
             let db = bloomgate::db::Db::connect_lazy(&config.database)?;
             db.migrate().await?;
             println!("migrations applied");
         }
         Command::InstallTriggers { config } => {
-            let config = Config::load(&config)?;
-            let gateway = bloomgate::gateway::Gateway::new(config)?;
+            let (config, key_files) = load(&config)?;
+            let gateway = bloomgate::gateway::Gateway::new(config, &key_files)?;
             let mut failed = 0;
             for (table, r) in gateway.install_triggers().await? {
                 match r {
@@ -159,9 +169,9 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         Command::InstallFeed { config } => {
-            let config = Config::load(&config)?;
+            let (config, key_files) = load(&config)?;
             let publication = config.database.publication.clone();
-            let gateway = bloomgate::gateway::Gateway::new(config)?;
+            let gateway = bloomgate::gateway::Gateway::new(config, &key_files)?;
             gateway.install_feed().await?;
             println!(
                 "publication {publication:?} covers every resource table; bloomgate's triggers removed"
@@ -173,7 +183,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             scope,
             ttl,
         } => {
-            let config = Config::load(&config)?;
+            let (config, _) = load(&config)?;
             let secret = config
                 .auth
                 .jwt_secret
@@ -207,7 +217,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             users,
             articles,
         } => {
-            let config = Config::load(&config)?;
+            let (config, _) = load(&config)?;
             let db = bloomgate::db::Db::connect_lazy(&config.database)?;
             db.migrate().await?;
             let r = bloomgate::seed::seed(db.pool(), users, articles).await?;
@@ -224,10 +234,10 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
 /// output stays valid TOML): whether it is reachable, what the change feed
 /// needs, and each resource's columns with the JSON type the gateway sends
 /// for them (as the OpenAPI document declares them). Nothing is changed.
-async fn describe_database(config: Config) -> String {
+async fn describe_database(config: Config, key_files: &KeyFiles) -> String {
     use std::fmt::Write;
     let freshness = config.database.freshness;
-    let Ok(gw) = bloomgate::gateway::Gateway::new(config) else {
+    let Ok(gw) = bloomgate::gateway::Gateway::new(config, key_files) else {
         return String::new();
     };
     let probe = async {

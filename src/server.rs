@@ -13,6 +13,7 @@ use hyper_util::server::conn::auto::Builder;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
+use crate::auth::key_files::KeyFiles;
 use crate::config::{Config, ServerConfig};
 use crate::gateway::{Gateway, StartError};
 use crate::http;
@@ -47,6 +48,7 @@ pub struct Admin {
 /// serves until `shutdown` resolves.
 pub async fn run(
     config: Config,
+    key_files: &KeyFiles,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let admin = match config.admin.token()? {
@@ -61,7 +63,7 @@ pub async fn run(
     };
     let listener = bind(config.server.listen).await?;
     check_descriptors(&config, if admin.is_some() { 2 } else { 1 });
-    let gateway = Gateway::new(config)?;
+    let gateway = Gateway::new(config, key_files)?;
     serve(gateway, listener, admin, shutdown).await
 }
 

@@ -83,7 +83,8 @@ fn a_warm_check_allocates_nothing() {
         keys.display()
     ))
     .unwrap();
-    let auth = Auth::new(&config);
+    let files = bloomgate::auth::key_files::KeyFiles::read(&config.auth, "config").unwrap();
+    let auth = Auth::new(&config, &files);
     let exp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -141,31 +141,6 @@ pub fn parse(doc: &[u8]) -> Result<(Vec<PublicKey>, Vec<String>), String> {
     Ok((keys, skipped))
 }
 
-/// `auth.jwks_url`: `https`, or `http` to a loopback address (a sidecar,
-/// a test); no user or password in it.
-pub fn check_url(text: &str) -> Result<(), String> {
-    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
-    if !url.username().is_empty() || url.password().is_some() {
-        return Err("must not carry a user or password".into());
-    }
-    let loopback = match url.host() {
-        Some(url::Host::Ipv4(a)) => a.is_loopback(),
-        Some(url::Host::Ipv6(a)) => a.is_loopback(),
-        Some(url::Host::Domain(d)) => d == "localhost",
-        None => return Err("has no host".into()),
-    };
-    match url.scheme() {
-        "https" => Ok(()),
-        "http" if loopback => Ok(()),
-        "http" => Err(
-            "must be https:// (plain http:// only to a loopback address): a key set read in \
-             the clear can be replaced on the way"
-                .into(),
-        ),
-        s => Err(format!("scheme {s:?}: use https://")),
-    }
-}
-
 /// The TLS client configuration for `https` key sets: the host's trusted
 /// roots, on the `ring` provider.
 pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
@@ -187,7 +162,7 @@ pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
     Ok(Arc::new(config))
 }
 
-/// GETs `url` (checked by [`check_url`]) and returns its body: status 200,
+/// GETs `url` (checked by `config::auth::check_jwks_url`) and returns its body: status 200,
 /// at most [`MAX_BYTES`], within [`FETCH_TIMEOUT`]. Errors are safe to log
 /// (no header or body is quoted).
 pub async fn fetch(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Bytes, String> {
@@ -299,17 +274,5 @@ mod tests {
         assert!(skipped.iter().any(|s| s.contains("2048")));
         assert!(parse(b"[]").is_err());
         assert!(parse(b"{\"keys\": 1}").is_err());
-    }
-
-    #[test]
-    fn urls_must_be_https_unless_local() {
-        assert!(check_url("https://idp.example.com/.well-known/jwks.json").is_ok());
-        assert!(check_url("http://127.0.0.1:8000/jwks").is_ok());
-        assert!(check_url("http://[::1]:8000/jwks").is_ok());
-        assert!(check_url("http://localhost/jwks").is_ok());
-        assert!(check_url("http://idp.example.com/jwks").is_err());
-        assert!(check_url("https://u:p@idp.example.com/jwks").is_err());
-        assert!(check_url("ftp://idp.example.com/jwks").is_err());
-        assert!(check_url("not a url").is_err());
     }
 }

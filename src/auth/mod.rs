@@ -34,6 +34,7 @@
 pub mod api_key;
 pub mod jwks;
 pub mod jwt;
+pub mod key_files;
 pub mod keyed;
 pub mod limit;
 pub mod owner;
@@ -49,65 +50,20 @@ use arc_swap::ArcSwap;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use serde::Serialize;
 
-use crate::config::{AuthConfig, AuthMode, Config};
+use crate::config::{AuthMode, Config};
 use crate::counter::Counter;
 use crate::error::Error;
 use crate::key::Key;
 use crate::telemetry::LogThrottle;
 use jwt::Invalid;
+use key_files::KeyFiles;
 use verified::{Held, Verified};
 
-/// Distinct scopes the resources may require together (one bit each).
-pub const MAX_SCOPES: usize = 64;
-/// Distinct owner claims the resources may name together.
-pub const MAX_OWNER_CLAIMS: usize = 8;
+pub use crate::config::auth::{MAX_OWNER_CLAIMS, MAX_SCOPES};
 
 /// The header an API key comes in.
 pub static API_KEY: HeaderName = HeaderName::from_static("x-api-key");
 const REALM: &str = "bloomgate";
-
-/// What `auth.jwks_file` and `auth.api_keys_file` held, read and checked
-/// when the config is loaded (so `check-config` checks them too).
-#[derive(Clone, Default)]
-pub struct Loaded {
-    pub jwks: Vec<jwt::PublicKey>,
-    /// Keys of `jwks_file` that were skipped, and why.
-    pub jwks_skipped: Vec<String>,
-    pub api_keys: Vec<api_key::Entry>,
-}
-
-impl std::fmt::Debug for Loaded {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Loaded")
-            .field("jwks", &self.jwks.len())
-            .field("api_keys", &self.api_keys.len())
-            .finish()
-    }
-}
-
-/// Reads the files `cfg` names; the error is (config key, problem).
-pub fn load(cfg: &AuthConfig) -> Result<Loaded, (String, String)> {
-    let mut loaded = Loaded::default();
-    if let Some(path) = &cfg.jwks_file {
-        let at = || "auth.jwks_file".to_string();
-        let doc = std::fs::read(path)
-            .map_err(|e| (at(), format!("cannot read {}: {e}", path.display())))?;
-        let (keys, skipped) =
-            jwks::parse(&doc).map_err(|e| (at(), format!("{}: {e}", path.display())))?;
-        if keys.is_empty() {
-            return Err((
-                at(),
-                format!("{}: no usable key ({})", path.display(), skipped.join("; ")),
-            ));
-        }
-        loaded.jwks = keys;
-        loaded.jwks_skipped = skipped;
-    }
-    if let Some(path) = &cfg.api_keys_file {
-        loaded.api_keys = api_key::load(path).map_err(|e| ("auth.api_keys_file".into(), e))?;
-    }
-    Ok(loaded)
-}
 
 /// Why a request was refused, for `bloomgate_auth_failures_total{reason}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,7 +269,7 @@ fn scope_bits(names: &[String], held: impl IntoIterator<Item = impl AsRef<str>>)
 }
 
 impl Auth {
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &Config, files: &KeyFiles) -> Self {
         let cfg = &config.auth;
         let resources = config.resolved();
         let mut scope_names: Vec<String> = Vec::new();
@@ -383,8 +339,7 @@ impl Auth {
                 }
             })
             .collect();
-        let api_callers = cfg
-            .loaded
+        let api_callers = files
             .api_keys
             .iter()
             .map(|e| {
@@ -394,7 +349,7 @@ impl Auth {
                 )
             })
             .collect();
-        for s in &cfg.loaded.jwks_skipped {
+        for s in &files.jwks_skipped {
             tracing::warn!(skipped = %s, "auth.jwks_file: a key was skipped");
         }
         let remote = cfg.jwks_url.as_ref().map(|url| Remote {
@@ -420,14 +375,14 @@ impl Auth {
             failure_log: LogThrottle::default(),
         });
         Self {
-            api_keys: api_key::Keys::new(&cfg.loaded.api_keys, &keyed),
+            api_keys: api_key::Keys::new(&files.api_keys, &keyed),
             keyed,
             secret: cfg
                 .jwt_secret
                 .as_ref()
                 .map(|s| jwt::Secret::new(s.as_bytes())),
-            file_keys: cfg.loaded.jwks.clone(),
-            keys: ArcSwap::from_pointee(cfg.loaded.jwks.clone()),
+            file_keys: files.jwks.clone(),
+            keys: ArcSwap::from_pointee(files.jwks.clone()),
             remote,
             api_callers,
             // A gateway that checks nothing keeps no tables.

@@ -29,7 +29,7 @@
 //! A request takes the direct path only when it is a `GET` and exactly one
 //! route template *could* match its path: same number of segments, every
 //! literal segment equal, the parameter's segment non-empty. The templates are
-//! the resources' and the router's own fixed paths (`/healthz`, ...). For
+//! the resources' and the router's own fixed paths ([`route::SERVED`]). For
 //! such a path the router has one candidate, and `matchit` picks it.
 //!
 //! Everything else goes to the router unchanged:
@@ -57,8 +57,9 @@ use tower::Service;
 
 use super::lookup::{self, Begun, Route};
 use crate::auth::peer::{self, PeerAddr};
+use crate::config::route;
 
-/// One segment of a route template.
+/// One segment of a route template, as [`route::segments`] splits it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(Box<str>),
@@ -94,16 +95,10 @@ impl<T> Templates<T> {
     /// Adds a template (`/users/{id}`, `/healthz`): `target` is where a
     /// `GET` matching it goes directly, `None` to leave it to the router.
     pub fn add(&mut self, template: &str, target: Option<T>) {
-        let segments = template
-            .strip_prefix('/')
-            .unwrap_or(template)
-            .split('/')
-            .map(|s| {
-                if s.starts_with('{') && s.ends_with('}') {
-                    Segment::Param
-                } else {
-                    Segment::Literal(s.into())
-                }
+        let segments = route::segments(template)
+            .map(|s| match s {
+                route::Segment::Param(_) => Segment::Param,
+                route::Segment::Literal(l) => Segment::Literal(l.into()),
             })
             .collect::<Vec<_>>();
         // A template too long for `find`'s buffer stays with the router, and
@@ -305,7 +300,7 @@ mod tests {
     use proptest::prelude::*;
     use tower::ServiceExt;
 
-    /// Template sets a config can produce (`config::check_route`: literal
+    /// Template sets a config can produce (`config::route::check`: literal
     /// segments and one parameter anywhere), beside the router's own paths.
     const SETS: &[&[&str]] = &[
         &["/users/{id}", "/articles/{slug}"],
@@ -316,7 +311,7 @@ mod tests {
         // Longer than `find`'s buffer, and as long as it.
         &["/a/b/a/b/a/b/a/b/{id}", "/a/b/a/b/a/b/a/{id}", "/a/{id}"],
     ];
-    const FIXED: &[&str] = &["/healthz", "/readyz", "/openapi.json"];
+    const FIXED: &[&str] = &route::SERVED;
 
     /// The router as `http::app` builds it, each handler answering with its
     /// own name, and the dispatch's templates for the same routes.

@@ -40,6 +40,7 @@ use bytes::Bytes;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::config::route;
 use crate::error::Error;
 use crate::gateway::Gateway;
 use dispatch::{Dispatch, Templates};
@@ -63,17 +64,17 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         direct.add(&route.resource.config.route, Some(route.clone()));
     }
     // Every other path the router serves, so that a path two templates
-    // could match is left to the router's precedence.
-    for path in doc
-        .paths
-        .paths
-        .keys()
-        .map(String::as_str)
-        .chain(["/openapi.json"])
-    {
-        if !routes.iter().any(|r| r.resource.config.route == path) {
-            direct.add(path, None);
-        }
+    // could match is left to the router's precedence. Those are the
+    // gateway's own, which no resource may take (`config::route`).
+    for path in doc.paths.paths.keys() {
+        debug_assert!(
+            routes.iter().any(|r| r.resource.config.route == *path)
+                || route::SERVED.contains(&path.as_str()),
+            "{path} is served but not in config::route::SERVED"
+        );
+    }
+    for path in route::SERVED {
+        direct.add(path, None);
     }
     let doc = Arc::new(openapi::Served::new(doc, gateway.clone()));
     let router = router.route(

@@ -314,7 +314,8 @@ pub async fn fresh(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) 
 
 /// A gateway on `config` whose pool counts queries; not started.
 pub fn gateway(config: Config) -> Arc<Gateway> {
-    Gateway::new(config).unwrap()
+    let key_files = bloomgate::auth::key_files::KeyFiles::read(&config.auth, "config").unwrap();
+    Gateway::new(config, &key_files).unwrap()
 }
 
 /// A gateway on `config`, started (filters built).

@@ -377,7 +377,7 @@ impl World {
 
     /// A new gateway, starting in the background (503 until ready).
     fn spawn_gateway(&mut self, why: &str) -> Arc<Gw> {
-        let gw = Gateway::new(self.setup_config()).unwrap();
+        let gw = Gateway::new(self.setup_config(), &Default::default()).unwrap();
         let app = bloomgate::http::app(gw.clone());
         self.next_gw += 1;
         let g = Arc::new(Gw {

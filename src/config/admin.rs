@@ -1,0 +1,98 @@
+//! `[admin]`: the admin listener (metrics, the admin API, the status page)
+//! and its bearer token.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::server::ServerConfig;
+use super::{ConfigError, KeyProblem};
+
+/// The admin listener: metrics, the admin API and the status page. It runs
+/// only when a token is configured, in `BLOOMGATE_ADMIN_TOKEN` or the file
+/// `token_file` names (at least 16 characters; never logged).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Address of the admin listener; keep it private. Default
+    /// `127.0.0.1:9090`.
+    pub listen: SocketAddr,
+    /// A file holding the bearer token (trailing whitespace ignored).
+    /// Default: none; `BLOOMGATE_ADMIN_TOKEN` takes precedence.
+    pub token_file: Option<PathBuf>,
+    /// Whole-request deadline for admin requests (the admin listener does
+    /// not use `server.request_timeout`); past it: 504. A rebuild is never
+    /// cut off by it: it runs in the background (see `rebuild_wait`).
+    /// Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// How long `POST /admin/resources/{name}/rebuild?wait=true` waits for
+    /// the rebuild's outcome before answering 202 (the rebuild goes on).
+    /// Not bounded by `request_timeout`. Default `10m`.
+    #[serde(with = "humantime_serde")]
+    pub rebuild_wait: Duration,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            token_file: None,
+            request_timeout: Duration::from_secs(30),
+            rebuild_wait: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The minimum length of an admin token.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+impl AdminConfig {
+    /// The configured token: `BLOOMGATE_ADMIN_TOKEN`, else `token_file`,
+    /// else none (the admin listener stays off).
+    pub fn token(&self) -> Result<Option<String>, ConfigError> {
+        let (token, from) = match std::env::var("BLOOMGATE_ADMIN_TOKEN") {
+            Ok(t) => (t, "BLOOMGATE_ADMIN_TOKEN".to_string()),
+            Err(_) => match &self.token_file {
+                Some(path) => {
+                    let t = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+                        file: "config".into(),
+                        key: "admin.token_file".into(),
+                        problem: format!("cannot read {}: {e}", path.display()),
+                    })?;
+                    (t.trim_end().to_string(), path.display().to_string())
+                }
+                None => return Ok(None),
+            },
+        };
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(ConfigError::Invalid {
+                file: from,
+                key: "admin token".into(),
+                problem: format!("must be at least {MIN_TOKEN_LEN} characters"),
+            });
+        }
+        Ok(Some(token))
+    }
+}
+
+impl AdminConfig {
+    /// The admin API is never on the public address.
+    pub(super) fn validate(&self, server: &ServerConfig) -> Result<(), KeyProblem> {
+        if self.request_timeout.is_zero() {
+            return Err(KeyProblem::new("admin.request_timeout", "must be above 0"));
+        }
+        if self.rebuild_wait.is_zero() {
+            return Err(KeyProblem::new("admin.rebuild_wait", "must be above 0"));
+        }
+        if self.listen == server.listen {
+            return Err(KeyProblem::new(
+                "admin.listen",
+                "must differ from server.listen: the admin API is never on the public address",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! `[auth]` and the access rules a resource sets (`auth`, `scopes`,
+//! `owner_claim`, `rate_limit`): where credentials are checked from and
+//! what each resource asks of a caller. The files `[auth]` names are read by
+//! `auth::key_files`, not here.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::KeyProblem;
+
+/// Distinct scopes the resources may require together (one bit each).
+pub const MAX_SCOPES: usize = 64;
+/// Distinct owner claims the resources may name together.
+pub const MAX_OWNER_CLAIMS: usize = 8;
+
+/// `[[resource]] auth`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMode {
+    #[default]
+    None,
+    Jwt,
+    ApiKey,
+    Any,
+}
+
+impl AuthMode {
+    pub fn is_none(&self) -> bool {
+        *self == AuthMode::None
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::None => "none",
+            AuthMode::Jwt => "jwt",
+            AuthMode::ApiKey => "api_key",
+            AuthMode::Any => "any",
+        }
+    }
+
+    /// Takes a bearer JWT.
+    pub fn takes_jwt(self) -> bool {
+        matches!(self, AuthMode::Jwt | AuthMode::Any)
+    }
+
+    /// Takes an `X-API-Key`.
+    pub fn takes_api_key(self) -> bool {
+        matches!(self, AuthMode::ApiKey | AuthMode::Any)
+    }
+}
+
+/// `rate_limit` and its burst, parsed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+/// A resource's access rules, checked (see `auth`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Access {
+    pub mode: AuthMode,
+    pub scopes: Vec<String>,
+    pub owner_claim: Option<String>,
+    /// `None` with an `owner_claim`: the key is compared.
+    pub owner_column: Option<String>,
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// `"N/s"`, `"N/m"` (`/min`) or `"N/h"`, N a positive number: requests per
+/// second.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let bad = || format!("{text:?} is not a rate such as \"20/s\", \"600/m\" or \"10000/h\"");
+    let (n, unit) = text.split_once('/').ok_or_else(bad)?;
+    let n: f64 = n.trim().parse().map_err(|_| bad())?;
+    let seconds = match unit.trim() {
+        "s" | "sec" | "second" => 1.0,
+        "m" | "min" | "minute" => 60.0,
+        "h" | "hour" => 3600.0,
+        _ => return Err(bad()),
+    };
+    let per_second = n / seconds;
+    if !(n.is_finite() && n > 0.0 && (1e-4..=1e9).contains(&per_second)) {
+        return Err(format!(
+            "{text:?}: the rate must be above 0 and between one request in about 3 hours and 1e9 a second"
+        ));
+    }
+    Ok(per_second)
+}
+
+/// `[auth]`: where tokens and keys are checked from. Nothing here applies
+/// to a resource whose `auth` is `none` (the default).
+#[derive(Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The HS256/384/512 secret, at least 32 bytes; never logged, redacted
+    /// in `check-config`. `BLOOMGATE_AUTH__JWT_SECRET` sets it from the
+    /// environment. Default none.
+    pub jwt_secret: Option<String>,
+    /// A JWK Set (RFC 7517) of RS*, PS*, ES256, ES384 or EdDSA (Ed25519)
+    /// public keys, read at start-up. Default none.
+    pub jwks_file: Option<PathBuf>,
+    /// A JWK Set fetched at start-up, every `jwks_refresh_interval`, and
+    /// when a token names a `kid` it lacks (at most once per
+    /// `jwks_min_refetch_interval`, so no caller can make the gateway fetch
+    /// at will). `https://`, or `http://` to a loopback address. Default
+    /// none.
+    pub jwks_url: Option<String>,
+    /// Default `5m`.
+    #[serde(with = "humantime_serde")]
+    pub jwks_refresh_interval: Duration,
+    /// Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub jwks_min_refetch_interval: Duration,
+    /// When set, a token's `iss` must equal it. Default none.
+    pub issuer: Option<String>,
+    /// When set, a token's `aud` (a string or an array) must hold it; when
+    /// not, a token that has an `aud` is refused (RFC 7519 §4.1.3: it is
+    /// meant for someone else). Default none.
+    pub audience: Option<String>,
+    /// Clock skew allowed on `exp` and `nbf`. At most `5m`. Default `30s`.
+    #[serde(with = "humantime_serde")]
+    pub leeway: Duration,
+    /// The claim holding a token's scopes: a space-separated string
+    /// (`scope`, RFC 8693) or an array of strings (`scp`, `roles`).
+    /// Default `scope`.
+    pub scope_claim: String,
+    /// A TOML file of named API keys (`[[key]]` with `name`, `key` or
+    /// `sha256`, `scopes`), read at start-up. Default none.
+    pub api_keys_file: Option<PathBuf>,
+    /// Longest token or key looked at; longer ones are refused (401)
+    /// before any decoding. Between 512 and 65536. Default 8192.
+    pub max_token_bytes: usize,
+    /// Verified tokens and keys remembered (until their `exp`), so a hit
+    /// does not verify a signature: at most this many, about 200 bytes
+    /// each plus the owner claims. Default 65536.
+    pub token_cache_entries: usize,
+    /// Callers whose rate-limit state is kept, across resources: a fixed
+    /// table of this many 16-byte slots; an idle caller's slot is reused
+    /// first. Default 65536.
+    pub rate_limit_callers: usize,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            jwt_secret: None,
+            jwks_file: None,
+            jwks_url: None,
+            jwks_refresh_interval: Duration::from_secs(300),
+            jwks_min_refetch_interval: Duration::from_secs(30),
+            issuer: None,
+            audience: None,
+            leeway: Duration::from_secs(30),
+            scope_claim: "scope".into(),
+            api_keys_file: None,
+            max_token_bytes: 8192,
+            token_cache_entries: 65536,
+            rate_limit_callers: 65536,
+        }
+    }
+}
+
+impl fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("jwt_secret", &self.jwt_secret.as_ref().map(|_| REDACTED))
+            .field("jwks_file", &self.jwks_file)
+            .field("jwks_url", &self.jwks_url)
+            .field("jwks_refresh_interval", &self.jwks_refresh_interval)
+            .field("jwks_min_refetch_interval", &self.jwks_min_refetch_interval)
+            .field("issuer", &self.issuer)
+            .field("audience", &self.audience)
+            .field("leeway", &self.leeway)
+            .field("scope_claim", &self.scope_claim)
+            .field("api_keys_file", &self.api_keys_file)
+            .field("max_token_bytes", &self.max_token_bytes)
+            .field("token_cache_entries", &self.token_cache_entries)
+            .field("rate_limit_callers", &self.rate_limit_callers)
+            .finish()
+    }
+}
+
+/// What a secret is shown as.
+pub const REDACTED: &str = "<redacted>";
+
+/// `auth.jwt_secret` in `check-config`: long enough to be accepted, so the
+/// printed config still loads (`fuzz/config_parse` checks it does), and
+/// plainly not the secret.
+pub const REDACTED_SECRET: &str = "<redacted: the secret is never shown>";
+
+/// The shortest `auth.jwt_secret`: 256 bits, the size of HS256's output
+/// (RFC 7518 §3.2).
+pub const MIN_JWT_SECRET: usize = 32;
+
+impl AuthConfig {
+    /// Has a source of tokens to verify JWTs with.
+    pub fn has_jwt(&self) -> bool {
+        self.jwt_secret.is_some() || self.jwks_file.is_some() || self.jwks_url.is_some()
+    }
+
+    /// Has API keys to check.
+    pub fn has_api_keys(&self) -> bool {
+        self.api_keys_file.is_some()
+    }
+
+    pub(super) fn validate(&self) -> Result<(), KeyProblem> {
+        let bad = |key: &str, problem: String| Err(KeyProblem::new(format!("auth.{key}"), problem));
+        if let Some(s) = &self.jwt_secret
+            && s.len() < MIN_JWT_SECRET
+        {
+            return bad(
+                "jwt_secret",
+                format!(
+                    "must be at least {MIN_JWT_SECRET} bytes (HS256 needs 256 bits); it has {}",
+                    s.len()
+                ),
+            );
+        }
+        if let Some(u) = &self.jwks_url {
+            check_jwks_url(u).map_err(|p| KeyProblem::new("auth.jwks_url", p))?;
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(86_400))
+            .contains(&self.jwks_refresh_interval)
+        {
+            return bad("jwks_refresh_interval", "must be between 1s and 1d".into());
+        }
+        if self.jwks_min_refetch_interval < Duration::from_secs(1)
+            || self.jwks_min_refetch_interval > self.jwks_refresh_interval
+        {
+            return bad(
+                "jwks_min_refetch_interval",
+                "must be at least 1s and at most jwks_refresh_interval".into(),
+            );
+        }
+        if self.leeway > Duration::from_secs(300) {
+            return bad("leeway", "must be at most 5m".into());
+        }
+        if self.scope_claim.is_empty() {
+            return bad("scope_claim", "must name a claim".into());
+        }
+        if !(512..=65_536).contains(&self.max_token_bytes) {
+            return bad("max_token_bytes", "must be between 512 and 65536".into());
+        }
+        if !(16..=1 << 24).contains(&self.token_cache_entries) {
+            return bad(
+                "token_cache_entries",
+                "must be between 16 and 16777216".into(),
+            );
+        }
+        if !(16..=1 << 24).contains(&self.rate_limit_callers) {
+            return bad(
+                "rate_limit_callers",
+                "must be between 16 and 16777216".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A scope token (RFC 6749 §3.3): printable ASCII, no space, `"` or `\`,
+/// so it can be quoted in `WWW-Authenticate`.
+pub(super) fn is_scope(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b == 0x21 || (0x23..=0x5b).contains(&b) || (0x5d..=0x7e).contains(&b))
+}
+
+/// `auth.jwks_url`: `https`, or `http` to a loopback address (a sidecar,
+/// a test); no user or password in it.
+pub fn check_jwks_url(text: &str) -> Result<(), String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not carry a user or password".into());
+    }
+    let loopback = match url.host() {
+        Some(url::Host::Ipv4(a)) => a.is_loopback(),
+        Some(url::Host::Ipv6(a)) => a.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => return Err("has no host".into()),
+    };
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if loopback => Ok(()),
+        "http" => Err(
+            "must be https:// (plain http:// only to a loopback address): a key set read in \
+             the clear can be replaced on the way"
+                .into(),
+        ),
+        s => Err(format!("scheme {s:?}: use https://")),
+    }
+}

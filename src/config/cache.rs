@@ -1,0 +1,196 @@
+//! `[cache]` and a resource's `[resource.cache]`: the row cache's bounds
+//! and lifetimes, compression, and the `Cache-Control` sent downstream.
+
+use std::time::Duration;
+
+use bytesize::ByteSize;
+use serde::{Deserialize, Serialize};
+
+use super::KeyProblem;
+use super::cache_control;
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Off means every request that passes the filter is a query. Default
+    /// true.
+    pub enabled: bool,
+    /// Rows cached at most. Default 100000. Not used when `max_bytes` is
+    /// set.
+    pub max_entries: u64,
+    /// Memory for cached rows, as `"256 MiB"`, `"1 GB"` or a number of
+    /// bytes. Each row counts its JSON body and compressed forms, their ETags
+    /// and lengths, and its key, plus a
+    /// fixed per-entry overhead ([`crate::cache::ENTRY_OVERHEAD`]), so the
+    /// cache's memory is bounded however wide the rows are. When set, it
+    /// bounds the cache instead of `max_entries`. Default: unset.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "exact_bytes"
+    )]
+    pub max_bytes: Option<ByteSize>,
+    /// How long a row is served from cache. Default `60s`.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How long "no such row" is remembered. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub negative_ttl: Duration,
+    /// Negative entries kept at most, separate from rows so a flood of
+    /// absent keys cannot evict real rows. Default 100000.
+    pub negative_max_entries: u64,
+    /// `Cache-Control` of a row (200, and the 304 that revalidates it), for
+    /// the browsers, CDNs and shared caches in front of the gateway. Default
+    /// `"max-age=0, stale-if-error=300"`: a downstream cache may store the
+    /// row but it is stale at once, so it is revalidated on every use (a
+    /// cheap 304 thanks to the ETag) and never served after the gateway
+    /// invalidated it; while the gateway is unreachable it may serve what it
+    /// has for 5 minutes (RFC 5861). Not `no-cache`: that forbids any use
+    /// without revalidation and so overrides `stale-if-error`.
+    /// `"max-age=N, stale-while-revalidate=M"` trades N seconds of possible
+    /// staleness for fewer requests. Directives are checked at start-up.
+    pub http_cache_control: String,
+    /// `Cache-Control` of a 404 for an absent key (from the filter or a
+    /// negative entry). Default `"no-cache"`: a downstream cache that keeps
+    /// a 404 for N seconds answers 404 for a row inserted meanwhile. A
+    /// `max-age` (or `s-maxage`) may not exceed `negative_ttl`.
+    pub http_cache_control_not_found: String,
+    /// Store each cached row gzip-, br- and zstd-compressed too (made once,
+    /// when it enters the cache) and send the coding the client prefers
+    /// (`Accept-Encoding`). Default true.
+    pub compression: bool,
+    /// Rows shorter than this are sent as they are: compressing them saves
+    /// less than it costs. Default `"1 KiB"` (1024 bytes).
+    #[serde(serialize_with = "exact_bytes_always")]
+    pub compress_min_bytes: ByteSize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_entries: 100_000,
+            max_bytes: None,
+            ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(5),
+            negative_max_entries: 100_000,
+            http_cache_control: "max-age=0, stale-if-error=300".into(),
+            http_cache_control_not_found: "no-cache".into(),
+            compression: true,
+            compress_min_bytes: ByteSize::b(1024),
+        }
+    }
+}
+
+/// A byte count as a plain integer: `ByteSize`'s own form rounds
+/// ("976.6 KiB"), and `check-config` should print what will be used.
+fn exact_bytes<S: serde::Serializer>(b: &Option<ByteSize>, s: S) -> Result<S::Ok, S::Error> {
+    match b {
+        Some(b) => s.serialize_u64(b.as_u64()),
+        None => s.serialize_none(),
+    }
+}
+
+fn exact_bytes_always<S: serde::Serializer>(b: &ByteSize, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(b.as_u64())
+}
+
+/// Any field left out keeps the global `[cache]` value.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheOverrides {
+    pub enabled: Option<bool>,
+    pub max_entries: Option<u64>,
+    pub max_bytes: Option<ByteSize>,
+    #[serde(default, with = "humantime_serde")]
+    pub ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub negative_ttl: Option<Duration>,
+    pub negative_max_entries: Option<u64>,
+    pub http_cache_control: Option<String>,
+    pub http_cache_control_not_found: Option<String>,
+    pub compression: Option<bool>,
+    pub compress_min_bytes: Option<ByteSize>,
+}
+
+impl CacheOverrides {
+    /// The section with this resource's values where it has them.
+    pub(super) fn apply(&self, base: &CacheConfig) -> CacheConfig {
+        CacheConfig {
+            enabled: self.enabled.unwrap_or(base.enabled),
+            max_entries: self.max_entries.unwrap_or(base.max_entries),
+            // A resource that sets only `max_entries` is bounded by entries,
+            // whatever byte budget `[cache]` has.
+            max_bytes: match (self.max_bytes, self.max_entries) {
+                (Some(b), _) => Some(b),
+                (None, Some(_)) => None,
+                (None, None) => base.max_bytes,
+            },
+            ttl: self.ttl.unwrap_or(base.ttl),
+            negative_ttl: self.negative_ttl.unwrap_or(base.negative_ttl),
+            negative_max_entries: self
+                .negative_max_entries
+                .unwrap_or(base.negative_max_entries),
+            http_cache_control: self
+                .http_cache_control
+                .clone()
+                .unwrap_or_else(|| base.http_cache_control.clone()),
+            http_cache_control_not_found: self
+                .http_cache_control_not_found
+                .clone()
+                .unwrap_or_else(|| base.http_cache_control_not_found.clone()),
+            compression: self.compression.unwrap_or(base.compression),
+            compress_min_bytes: self.compress_min_bytes.unwrap_or(base.compress_min_bytes),
+        }
+    }
+}
+
+/// The smallest `cache.max_bytes` accepted: a bare number is bytes, and
+/// `max_bytes = 256` meant as MiB would otherwise cache nothing, silently.
+const MIN_CACHE_BYTES: u64 = 64 * 1024;
+
+impl CacheConfig {
+    /// `at` is where the section is: `cache`, or `resource[i].cache` for a
+    /// resource's resolved one.
+    pub(super) fn validate(&self, at: &str) -> Result<(), KeyProblem> {
+        let key = |field: &str| format!("{at}.{field}");
+        if self.enabled && self.max_entries == 0 {
+            return Err(KeyProblem::new(
+                key("max_entries"),
+                "must be at least 1 (set enabled = false to turn the cache off)",
+            ));
+        }
+        if let Some(b) = self.max_bytes
+            && self.enabled
+            && b.as_u64() < MIN_CACHE_BYTES
+        {
+            return Err(KeyProblem::new(
+                key("max_bytes"),
+                format!(
+                    "{} bytes cannot hold even a few rows; give at least {MIN_CACHE_BYTES} \
+                     (units need a suffix: \"256 MiB\")",
+                    b.as_u64()
+                ),
+            ));
+        }
+        if self.enabled && self.ttl.is_zero() {
+            return Err(KeyProblem::new(key("ttl"), "must be above 0"));
+        }
+        cache_control::max_age(&self.http_cache_control)
+            .map_err(|e| KeyProblem::new(key("http_cache_control"), e))?;
+        let not_found = key("http_cache_control_not_found");
+        let max_age = cache_control::max_age(&self.http_cache_control_not_found)
+            .map_err(|e| KeyProblem::new(not_found.clone(), e))?;
+        if let Some(secs) = max_age
+            && Duration::from_secs(secs) > self.negative_ttl
+        {
+            return Err(KeyProblem::new(
+                not_found,
+                format!(
+                    "a 404 may be cached downstream for at most negative_ttl ({}s), not {secs}s",
+                    self.negative_ttl.as_secs()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

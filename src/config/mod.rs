@@ -1,0 +1,618 @@
+//! Configuration: read once, at start-up, into typed structs.
+//!
+//! Sources, later ones winning: the built-in defaults documented on each
+//! field, the TOML file (`config/bloomgate.toml` unless `--config` says
+//! otherwise), then environment variables `BLOOMGATE_<PATH>` where `__`
+//! separates nesting levels (`BLOOMGATE_SERVER__LISTEN=0.0.0.0:8080`,
+//! `BLOOMGATE_FILTER__FALSE_POSITIVE_RATE=0.001`). `DATABASE_URL`, when set,
+//! overrides `database.url` (and `BLOOMGATE_DATABASE__URL` overrides both).
+//! Unknown keys are errors, and every error names the key and its source.
+//!
+//! # Layout
+//!
+//! One file per section, each with its defaults and its own `validate`
+//! naming the offending key: [`server`], [`admin`], [`database`], [`log`],
+//! [`filter`], [`cache`], [`auth`], [`resource`] (a `[[resource]]`, its
+//! overrides of `[filter]` and `[cache]`, and the [`Resolved`] form the
+//! gateway runs). Beside them: [`env`] (the sources and their order, and
+//! the refusal of misspelt variables), [`cache_control`] (the
+//! `Cache-Control` grammar), [`route`] (the route grammar and the paths
+//! the gateway keeps for itself, shared with `http::dispatch`) and
+//! [`identifier`] (SQL identifiers and resource names).
+//!
+//! This module names nothing above it: the files `[auth]` points at are
+//! read by `auth::key_files`, not at load.
+
+pub mod admin;
+pub mod auth;
+pub mod cache;
+pub mod cache_control;
+pub mod database;
+pub mod env;
+pub mod filter;
+pub mod identifier;
+pub mod log;
+pub mod resource;
+pub mod route;
+pub mod server;
+
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Format, Toml};
+use serde::{Deserialize, Serialize};
+
+pub use admin::{AdminConfig, MIN_TOKEN_LEN};
+pub use auth::{
+    Access, AuthConfig, AuthMode, MIN_JWT_SECRET, REDACTED, REDACTED_SECRET, RateLimit, parse_rate,
+};
+pub use cache::{CacheConfig, CacheOverrides};
+pub use database::{DatabaseConfig, Freshness, redact_url};
+pub use filter::{FilterConfig, FilterOverrides};
+pub use log::{LogConfig, LogFormat};
+pub use resource::{KeyType, Resolved, ResourceConfig};
+pub use server::{DEFAULT_MAX_HEADERS, ServerConfig};
+
+/// The path used when `--config` is not given.
+pub const DEFAULT_PATH: &str = "config/bloomgate.toml";
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub database: DatabaseConfig,
+    pub log: LogConfig,
+    /// Defaults for every resource's filter; each resource may override.
+    pub filter: FilterConfig,
+    /// Defaults for every resource's cache; each resource may override.
+    pub cache: CacheConfig,
+    /// Who may read what: token and key sources, shared by every resource
+    /// whose `auth` is not `none` (see [`AuthConfig`]).
+    pub auth: AuthConfig,
+    /// The resources served, one `[[resource]]` table each.
+    #[serde(rename = "resource")]
+    pub resources: Vec<ResourceConfig>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0} not found")]
+    NotFound(PathBuf),
+    /// Parse and type errors; figment's message names the key and source.
+    #[error("{0}")]
+    Load(Box<figment::Error>),
+    #[error("{file}: `{key}`: {problem}")]
+    Invalid {
+        file: String,
+        key: String,
+        problem: String,
+    },
+}
+
+/// A section's complaint about one of its keys, before the source is known.
+#[derive(Debug, PartialEq)]
+pub struct KeyProblem {
+    /// The key as written in the file: `server.max_key_length`,
+    /// `resource[0].filter.headroom`.
+    pub key: String,
+    pub problem: String,
+}
+
+impl KeyProblem {
+    pub fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The error, naming where the value came from.
+    pub fn in_source(self, file: &str) -> ConfigError {
+        ConfigError::Invalid {
+            file: file.to_string(),
+            key: self.key,
+            problem: self.problem,
+        }
+    }
+}
+
+impl Config {
+    /// Reads the file at `path` and the environment.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        if !path.is_file() {
+            return Err(ConfigError::NotFound(path.to_path_buf()));
+        }
+        let source = path.display().to_string();
+        Self::from_figment(Figment::from(Toml::file_exact(path)), &source, true)
+    }
+
+    /// Parses TOML text alone, without the environment (tests, tools).
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Self::from_figment(Figment::from(Toml::string(text)), "config", false)
+    }
+
+    fn from_figment(file: Figment, source: &str, env: bool) -> Result<Self, ConfigError> {
+        let config: Config = env::layered(file, env)?
+            .extract()
+            .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        config.validate().map_err(|p| p.in_source(source))?;
+        Ok(config)
+    }
+
+    /// Every resource with overrides applied.
+    pub fn resolved(&self) -> Vec<Resolved> {
+        self.resources
+            .iter()
+            .map(|r| Resolved {
+                name: r.name.clone(),
+                route: r.route.clone(),
+                table: r.table.clone(),
+                source_table: r.source_table.clone().unwrap_or_else(|| r.table.clone()),
+                key_column: r.key_column.clone(),
+                key_type: r.key_type,
+                columns: r.columns.clone(),
+                filter: r.filter.apply(&self.filter),
+                cache: r.cache.apply(&self.cache),
+                access: r.access(),
+            })
+            .collect()
+    }
+
+    /// The effective config as TOML with secrets redacted.
+    pub fn to_redacted_toml(&self) -> String {
+        let mut c = self.clone();
+        c.database.url = redact_url(&c.database.url);
+        for u in &mut c.database.replica_urls {
+            *u = redact_url(u);
+        }
+        if c.auth.jwt_secret.is_some() {
+            c.auth.jwt_secret = Some(REDACTED_SECRET.into());
+        }
+        toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+    }
+
+    /// Each section in turn, then the resources against them; the first
+    /// problem found is the error.
+    fn validate(&self) -> Result<(), KeyProblem> {
+        self.server.validate()?;
+        self.admin.validate(&self.server)?;
+        self.database.validate()?;
+        self.filter.validate("filter")?;
+        self.cache.validate("cache")?;
+        self.auth.validate()?;
+        resource::validate_all(&self.resources, &self.resolved(), &self.auth)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    pub(crate) const MINIMAL: &str = r#"
+        [[resource]]
+        name = "users"
+        route = "/users/{id}"
+        table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "name"]
+    "#;
+
+    fn err(text: &str) -> String {
+        Config::from_toml(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.server.max_key_length, 256);
+        assert_eq!(c.filter.false_positive_rate, 0.01);
+        let r = &c.resolved()[0];
+        assert_eq!(r.filter, c.filter);
+        assert_eq!(r.cache, c.cache);
+    }
+
+    #[test]
+    fn the_wal_poll_interval_is_unset_by_default_bounded_and_round_trips() {
+        assert_eq!(
+            Config::from_toml(MINIMAL)
+                .unwrap()
+                .database
+                .wal_poll_interval,
+            None
+        );
+        let c = Config::from_toml(&format!(
+            "[database]\nwal_poll_interval = \"10ms\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.database.wal_poll_interval,
+            Some(Duration::from_millis(10))
+        );
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(
+            again.database.wal_poll_interval,
+            c.database.wal_poll_interval
+        );
+        for bad in ["0s", "500us", "2s"] {
+            let e = err(&format!(
+                "[database]\nwal_poll_interval = \"{bad}\"\n{MINIMAL}"
+            ));
+            assert!(e.contains("database.wal_poll_interval"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_queue_settings_have_defaults_bounds_and_round_trip() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.database.queue_poll_interval, Duration::from_millis(5));
+        assert_eq!(c.database.queue_retention, Duration::from_secs(600));
+        let c = Config::from_toml(&format!(
+            "[database]\nfreshness = \"queue\"\nqueue_poll_interval = \"20ms\"\nqueue_retention = \"1h\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(c.database.freshness, Freshness::Queue);
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(again.database.freshness, Freshness::Queue);
+        assert_eq!(
+            again.database.queue_poll_interval,
+            Duration::from_millis(20)
+        );
+        assert_eq!(again.database.queue_retention, Duration::from_secs(3600));
+        for (key, bad) in [
+            ("queue_poll_interval", "0s"),
+            ("queue_poll_interval", "2s"),
+            ("queue_retention", "5s"),
+        ] {
+            let e = err(&format!("[database]\n{key} = \"{bad}\"\n{MINIMAL}"));
+            assert!(e.contains(&format!("database.{key}")), "{key} = {bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn overrides_apply_per_resource() {
+        let text = format!(
+            "{MINIMAL}\n[resource.filter]\nfalse_positive_rate = 0.001\nrebuild_interval = \"30s\"\n[resource.cache]\nttl = \"2m\"\n"
+        );
+        let c = Config::from_toml(&text).unwrap();
+        let r = &c.resolved()[0];
+        assert_eq!(r.filter.false_positive_rate, 0.001);
+        assert_eq!(r.filter.rebuild_interval, Duration::from_secs(30));
+        assert_eq!(r.filter.headroom, c.filter.headroom);
+        assert_eq!(r.cache.ttl, Duration::from_secs(120));
+        assert_eq!(r.cache.negative_ttl, c.cache.negative_ttl);
+    }
+
+    #[test]
+    fn a_byte_budget_parses_with_units_and_is_inherited_unless_entries_are_set() {
+        let c = Config::from_toml(&format!("[cache]\nmax_bytes = \"256 MiB\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(256 << 20));
+        assert_eq!(c.resolved()[0].cache.max_bytes, c.cache.max_bytes);
+        let c = Config::from_toml(&format!("[cache]\nmax_bytes = 1048576\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(1 << 20));
+        // A resource that bounds itself by entries is bounded by entries.
+        let c = Config::from_toml(&format!(
+            "[cache]\nmax_bytes = \"1 GiB\"\n{MINIMAL}\n[resource.cache]\nmax_entries = 10\n"
+        ))
+        .unwrap();
+        let r = &c.resolved()[0].cache;
+        assert_eq!((r.max_entries, r.max_bytes), (10, None));
+        // And one with its own budget keeps it.
+        let c = Config::from_toml(&format!(
+            "{MINIMAL}\n[resource.cache]\nmax_bytes = \"2 MB\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.cache.max_bytes, None);
+        assert_eq!(
+            c.resolved()[0].cache.max_bytes.map(|b| b.as_u64()),
+            Some(2_000_000)
+        );
+        // The redacted TOML (check-config) round-trips it exactly.
+        let c =
+            Config::from_toml(&format!("[cache]\nmax_bytes = \"1000001 B\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(1_000_001));
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(again.cache.max_bytes, c.cache.max_bytes);
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_the_key() {
+        let e = err(&format!("[server]\nlisten_addr = \"x\"\n{MINIMAL}"));
+        assert!(e.contains("listen_addr"), "{e}");
+        let e = err(&MINIMAL.replace("columns", "colums"));
+        assert!(e.contains("colums"), "{e}");
+    }
+
+    #[test]
+    fn type_errors_name_the_key() {
+        let e = err(&format!("[server]\nmax_key_length = \"long\"\n{MINIMAL}"));
+        assert!(e.contains("max_key_length"), "{e}");
+        let e = err(&format!("[filter]\nrebuild_interval = \"soon\"\n{MINIMAL}"));
+        assert!(e.contains("rebuild_interval"), "{e}");
+        let e = err(&MINIMAL.replace("\"bigint\"", "\"float\""));
+        assert!(e.contains("key_type"), "{e}");
+    }
+
+    #[test]
+    fn sql_in_identifiers_is_refused() {
+        for (field, value) in [
+            ("table = \"users\"", "table = \"users; DROP TABLE users\""),
+            ("key_column = \"id\"", "key_column = \"id\\\" OR 1=1 --\""),
+            (
+                "columns = [\"id\", \"name\"]",
+                "columns = [\"id\", \"pg_sleep(10)\"]",
+            ),
+        ] {
+            let e = err(&MINIMAL.replace(field, value));
+            assert!(e.contains("not a valid SQL identifier"), "{e}");
+            assert!(e.contains("resource[0]."), "{e}");
+        }
+        assert!(
+            Config::from_toml(
+                &MINIMAL.replace("\"users\"\n        key", "\"public.users\"\n        key")
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let cases = [
+            (
+                "[filter]\nfalse_positive_rate = 1.5\n",
+                "filter.false_positive_rate",
+            ),
+            (
+                "[filter]\nfalse_positive_rate = 0.0\n",
+                "filter.false_positive_rate",
+            ),
+            ("[filter]\nheadroom = 0.5\n", "filter.headroom"),
+            ("[filter]\nmax_shrink = 2.0\n", "filter.max_shrink"),
+            (
+                "[filter]\nrebuild_fp_multiple = 0.5\n",
+                "filter.rebuild_fp_multiple",
+            ),
+            (
+                "[filter]\nrebuild_delete_fraction = 1.5\n",
+                "filter.rebuild_delete_fraction",
+            ),
+            (
+                "[filter]\nrebuild_delete_fraction = 0.6\n",
+                "filter.rebuild_delete_fraction",
+            ),
+            (
+                "[filter]\nrebuild_insert_fraction = -1.0\n",
+                "filter.rebuild_insert_fraction",
+            ),
+            (
+                "[admin]\nrequest_timeout = \"0s\"\n",
+                "admin.request_timeout",
+            ),
+            ("[admin]\nrebuild_wait = \"0s\"\n", "admin.rebuild_wait"),
+            (
+                "[filter]\nrebuild_interval = \"10ms\"\n",
+                "filter.rebuild_interval",
+            ),
+            ("[cache]\nmax_entries = 0\n", "cache.max_entries"),
+            ("[cache]\nmax_bytes = 256\n", "cache.max_bytes"),
+            ("[cache]\nmax_bytes = \"lots\"\n", "cache.max_bytes"),
+            ("[database]\npool_size = 0\n", "database.pool_size"),
+            ("[database]\nurl = \"mysql://x\"\n", "database.url"),
+            ("[server]\nmax_key_length = 0\n", "server.max_key_length"),
+        ];
+        for (prefix, key) in cases {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
+        }
+        // Per resource, the key names the resource.
+        let e = err(&format!(
+            "{MINIMAL}\n[resource.filter]\nrebuild_fp_multiple = 0.9\n"
+        ));
+        assert!(e.contains("resource[0].filter.rebuild_fp_multiple"), "{e}");
+        // Off is 0 for every trigger.
+        assert!(
+            Config::from_toml(&format!(
+                "[filter]\nrebuild_fp_multiple = 0\nrebuild_delete_fraction = 0\nrebuild_insert_fraction = 0\n{MINIMAL}"
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn connection_limits_are_checked() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(75));
+        assert_eq!(c.server.max_connections, 10_000);
+        let cases = [
+            ("[server]\nidle_timeout = \"0s\"\n", "server.idle_timeout"),
+            ("[server]\nmax_connections = 0\n", "server.max_connections"),
+            (
+                "[server]\nmax_connections = 5000000000\n",
+                "server.max_connections",
+            ),
+        ];
+        for (prefix, key) in cases {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
+        }
+    }
+
+    #[test]
+    fn routes_are_checked() {
+        for (route, problem) in [
+            ("users/{id}", "start with '/'"),
+            ("/users/{id}/{x}", "exactly one"),
+            ("/users", "exactly one"),
+            ("/users//{id}", "empty segment"),
+            ("/us ers/{id}", "segment"),
+            ("/admin/{id}", "reserved"),
+        ] {
+            let e = err(&MINIMAL.replace("/users/{id}", route));
+            assert!(e.contains(problem), "{route}: {e}");
+        }
+        let two = format!(
+            "{MINIMAL}{}",
+            MINIMAL
+                .replace("\"users\"\n        route", "\"u2\"\n        route")
+                .replace("{id}", "{key}")
+        );
+        assert!(err(&two).contains("clashes"));
+        let dup = format!("{MINIMAL}{}", MINIMAL.replace("/users/", "/people/"));
+        assert!(err(&dup).contains("used twice"));
+    }
+
+    #[test]
+    fn exact_mode_needs_integer_keys() {
+        let text =
+            MINIMAL.replace("\"bigint\"", "\"uuid\"") + "[resource.filter]\nmode = \"exact\"\n";
+        assert!(err(&text).contains("resource[0].filter.mode"));
+    }
+
+    #[test]
+    fn missing_file_is_named() {
+        let e = Config::load(Path::new("/nonexistent/bg.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/bg.toml"), "{e}");
+    }
+
+    #[test]
+    fn no_resources_is_an_error() {
+        assert!(err("").contains("[[resource]]"));
+    }
+
+    const PRIVATE: &str = r#"
+        [[resource]]
+        name = "me"
+        route = "/me/{id}"
+        table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "owner_id", "email"]
+        auth = "jwt"
+        scopes = ["users:read"]
+        owner_claim = "sub"
+        owner_column = "owner_id"
+        rate_limit = "600/m"
+    "#;
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn access_rules_have_defaults_and_resolve() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.resolved()[0].access, Access::default());
+        assert_eq!(c.auth.leeway, Duration::from_secs(30));
+        assert_eq!(c.auth.scope_claim, "scope");
+        assert_eq!(c.auth.max_token_bytes, 8192);
+        let c = Config::from_toml(&format!(
+            "[auth]\njwt_secret = \"{SECRET}\"\n{MINIMAL}{PRIVATE}"
+        ))
+        .unwrap();
+        let a = &c.resolved()[1].access;
+        assert_eq!(a.mode, AuthMode::Jwt);
+        assert_eq!(a.owner_column.as_deref(), Some("owner_id"));
+        let rate = a.rate_limit.unwrap();
+        assert_eq!((rate.per_second, rate.burst), (10.0, 10));
+        // An owner column that is the key is the key.
+        let c = Config::from_toml(&format!(
+            "[auth]\njwt_secret = \"{SECRET}\"\n{}",
+            PRIVATE.replace("\"owner_id\"\n", "\"id\"\n")
+        ))
+        .unwrap();
+        assert_eq!(c.resolved()[0].access.owner_column, None);
+    }
+
+    #[test]
+    fn access_errors_name_the_key() {
+        let with = |auth: &str, res: &str| err(&format!("[auth]\n{auth}\n{res}"));
+        let s = format!("jwt_secret = \"{SECRET}\"");
+        for (auth, res, key) in [
+            (
+                "jwt_secret = \"short\"",
+                PRIVATE.to_string(),
+                "auth.jwt_secret",
+            ),
+            ("", PRIVATE.to_string(), "resource[0].auth"),
+            (
+                &s,
+                PRIVATE.replace("\"jwt\"", "\"api_key\""),
+                "resource[0].auth",
+            ),
+            (
+                &s,
+                PRIVATE.replace("auth = \"jwt\"", "auth = \"none\""),
+                "resource[0].scopes",
+            ),
+            (
+                &s,
+                PRIVATE.replace("\"users:read\"", "\"a b\""),
+                "resource[0].scopes",
+            ),
+            (
+                &s,
+                PRIVATE.replace("\"owner_id\"\n", "\"other\"\n"),
+                "resource[0].owner_column",
+            ),
+            (
+                &s,
+                PRIVATE.replace("600/m", "fast"),
+                "resource[0].rate_limit",
+            ),
+            (
+                &s,
+                PRIVATE.replace("600/m", "0/s"),
+                "resource[0].rate_limit",
+            ),
+            (
+                &s,
+                format!("{PRIVATE}rate_limit_burst = 0\n"),
+                "resource[0].rate_limit_burst",
+            ),
+            (
+                &format!("{s}\njwks_url = \"http://idp.example.com/jwks\""),
+                PRIVATE.into(),
+                "auth.jwks_url",
+            ),
+            (
+                &format!("{s}\nleeway = \"1h\""),
+                PRIVATE.into(),
+                "auth.leeway",
+            ),
+            (
+                &format!("{s}\nmax_token_bytes = 10"),
+                PRIVATE.into(),
+                "auth.max_token_bytes",
+            ),
+        ] {
+            let e = with(auth, &res);
+            assert!(e.contains(key), "{key}: {e}");
+            assert!(!e.contains(SECRET), "{e}");
+        }
+    }
+
+    /// The secret comes from the environment, is redacted in
+    /// `check-config` and in `Debug`, and never shown.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error
+    fn the_jwt_secret_comes_from_the_environment_and_is_never_shown() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bg.toml", &format!("{MINIMAL}{PRIVATE}"))?;
+            jail.set_env("BLOOMGATE_AUTH__JWT_SECRET", SECRET);
+            let c = Config::load(Path::new("bg.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(c.auth.jwt_secret.as_deref(), Some(SECRET));
+            let shown = format!("{}\n{c:?}", c.to_redacted_toml());
+            assert!(!shown.contains(SECRET), "{shown}");
+            assert!(shown.contains(REDACTED));
+            jail.set_env("BLOOMGATE_AUTH_JWT_SECRET", SECRET);
+            let e = Config::load(Path::new("bg.toml")).unwrap_err().to_string();
+            assert!(
+                e.contains("BLOOMGATE_AUTH__JWT_SECRET") && !e.contains(SECRET),
+                "{e}"
+            );
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,122 @@
+//! `[server]`: the public listener and the limits every request and
+//! connection is held to.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::KeyProblem;
+
+/// `server.max_headers` by default: hyper's `DEFAULT_MAX_HEADERS`, the size of
+/// the header arrays it keeps inline. Left at it, hyper is not told a limit
+/// at all and the 431 past 100 headers is its own.
+pub const DEFAULT_MAX_HEADERS: usize = 100;
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Address the public API listens on. Default `127.0.0.1:8080`.
+    pub listen: SocketAddr,
+    /// Whole-request deadline; past it the client gets 504. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Longest key accepted, in bytes after percent-decoding. Default 256.
+    pub max_key_length: usize,
+    /// Requests handled at once; past it requests are shed with 503. Row
+    /// loads in flight are bounded by the same number, counted separately:
+    /// a load whose clients went away keeps its slot until its query
+    /// returns. Default 1024.
+    pub max_concurrency: usize,
+    /// How long shutdown waits for in-flight requests. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    /// A new connection must have sent its first request (a complete
+    /// HTTP/1 head or HTTP/2 HEADERS frame) within this time, whatever it
+    /// sent before (nothing, half an HTTP/2 preface), and a later HTTP/1
+    /// head must be complete this long after its first byte, or the
+    /// connection is closed (silent sockets, slowloris). An HTTP/2 peer
+    /// silent this long is PINGed and must answer within it. Default `10s`.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers) accepted, in bytes;
+    /// at least 8192. Larger: 431. Default 16384.
+    pub max_header_bytes: usize,
+    /// Most request headers accepted. More: 431. Default 100, hyper's own
+    /// limit, which it parses into arrays on the stack; any other value
+    /// makes hyper size and initialise them on every request (about 1,400
+    /// instructions per request, BENCHMARKS.md).
+    pub max_headers: usize,
+    /// A request declaring a larger body gets 413; smaller bodies are
+    /// ignored (every route is a GET). Default 65536.
+    pub max_body_bytes: u64,
+    /// A connection with no request in progress for this long is closed:
+    /// an HTTP/1 keep-alive connection between requests, an HTTP/2
+    /// connection with no stream being answered (after a GOAWAY). Default
+    /// `75s`: longer than the 60 s idle timeout of the proxies usually in
+    /// front (AWS ALB, nginx's upstream keep-alive), so the proxy, not the
+    /// gateway, closes an idle connection and never sends a request on one
+    /// the gateway is closing; short enough that departed clients' sockets
+    /// are reclaimed within about a minute.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Open connections per listener (the public and the admin listener
+    /// each have this many). At the cap the listener stops accepting: new
+    /// connections wait in the kernel's listen backlog and are served as
+    /// slots free up. Must fit the file-descriptor limit (checked at
+    /// start-up). Default 10000.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            request_timeout: Duration::from_secs(5),
+            max_key_length: 256,
+            max_concurrency: 1024,
+            shutdown_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+            max_headers: DEFAULT_MAX_HEADERS,
+            max_body_bytes: 64 * 1024,
+            idle_timeout: Duration::from_secs(75),
+            max_connections: 10_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Every bound must let at least one request through.
+    pub(super) fn validate(&self) -> Result<(), KeyProblem> {
+        let bad = |key: &str, problem: &str| Err(KeyProblem::new(format!("server.{key}"), problem));
+        if self.max_key_length == 0 {
+            return bad("max_key_length", "must be at least 1");
+        }
+        if self.max_concurrency == 0 {
+            return bad("max_concurrency", "must be at least 1");
+        }
+        if self.max_header_bytes < 8192 {
+            return bad("max_header_bytes", "must be at least 8192");
+        }
+        if self.max_headers == 0 {
+            return bad("max_headers", "must be at least 1");
+        }
+        if self.header_read_timeout.is_zero() {
+            return bad("header_read_timeout", "must be above 0");
+        }
+        if self.idle_timeout.is_zero() {
+            return bad("idle_timeout", "must be above 0");
+        }
+        if self.max_connections == 0 || u32::try_from(self.max_connections).is_err() {
+            return Err(KeyProblem::new(
+                "server.max_connections",
+                format!("must be between 1 and {}", u32::MAX),
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return bad("request_timeout", "must be above 0");
+        }
+        Ok(())
+    }
+}
