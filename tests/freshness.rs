@@ -359,7 +359,7 @@ async fn a_cut_listener_reconnects_and_rebuilds() {
     let began = Instant::now();
     while gw.stats.listener_reconnects.load(Ordering::Relaxed) == 0 {
         assert!(
-            began.elapsed() < Duration::from_secs(10),
+            began.elapsed() < Duration::from_secs(60),
             "the listener never noticed"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -373,7 +373,7 @@ async fn a_cut_listener_reconnects_and_rebuilds() {
             break;
         }
         assert!(
-            began.elapsed() < Duration::from_secs(10),
+            began.elapsed() < Duration::from_secs(60),
             "{missing} keys lost across the reconnect"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
