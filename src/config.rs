@@ -67,6 +67,12 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// On SIGTERM, how long `/readyz` answers 503 while requests are still
+    /// served, before the listeners stop accepting: a load balancer or
+    /// Kubernetes takes the gateway out of rotation first. Then shutdown
+    /// proceeds within `shutdown_timeout`. `0s` stops at once. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_drain: Duration,
     /// A new connection must have sent its first request (a complete
     /// HTTP/1 head or HTTP/2 HEADERS frame) within this time, whatever it
     /// sent before (nothing, half an HTTP/2 preface), and a later HTTP/1
@@ -112,6 +118,7 @@ impl Default for ServerConfig {
             max_key_length: 256,
             max_concurrency: 1024,
             shutdown_timeout: Duration::from_secs(10),
+            shutdown_drain: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 16 * 1024,
             max_headers: DEFAULT_MAX_HEADERS,
@@ -214,7 +221,9 @@ pub struct DatabaseConfig {
     /// streaming keys for a rebuild is exempt.
     #[serde(with = "humantime_serde")]
     pub statement_timeout: Duration,
-    /// Apply the embedded migrations at start-up. Default true.
+    /// Apply the embedded migrations (the demo schema: `users`, `articles`)
+    /// at start-up. Default false: the gateway creates no table unless
+    /// asked (`bloomgate seed` and `bloomgate migrate` apply them).
     pub migrate: bool,
     /// Listen on channel `bloomgate` for key changes announced by the
     /// notification triggers: new keys are servable within milliseconds,
@@ -331,7 +340,7 @@ impl Default for DatabaseConfig {
             pool_size: 16,
             acquire_timeout: Duration::from_secs(2),
             statement_timeout: Duration::from_secs(5),
-            migrate: true,
+            migrate: false,
             listen: true,
             install_triggers: false,
             freshness: Freshness::Auto,
@@ -406,8 +415,13 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A `tracing` filter such as `info` or `info,bloomgate::http::front=debug`
     /// (a span and a line per request);
-    /// `RUST_LOG` overrides it. Default `info`.
+    /// `RUST_LOG` overrides it. Reloaded on SIGHUP. Default `info`.
     pub level: String,
+    /// One line per request at `info` (target `bloomgate::access`): method,
+    /// route template, status, `Cache-Status`, resource, duration, request
+    /// id, client address; and the request id on every line logged while
+    /// the request is handled. Default true.
+    pub access: bool,
 }
 
 impl Default for LogConfig {
@@ -415,6 +429,7 @@ impl Default for LogConfig {
         Self {
             format: LogFormat::Human,
             level: "info".into(),
+            access: true,
         }
     }
 }
@@ -950,8 +965,9 @@ pub struct Resolved {
 pub enum ConfigError {
     #[error("config file {0} not found")]
     NotFound(PathBuf),
-    /// Parse and type errors; figment's message names the key and source.
-    #[error("{0}")]
+    /// Parse and type errors, naming the key and source (see
+    /// [`LoadError`]).
+    #[error("{}", LoadError(.0))]
     Load(Box<figment::Error>),
     #[error("{file}: `{key}`: {problem}")]
     Invalid {
@@ -959,6 +975,38 @@ pub enum ConfigError {
         key: String,
         problem: String,
     },
+}
+
+/// figment's errors as an operator reads them: figment names a key with
+/// its profile in front (`default.database.pool_sise`), a name that appears
+/// nowhere in the file or the environment, so it is left out.
+struct LoadError<'a>(&'a figment::Error);
+
+impl fmt::Display for LoadError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.clone().into_iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{}", e.kind)?;
+            if let (Some(profile), Some(md)) = (&e.profile, &e.metadata)
+                && !e.path.is_empty()
+            {
+                let key = md.interpolate(profile, &e.path);
+                let key = key
+                    .strip_prefix(&format!("{}.", profile.as_str()))
+                    .unwrap_or(&key);
+                write!(f, " for key {key:?}")?;
+            }
+            if let Some(md) = &e.metadata {
+                match &md.source {
+                    Some(source) => write!(f, " in {source} {}", md.name)?,
+                    None => write!(f, " in {}", md.name)?,
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Config {

@@ -73,12 +73,20 @@
 //!   [`counter`]s, both sharded by thread so that recording them writes no
 //!   memory another core writes.
 //! - [`budget`]: a token bucket (database checks above the high-water mark).
-//! - [`server`]: binding, background start-up, graceful shutdown, and the
-//!   bounds on connections: deadlines per connection (`server::conn`), the
-//!   `max_connections` cap, back-off when `accept` fails.
+//! - [`server`]: binding, background start-up, graceful shutdown, signals
+//!   (SIGHUP reloads the log filter and admin token; SIGTERM drains:
+//!   `/readyz` 503 for `server.shutdown_drain` first), the database check
+//!   behind `bloomgate_db_up`, and the bounds on connections: deadlines per
+//!   connection (`server::conn`), the `max_connections` cap, back-off when
+//!   `accept` fails.
 //! - [`config`]: the TOML file and environment, read once into typed structs.
 //! - [`error`]: the error type of the request path.
-//! - [`seed`]: demo data. [`telemetry`]: logging.
+//! - [`preflight`]: `bloomgate preflight`, everything a config needs of the
+//!   database checked as the configured role, with the `GRANT` / `ALTER`
+//!   statements that are missing.
+//! - [`seed`]: demo data (and the demo schema's migrations).
+//!   [`telemetry`]: logging (reloadable filter, typed JSON fields, the
+//!   access and audit targets).
 //!
 //! # Request flow
 //!
@@ -111,6 +119,7 @@ pub mod histogram;
 pub mod http;
 pub mod key;
 pub mod metrics;
+pub mod preflight;
 pub mod rebuild;
 pub mod resource;
 pub mod seed;
