@@ -332,7 +332,11 @@ impl Gateway {
         // Until the feed's first heartbeat after the scans, nothing is
         // vouched for: "ready" means the filters answer.
         self.wait_heard().await;
-        tracing::info!(elapsed_s = began.elapsed().as_secs_f64(), resources = self.resources.len(), "ready");
+        tracing::info!(
+            elapsed_s = began.elapsed().as_secs_f64(),
+            resources = self.resources.len(),
+            "ready"
+        );
         *started = true;
         Ok(())
     }

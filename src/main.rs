@@ -120,11 +120,9 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let report = bloomgate::preflight::run(&config).await;
             out(&report.to_string());
             if !report.passed() {
-                return Err(format!(
-                    "{} missing (statements above)",
-                    report.missing_count()
-                )
-                .into());
+                return Err(
+                    format!("{} missing (statements above)", report.missing_count()).into(),
+                );
             }
         }
         Command::CheckConfig { config } => {
@@ -250,7 +248,10 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
 fn out(text: &str) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
         Err(e) => {

@@ -145,7 +145,10 @@ fn describe() {
         "Queries sent to Postgres (row loads and key scans)."
     );
     describe_counter!("bloomgate_db_errors_total", "Queries that failed.");
-    describe_gauge!("bloomgate_db_up", "1 if the last database check connected, else 0.");
+    describe_gauge!(
+        "bloomgate_db_up",
+        "1 if the last database check connected, else 0."
+    );
     describe_counter!(
         "bloomgate_filter_false_positives_observed_total",
         "Keys the filter passed that Postgres did not have."

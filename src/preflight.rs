@@ -195,7 +195,11 @@ async fn check(pool: &PgPool, config: &Config, r: &mut Report) -> Result<(), sql
         match cfg.freshness {
             Freshness::Auto => {
                 let wal = role.wal_level == "logical" && (role.replication || role.superuser);
-                let chosen = if wal { Freshness::Wal } else { Freshness::Notify };
+                let chosen = if wal {
+                    Freshness::Wal
+                } else {
+                    Freshness::Notify
+                };
                 r.note(format!(
                     "database.freshness = auto: {} here (wal_level = {}, REPLICATION: {}); set it explicitly to check another feed",
                     crate::feed::supervisor::name(chosen),
@@ -218,7 +222,9 @@ async fn check(pool: &PgPool, config: &Config, r: &mut Report) -> Result<(), sql
             r.ok("change feed off: nothing more is needed".into());
         }
         Freshness::Wal => wal(&mut conn, config, &role, &watch, r).await?,
-        Freshness::Notify => trigger_feed(&mut conn, config, &role, &watch, Sink::Notify, r).await?,
+        Freshness::Notify => {
+            trigger_feed(&mut conn, config, &role, &watch, Sink::Notify, r).await?
+        }
         Freshness::Queue => trigger_feed(&mut conn, config, &role, &watch, Sink::Queue, r).await?,
     }
     if !cfg.replica_urls.is_empty() {
@@ -250,7 +256,11 @@ async fn resources(
         let schema = schema_of(&info.name);
         if !privilege(conn, "has_schema_privilege($1, 'USAGE')", &[schema]).await? {
             r.missing(format!("resource {}: USAGE on schema {schema}", res.name));
-            r.statement(format!("GRANT USAGE ON SCHEMA {} TO {}", quote(schema), role.quoted));
+            r.statement(format!(
+                "GRANT USAGE ON SCHEMA {} TO {}",
+                quote(schema),
+                role.quoted
+            ));
         }
         let mut read: Vec<&str> = vec![&res.key_column];
         read.extend(res.columns.iter().map(String::as_str));
@@ -442,12 +452,17 @@ async fn trigger_feed(
         let table = quote_table(&t.name);
         if !cfg.install_triggers {
             match problem {
-                None => r.ok(format!("{}: its trigger announces {}", t.name, columns.join(", "))),
+                None => r.ok(format!(
+                    "{}: its trigger announces {}",
+                    t.name,
+                    columns.join(", ")
+                )),
                 Some(p) => {
                     r.missing(p);
-                    r.step(format!(
+                    r.step(
                         "as the tables' owner: bloomgate install-triggers --config <this config> (or set database.install_triggers = true and grant what it needs: README, \"Running it in production\")"
-                    ));
+                            .into(),
+                    );
                 }
             }
             continue;
@@ -456,7 +471,10 @@ async fn trigger_feed(
         let mut fine = true;
         if !privilege(conn, "has_table_privilege($1, 'TRIGGER')", &[&table]).await? {
             fine = false;
-            r.missing(format!("{}: the TRIGGER privilege (database.install_triggers)", t.name));
+            r.missing(format!(
+                "{}: the TRIGGER privilege (database.install_triggers)",
+                t.name
+            ));
             r.statement(format!("GRANT TRIGGER ON {table} TO {}", role.quoted));
         }
         if !privilege(conn, "has_schema_privilege($1, 'CREATE')", &[schema]).await? {
@@ -465,9 +483,17 @@ async fn trigger_feed(
                 "{}: CREATE on schema {schema}, for its trigger function (database.install_triggers)",
                 t.name
             ));
-            r.statement(format!("GRANT CREATE ON SCHEMA {} TO {}", quote(schema), role.quoted));
+            r.statement(format!(
+                "GRANT CREATE ON SCHEMA {} TO {}",
+                quote(schema),
+                role.quoted
+            ));
         }
-        let function = format!("{}.{}", quote(schema), quote(&triggers::function_name(&t.name)));
+        let function = format!(
+            "{}.{}",
+            quote(schema),
+            quote(&triggers::function_name(&t.name))
+        );
         let owner: Option<(String, bool)> = sqlx::query_as(
             "SELECT pg_get_userbyid(proowner)::text, pg_has_role(proowner, 'USAGE')
                FROM pg_proc WHERE oid = to_regprocedure($1)",
@@ -481,13 +507,20 @@ async fn trigger_feed(
                 "{}: its trigger function {function}() belongs to {owner}, so this role cannot replace it",
                 t.name
             ));
-            r.statement(format!("ALTER FUNCTION {function}() OWNER TO {}", role.quoted));
+            r.statement(format!(
+                "ALTER FUNCTION {function}() OWNER TO {}",
+                role.quoted
+            ));
         }
         if fine {
             r.ok(format!(
                 "{}: the role may install its trigger{}",
                 t.name,
-                if problem.is_none() { " (installed already)" } else { " (installed at start-up)" }
+                if problem.is_none() {
+                    " (installed already)"
+                } else {
+                    " (installed at start-up)"
+                }
             ));
         }
     }
@@ -511,10 +544,16 @@ async fn queue_table(
         .await?;
     if !exists {
         if !install {
-            r.missing(format!("the change table {} does not exist", triggers::QUEUE_TABLE));
+            r.missing(format!(
+                "the change table {} does not exist",
+                triggers::QUEUE_TABLE
+            ));
             r.step("as the gateway's role: bloomgate install-triggers --config <this config> (it creates the change table, which the gateway must own)".into());
         } else if privilege(conn, "has_schema_privilege($1, 'CREATE')", &["public"]).await? {
-            r.ok(format!("the change table {} is created at start-up", triggers::QUEUE_TABLE));
+            r.ok(format!(
+                "the change table {} is created at start-up",
+                triggers::QUEUE_TABLE
+            ));
         } else {
             r.missing(format!(
                 "CREATE on schema public, for the change table {}",
@@ -528,10 +567,16 @@ async fn queue_table(
         .fetch_optional(&mut *conn)
         .await?;
     match why {
-        None => r.ok(format!("the change table {} is this role's", triggers::QUEUE_TABLE)),
+        None => r.ok(format!(
+            "the change table {} is this role's",
+            triggers::QUEUE_TABLE
+        )),
         Some(why) => {
             r.missing(why);
-            for t in ["public.bloomgate_changes", "public.bloomgate_changes_pruned"] {
+            for t in [
+                "public.bloomgate_changes",
+                "public.bloomgate_changes_pruned",
+            ] {
                 r.statement(format!("ALTER TABLE {t} OWNER TO {}", role.quoted));
             }
         }

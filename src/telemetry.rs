@@ -46,21 +46,18 @@ pub const AUDIT: &str = "bloomgate::audit";
 
 static RELOAD: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 
-/// The filter `cfg` asks for: `RUST_LOG` or `log.level`, with the access
-/// lines on or off (`log.access`) and Postgres's notices from `warn` up,
-/// unless the filter itself says otherwise for either.
+/// The filter `cfg` asks for: `RUST_LOG` or `log.level` (access lines are
+/// `info`: a level above it leaves them out too), access lines off with
+/// `log.access = false`, and Postgres's notices from `warn` up, unless the
+/// filter itself names sqlx or the access target.
 pub fn filter_directives(cfg: &LogConfig) -> String {
     let base = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.level.clone());
     let mut text = base.trim().to_string();
     if !text.contains("sqlx") {
         text.push_str(",sqlx::postgres::notice=warn");
     }
-    if !text.contains(ACCESS) {
-        text.push_str(if cfg.access {
-            ",bloomgate::access=info"
-        } else {
-            ",bloomgate::access=off"
-        });
+    if !cfg.access && !text.contains(ACCESS) {
+        text.push_str(",bloomgate::access=off");
     }
     text.trim_start_matches(',').to_string()
 }
@@ -179,12 +176,11 @@ impl Visit for Fields {
 
 /// `text` as the JSON array or object it spells, else as a string.
 fn structured(text: String) -> serde_json::Value {
-    if text.starts_with('[') || text.starts_with('{') {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-            if v.is_array() || v.is_object() {
-                return v;
-            }
-        }
+    if (text.starts_with('[') || text.starts_with('{'))
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+        && (v.is_array() || v.is_object())
+    {
+        return v;
     }
     serde_json::Value::String(text)
 }
@@ -263,12 +259,12 @@ mod tests {
             structured(format!("{:?}", vec!["id", "email"])),
             serde_json::json!(["id", "email"])
         );
-        assert_eq!(
-            structured(r#"{"a":1}"#.into()),
-            serde_json::json!({"a": 1})
-        );
+        assert_eq!(structured(r#"{"a":1}"#.into()), serde_json::json!({"a": 1}));
         assert_eq!(structured("1.5s".into()), serde_json::json!("1.5s"));
-        assert_eq!(structured("[not json".into()), serde_json::json!("[not json"));
+        assert_eq!(
+            structured("[not json".into()),
+            serde_json::json!("[not json")
+        );
         assert_eq!(structured("12".into()), serde_json::json!("12"));
     }
 
@@ -278,13 +274,13 @@ mod tests {
         if std::env::var_os("RUST_LOG").is_some() {
             return;
         }
-        assert_eq!(
-            filter_directives(&cfg),
-            "info,sqlx::postgres::notice=warn,bloomgate::access=info"
-        );
+        assert_eq!(filter_directives(&cfg), "info,sqlx::postgres::notice=warn");
         cfg.access = false;
         cfg.level = "debug,sqlx=debug".into();
-        assert_eq!(filter_directives(&cfg), "debug,sqlx=debug,bloomgate::access=off");
+        assert_eq!(
+            filter_directives(&cfg),
+            "debug,sqlx=debug,bloomgate::access=off"
+        );
     }
 
     #[test]

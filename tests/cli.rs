@@ -165,9 +165,15 @@ fn config_errors_name_the_key_without_the_profile() {
     assert!(!ok);
     assert!(err.contains("database.pool_sise"), "{err}");
     assert!(!err.contains("default."), "{err}");
-    let path = write_config(&dir, &format!("[database]\npool_size = \"many\"\n{RESOURCE}"));
+    let path = write_config(
+        &dir,
+        &format!("[database]\npool_size = \"many\"\n{RESOURCE}"),
+    );
     let (ok, _, err) = bloomgate(&["check-config", "--config", &path], &[]);
-    assert!(!ok && err.contains("\"database.pool_size\"") && !err.contains("default."), "{err}");
+    assert!(
+        !ok && err.contains("\"database.pool_size\"") && !err.contains("default."),
+        "{err}"
+    );
 }
 
 /// `check-config | head` must not panic when head goes away (exit 101).
@@ -178,7 +184,12 @@ fn check_config_into_a_closed_pipe_exits_quietly() {
     use std::io::Read;
     let dir = tempdir();
     let many: String = (0..400)
-        .map(|i| RESOURCE.replace("\"users\"\nroute = \"/users/{id}\"", &format!("\"users{i}\"\nroute = \"/users{i}/{{id}}\"")))
+        .map(|i| {
+            RESOURCE.replace(
+                "\"users\"\nroute = \"/users/{id}\"",
+                &format!("\"users{i}\"\nroute = \"/users{i}/{{id}}\""),
+            )
+        })
         .collect();
     let path = write_config(
         &dir,
@@ -192,7 +203,12 @@ fn check_config_into_a_closed_pipe_exits_quietly() {
         .spawn()
         .unwrap();
     let mut first = [0u8; 1];
-    child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
     drop(child.stdout.take());
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -75,16 +75,21 @@ impl Running {
     /// The address of the listener logged as `listening` (`admin
     /// listening` for the admin one).
     async fn addr(&self, admin: bool) -> SocketAddr {
-        let what = if admin { "admin listening" } else { "listening" };
+        let what = if admin {
+            "admin listening"
+        } else {
+            "listening"
+        };
         let began = Instant::now();
         loop {
             let log = self.log();
             for line in log.lines() {
                 let is_admin = line.contains("admin listening");
-                if line.contains(what) && is_admin == admin {
-                    if let Some(a) = field(line, "addr") {
-                        return a.parse().unwrap();
-                    }
+                if line.contains(what)
+                    && is_admin == admin
+                    && let Some(a) = field(line, "addr")
+                {
+                    return a.parse().unwrap();
                 }
             }
             assert!(
@@ -291,7 +296,9 @@ async fn access_audit_and_startup_lines_are_typed_json() {
     db.seed_users(10).await;
     let dir = tempdir();
     // Trust auth ignores it; it must not be logged all the same.
-    let url = db.url.replacen("://postgres@", "://postgres:hunter2-secret@", 1);
+    let url = db
+        .url
+        .replacen("://postgres@", "://postgres:hunter2-secret@", 1);
     assert_ne!(url, db.url);
     let config = write_config(&dir, &url, "format = \"json\"", TOKEN_A);
     let gw = Running::start(&config, &[]);
@@ -306,7 +313,11 @@ async fn access_audit_and_startup_lines_are_typed_json() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(
-        status(&format!("http://{admin}/admin/resources"), Some("wrong-token-xxxxxxxx")).await,
+        status(
+            &format!("http://{admin}/admin/resources"),
+            Some("wrong-token-xxxxxxxx")
+        )
+        .await,
         401
     );
     let purged = client()
@@ -352,7 +363,10 @@ async fn access_audit_and_startup_lines_are_typed_json() {
     assert_eq!(f["status"], 200);
     assert!(f["duration_ms"].is_f64(), "{f}");
     assert!(
-        f["cache_status"].as_str().unwrap().starts_with("bloomgate;"),
+        f["cache_status"]
+            .as_str()
+            .unwrap()
+            .starts_with("bloomgate;"),
         "{f}"
     );
     assert_eq!(f["client"], "127.0.0.1");
@@ -374,7 +388,11 @@ async fn access_audit_and_startup_lines_are_typed_json() {
     let ready = find("ready");
     assert!(ready[0]["fields"]["elapsed_s"].is_f64(), "{:?}", ready[0]);
     let installed = find("triggers installed");
-    assert!(installed[0]["fields"]["columns"].is_array(), "{:?}", installed[0]);
+    assert!(
+        installed[0]["fields"]["columns"].is_array(),
+        "{:?}",
+        installed[0]
+    );
     // No statement text, no migration or notice chatter.
     let text = gw.log();
     for needle in ["SELECT", "sqlx::query", "skipping", "COPY ("] {
@@ -405,7 +423,9 @@ async fn addr_json(gw: &Running, message: &str) -> SocketAddr {
 #[tokio::test]
 async fn a_refused_password_is_named_and_db_up_is_zero() {
     let Ok(primary) = std::env::var("BLOOMGATE_TEST_PRIMARY_URL") else {
-        panic!("run with scripts/test.sh: the server on BLOOMGATE_TEST_PRIMARY_URL asks bloomgate_scram for a password");
+        panic!(
+            "run with scripts/test.sh: the server on BLOOMGATE_TEST_PRIMARY_URL asks bloomgate_scram for a password"
+        );
     };
     let host = primary.split('@').nth(1).unwrap();
     let url = format!("postgres://bloomgate_scram:not-the-password@{host}/postgres");

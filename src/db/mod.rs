@@ -255,7 +255,11 @@ impl Db {
     /// Checks the database every `every` until `shutdown`, keeping
     /// [`Db::is_up`] current, and logs the cause while it fails (at most
     /// once per 10 s), and when it answers again.
-    pub async fn watch_up(self: Arc<Self>, every: Duration, mut shutdown: crate::shutdown::Shutdown) {
+    pub async fn watch_up(
+        self: Arc<Self>,
+        every: Duration,
+        mut shutdown: crate::shutdown::Shutdown,
+    ) {
         let throttle = crate::telemetry::LogThrottle::default();
         let mut was_up = true;
         loop {

@@ -106,8 +106,7 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         .with_state(gateway.clone())
         .method_not_allowed_fallback(method_not_allowed);
     tower::Layer::layer(
-        &front_layer(&gateway, Some(gateway.config.server.request_timeout))
-            .with_access(templates),
+        &front_layer(&gateway, Some(gateway.config.server.request_timeout)).with_access(templates),
         Dispatch::with_peer(router, direct, gateway.auth.limits_any()),
     )
 }

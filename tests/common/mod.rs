@@ -142,9 +142,10 @@ fn grant_what_preflight_asks(config: &Config) {
                 .await
                 .unwrap();
             for sql in report.statements() {
-                admin.execute(sql.as_str()).await.unwrap_or_else(|e| {
-                    panic!("applying preflight's {sql:?}: {e}\n{report}")
-                });
+                admin
+                    .execute(sql.as_str())
+                    .await
+                    .unwrap_or_else(|e| panic!("applying preflight's {sql:?}: {e}\n{report}"));
             }
             admin.close().await;
         });
