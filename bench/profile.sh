@@ -21,6 +21,8 @@
 # callgrind: the server under `valgrind --tool=callgrind`, instrumentation
 # switched on only for the measured window (start-up, the filter build and
 # the warm-up are not counted), wrk at a few connections for DURATION.
+# RUST_LOG [warn] is the server's log filter (`info` puts the access lines
+# in the measurement).
 # Valgrind runs the threads one at a time and counts user-space
 # instructions exactly, so the figures repeat to within a percent on a busy
 # machine where timings do not; the kernel's share (syscalls, TCP) is not
@@ -89,7 +91,7 @@ start() { # WRAPPER...
   if [ "$SYSTEM" = bare ]; then
     "$@" "$BIN" --listen "127.0.0.1:$PORT" >"$WORK/server.log" 2>&1 &
   else
-    DATABASE_URL="$PG_URL/bloomgate_bench" BLOOMGATE_SERVER__LISTEN="127.0.0.1:$PORT" RUST_LOG=warn \
+    DATABASE_URL="$PG_URL/bloomgate_bench" BLOOMGATE_SERVER__LISTEN="127.0.0.1:$PORT" RUST_LOG="${RUST_LOG:-warn}" \
       "$@" "$BIN" serve --config "${CONFIG:-config/bloomgate.toml}" >"$WORK/server.log" 2>&1 &
   fi
   PID=$!

@@ -64,6 +64,9 @@ pub struct Gateway {
     pub wal_stats: Arc<feed::wal::Stats>,
     /// The access checks of every resource (see `auth`).
     pub auth: Arc<crate::auth::Auth>,
+    /// Set on SIGTERM ([`Gateway::begin_drain`]): `/readyz` says 503 while
+    /// requests are still served.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 pub use crate::feed::supervisor::wal_delivery;
@@ -98,17 +101,25 @@ pub struct Readiness {
     pub resources: Vec<(String, String)>,
     pub feed: Option<String>,
     pub auth: Option<String>,
+    /// The process is shutting down (`server.shutdown_drain`).
+    pub shutdown: Option<String>,
 }
 
 impl Readiness {
     pub fn is_empty(&self) -> bool {
-        self.resources.is_empty() && self.feed.is_none() && self.auth.is_none()
+        self.resources.is_empty()
+            && self.feed.is_none()
+            && self.auth.is_none()
+            && self.shutdown.is_none()
     }
 }
 
 impl std::fmt::Display for Readiness {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts: Vec<String> = Vec::new();
+        if let Some(shutdown) = &self.shutdown {
+            parts.push(format!("shutdown: {shutdown}"));
+        }
         if let Some(feed) = &self.feed {
             parts.push(format!("change feed: {feed}"));
         }
@@ -178,6 +189,7 @@ impl Gateway {
             wal_stats: Arc::default(),
             auth,
             shutdown: shutdown::channel().0,
+            draining: Default::default(),
         })
     }
 
@@ -216,11 +228,23 @@ impl Gateway {
         };
         let auth = (!self.auth.is_ready())
             .then(|| "the key set at auth.jwks_url has not been fetched yet".to_string());
+        let shutdown = self
+            .draining
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| "the process is shutting down (server.shutdown_drain)".to_string());
         Readiness {
             resources,
             feed,
             auth,
+            shutdown,
         }
+    }
+
+    /// From now on `/readyz` answers 503 (SIGTERM, `server.shutdown_drain`);
+    /// requests are still served.
+    pub fn begin_drain(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The tables and key columns the change feeds watch (canonical names),
@@ -310,7 +334,11 @@ impl Gateway {
         // Until the feed's first heartbeat after the scans, nothing is
         // vouched for: "ready" means the filters answer.
         self.wait_heard().await;
-        tracing::info!(elapsed = ?began.elapsed(), resources = self.resources.len(), "ready");
+        tracing::info!(
+            elapsed_s = began.elapsed().as_secs_f64(),
+            resources = self.resources.len(),
+            "ready"
+        );
         *started = true;
         Ok(())
     }
@@ -327,7 +355,7 @@ impl Gateway {
         let mut said = began;
         while !self.resources.iter().all(|r| r.vouch.is_fresh()) {
             if said.elapsed() >= std::time::Duration::from_secs(10) {
-                tracing::warn!(waited = ?began.elapsed(), why = %self.readiness(), "waiting for the change feed to confirm it is current");
+                tracing::warn!(waited_s = began.elapsed().as_secs_f64(), why = %self.readiness(), "waiting for the change feed to confirm it is current");
                 said = Instant::now();
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -83,9 +83,12 @@
 //! - [`shutdown`]: the signal every long-lived task is handed; each finishes
 //!   its unit of work when it fires.
 //! - [`budget`]: a token bucket (database checks above the high-water mark).
-//! - [`server`]: binding, background start-up, graceful shutdown, and the
-//!   bounds on connections: deadlines per connection (`server::conn`), the
-//!   `max_connections` cap, back-off when `accept` fails.
+//! - [`server`]: binding, background start-up, graceful shutdown, signals
+//!   (SIGHUP reloads the log filter and admin token; SIGTERM drains:
+//!   `/readyz` 503 for `server.shutdown_drain` first), the database check
+//!   behind `bloomgate_db_up`, and the bounds on connections: deadlines per
+//!   connection (`server::conn`), the `max_connections` cap, back-off when
+//!   `accept` fails.
 //! - [`config`]: the TOML file and environment, read once into typed structs,
 //!   one file per section, each validating itself ([`config::server`],
 //!   [`config::database`], [`config::resource`], ...); [`config::env`]'s
@@ -94,7 +97,12 @@
 //!   the gateway keeps for itself ([`config::route`], which
 //!   [`http::dispatch`] matches by). It names no module above it.
 //! - [`error`]: the error type of the request path.
-//! - [`seed`]: demo data. [`telemetry`]: logging.
+//! - [`preflight`]: `bloomgate preflight`, everything a config needs of the
+//!   database checked as the configured role, with the `GRANT` / `ALTER`
+//!   statements that are missing.
+//! - [`seed`]: demo data (and the demo schema's migrations).
+//!   [`telemetry`]: logging (reloadable filter, typed JSON fields, the
+//!   access and audit targets).
 //!
 //! See `ARCHITECTURE.md` for a picture of the modules and who owns which
 //! invariant.
@@ -146,6 +154,7 @@ pub mod histogram;
 pub mod http;
 pub mod key;
 pub mod metrics;
+pub mod preflight;
 pub mod rebuild;
 pub mod resource;
 pub mod seed;

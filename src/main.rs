@@ -31,7 +31,17 @@ enum Command {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
     },
-    /// Apply the embedded migrations.
+    /// Connect as the configured role and check everything the config
+    /// needs of the database: every table, column and key type, the
+    /// privileges (SELECT; REPLICATION and the publication for `wal`; the
+    /// triggers for `notify` and `queue`; the change table for `queue`) and
+    /// replica identities. Prints the GRANT / ALTER statements that are
+    /// missing; exits 1 when something is.
+    Preflight {
+        #[arg(long, default_value = config::DEFAULT_PATH)]
+        config: PathBuf,
+    },
+    /// Apply the embedded migrations: the demo schema (`users`, `articles`).
     Migrate {
         #[arg(long, default_value = config::DEFAULT_PATH)]
         config: PathBuf,
@@ -107,15 +117,30 @@ fn load(path: &std::path::Path) -> Result<(Config, KeyFiles), ConfigError> {
 
 async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     match command {
-        Command::Serve { config } => {
-            let (config, key_files) = load(&config)?;
+        Command::Serve { config: path } => {
+            let (config, key_files) = load(&path)?;
             bloomgate::telemetry::init(&config.log);
-            bloomgate::server::run(config, &key_files, bloomgate::server::shutdown_signal())
-                .await?;
+            bloomgate::server::run(
+                config,
+                &key_files,
+                Some(path),
+                bloomgate::server::shutdown_signal(),
+            )
+            .await?;
+        }
+        Command::Preflight { config } => {
+            let (config, _) = load(&config)?;
+            let report = bloomgate::preflight::run(&config).await;
+            out(&report.to_string());
+            if !report.passed() {
+                return Err(
+                    format!("{} missing (statements above)", report.missing_count()).into(),
+                );
+            }
         }
         Command::CheckConfig { config } => {
             let (config, key_files) = load(&config)?;
-            print!("{}", config.to_redacted_toml());
+            out(&config.to_redacted_toml());
             // On stderr, so stdout stays the TOML it always was.
             eprintln!(
                 "freshness: {}",
@@ -140,13 +165,13 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                     bloomgate::gateway::wal_delivery(&config.database)
                 );
             }
-            print!("{}", describe_database(config, &key_files).await);
+            out(&describe_database(config, &key_files).await);
         }
         Command::Migrate { config } => {
             let (config, _) = load(&config)?;
             let db = bloomgate::db::Db::connect_lazy(&config.database)?;
             db.migrate().await?;
-            println!("migrations applied");
+            out("migrations applied\n");
         }
         Command::InstallTriggers { config } => {
             let (config, key_files) = load(&config)?;
@@ -154,10 +179,10 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let mut failed = 0;
             for (table, r) in gateway.install_triggers().await? {
                 match r {
-                    Ok(columns) => println!(
-                        "{table}: triggers installed, announcing {}",
+                    Ok(columns) => out(&format!(
+                        "{table}: triggers installed, announcing {}\n",
                         columns.join(", ")
-                    ),
+                    )),
                     Err(e) => {
                         failed += 1;
                         eprintln!("{table}: cannot install triggers: {e}");
@@ -173,9 +198,9 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let publication = config.database.publication.clone();
             let gateway = bloomgate::gateway::Gateway::new(config, &key_files)?;
             gateway.install_feed().await?;
-            println!(
-                "publication {publication:?} covers every resource table; bloomgate's triggers removed"
-            );
+            out(&format!(
+                "publication {publication:?} covers every resource table; bloomgate's triggers removed\n"
+            ));
         }
         Command::MintToken {
             config,
@@ -210,7 +235,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 &claims,
                 |m| key.sign(jwt::Alg::HS256, m).unwrap_or_default(),
             );
-            println!("{token}");
+            out(&format!("{token}\n"));
         }
         Command::Seed {
             config,
@@ -221,13 +246,32 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let db = bloomgate::db::Db::connect_lazy(&config.database)?;
             db.migrate().await?;
             let r = bloomgate::seed::seed(db.pool(), users, articles).await?;
-            println!(
-                "seeded: {} users and {} articles inserted (asked for {users} and {articles}; rows already present are kept) in {:.1?}",
+            out(&format!(
+                "seeded: {} users and {} articles inserted (asked for {users} and {articles}; rows already present are kept) in {:.1?}\n",
                 r.users_inserted, r.articles_inserted, r.elapsed
-            );
+            ));
         }
     }
     Ok(())
+}
+
+/// Writes `text` to stdout. A reader that went away (`check-config |
+/// head`) ends the output quietly: `print!` would panic on the broken pipe
+/// (exit 101).
+fn out(text: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("bloomgate: cannot write to stdout: {e}");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// What `check-config` can tell from the database, as TOML comments (so the

@@ -145,6 +145,10 @@ fn describe() {
         "Queries sent to Postgres (row loads and key scans)."
     );
     describe_counter!("bloomgate_db_errors_total", "Queries that failed.");
+    describe_gauge!(
+        "bloomgate_db_up",
+        "1 if the last database check connected, else 0."
+    );
     describe_counter!(
         "bloomgate_filter_false_positives_observed_total",
         "Keys the filter passed that Postgres did not have."
@@ -282,6 +286,7 @@ fn snapshot(gw: &Gateway) {
     let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
     counter!("bloomgate_db_queries_total").absolute(gw.db.queries());
     counter!("bloomgate_db_errors_total").absolute(gw.db.errors());
+    gauge!("bloomgate_db_up").set(f64::from(u8::from(gw.db.is_up())));
     let g = &gw.stats;
     counter!("bloomgate_notifications_total").absolute(load(&g.notifications));
     counter!("bloomgate_listener_reconnects_total").absolute(load(&g.listener_reconnects));

@@ -2,6 +2,17 @@
 //! already answers, schedule rebuilds, and shut down gracefully. Every
 //! connection on either listener is bounded in time and number (see
 //! `accept_loop` and the `conn` module).
+//!
+//! # Signals (the binary, [`run`])
+//! - SIGHUP never stops the process: the config file is read again and
+//!   what can change safely while serving is applied (the log filter,
+//!   `log.level` and `log.access`; the admin token from
+//!   `admin.token_file`); a file that does not load leaves everything as
+//!   it was, and other changed settings are said to need a restart.
+//! - SIGTERM: `/readyz` answers 503 for `server.shutdown_drain` while
+//!   requests are still served (a load balancer takes the gateway out of
+//!   rotation), then the listeners stop and shutdown proceeds within
+//!   `server.shutdown_timeout`. SIGINT (Ctrl-C) skips the drain.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,13 +55,36 @@ pub struct Admin {
     pub token: String,
 }
 
+/// What asked the process to stop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGINT (Ctrl-C): stop without the drain.
+    Interrupt,
+    /// SIGTERM: drain first (`server.shutdown_drain`).
+    Terminate,
+}
+
+/// How often the binary checks that the database answers
+/// (`bloomgate_db_up`, and a log line naming the cause while it does not).
+pub const DB_CHECK_EVERY: Duration = Duration::from_secs(5);
+
 /// Binds `server.listen` (and `admin.listen` when an admin token is set) and
-/// serves until `shutdown` resolves.
+/// serves until `stop` resolves; on SIGHUP reloads what it can from
+/// `config_path` (see "Signals" in the module doc).
 pub async fn run(
     config: Config,
     key_files: &KeyFiles,
-    shutdown: impl Future<Output = ()> + Send,
+    config_path: Option<std::path::PathBuf>,
+    stop: impl Future<Output = Stop> + Send,
 ) -> Result<(), ServeError> {
+    // First: until a handler is installed, SIGHUP's default action ends
+    // the process.
+    let hangups = hangup_signals();
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        config = %redacted_json(&config),
+        "starting"
+    );
     let admin = match config.admin.token()? {
         Some(token) => Some(Admin {
             listener: bind(config.admin.listen).await?,
@@ -64,7 +98,147 @@ pub async fn run(
     let listener = bind(config.server.listen).await?;
     check_descriptors(&config, if admin.is_some() { 2 } else { 1 });
     let gateway = Gateway::new(config, key_files)?;
-    serve(gateway, listener, admin, shutdown).await
+    let (stop_tasks, signal) = crate::shutdown::channel();
+    let (tokens_tx, tokens_rx) = watch::channel(None);
+    tokio::spawn(reload_on_hangup(
+        hangups,
+        config_path,
+        admin.is_some(),
+        gateway.clone(),
+        tokens_tx,
+        signal.clone(),
+    ));
+    tokio::spawn(gateway.db.clone().watch_up(DB_CHECK_EVERY, signal));
+    let drain = gateway.config.server.shutdown_drain;
+    let gw = gateway.clone();
+    let shutdown = async move {
+        if stop.await == Stop::Terminate && !drain.is_zero() {
+            gw.begin_drain();
+            tracing::info!(
+                drain_s = drain.as_secs_f64(),
+                "SIGTERM: /readyz answers 503 while requests are still served \
+                 (server.shutdown_drain), then shutting down"
+            );
+            tokio::time::sleep(drain).await;
+        }
+    };
+    let served = serve_with(gateway, listener, admin, shutdown, Some(tokens_rx)).await;
+    stop_tasks.fire();
+    served
+}
+
+/// The effective config, secrets redacted, as one JSON object (the
+/// start-up line).
+fn redacted_json(config: &Config) -> String {
+    toml::from_str::<toml::Value>(&config.to_redacted_toml())
+        .ok()
+        .and_then(|v| serde_json::to_string(&v).ok())
+        .unwrap_or_default()
+}
+
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = Option<()>;
+
+#[cfg(unix)]
+fn hangup_signals() -> Hangups {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGHUP");
+            None
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn hangup_signals() -> Hangups {
+    None
+}
+
+#[cfg(unix)]
+async fn next_hangup(h: &mut Hangups) {
+    match h {
+        Some(s) => {
+            if s.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+#[cfg(not(unix))]
+async fn next_hangup(_h: &mut Hangups) {
+    std::future::pending::<()>().await
+}
+
+/// On each SIGHUP: the config file read again, the log filter and the
+/// admin token applied; nothing else changes, and nothing stops.
+async fn reload_on_hangup(
+    mut hangups: Hangups,
+    path: Option<std::path::PathBuf>,
+    admin_on: bool,
+    gateway: Arc<Gateway>,
+    tokens: watch::Sender<Option<String>>,
+    mut shutdown: crate::shutdown::Shutdown,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.fired() => return,
+            () = next_hangup(&mut hangups) => {}
+        }
+        let Some(path) = &path else {
+            tracing::info!("SIGHUP: no config file to reload");
+            continue;
+        };
+        let new = match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: the config does not load; nothing reloaded");
+                continue;
+            }
+        };
+        match crate::telemetry::reload(&new.log) {
+            Ok(filter) => tracing::info!(filter, "SIGHUP: log filter reloaded"),
+            Err(e) => tracing::error!(error = %e, "SIGHUP: log filter not reloaded"),
+        }
+        match new.admin.token() {
+            Ok(Some(token)) if admin_on => {
+                tokens.send_replace(Some(token));
+                tracing::info!("SIGHUP: admin token reloaded");
+            }
+            Ok(Some(_)) => tracing::warn!(
+                "SIGHUP: an admin token is configured now, but the admin listener was off at \
+                 start: restart to open it"
+            ),
+            Ok(None) if admin_on => tracing::warn!(
+                "SIGHUP: no admin token configured now; the one in force stays (restart to \
+                 close the admin listener)"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "SIGHUP: admin token not reloaded"),
+        }
+        if needs_restart(&gateway.config, &new) {
+            tracing::warn!(
+                "SIGHUP: other settings changed; they take effect at the next restart \
+                 (only the log filter and the admin token are reloaded)"
+            );
+        }
+    }
+}
+
+/// Whether `new` differs from `old` in anything SIGHUP does not reload.
+fn needs_restart(old: &Config, new: &Config) -> bool {
+    let mut a = old.clone();
+    let mut b = new.clone();
+    for c in [&mut a, &mut b] {
+        c.log = Default::default();
+        c.admin.token_file = None;
+    }
+    a.to_redacted_toml() != b.to_redacted_toml()
 }
 
 async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, ServeError> {
@@ -86,6 +260,17 @@ pub async fn serve(
     admin: Option<Admin>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    serve_with(gateway, listener, admin, shutdown, None).await
+}
+
+/// [`serve`], with the admin token replaced by each one `tokens` sends.
+async fn serve_with(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    admin: Option<Admin>,
+    shutdown: impl Future<Output = ()> + Send,
+    tokens: Option<watch::Receiver<Option<String>>>,
+) -> Result<(), ServeError> {
     let deadline = gateway.config.server.shutdown_timeout;
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "listening");
@@ -103,7 +288,18 @@ pub async fn serve(
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "admin listening");
         }
-        let app = http::admin::app(gateway.clone(), &token);
+        let token = Arc::new(http::admin::AdminToken::new(&token));
+        if let Some(mut tokens) = tokens {
+            let token = token.clone();
+            tokio::spawn(async move {
+                while tokens.changed().await.is_ok() {
+                    if let Some(t) = tokens.borrow_and_update().as_deref() {
+                        token.replace(t);
+                    }
+                }
+            });
+        }
+        let app = http::admin::app_with(gateway.clone(), token);
         tokio::spawn(accept_loop(
             listener,
             app,
@@ -136,7 +332,10 @@ pub async fn serve(
         }
     };
 
-    tracing::info!(deadline = ?deadline, "shutting down: finishing in-flight requests");
+    tracing::info!(
+        deadline_s = deadline.as_secs_f64(),
+        "shutting down: finishing in-flight requests"
+    );
     // One deadline for the whole sequence.
     let until = tokio::time::Instant::now() + deadline;
     // Beside the draining of requests: each task finishes its unit of work
@@ -270,7 +469,7 @@ async fn accept_loop(
                     tracing::warn!(
                         listener = name,
                         error = %e,
-                        retry_in = ?delay,
+                        retry_in_s = delay.as_secs_f64(),
                         not_logged,
                         "accept failed; backing off (at most one such line per 10 s; \
                          not_logged counts the rest)"
@@ -430,8 +629,8 @@ fn descriptors_needed(config: &Config, listeners: u64) -> u64 {
         .saturating_add(FD_RESERVE)
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM, saying which.
+pub async fn shutdown_signal() -> Stop {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };
@@ -447,8 +646,8 @@ pub async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+        () = ctrl_c => Stop::Interrupt,
+        () = term => Stop::Terminate,
     }
 }
 

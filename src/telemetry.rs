@@ -1,33 +1,188 @@
 //! Logging: the subscriber (human-readable or JSON lines, filtered by
-//! `log.level` or `RUST_LOG`), and [`LogThrottle`] for events that can repeat
-//! once per request.
+//! `log.level` or `RUST_LOG`, reloadable on SIGHUP), and [`LogThrottle`]
+//! for events that can repeat once per request.
 //!
 //! Why a throttle: during a database outage every cold key fails, and under a
 //! flood that is thousands of identical lines a second, enough to fill a disk
 //! or a log bill while telling the operator nothing the first line did not.
 //! The metrics count every occurrence; the log says it is happening, once per
 //! interval, with how many it left out.
+//!
+//! # Targets
+//! - `bloomgate::access`: one line per request and the `request` span that
+//!   puts its id on every line logged inside it (`log.access`);
+//! - `bloomgate::audit`: admin actions and refused admin tokens;
+//! - sqlx's per-statement lines are off at the source (`db::tls`), and
+//!   Postgres's notices (`relation already exists, skipping`: migration
+//!   chatter) are shown from `warn` up unless the filter names sqlx.
+//!
+//! # JSON fields are typed
+//! Numbers and booleans are JSON numbers and booleans (durations are logged
+//! as numbers of seconds or milliseconds, never as `"1.2s"`); a value whose
+//! text is a JSON array or object (`columns = ?vec`, the effective config)
+//! is written as that array or object, not as a string.
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tracing_subscriber::EnvFilter;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, JsonFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Registry, reload};
 
 use crate::config::{LogConfig, LogFormat};
 
+/// The target of access lines and of the per-request span.
+pub const ACCESS: &str = "bloomgate::access";
+/// The target of audit lines (admin actions, refused admin tokens).
+pub const AUDIT: &str = "bloomgate::audit";
+
+static RELOAD: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// The filter `cfg` asks for: `RUST_LOG` or `log.level` (access lines are
+/// `info`: a level above it leaves them out too), access lines off with
+/// `log.access = false`, and Postgres's notices from `warn` up, unless the
+/// filter itself names sqlx or the access target.
+pub fn filter_directives(cfg: &LogConfig) -> String {
+    let base = std::env::var("RUST_LOG").unwrap_or_else(|_| cfg.level.clone());
+    let mut text = base.trim().to_string();
+    if !text.contains("sqlx") {
+        text.push_str(",sqlx::postgres::notice=warn");
+    }
+    if !cfg.access && !text.contains(ACCESS) {
+        text.push_str(",bloomgate::access=off");
+    }
+    text.trim_start_matches(',').to_string()
+}
+
 /// Installs the global subscriber; a second call (tests) is a no-op.
 pub fn init(cfg: &LogConfig) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&cfg.level));
+    let filter = EnvFilter::try_new(filter_directives(cfg))
+        .unwrap_or_else(|_| EnvFilter::new(filter_directives(&LogConfig::default())));
+    let (filter, handle) = reload::Layer::new(filter);
     // Colours only on a terminal: escape codes in a file, a pipe or a log
     // collector are noise that breaks grep.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stdout().is_terminal());
-    let _ = match cfg.format {
-        LogFormat::Human => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let ansi = std::io::stdout().is_terminal();
+    let (human, json) = match cfg.format {
+        LogFormat::Human => (Some(tracing_subscriber::fmt::layer().with_ansi(ansi)), None),
+        LogFormat::Json => (
+            None,
+            Some(
+                tracing_subscriber::fmt::layer()
+                    .fmt_fields(JsonFields::new())
+                    .event_format(TypedJson),
+            ),
+        ),
     };
+    let installed = tracing_subscriber::registry()
+        .with(filter)
+        .with(human)
+        .with(json)
+        .try_init();
+    if installed.is_ok() {
+        let _ = RELOAD.set(handle);
+    }
+}
+
+/// Applies a new `log.level` / `log.access` (SIGHUP). An invalid filter is
+/// refused with the reason, and the one in force stays.
+pub fn reload(cfg: &LogConfig) -> Result<String, String> {
+    let directives = filter_directives(cfg);
+    let filter = EnvFilter::try_new(&directives).map_err(|e| e.to_string())?;
+    let handle = RELOAD
+        .get()
+        .ok_or_else(|| "logging was not set up by this process".to_string())?;
+    handle.reload(filter).map_err(|e| e.to_string())?;
+    Ok(directives)
+}
+
+/// JSON lines whose fields keep their types (see the module doc): `{"timestamp",
+/// "level", "target", "fields": {...}, "span": {...}}`, `span` being the
+/// innermost span's fields (the request id, inside a request).
+struct TypedJson;
+
+impl<S, N> FormatEvent<S, N> for TypedJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let mut timestamp = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        let mut fields = Fields(serde_json::Map::new());
+        event.record(&mut fields);
+        let mut line = serde_json::Map::new();
+        line.insert("timestamp".into(), timestamp.into());
+        line.insert("level".into(), event.metadata().level().as_str().into());
+        line.insert("target".into(), event.metadata().target().into());
+        line.insert("fields".into(), fields.0.into());
+        if let Some(span) = ctx.lookup_current() {
+            let ext = span.extensions();
+            let recorded = ext
+                .get::<FormattedFields<N>>()
+                .and_then(|f| serde_json::from_str::<serde_json::Value>(f).ok())
+                .unwrap_or_else(|| serde_json::Value::Object(Default::default()));
+            let mut object = match recorded {
+                serde_json::Value::Object(o) => o,
+                _ => serde_json::Map::new(),
+            };
+            object.insert("name".into(), span.name().into());
+            line.insert("span".into(), object.into());
+        }
+        let text = serde_json::to_string(&line).map_err(|_| std::fmt::Error)?;
+        writeln!(writer, "{text}")
+    }
+}
+
+/// An event's fields as JSON values, typed (see the module doc).
+struct Fields(serde_json::Map<String, serde_json::Value>);
+
+impl Visit for Fields {
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.0.insert(field.name().into(), value.to_string().into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        self.0.insert(field.name().into(), structured(text));
+    }
+}
+
+/// `text` as the JSON array or object it spells, else as a string.
+fn structured(text: String) -> serde_json::Value {
+    if (text.starts_with('[') || text.starts_with('{'))
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+        && (v.is_array() || v.is_object())
+    {
+        return v;
+    }
+    serde_json::Value::String(text)
 }
 
 /// Lets one occurrence of a recurring event through per interval.
@@ -97,6 +252,36 @@ impl Default for LogThrottle {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn arrays_and_objects_stay_structured_and_the_rest_is_text() {
+        assert_eq!(
+            structured(format!("{:?}", vec!["id", "email"])),
+            serde_json::json!(["id", "email"])
+        );
+        assert_eq!(structured(r#"{"a":1}"#.into()), serde_json::json!({"a": 1}));
+        assert_eq!(structured("1.5s".into()), serde_json::json!("1.5s"));
+        assert_eq!(
+            structured("[not json".into()),
+            serde_json::json!("[not json")
+        );
+        assert_eq!(structured("12".into()), serde_json::json!("12"));
+    }
+
+    #[test]
+    fn the_filter_adds_the_access_switch_and_quiets_postgres_notices() {
+        let mut cfg = LogConfig::default();
+        if std::env::var_os("RUST_LOG").is_some() {
+            return;
+        }
+        assert_eq!(filter_directives(&cfg), "info,sqlx::postgres::notice=warn");
+        cfg.access = false;
+        cfg.level = "debug,sqlx=debug".into();
+        assert_eq!(
+            filter_directives(&cfg),
+            "debug,sqlx=debug,bloomgate::access=off"
+        );
+    }
 
     #[test]
     fn one_line_per_interval_with_the_count_left_out() {

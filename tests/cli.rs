@@ -153,3 +153,66 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
         "escape codes in piped logs: {stdout:?}"
     );
 }
+
+/// figment names a key with its profile in front (`default.database.
+/// pool_sise`), a name found nowhere in the file: the error names the key
+/// as it is written.
+#[test]
+fn config_errors_name_the_key_without_the_profile() {
+    let dir = tempdir();
+    let path = write_config(&dir, &format!("[database]\npool_sise = 3\n{RESOURCE}"));
+    let (ok, _, err) = bloomgate(&["check-config", "--config", &path], &[]);
+    assert!(!ok);
+    assert!(err.contains("database.pool_sise"), "{err}");
+    assert!(!err.contains("default."), "{err}");
+    let path = write_config(
+        &dir,
+        &format!("[database]\npool_size = \"many\"\n{RESOURCE}"),
+    );
+    let (ok, _, err) = bloomgate(&["check-config", "--config", &path], &[]);
+    assert!(
+        !ok && err.contains("\"database.pool_size\"") && !err.contains("default."),
+        "{err}"
+    );
+}
+
+/// `check-config | head` must not panic when head goes away (exit 101).
+/// The output is made larger than a pipe's buffer, so the write fails
+/// with the broken pipe whatever the timing.
+#[test]
+fn check_config_into_a_closed_pipe_exits_quietly() {
+    use std::io::Read;
+    let dir = tempdir();
+    let many: String = (0..400)
+        .map(|i| {
+            RESOURCE.replace(
+                "\"users\"\nroute = \"/users/{id}\"",
+                &format!("\"users{i}\"\nroute = \"/users{i}/{{id}}\""),
+            )
+        })
+        .collect();
+    let path = write_config(
+        &dir,
+        &format!("[database]\nurl = \"postgres://nobody@127.0.0.1:1/x\"\n{many}"),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
+        .args(["check-config", "--config", &path])
+        .env_remove("DATABASE_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(101), "panicked: {stderr}");
+    assert!(out.status.success(), "{:?} {stderr}", out.status);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

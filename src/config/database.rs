@@ -33,7 +33,9 @@ pub struct DatabaseConfig {
     /// streaming keys for a rebuild is exempt.
     #[serde(with = "humantime_serde")]
     pub statement_timeout: Duration,
-    /// Apply the embedded migrations at start-up. Default true.
+    /// Apply the embedded migrations (the demo schema: `users`, `articles`)
+    /// at start-up. Default false: the gateway creates no table unless
+    /// asked (`bloomgate seed` and `bloomgate migrate` apply them).
     pub migrate: bool,
     /// Listen on channel `bloomgate` for key changes announced by the
     /// notification triggers: new keys are servable within milliseconds,
@@ -150,7 +152,7 @@ impl Default for DatabaseConfig {
             pool_size: 16,
             acquire_timeout: Duration::from_secs(2),
             statement_timeout: Duration::from_secs(5),
-            migrate: true,
+            migrate: false,
             listen: true,
             install_triggers: false,
             freshness: Freshness::Auto,

@@ -16,8 +16,13 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// A `tracing` filter such as `info` or `info,bloomgate::http::front=debug`
     /// (a span and a line per request);
-    /// `RUST_LOG` overrides it. Default `info`.
+    /// `RUST_LOG` overrides it. Reloaded on SIGHUP. Default `info`.
     pub level: String,
+    /// One line per request at `info` (target `bloomgate::access`): method,
+    /// route template, status, `Cache-Status`, resource, duration, request
+    /// id, client address; and the request id on every line logged while
+    /// the request is handled. Default true.
+    pub access: bool,
 }
 
 impl Default for LogConfig {
@@ -25,6 +30,7 @@ impl Default for LogConfig {
         Self {
             format: LogFormat::Human,
             level: "info".into(),
+            access: true,
         }
     }
 }

@@ -79,8 +79,9 @@ pub struct Config {
 pub enum ConfigError {
     #[error("config file {0} not found")]
     NotFound(PathBuf),
-    /// Parse and type errors; figment's message names the key and source.
-    #[error("{0}")]
+    /// Parse and type errors, naming the key and source (see
+    /// [`LoadError`]).
+    #[error("{}", LoadError(.0))]
     Load(Box<figment::Error>),
     #[error("{file}: `{key}`: {problem}")]
     Invalid {
@@ -114,6 +115,38 @@ impl KeyProblem {
             key: self.key,
             problem: self.problem,
         }
+    }
+}
+
+/// figment's errors as an operator reads them: figment names a key with
+/// its profile in front (`default.database.pool_sise`), a name that appears
+/// nowhere in the file or the environment, so it is left out.
+struct LoadError<'a>(&'a figment::Error);
+
+impl std::fmt::Display for LoadError<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.clone().into_iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{}", e.kind)?;
+            if let (Some(profile), Some(md)) = (&e.profile, &e.metadata)
+                && !e.path.is_empty()
+            {
+                let key = md.interpolate(profile, &e.path);
+                let key = key
+                    .strip_prefix(&format!("{}.", profile.as_str()))
+                    .unwrap_or(&key);
+                write!(f, " for key {key:?}")?;
+            }
+            if let Some(md) = &e.metadata {
+                match &md.source {
+                    Some(source) => write!(f, " in {source} {}", md.name)?,
+                    None => write!(f, " in {}", md.name)?,
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -31,6 +31,12 @@ pub struct ServerConfig {
     /// How long shutdown waits for in-flight requests. Default `10s`.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// On SIGTERM, how long `/readyz` answers 503 while requests are still
+    /// served, before the listeners stop accepting: a load balancer or
+    /// Kubernetes takes the gateway out of rotation first. Then shutdown
+    /// proceeds within `shutdown_timeout`. `0s` stops at once. Default `5s`.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_drain: Duration,
     /// A new connection must have sent its first request (a complete
     /// HTTP/1 head or HTTP/2 HEADERS frame) within this time, whatever it
     /// sent before (nothing, half an HTTP/2 preface), and a later HTTP/1
@@ -76,6 +82,7 @@ impl Default for ServerConfig {
             max_key_length: 256,
             max_concurrency: 1024,
             shutdown_timeout: Duration::from_secs(10),
+            shutdown_drain: Duration::from_secs(5),
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 16 * 1024,
             max_headers: DEFAULT_MAX_HEADERS,

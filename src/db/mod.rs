@@ -69,6 +69,8 @@ pub struct Db {
     pool: PgPool,
     queries: AtomicU64,
     errors: AtomicU64,
+    /// The last check's verdict ([`Db::check_up`]): `bloomgate_db_up`.
+    up: std::sync::atomic::AtomicBool,
     replicas: Option<Arc<replicas::Replicas>>,
 }
 
@@ -152,6 +154,7 @@ impl Db {
             pool,
             queries: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            up: std::sync::atomic::AtomicBool::new(false),
             replicas: None,
         }
     }
@@ -182,19 +185,100 @@ impl Db {
         r
     }
 
+    /// Whether the last check ([`Db::check_up`]) reached the database.
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// One round trip through the pool; records the verdict ([`Db::is_up`]).
+    /// The error names the cause: the pool says only "pool timed out" when
+    /// every connection attempt failed, so one connection is then opened
+    /// directly to hear why (a refused password, a database that does not
+    /// exist, a refused TCP connection). No URL, no password in it.
+    pub async fn check_up(&self) -> Result<(), String> {
+        let r = sqlx::query("SELECT 1").execute(&self.pool).await;
+        self.up.store(r.is_ok(), Ordering::Relaxed);
+        match r {
+            Ok(_) => Ok(()),
+            Err(sqlx::Error::PoolTimedOut) => {
+                let opts = (*self.pool.connect_options()).clone();
+                let direct = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    PgConnection::connect_with(&opts),
+                )
+                .await;
+                Err(match direct {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(conn)) => {
+                        let _ = conn.close().await;
+                        "no connection free in the pool within database.acquire_timeout".into()
+                    }
+                    Err(_) => "connecting timed out".into(),
+                })
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// Waits until the database answers, retrying with capped exponential
-    /// backoff; logs each failure (without the URL, which may hold a password).
+    /// backoff; logs the cause (a refused password, say) at most once per
+    /// [`crate::telemetry::LogThrottle::INTERVAL`] (and whenever it
+    /// changes), without the URL, which may hold a password.
     pub async fn wait_until_reachable(&self) {
         let mut delay = Duration::from_millis(100);
         let mut attempt = 1u32;
+        let throttle = crate::telemetry::LogThrottle::default();
+        let mut last_cause = String::new();
         loop {
-            match sqlx::query("SELECT 1").execute(&self.pool).await {
-                Ok(_) => return,
-                Err(e) => {
-                    tracing::warn!(attempt, retry_in = ?delay, error = %e, "database not reachable yet");
+            match self.check_up().await {
+                Ok(()) => return,
+                Err(cause) => {
+                    let changed = cause != last_cause;
+                    if let Some(not_logged) = throttle.permit().or(changed.then_some(0)) {
+                        tracing::warn!(
+                            attempt,
+                            retry_in_s = delay.as_secs_f64(),
+                            cause = %cause,
+                            not_logged,
+                            "database not reachable yet; retrying (at most one such line per 10 s)"
+                        );
+                    }
+                    last_cause = cause;
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(Duration::from_secs(5));
                     attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Checks the database every `every` until `shutdown`, keeping
+    /// [`Db::is_up`] current, and logs the cause while it fails (at most
+    /// once per 10 s), and when it answers again.
+    pub async fn watch_up(
+        self: Arc<Self>,
+        every: Duration,
+        mut shutdown: crate::shutdown::Shutdown,
+    ) {
+        let throttle = crate::telemetry::LogThrottle::default();
+        let mut was_up = true;
+        loop {
+            tokio::select! {
+                () = shutdown.fired() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            match self.check_up().await {
+                Ok(()) => {
+                    if !was_up {
+                        tracing::info!("database reachable again");
+                    }
+                    was_up = true;
+                }
+                Err(cause) => {
+                    if let Some(not_logged) = throttle.permit() {
+                        tracing::warn!(cause = %cause, not_logged, "database not reachable (at most one such line per 10 s)");
+                    }
+                    was_up = false;
                 }
             }
         }

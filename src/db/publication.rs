@@ -278,10 +278,21 @@ pub async fn install(
             .bind(publication)
             .fetch_optional(&mut *tx)
             .await?;
+    for sql in statements(all_tables, watch, publication) {
+        sqlx::query(&sql).execute(&mut *tx).await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The DDL that makes `publication` deliver every change of every watched
+/// table, given whether it exists (`None`) and is `FOR ALL TABLES`: what
+/// [`install`] runs, and what `bloomgate preflight` prints.
+pub fn statements(all_tables: Option<bool>, watch: &Watch, publication: &str) -> Vec<String> {
     let tables: Vec<String> = watch.tables.iter().map(|t| quote_table(&t.name)).collect();
     let with = "publish = 'insert, update, delete, truncate', publish_via_partition_root = true";
     let p = quote(publication);
-    let statements = match all_tables {
+    match all_tables {
         None => vec![format!(
             "CREATE PUBLICATION {p} FOR TABLE {} WITH ({with})",
             tables.join(", ")
@@ -293,12 +304,7 @@ pub async fn install(
             format!("ALTER PUBLICATION {p} SET TABLE {}", tables.join(", ")),
             format!("ALTER PUBLICATION {p} SET ({with})"),
         ],
-    };
-    for sql in statements {
-        sqlx::query(&sql).execute(&mut *tx).await?;
     }
-    tx.commit().await?;
-    Ok(())
 }
 
 /// Whether a server error says the publication does not exist (SQLSTATE

@@ -287,6 +287,13 @@ pub fn over_socket(opts: &PgConnectOptions) -> bool {
 /// Unix socket, `disable`: sqlx would ask for TLS there too, and the
 /// server's refusal would fail `require` and above.
 pub fn connect_options(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
+    use sqlx::ConnectOptions;
+    // sqlx logs every statement (and, from `warn`, every one slower than
+    // a second: each rebuild's scan) with its SQL text: no SQL in logs.
+    secured(url).map(|o| o.disable_statement_logging())
+}
+
+fn secured(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     let opts = PgConnectOptions::from_str(url)?;
     if over_socket(&opts) {
         return Ok(opts.ssl_mode(PgSslMode::Disable));

@@ -166,8 +166,14 @@ pub async fn check_triggers(
                     repaired.push(t.name.clone());
                     problem = triggers::problem(conn, &t.name, &columns, sink).await?;
                 }
+                // Tried again at every check (each second): said once per
+                // interval; the problem keeps the table's resources not ready.
                 Err(e) => {
-                    tracing::error!(table = %t.name, error = %e, "cannot install the trigger")
+                    static FAILED: std::sync::OnceLock<crate::telemetry::LogThrottle> =
+                        std::sync::OnceLock::new();
+                    if let Some(not_logged) = FAILED.get_or_init(Default::default).permit() {
+                        tracing::error!(table = %t.name, error = %e, not_logged, "cannot install the trigger (at most one such line per 10 s)")
+                    }
                 }
             }
         }

@@ -19,7 +19,12 @@
 //! time, so its timing reveals nothing about the token, not even how much of
 //! a guess matched (the same scheme holds the public routes' API keys:
 //! `auth::keyed`, `auth::api_key`). Nothing here changes state without the
-//! token.
+//! token. The token can be replaced while serving ([`AdminToken`], SIGHUP).
+//!
+//! Audit: every refused token, and every request that may change state
+//! (any method but `GET` and `HEAD`), is logged on the target
+//! `bloomgate::audit` with method, path, status and client address; never
+//! the token.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -75,18 +80,43 @@ impl std::fmt::Debug for TokenCheck {
     }
 }
 
+/// The admin token in force, replaced as a whole (SIGHUP re-reads
+/// `admin.token_file`): a request is checked against the old token or the
+/// new one, never a mix.
+pub struct AdminToken(arc_swap::ArcSwap<TokenCheck>);
+
+impl AdminToken {
+    pub fn new(token: &str) -> Self {
+        Self(arc_swap::ArcSwap::from_pointee(TokenCheck::new(token)))
+    }
+
+    pub fn replace(&self, token: &str) {
+        self.0.store(Arc::new(TokenCheck::new(token)));
+    }
+
+    pub fn verify(&self, presented: &[u8]) -> bool {
+        self.0.load().verify(presented)
+    }
+}
+
 pub struct AdminState {
     pub gateway: Arc<Gateway>,
-    pub token: TokenCheck,
+    pub token: Arc<AdminToken>,
 }
 
 type St = State<Arc<AdminState>>;
 
 /// The admin router for `gateway`, guarded by `token`.
 pub fn app(gateway: Arc<Gateway>, token: &str) -> super::App {
+    app_with(gateway, Arc::new(AdminToken::new(token)))
+}
+
+/// The admin router guarded by a token that can be replaced while it
+/// serves.
+pub fn app_with(gateway: Arc<Gateway>, token: Arc<AdminToken>) -> super::App {
     let state = Arc::new(AdminState {
         gateway: gateway.clone(),
-        token: TokenCheck::new(token),
+        token,
     });
     let (timed, _) = timed_routes().split_for_parts();
     let (rebuild, _) = rebuild_routes().split_for_parts();
@@ -115,7 +145,18 @@ pub fn app(gateway: Arc<Gateway>, token: &str) -> super::App {
         )
         .fallback(|| async { json_error(StatusCode::NOT_FOUND, "no_route", "no such route") })
         .with_state(state);
-    with_middleware_timeout(router, &gateway, None)
+    let mut templates: Vec<(String, Option<String>)> = routes()
+        .split_for_parts()
+        .1
+        .paths
+        .paths
+        .keys()
+        .map(|p| (p.clone(), None))
+        .collect();
+    for fixed in ["/admin/openapi.json", "/admin/", "/admin", "/metrics"] {
+        templates.push((fixed.to_string(), None));
+    }
+    with_middleware_timeout(router, &gateway, None, templates)
 }
 
 /// The authenticated routes with their OpenAPI entries.
@@ -145,9 +186,37 @@ async fn require_token(State(state): St, req: Request, next: Next) -> Response {
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    let client = req
+        .extensions()
+        .get::<crate::auth::peer::PeerAddr>()
+        .map(|p| p.0.to_string())
+        .unwrap_or_default();
     match presented {
-        Some(t) if state.token.verify(t) => next.run(req).await,
+        Some(t) if state.token.verify(t) => {
+            let method = req.method().clone();
+            let path = req.uri().path().to_string();
+            let resp = next.run(req).await;
+            if method != axum::http::Method::GET && method != axum::http::Method::HEAD {
+                tracing::info!(
+                    target: crate::telemetry::AUDIT,
+                    method = %method,
+                    path,
+                    status = resp.status().as_u16(),
+                    client,
+                    "admin action"
+                );
+            }
+            resp
+        }
         _ => {
+            tracing::warn!(
+                target: crate::telemetry::AUDIT,
+                method = %req.method(),
+                path = req.uri().path(),
+                client,
+                token = if presented.is_some() { "wrong" } else { "missing" },
+                "admin token refused"
+            );
             let mut resp = json_error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",

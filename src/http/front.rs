@@ -3,9 +3,15 @@
 //!
 //! 1. **Request id.** The client's `x-request-id` if it sent one, else a new
 //!    UUID v4; the response carries it (unless the handler set its own).
-//! 2. **Trace span.** `request` at DEBUG with method, path and id, and one
-//!    DEBUG event with status and latency when the response is ready; not
-//!    built at all, and no clock read, while DEBUG is off for this module.
+//! 2. **Trace span and access line.** With access lines on (`log.access`,
+//!    the target `bloomgate::access` at INFO): a `request` span holding the
+//!    id, so every line logged inside the request carries it, and one
+//!    access line when the response is ready (method, route template,
+//!    status, `Cache-Status`, resource, duration, request id, client
+//!    address). Otherwise `request` at DEBUG with method, path and id, and
+//!    one DEBUG event with status and latency; neither built, no clock read
+//!    and nothing allocated while both are off (one cached check of the
+//!    target's level per request).
 //! 3. **Body limit.** A request declaring a body over `server.max_body_bytes`
 //!    gets 413 before any other work. Bodies are never read (every route is
 //!    a GET), so a smaller one is simply ignored.
@@ -75,6 +81,7 @@ use tracing::Span;
 
 use super::response::json_error;
 use crate::error::Error;
+use crate::telemetry::ACCESS;
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -99,6 +106,42 @@ struct Shared {
     in_flight: AtomicUsize,
     timeout: Option<Duration>,
     counters: Counters,
+    /// The route templates access lines name (see [`FrontLayer::with_access`]).
+    access: Option<Arc<AccessRoutes>>,
+    /// Put the client address into each request's extensions (the admin
+    /// router: its audit lines name the client).
+    peer_extension: bool,
+}
+
+/// The route templates of a router, for access lines: a path is logged as
+/// its template (`/users/{id}`), never as itself, so the log holds no keys.
+#[derive(Debug)]
+struct AccessRoutes {
+    templates: super::dispatch::Templates<usize>,
+    /// Per template: the template and the resource it serves ("" if none).
+    names: Vec<(Box<str>, Box<str>)>,
+}
+
+/// What an access line needs from the start of the request; made (and
+/// allocated) only while access lines are on.
+struct Access {
+    began: std::time::Instant,
+    method: axum::http::Method,
+    route: Option<usize>,
+    client: Option<std::net::IpAddr>,
+    routes: Arc<AccessRoutes>,
+}
+
+/// A client address, or nothing, as a log field.
+struct Client(Option<std::net::IpAddr>);
+
+impl std::fmt::Display for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(ip) => ip.fmt(f),
+            None => Ok(()),
+        }
+    }
 }
 
 impl FrontLayer {
@@ -115,8 +158,35 @@ impl FrontLayer {
                 in_flight: AtomicUsize::new(0),
                 timeout,
                 counters,
+                access: None,
+                peer_extension: false,
             }),
         }
+    }
+
+    /// Access lines name these route templates (`(template, resource)`,
+    /// the resource empty for routes that serve none); a path no template
+    /// matches alone is logged with an empty route. Call before cloning.
+    pub fn with_access(mut self, routes: Vec<(String, Option<String>)>) -> Self {
+        let mut templates = super::dispatch::Templates::default();
+        let mut names = Vec::with_capacity(routes.len());
+        for (i, (template, resource)) in routes.into_iter().enumerate() {
+            templates.add(&template, Some(i));
+            names.push((template.into(), resource.unwrap_or_default().into()));
+        }
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.access = Some(Arc::new(AccessRoutes { templates, names }));
+        }
+        self
+    }
+
+    /// Each request carries its client address as an extension
+    /// ([`crate::auth::peer::PeerAddr`]). Call before cloning.
+    pub fn with_peer_extension(mut self) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.peer_extension = true;
+        }
+        self
     }
 
     /// Requests being handled now.
@@ -193,20 +263,42 @@ where
 /// The front layer's work before the inner service, then `call_inner`.
 fn start<B, F>(
     shared: &Arc<Shared>,
-    req: Request<B>,
+    mut req: Request<B>,
     call_inner: impl FnOnce(Request<B>) -> F,
 ) -> FrontFuture<F> {
     let id = match req.headers().get(&X_REQUEST_ID) {
         Some(v) => v.clone(),
         None => new_request_id(),
     };
-    let span = tracing::debug_span!(
-        "request",
-        method = %req.method(),
-        path = %req.uri().path(),
-        id = id.to_str().unwrap_or_default(),
-    );
-    let began = (!span.is_disabled()).then(std::time::Instant::now);
+    if shared.peer_extension
+        && let Some(peer) = crate::auth::peer::current()
+    {
+        req.extensions_mut()
+            .insert(crate::auth::peer::PeerAddr(peer));
+    }
+    let access = match &shared.access {
+        Some(routes) if tracing::enabled!(target: ACCESS, tracing::Level::INFO) => {
+            Some(Box::new(Access {
+                began: std::time::Instant::now(),
+                method: req.method().clone(),
+                route: routes.templates.find(req.uri().path()).copied(),
+                client: crate::auth::peer::current(),
+                routes: routes.clone(),
+            }))
+        }
+        _ => None,
+    };
+    let span = if access.is_some() {
+        tracing::info_span!(target: ACCESS, "request", id = id.to_str().unwrap_or_default())
+    } else {
+        tracing::debug_span!(
+            "request",
+            method = %req.method(),
+            path = %req.uri().path(),
+            id = id.to_str().unwrap_or_default(),
+        )
+    };
+    let began = (access.is_none() && !span.is_disabled()).then(std::time::Instant::now);
     let state = if declared_body(&req).is_some_and(|n| n > shared.max_body) {
         State::Ready {
             response: Some(json_error(
@@ -246,8 +338,38 @@ fn start<B, F>(
         span,
         began,
         timeout: shared.timeout,
+        access,
     }
 }
+
+/// The access line of a request answered with `response`.
+fn access_line(a: &Access, response: &Response) {
+    let text = |name: &HeaderName| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    };
+    let (route, resource) = a
+        .route
+        .and_then(|i| a.routes.names.get(i))
+        .map_or(("", ""), |(t, r)| (&**t, &**r));
+    tracing::info!(
+        target: ACCESS,
+        method = a.method.as_str(),
+        route,
+        status = response.status().as_u16(),
+        cache_status = text(&CACHE_STATUS),
+        resource,
+        duration_ms = a.began.elapsed().as_secs_f64() * 1e3,
+        request_id = text(&X_REQUEST_ID),
+        client = %Client(a.client),
+        "request"
+    );
+}
+
+static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
 fn declared_body<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
@@ -283,6 +405,7 @@ pin_project! {
         span: Span,
         began: Option<std::time::Instant>,
         timeout: Option<Duration>,
+        access: Option<Box<Access>>,
     }
 }
 
@@ -330,6 +453,9 @@ where
                 latency_ms = began.elapsed().as_secs_f64() * 1e3,
                 "finished processing request"
             );
+        }
+        if let Some(a) = this.access.take() {
+            access_line(&a, &response);
         }
         Poll::Ready(Ok(response))
     }

@@ -76,6 +76,26 @@ pub fn app(gateway: Arc<Gateway>) -> App {
     for path in route::SERVED {
         direct.add(path, None);
     }
+    let mut templates: Vec<(String, Option<String>)> = routes
+        .iter()
+        .map(|r| {
+            (
+                r.resource.config.route.clone(),
+                Some(r.resource.name().to_string()),
+            )
+        })
+        .collect();
+    for path in doc
+        .paths
+        .paths
+        .keys()
+        .map(String::as_str)
+        .chain(["/openapi.json"])
+    {
+        if !templates.iter().any(|(t, _)| t == path) {
+            templates.push((path.to_string(), None));
+        }
+    }
     let doc = Arc::new(openapi::Served::new(doc, gateway.clone()));
     let router = router.route(
         "/openapi.json",
@@ -86,7 +106,7 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         .with_state(gateway.clone())
         .method_not_allowed_fallback(method_not_allowed);
     tower::Layer::layer(
-        &front_layer(&gateway, Some(gateway.config.server.request_timeout)),
+        &front_layer(&gateway, Some(gateway.config.server.request_timeout)).with_access(templates),
         Dispatch::with_peer(router, direct, gateway.auth.limits_any()),
     )
 }
@@ -140,13 +160,19 @@ fn with_resources(routes: &[Arc<Route>]) -> OpenApiRouter<Arc<Gateway>> {
 /// whole-request deadline or none: the admin router, whose routes set their
 /// own (`admin.request_timeout`, and none for a rebuild that waits for its
 /// outcome).
+/// `templates` name its routes in access lines (see
+/// [`front::FrontLayer::with_access`]); each request carries its client
+/// address as an extension, for the admin router's audit lines.
 pub fn with_middleware_timeout(
     router: Router,
     gateway: &Arc<Gateway>,
     timeout: Option<std::time::Duration>,
+    templates: Vec<(String, Option<String>)>,
 ) -> App {
     tower::Layer::layer(
-        &front_layer(gateway, timeout),
+        &front_layer(gateway, timeout)
+            .with_access(templates)
+            .with_peer_extension(),
         Dispatch::new(
             router.method_not_allowed_fallback(method_not_allowed),
             Templates::default(),
@@ -229,6 +255,9 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         }
         if let Some(auth) = readiness.auth {
             reasons.insert("auth".into(), auth.into());
+        }
+        if let Some(shutdown) = readiness.shutdown {
+            reasons.insert("shutdown".into(), shutdown.into());
         }
         let status = if loading.is_empty() {
             "not_ready"

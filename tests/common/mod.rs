@@ -49,6 +49,111 @@ pub fn queue_mode() -> bool {
     std::env::var("BLOOMGATE_TEST_FRESHNESS").is_ok_and(|m| m == "queue")
 }
 
+/// `BLOOMGATE_TEST_ROLE=least`: every gateway connects as a role of its
+/// own (one per [`TestDb`], dropped with it) that holds only what README's
+/// "Running it in production" grants for this run's feed (the SQL blocks
+/// marked `-- bloomgate role: ...`), applied by the superuser; the tables a
+/// test adds later get what `bloomgate preflight` says is missing, applied
+/// the same way (see [`gateway`]). The test's own writes stay the
+/// superuser's. `scripts/test.sh` runs tests/freshness.rs so on the `wal`
+/// and the `notify` feed.
+pub fn least_privilege() -> bool {
+    std::env::var("BLOOMGATE_TEST_ROLE").is_ok_and(|m| m == "least")
+}
+
+/// The gateway's role of database `db` under [`least_privilege`].
+pub fn gateway_role(db: &str) -> String {
+    format!("{db}_gw")
+}
+
+/// The README's SQL for the gateway's role on this run's feed: the block
+/// for every feed, then the feed's own, statement by statement, with the
+/// role named `role`.
+pub fn documented_grants(role: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let feed = if wal_mode() {
+        "wal"
+    } else if queue_mode() {
+        "queue"
+    } else {
+        "notify"
+    };
+    let mut out = Vec::new();
+    for wanted in ["every feed", feed] {
+        let marker = format!("-- bloomgate role: {wanted}\n");
+        let start = readme
+            .find(&marker)
+            .unwrap_or_else(|| panic!("README.md has no SQL block marked {marker:?}"));
+        let block = &readme[start..];
+        let block = &block[..block.find("```").expect("the block ends")];
+        let sql: String = block
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        out.extend(
+            sql.split(';')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| s.replace("bloomgate_gateway", role)),
+        );
+    }
+    out
+}
+
+/// `url` with its user replaced by the gateway's role under
+/// [`least_privilege`] (the database named in it decides which).
+pub fn as_gateway_role(url: &str) -> String {
+    if !least_privilege() {
+        return url.to_string();
+    }
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let slash = rest.find('/').unwrap();
+    let (authority, path) = rest.split_at(slash);
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let db = path[1..].split('?').next().unwrap();
+    format!("{scheme}://{}@{host}{path}", gateway_role(db))
+}
+
+/// Under [`least_privilege`], runs `bloomgate preflight` for `config` and
+/// applies the statements it prints, as the superuser: what an operator
+/// does for a table added after the README's grants.
+fn grant_what_preflight_asks(config: &Config) {
+    if !least_privilege() {
+        return;
+    }
+    let config = config.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let report = bloomgate::preflight::run(&config).await;
+            if report.statements().is_empty() {
+                return;
+            }
+            let db = config.database.url.rsplit('/').next().unwrap();
+            let db = db.split('?').next().unwrap().to_string();
+            let admin = PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&db_url(&db))
+                .await
+                .unwrap();
+            for sql in report.statements() {
+                admin
+                    .execute(sql.as_str())
+                    .await
+                    .unwrap_or_else(|e| panic!("applying preflight's {sql:?}: {e}\n{report}"));
+            }
+            admin.close().await;
+        });
+    })
+    .join()
+    .unwrap();
+}
+
 /// `BLOOMGATE_TEST_FRESHNESS=wal-poll`: the WAL feed polled
 /// (`database.wal_poll_interval`) instead of streamed.
 pub fn wal_polled() -> bool {
@@ -135,6 +240,19 @@ impl TestDb {
             .await
             .unwrap();
         bloomgate::db::MIGRATOR.run(&pool).await.unwrap();
+        if least_privilege() {
+            // The README's CREATE ROLE and grants, the role named for this
+            // database (roles are cluster-wide; it is dropped with it).
+            let role = gateway_role(&name);
+            pool.execute(format!("DROP ROLE IF EXISTS \"{role}\"").as_str())
+                .await
+                .unwrap();
+            for sql in documented_grants(&role) {
+                pool.execute(sql.as_str())
+                    .await
+                    .unwrap_or_else(|e| panic!("README's {sql:?}: {e}"));
+            }
+        }
         Self { name, url, pool }
     }
 
@@ -176,7 +294,9 @@ impl TestDb {
              INSERT INTO test_delay VALUES (0);
              CREATE FUNCTION test_pause() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
              BEGIN PERFORM pg_sleep((SELECT seconds FROM test_delay)); RETURN true; END $$;
-             CREATE VIEW slow_users AS SELECT * FROM users WHERE test_pause();",
+             CREATE VIEW slow_users AS SELECT * FROM users WHERE test_pause();
+             -- Read by whoever runs the view's function: the gateway's role.
+             GRANT SELECT ON test_delay TO PUBLIC;",
         )
         .await;
     }
@@ -211,6 +331,12 @@ impl Drop for TestDb {
                             format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
                         )
                         .await;
+                    if least_privilege() {
+                        let role = gateway_role(&name);
+                        let _ = admin
+                            .execute(format!("DROP ROLE IF EXISTS \"{role}\"").as_str())
+                            .await;
+                    }
                     admin.close().await;
                 }
             });
@@ -246,14 +372,21 @@ pub fn config(url: &str, extra: &str) -> Config {
     // The notification triggers are installed at start-up unless `extra`
     // says otherwise.
     let chose_feed = extra.contains("listen =") || extra.contains("freshness =");
-    let feed = if wal_polled() && !chose_feed {
-        "freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"5ms\""
-    } else if wal_mode() && !chose_feed {
-        "freshness = \"wal\"\ninstall_feed = true"
-    } else if queue_mode() && !chose_feed {
-        "freshness = \"queue\""
+    // Under least privilege the publication is the README's (its owner
+    // made it), not the gateway's to change.
+    let install_feed = if least_privilege() {
+        "install_feed = false"
     } else {
-        ""
+        "install_feed = true"
+    };
+    let feed = if wal_polled() && !chose_feed {
+        format!("freshness = \"wal\"\n{install_feed}\nwal_poll_interval = \"5ms\"")
+    } else if wal_mode() && !chose_feed {
+        format!("freshness = \"wal\"\n{install_feed}")
+    } else if queue_mode() && !chose_feed {
+        "freshness = \"queue\"".to_string()
+    } else {
+        String::new()
     };
     // The WAL feed needs none (and its `install_feed` removes them).
     let triggers = if extra.contains("install_triggers") || feed.contains("\"wal\"") {
@@ -261,6 +394,7 @@ pub fn config(url: &str, extra: &str) -> Config {
     } else {
         "install_triggers = true"
     };
+    let url = as_gateway_role(url);
     let text = format!(
         r#"
         [database]
@@ -289,7 +423,10 @@ pub fn config(url: &str, extra: &str) -> Config {
         columns = ["id", "title"]
         "#
     );
-    Config::from_toml(&text).unwrap()
+    let mut config = Config::from_toml(&text).unwrap();
+    // Tests stop their servers directly: no SIGTERM drain.
+    config.server.shutdown_drain = std::time::Duration::ZERO;
+    config
 }
 
 /// Asks for `path` until `done` holds for the response, or panics after
@@ -314,6 +451,7 @@ pub async fn fresh(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) 
 
 /// A gateway on `config` whose pool counts queries; not started.
 pub fn gateway(config: Config) -> Arc<Gateway> {
+    grant_what_preflight_asks(&config);
     let key_files = bloomgate::auth::key_files::KeyFiles::read(&config.auth, "config").unwrap();
     Gateway::new(config, &key_files).unwrap()
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Checks deploy/: every Kubernetes manifest parses as YAML and carries what
+the README promises (readiness on /readyz, liveness on /healthz, preStop,
+resources, a termination grace period above the drain and shutdown, a
+PodDisruptionBudget, a Service), and the systemd unit has its reload,
+stop and limit settings (and passes `systemd-analyze verify` where that
+exists). Run by tests/operations.rs; no cluster needed."""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+problems = []
+
+
+def need(cond, what):
+    if not cond:
+        problems.append(what)
+
+
+def kubernetes():
+    docs = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "deploy/kubernetes/*.yaml"))):
+        with open(path) as f:
+            for doc in yaml.safe_load_all(f):
+                if doc is None:
+                    continue
+                need(isinstance(doc, dict), f"{path}: not a mapping")
+                for key in ("apiVersion", "kind", "metadata"):
+                    need(key in doc, f"{path}: no {key}")
+                need("name" in doc.get("metadata", {}), f"{path}: no metadata.name")
+                docs.append((path, doc))
+    kinds = {d["kind"]: (p, d) for p, d in docs}
+    for kind in ("Deployment", "Service", "PodDisruptionBudget", "ConfigMap"):
+        need(kind in kinds, f"no {kind} in deploy/kubernetes")
+    if "Deployment" not in kinds:
+        return
+    _, dep = kinds["Deployment"]
+    labels = dep["spec"]["selector"]["matchLabels"]
+    need(dep["spec"]["template"]["metadata"]["labels"].items() >= labels.items(),
+         "Deployment: the pod labels do not match its selector")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = [c for c in pod["containers"] if c["name"] == "bloomgate"]
+    need(c.get("readinessProbe", {}).get("httpGet", {}).get("path") == "/readyz",
+         "Deployment: readiness probe is not GET /readyz")
+    need(c.get("livenessProbe", {}).get("httpGet", {}).get("path") == "/healthz",
+         "Deployment: liveness probe is not GET /healthz")
+    need("preStop" in c.get("lifecycle", {}), "Deployment: no preStop")
+    res = c.get("resources", {})
+    need("memory" in res.get("requests", {}) and "memory" in res.get("limits", {}),
+         "Deployment: memory request and limit")
+    toml = kinds["ConfigMap"][1]["data"]["bloomgate.toml"]
+    seconds = lambda key: int(re.search(key + r' = "(\d+)s"', toml).group(1))
+    pre = c["lifecycle"]["preStop"].get("sleep", {}).get("seconds", 0)
+    need(pod.get("terminationGracePeriodSeconds", 30)
+         > pre + seconds("shutdown_drain") + seconds("shutdown_timeout"),
+         "Deployment: terminationGracePeriodSeconds <= preStop + drain + shutdown")
+    need("migrate = false" in toml, "ConfigMap: the gateway must not migrate")
+    ports = {p["name"] for p in c["ports"]}
+    for p, d in docs:
+        if d["kind"] == "Service":
+            for sp in d["spec"]["ports"]:
+                need(sp["targetPort"] in ports or isinstance(sp["targetPort"], int),
+                     f"{p}: targetPort {sp['targetPort']} is no container port")
+            need(d["spec"]["selector"].items() <= dep["spec"]["template"]["metadata"]["labels"].items(),
+                 f"{p}: selector matches no pod")
+        if d["kind"] == "PodDisruptionBudget":
+            need(d["spec"]["selector"]["matchLabels"] == labels, f"{p}: selector")
+            need("maxUnavailable" in d["spec"] or "minAvailable" in d["spec"], f"{p}: no budget")
+
+
+def systemd():
+    path = os.path.join(ROOT, "deploy/systemd/bloomgate.service")
+    text = open(path).read()
+    for key in ("ExecStart=", "ExecReload=/bin/kill -HUP $MAINPID", "KillSignal=SIGTERM",
+                "TimeoutStopSec=", "LimitNOFILE=", "Restart=on-failure"):
+        need(key in text, f"{path}: no {key}")
+    stop = int(re.search(r"TimeoutStopSec=(\d+)", text).group(1))
+    need(stop > 15, f"{path}: TimeoutStopSec below shutdown_drain + shutdown_timeout (15 s)")
+    analyze = shutil.which("systemd-analyze")
+    binary = os.path.join(ROOT, "target/debug/bloomgate")
+    if analyze and os.path.exists(binary):
+        # The unit as installed, pointing at the built binary.
+        with tempfile.TemporaryDirectory() as d:
+            unit = os.path.join(d, "bloomgate.service")
+            with open(unit, "w") as f:
+                f.write(text.replace("/usr/local/bin/bloomgate", binary))
+            r = subprocess.run([analyze, "verify", unit], capture_output=True, text=True)
+            # Only this unit's own complaints count (the host's units may have theirs).
+            own = [l for l in (r.stdout + r.stderr).splitlines() if "bloomgate.service" in l]
+            need(not own, f"systemd-analyze verify: {own}")
+
+
+kubernetes()
+systemd()
+for p in problems:
+    print("deploy:", p)
+sys.exit(1 if problems else 0)
