@@ -186,15 +186,15 @@ pub enum QueueError {
 
 /// A task aborted when this is dropped (the feed's pruning: it stops with
 /// the feed).
-struct Owned(Option<JoinHandle<()>>);
+struct AbortOnDrop(Option<JoinHandle<()>>);
 
-impl Owned {
+impl AbortOnDrop {
     fn running(&self) -> bool {
         self.0.as_ref().is_some_and(|t| !t.is_finished())
     }
 }
 
-impl Drop for Owned {
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         if let Some(t) = &self.0 {
             t.abort();
@@ -282,7 +282,7 @@ pub async fn run(
     // Told the gateway the feed stopped, since the last good poll.
     let mut interrupted = false;
     let mut pruner = Pruner::new(opts.retention);
-    let mut pruning = Owned(None);
+    let mut pruning = AbortOnDrop(None);
     let mut delay = opts.interval;
     // Set when the position means nothing any more (see the module doc):
     // the next turn starts afresh and rescans every table.
@@ -334,7 +334,7 @@ pub async fn run(
                 pool = new_pool();
                 // Its notes and its running batch belong to the old history.
                 pruner = Pruner::new(opts.retention);
-                pruning = Owned(None);
+                pruning = AbortOnDrop(None);
                 rescan = true;
                 continue;
             }
@@ -393,7 +393,7 @@ pub async fn run(
         if !pruning.running()
             && let Some(below) = pruner.due(&at.snapshot)
         {
-            pruning = Owned(Some(tokio::spawn(prune(pool.clone(), below))));
+            pruning = AbortOnDrop(Some(tokio::spawn(prune(pool.clone(), below))));
         }
     }
 }
