@@ -43,15 +43,19 @@
 //!   `Accept-Encoding`; each stored as one buffer (ETag, length, body)
 //!   that a response cuts its parts from.
 //! - [`cache`]: moka row cache and negative cache around a loader closure;
-//!   knows nothing of the database.
+//!   knows nothing of the database. [`cache::Row`]: a row as HTTP sends it;
+//!   [`cache::Inflight`]: the loads running per key, so that an
+//!   invalidation during one is never undone; [`cache::DetachOnDrop`]: a
+//!   load finishes when its caller goes away.
 //! - [`db`]: the pool, the row query, streaming keys with binary COPY,
 //!   [`db::catalog`]: canonical table names, column types, replica identity,
 //!   [`db::triggers`]: the triggers' SQL (notifying, or writing the
 //!   queue feed's change table), and
 //!   [`db::replicas`]: streaming read replicas for loads and scans, used
 //!   only once they have replayed past every applied change (by LSN), and
-//!   [`db::tls`]: TLS for every connection (sqlx's and the replication
-//!   client's) as the URL's `sslmode` / `sslrootcert` say.
+//!   [`db::tls`]: TLS for every connection (sqlx's, and the replication
+//!   client's, whose `SSLRequest` and handshake [`db::tls::negotiate`]
+//!   makes) as the URL's `sslmode` / `sslrootcert` say.
 //! - [`feed`]: change feeds turned into one [`feed::Event`] type; they know
 //!   nothing of the gateway, which applies their events.
 //!   [`feed::supervisor`]: the one interface the gateway uses (which feed,
@@ -63,9 +67,9 @@
 //!   (no lock at commit; resumes after a reconnect; prunes old rows).
 //!   [`feed::wal`]: logical decoding
 //!   of the WAL streamed from a replication slot over the replication
-//!   protocol ([`feed::replication`], a small client of it, with
-//!   [`feed::pgpass`] for the password file; [`feed::pgoutput`] decodes the
-//!   messages) or polled from it with SQL (`database.wal_poll_interval`),
+//!   protocol ([`feed::replication`], a small client of it: its endpoint
+//!   and password file, wire framing, MD5 and SCRAM, replication commands;
+//!   [`feed::pgoutput`] decodes the messages) or polled from it with SQL (`database.wal_poll_interval`),
 //!   acknowledged only up to what the applier has applied.
 //! - [`apply`]: the gateway's applier: every feed event, in order, to every
 //!   resource on its table, each by its own key column (new keys into the

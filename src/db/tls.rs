@@ -1,8 +1,8 @@
 //! TLS to Postgres, driven by the connection URL's libpq parameters
 //! (`sslmode`, `sslrootcert`, or `PGSSLMODE` / `PGSSLROOTCERT`), for every
 //! connection the gateway makes: sqlx's (the pool, the replicas' pools, the
-//! feeds' side connections) and the WAL feed's replication connection
-//! ([`crate::feed::replication`]), which uses [`Tls::client_config`].
+//! feeds' side connections) and the WAL feed's replication connection,
+//! whose `SSLRequest` and handshake [`negotiate`] carries out.
 //!
 //! One TLS stack: rustls with the `ring` provider, for sqlx and the
 //! replication client alike.
@@ -71,6 +71,7 @@ use rustls::server::ParsedCertificate;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Where the trusted roots come from (`sslrootcert`).
 #[derive(Clone, PartialEq, Eq)]
@@ -386,6 +387,99 @@ impl ServerCertVerifier for Verifier {
     }
 }
 
+/// A byte stream a PostgreSQL connection runs over: a socket, or TLS on one.
+pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
+
+/// Why [`negotiate`] failed. Names the mode, the certificate problem or
+/// the `sslrootcert` file, never the URL.
+#[derive(Debug)]
+pub enum NegotiateError {
+    Io(std::io::Error),
+    /// TLS was required and refused, the handshake failed (a certificate
+    /// the mode does not accept, among others), or the TLS set-up cannot
+    /// work (an unreadable `sslrootcert`).
+    Tls(String),
+    /// The answer to `SSLRequest` was neither `S` nor `N`.
+    Protocol(String),
+}
+
+impl std::fmt::Display for NegotiateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NegotiateError::Io(e) => write!(f, "{e}"),
+            NegotiateError::Tls(m) | NegotiateError::Protocol(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for NegotiateError {}
+
+impl From<std::io::Error> for NegotiateError {
+    fn from(e: std::io::Error) -> Self {
+        NegotiateError::Io(e)
+    }
+}
+
+/// `SSLRequest`: length 8, then the code 1234 5679 (80877103).
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// Asks the PostgreSQL server on `s` for TLS when `tls` says so (the
+/// replication client does; sqlx negotiates its own), and acts on its
+/// one-byte answer: `S`, the handshake (the certificate checked as the
+/// mode says, against `host`); `N`, plaintext under `prefer` and an error
+/// otherwise; anything else, a protocol error.
+pub async fn negotiate<S>(
+    mut s: S,
+    host: &str,
+    tls: &Tls,
+) -> Result<Box<dyn Transport>, NegotiateError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    if !tls.requested() {
+        return Ok(Box::new(s));
+    }
+    // Set up before anything is sent: a bad sslrootcert fails here.
+    let config = match tls.client_config() {
+        Ok(c) => c,
+        Err(e) => return Err(NegotiateError::Tls(e.to_string())),
+    };
+    s.write_all(&SSL_REQUEST).await?;
+    let mut reply = [0u8; 1];
+    s.read_exact(&mut reply).await?;
+    match reply[0] {
+        b'S' => {
+            let name = server_name(host).map_err(|e| NegotiateError::Tls(e.to_string()))?;
+            // Exactly one byte was read, nothing buffered: whatever the
+            // server (or a man in the middle) sent after the `S` goes to
+            // the handshake, which fails on it (CVE-2021-23222).
+            let stream = tokio_rustls::TlsConnector::from(config)
+                .connect(name, s)
+                .await
+                .map_err(tls_failure)?;
+            Ok(Box::new(stream))
+        }
+        b'N' if tls.required() => Err(NegotiateError::Tls(format!(
+            "the server does not accept TLS, and sslmode={} requires it",
+            tls.mode_name()
+        ))),
+        b'N' => Ok(Box::new(s)),
+        other => Err(NegotiateError::Protocol(format!(
+            "unexpected reply 0x{other:02x} to the TLS request"
+        ))),
+    }
+}
+
+/// A failed handshake: rustls' reason (a certificate problem reads
+/// "invalid peer certificate: …"), or the socket's error.
+fn tls_failure(e: std::io::Error) -> NegotiateError {
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(r) => NegotiateError::Tls(format!("handshake failed: {r}")),
+        None => NegotiateError::Io(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,7 +533,7 @@ mod tests {
         assert!(matches!(opts.get_ssl_mode(), PgSslMode::Require));
     }
 
-    // The unit CA of `feed::replication`'s tests (a test certificate).
+    // The unit CA of the negotiation tests below (a test certificate).
     const CA: &str = include_str!("../../tests/data/tls/unit-ca.pem");
 
     /// `CA` in a file of this test's own.
@@ -612,5 +706,269 @@ mod tests {
         assert!(server_name("127.0.0.1").is_ok());
         assert!(server_name("[::1]").is_ok());
         assert!(server_name("not a host").is_err());
+    }
+
+    mod negotiation {
+        use std::future::Future;
+        use std::time::Duration;
+
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        use super::*;
+
+        // TLS negotiation over an in-memory stream. The certificates were
+        // made once with the openssl CLI, valid 2000-2100: a CA, a server
+        // certificate it signed for DNS:localhost, and a second CA that signed
+        // nothing. The key is a test key and protects nothing.
+        const CA: &str = include_str!("../../tests/data/tls/unit-ca.pem");
+        const OTHER_CA: &str = include_str!("../../tests/data/tls/unit-other-ca.pem");
+        const SERVER_CERT: &str = include_str!("../../tests/data/tls/localhost.pem");
+        const SERVER_KEY: &str = include_str!("../../tests/data/tls/localhost.key");
+
+        use tokio::io::DuplexStream;
+
+        fn tls_of(mode: PgSslMode, ca: Option<&str>) -> Tls {
+            Tls {
+                mode,
+                root_cert: ca.map(|c| RootCert::Pem(c.as_bytes().to_vec())),
+            }
+        }
+
+        /// Every exchange here is bounded: a failure must not hang the suite.
+        async fn bounded<T>(f: impl Future<Output = T>) -> T {
+            tokio::time::timeout(Duration::from_secs(20), f)
+                .await
+                .expect("the exchange hung")
+        }
+
+        /// A server end that expects the SSLRequest and answers `reply`.
+        async fn answers(server: &mut DuplexStream, reply: &[u8]) {
+            let mut req = [0u8; 8];
+            server.read_exact(&mut req).await.unwrap();
+            assert_eq!(req, SSL_REQUEST, "an SSLRequest first");
+            server.write_all(reply).await.unwrap();
+        }
+
+        /// [`negotiate`]s `tls` against a server that answers `reply` and then
+        /// does `then` with its end; returns the client's outcome.
+        async fn exchange<F, Fut>(
+            tls: Tls,
+            host: &str,
+            reply: &'static [u8],
+            then: F,
+        ) -> Result<Box<dyn Transport>, NegotiateError>
+        where
+            F: FnOnce(DuplexStream) -> Fut + Send + 'static,
+            Fut: Future<Output = ()> + Send,
+        {
+            let (client, mut server) = tokio::io::duplex(64 * 1024);
+            let server = tokio::spawn(async move {
+                answers(&mut server, reply).await;
+                then(server).await;
+            });
+            let r = bounded(negotiate(client, host, &tls)).await;
+            if r.is_err() {
+                server.abort();
+            }
+            r
+        }
+
+        /// Whether bytes written through the client end arrive at `server`.
+        async fn passes(mut client: Box<dyn Transport>, server: tokio::task::JoinHandle<Vec<u8>>) {
+            client.write_all(b"ping").await.unwrap();
+            client.flush().await.unwrap();
+            assert_eq!(bounded(server).await.unwrap(), b"ping");
+        }
+
+        #[tokio::test]
+        async fn disable_sends_nothing_before_the_start_up() {
+            let (client, mut server) = tokio::io::duplex(1024);
+            let c = bounded(negotiate(
+                client,
+                "localhost",
+                &tls_of(PgSslMode::Disable, Some(CA)),
+            ))
+            .await
+            .unwrap();
+            let read = tokio::spawn(async move {
+                let mut b = vec![0u8; 4];
+                server.read_exact(&mut b).await.unwrap();
+                b
+            });
+            passes(c, read).await;
+        }
+
+        #[tokio::test]
+        async fn n_is_plaintext_under_prefer_and_refused_otherwise() {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let c = exchange(
+                tls_of(PgSslMode::Prefer, None),
+                "localhost",
+                b"N",
+                |mut s| async move {
+                    let mut b = vec![0u8; 4];
+                    s.read_exact(&mut b).await.unwrap();
+                    let _ = tx.send(b);
+                },
+            )
+            .await
+            .unwrap();
+            passes(c, tokio::spawn(async move { rx.await.unwrap() })).await;
+
+            for (mode, name) in [
+                (PgSslMode::Require, "require"),
+                (PgSslMode::VerifyCa, "verify-ca"),
+                (PgSslMode::VerifyFull, "verify-full"),
+            ] {
+                let r = exchange(tls_of(mode, Some(CA)), "localhost", b"N", |_| async {}).await;
+                match r {
+                    Err(NegotiateError::Tls(m)) => {
+                        assert!(m.contains("does not accept TLS"), "{m}");
+                        assert!(m.contains(name), "{m}");
+                    }
+                    Err(e) => panic!("{name}: {e}"),
+                    Ok(_) => panic!("{name}: a server without TLS accepted"),
+                }
+            }
+        }
+
+        #[tokio::test]
+        async fn any_other_reply_is_a_protocol_error() {
+            for reply in [&b"X"[..], b"E", b"\0"] {
+                let reply: &'static [u8] = reply;
+                for mode in [PgSslMode::Prefer, PgSslMode::Require] {
+                    let r = exchange(tls_of(mode, None), "localhost", reply, |_| async {}).await;
+                    assert!(
+                        matches!(&r, Err(NegotiateError::Protocol(m)) if m.contains("TLS request")),
+                        "{reply:?} under {mode:?}: {:?}",
+                        r.err()
+                    );
+                }
+            }
+            // A server that hangs up instead of answering.
+            let (client, mut server) = tokio::io::duplex(1024);
+            let hang_up = tokio::spawn(async move {
+                let mut req = [0u8; 8];
+                server.read_exact(&mut req).await.unwrap();
+            });
+            let r = bounded(negotiate(
+                client,
+                "localhost",
+                &tls_of(PgSslMode::Require, None),
+            ))
+            .await;
+            bounded(hang_up).await.unwrap();
+            assert!(matches!(r, Err(NegotiateError::Io(_))), "{:?}", r.err());
+        }
+
+        /// A TLS server on `s` with the test certificate; what it reads first.
+        async fn tls_server(s: DuplexStream) -> Result<Vec<u8>, std::io::Error> {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![CertificateDer::from_pem_slice(SERVER_CERT.as_bytes()).unwrap()],
+                    PrivateKeyDer::from_pem_slice(SERVER_KEY.as_bytes()).unwrap(),
+                )
+                .unwrap();
+            let mut tls = tokio_rustls::TlsAcceptor::from(Arc::new(config))
+                .accept(s)
+                .await?;
+            let mut b = vec![0u8; 4];
+            tls.read_exact(&mut b).await?;
+            Ok(b)
+        }
+
+        /// `S`, then a handshake with the test server as `tls` and `host` say.
+        async fn handshake(tls: Tls, host: &str) -> Result<(), NegotiateError> {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let c = exchange(tls, host, b"S", |s| async move {
+                let _ = tx.send(tls_server(s).await);
+            })
+            .await?;
+            passes(
+                c,
+                tokio::spawn(async move { rx.await.unwrap().expect("the server's side") }),
+            )
+            .await;
+            Ok(())
+        }
+
+        fn is_certificate_error(r: Result<(), NegotiateError>) -> bool {
+            matches!(&r, Err(NegotiateError::Tls(m)) if m.contains("certificate"))
+        }
+
+        #[tokio::test]
+        async fn s_starts_the_handshake_and_the_modes_check_what_libpq_checks() {
+            // Chain and name.
+            handshake(tls_of(PgSslMode::VerifyFull, Some(CA)), "localhost")
+                .await
+                .unwrap();
+            let wrong_ca =
+                handshake(tls_of(PgSslMode::VerifyFull, Some(OTHER_CA)), "localhost").await;
+            assert!(is_certificate_error(wrong_ca));
+            let wrong_name =
+                handshake(tls_of(PgSslMode::VerifyFull, Some(CA)), "db.example.org").await;
+            assert!(is_certificate_error(wrong_name));
+            // The chain only.
+            handshake(tls_of(PgSslMode::VerifyCa, Some(CA)), "db.example.org")
+                .await
+                .unwrap();
+            let wrong_ca =
+                handshake(tls_of(PgSslMode::VerifyCa, Some(OTHER_CA)), "localhost").await;
+            assert!(is_certificate_error(wrong_ca));
+            // Encryption, no check.
+            handshake(tls_of(PgSslMode::Require, None), "db.example.org")
+                .await
+                .unwrap();
+            handshake(tls_of(PgSslMode::Prefer, None), "localhost")
+                .await
+                .unwrap();
+        }
+
+        #[tokio::test]
+        async fn bytes_after_s_go_to_the_handshake_not_to_the_start_up() {
+            // A man in the middle answering `S` and, in the same packet,
+            // plaintext meant to pass as the server's (CVE-2021-23222).
+            for mode in [PgSslMode::Require, PgSslMode::VerifyFull] {
+                let r = exchange(
+                    tls_of(mode, Some(CA)),
+                    "localhost",
+                    b"SR\0\0\0\x08\0\0\0\0",
+                    |mut s| async move {
+                        let mut sink = vec![0u8; 4096];
+                        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+                    },
+                )
+                .await;
+                assert!(
+                    matches!(r, Err(NegotiateError::Tls(_))),
+                    "{mode:?}: {:?}",
+                    r.err()
+                );
+            }
+        }
+
+        #[tokio::test]
+        async fn a_bad_root_certificate_fails_before_anything_is_sent() {
+            let (client, mut server) = tokio::io::duplex(1024);
+            let bad = Tls {
+                mode: PgSslMode::VerifyCa,
+                root_cert: Some(RootCert::File("/nonexistent/bloomgate-ca.pem".into())),
+            };
+            let r = bounded(negotiate(client, "localhost", &bad)).await;
+            assert!(
+                matches!(&r, Err(NegotiateError::Tls(m)) if m.contains("/nonexistent/bloomgate-ca.pem")),
+                "{:?}",
+                r.err()
+            );
+            let mut b = Vec::new();
+            bounded(server.read_to_end(&mut b)).await.unwrap();
+            assert!(b.is_empty(), "sent {b:?}");
+        }
     }
 }

@@ -79,7 +79,7 @@
 
 pub mod notify;
 pub mod pgoutput;
-pub mod pgpass;
+pub use replication::pgpass;
 pub mod queue;
 pub mod replication;
 pub mod supervisor;

@@ -8,153 +8,47 @@
 //!   if the caller goes away mid-load (a client disconnects) the unfinished
 //!   load is handed to the runtime to complete: the query is not cancelled,
 //!   the waiters behind it are answered, the row still lands in the cache.
-//!   (Running every load in a spawned task would do the same at the price of
-//!   two cross-thread wake-ups per miss, measured at about a fifth of the
-//!   miss path's CPU.)
+//!   ([`DetachOnDrop`]; running every load in a spawned task would do the
+//!   same at the price of two cross-thread wake-ups per miss.)
 //! - **Errors are shared, never cached.** A failed load reaches every waiter
 //!   and the next request tries again.
 //! - **An invalidation or a clear is never undone by a load.** A load that
 //!   was running when its key was invalidated, or the whole cache cleared
 //!   (TRUNCATE, admin clear), may have read the old row (or "absent"); it
 //!   still answers its waiters, but whatever it stored is removed again.
-//!   Every load in flight has its own mark (an id and a dirty flag) in a
-//!   per-key list: two loads of one key can overlap (moka stops tracking a
-//!   load that ended without a row before its caller has finished with it),
-//!   and each must see the invalidations that happened during *its* query,
-//!   never have them reset or consumed by the other.
+//!   Every load in flight is registered in an [`Inflight`], which says at
+//!   its end whether its key was invalidated meanwhile (see its guarantee).
 //! - **Absent rows are remembered separately.** "No such row" goes into a
 //!   second, smaller cache with a short TTL, so a flood of absent keys (filter
 //!   false positives, deleted rows) cannot evict real rows.
 //!
 //! The cache knows nothing of the database: the caller passes the loader.
+//!
+//! # Layout
+//! - here: [`RowCache`], the two moka caches and the load protocol;
+//! - [`row`]: [`Row`], a row as HTTP sends it (body, ETag, compressed forms);
+//! - [`inflight`]: [`Inflight`], the loads running per key and their
+//!   invalidations;
+//! - [`detach`]: [`DetachOnDrop`], a future that finishes when dropped.
 
-use std::collections::HashMap;
+pub mod detach;
+pub mod inflight;
+pub mod row;
+
 use std::future::Future;
-use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use futures_util::FutureExt;
 use moka::future::Cache;
 
 use crate::config::CacheConfig;
-use crate::encoding::{self, Coding, Parts, Representation, Variant};
-
-/// A cached row: its JSON body, serialised once, the body's ETag, and its
-/// compressed forms.
-///
-/// Kept to 48 bytes, so that the `Arc` a hit clones and reads is one
-/// 64-byte block with its counts (see [`Representation`] for why a hit's
-/// lines matter; unit test `a_row_and_its_counts_fit_one_cache_line`).
-/// That block is one cache line under mimalloc, the binary's allocator,
-/// which aligns a 64-byte block to 64; under glibc's malloc (the tests')
-/// it may straddle two.
-#[derive(Debug)]
-pub struct Row {
-    /// The body as sent without a content coding. Its entity tag is quoted
-    /// (`"0123456789abcdef"`): a hash of the body, so equal bodies give
-    /// equal tags on every replica, formatted once, when the row is loaded.
-    pub identity: Representation,
-    /// The body in each content coding that shrinks it, made once when the
-    /// row enters the cache (see [`crate::encoding`]); `None` for a small
-    /// body or with compression off. Behind one thin pointer, not a `Vec`,
-    /// for the row's size: most rows have none.
-    variants: Option<Box<Variants>>,
-}
-
-/// A row's compressed forms (at most one per coding).
-#[derive(Debug)]
-struct Variants(Vec<Variant>);
-
-impl Row {
-    /// A row with no compressed forms.
-    pub fn new(body: Bytes) -> Self {
-        Self::compressed(body, None)
-    }
-
-    /// A row with its compressed forms if the body is at least
-    /// `compress_min` bytes (`None`: never).
-    pub fn compressed(body: Bytes, compress_min: Option<usize>) -> Self {
-        // SipHash with fixed keys: deterministic, and an ETag needs no secret.
-        let mut h = std::hash::DefaultHasher::new();
-        body.hash(&mut h);
-        let tag = format!("\"{:016x}\"", h.finish());
-        let mut variants = encoding::compress(&body, tag.as_bytes(), compress_min);
-        variants.shrink_to_fit();
-        Self {
-            identity: Representation::new(tag.as_bytes(), &body),
-            variants: (!variants.is_empty()).then(|| Box::new(Variants(variants))),
-        }
-    }
-
-    /// The identity body.
-    pub fn body(&self) -> &[u8] {
-        self.identity.body()
-    }
-
-    /// The compressed forms.
-    pub fn variants(&self) -> &[Variant] {
-        self.variants.as_deref().map_or(&[], |v| &v.0)
-    }
-
-    /// The representation in `coding`, if the row has one.
-    pub fn variant(&self, coding: Coding) -> Option<&Variant> {
-        self.variants().iter().find(|v| v.coding == coding)
-    }
-
-    /// The representation in `coding`, or identity if the row has none in
-    /// it: the one [`Self::sent`] cuts (tests compare the two).
-    #[cfg(test)]
-    pub fn representation(&self, coding: Coding) -> &Representation {
-        self.at(self.index(coding))
-    }
-
-    /// What a response sends of the representation in `coding` (identity if
-    /// the row has none in it): its `ETag`,
-    /// `Content-Length` and body as slices of one `Bytes` that owns this
-    /// row, so the row lives as long as the response needs it.
-    ///
-    /// The cost: a response keeps the whole row, every coding of it, until
-    /// its last part is dropped, even when the cache has let the row go (an
-    /// eviction or invalidation while a slow client reads). That memory is
-    /// outside `cache.max_bytes`, as a response's buffer was before; what
-    /// changed is that it is the whole row, not the one representation sent.
-    ///
-    /// Why a `Bytes` per response rather than clones of one stored with the
-    /// row: a stored one keeps its count in a block of its own, one more
-    /// cache line for a hit to fetch on a large working set (measured at
-    /// one miss in seven: BENCHMARKS.md, session 12). This one's count is
-    /// in a block allocated here, which the allocator's thread-local free
-    /// list hands back already in cache, and freed with the response.
-    pub fn sent(self: Arc<Self>, coding: Coding) -> Parts {
-        let variant = self.index(coding);
-        let layout = self.at(variant).layout();
-        layout.cut(&Bytes::from_owner(Held { row: self, variant }))
-    }
-
-    /// Which variant is in `coding`: an index, or `None` for identity.
-    fn index(&self, coding: Coding) -> Option<usize> {
-        self.variants().iter().position(|v| v.coding == coding)
-    }
-
-    fn at(&self, variant: Option<usize>) -> &Representation {
-        variant.map_or(&self.identity, |i| &self.variants()[i].rep)
-    }
-}
-
-/// A response's hold on one representation of a row ([`Row::sent`]).
-struct Held {
-    row: Arc<Row>,
-    /// Which: an index into the row's variants, or identity.
-    variant: Option<usize>,
-}
-
-impl AsRef<[u8]> for Held {
-    fn as_ref(&self) -> &[u8] {
-        self.row.at(self.variant).bytes()
-    }
-}
+use crate::encoding::Variant;
+pub use detach::DetachOnDrop;
+pub use inflight::Inflight;
+pub use row::Row;
 
 /// Bytes a cached row costs beyond its representations' buffers (body,
 /// ETag and length digits) and its key, for `cache.max_bytes`: the
@@ -235,23 +129,11 @@ pub enum Miss<E> {
 pub struct RowCache<K> {
     rows: Option<Cache<K, Arc<Row>>>,
     negative: Option<Cache<K, ()>>,
-    /// Loads in flight, per key (see the module doc). Touched only on misses,
-    /// invalidations and clears, never on hits.
-    inflight: Arc<Mutex<HashMap<K, Vec<Mark>>>>,
+    /// Loads in flight, per key (see the module doc).
+    inflight: Arc<Inflight<K>>,
     /// Bodies at least this long are stored compressed too (`None`: never).
     compress_min: Option<usize>,
 }
-
-/// One load in flight: which one, and whether its key was invalidated (or
-/// the cache cleared) since it started.
-#[derive(Debug)]
-struct Mark {
-    id: u64,
-    dirty: bool,
-}
-
-/// Ids for [`Mark`]s: unique per process, so one cache's are too.
-static LOAD_IDS: AtomicU64 = AtomicU64::new(0);
 
 impl<K> RowCache<K>
 where
@@ -355,23 +237,18 @@ where
         let inflight = self.inflight.clone();
         let compress_min = self.compress_min;
         let load_and_store = async move {
-            // Only the caller whose closure moka runs sets this: the rest
-            // were collapsed onto its load.
-            let ran = Arc::new(AtomicBool::new(false));
-            let ran_in_load = ran.clone();
+            // Only the caller whose closure moka runs sets this, to its
+            // load's id: the rest were collapsed onto that load.
+            let started = Arc::new(OnceLock::new());
+            let started_in_load = started.clone();
             let inflight_in_load = inflight.clone();
             let key_in_load = key.clone();
-            let id = LOAD_IDS.fetch_add(1, Ordering::Relaxed);
             let result = rows
                 .entry(key.clone())
                 .or_try_insert_with(async move {
-                    ran_in_load.store(true, Ordering::Relaxed);
                     // Registered before the query starts: an invalidation
                     // from here on may concern a row the query already read.
-                    lock(&inflight_in_load)
-                        .entry(key_in_load)
-                        .or_default()
-                        .push(Mark { id, dirty: false });
+                    let _ = started_in_load.set(inflight_in_load.start(key_in_load));
                     match load().await {
                         // Compressed here, once, by the one caller that
                         // loaded it: hits never compress.
@@ -381,7 +258,8 @@ where
                     }
                 })
                 .await;
-            let collapsed = !ran.load(Ordering::Relaxed);
+            let started = started.get().copied();
+            let collapsed = started.is_none();
             let outcome = match result {
                 Ok(entry) => Ok(Outcome::Loaded {
                     row: entry.into_value(),
@@ -397,12 +275,11 @@ where
                     Miss::Failed(_) => Err(CacheError::Load(miss)),
                 },
             };
-            if !collapsed {
+            if let Some(id) = started {
                 // What was stored is in the cache now, so any invalidation
                 // after this point removes it by itself; one that came during
                 // the load is applied here.
-                let dirty = finish(&inflight, &key, id);
-                if dirty {
+                if inflight.finish(&key, id) {
                     rows.invalidate(&key).await;
                     if let Some(neg) = &negative {
                         neg.invalidate(&key).await;
@@ -446,11 +323,7 @@ where
     /// Forgets `key` in both caches, including what a load running right now
     /// for it would store.
     pub async fn invalidate(&self, key: &K) {
-        if let Some(marks) = lock(&self.inflight).get_mut(key) {
-            for m in marks {
-                m.dirty = true;
-            }
-        }
+        self.inflight.invalidate(key);
         if let Some(rows) = &self.rows {
             rows.invalidate(key).await;
         }
@@ -464,9 +337,7 @@ where
     pub fn clear(&self) {
         // Marked before the entries go: a load that stores after this point
         // finds its mark dirty and removes what it stored.
-        for m in lock(&self.inflight).values_mut().flatten() {
-            m.dirty = true;
-        }
+        self.inflight.invalidate_all();
         if let Some(rows) = &self.rows {
             rows.invalidate_all();
         }
@@ -501,71 +372,10 @@ where
     }
 }
 
-/// A future that, if dropped before it completes, is spawned onto the
-/// current runtime to finish there instead of being cancelled.
-struct DetachOnDrop<F: Future<Output = T> + Send + 'static, T: Send + 'static> {
-    fut: Option<std::pin::Pin<Box<F>>>,
-}
-
-impl<F: Future<Output = T> + Send + 'static, T: Send + 'static> DetachOnDrop<F, T> {
-    fn new(fut: F) -> Self {
-        Self {
-            fut: Some(Box::pin(fut)),
-        }
-    }
-}
-
-impl<F: Future<Output = T> + Send + 'static, T: Send + 'static> Future for DetachOnDrop<F, T> {
-    type Output = T;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<T> {
-        let fut = self.fut.as_mut().expect("polled after completion");
-        let out = std::task::ready!(fut.as_mut().poll(cx));
-        self.fut = None;
-        std::task::Poll::Ready(out)
-    }
-}
-
-impl<F: Future<Output = T> + Send + 'static, T: Send + 'static> Drop for DetachOnDrop<F, T> {
-    fn drop(&mut self) {
-        if let Some(fut) = self.fut.take()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            rt.spawn(async move {
-                fut.await;
-            });
-        }
-    }
-}
-
-/// Removes load `id`'s mark for `key`; returns whether it was dirty.
-fn finish<K: Hash + Eq>(inflight: &Mutex<HashMap<K, Vec<Mark>>>, key: &K, id: u64) -> bool {
-    let mut map = lock(inflight);
-    let Some(marks) = map.get_mut(key) else {
-        return false;
-    };
-    let dirty = marks
-        .iter()
-        .position(|m| m.id == id)
-        .is_some_and(|i| marks.swap_remove(i).dirty);
-    if marks.is_empty() {
-        map.remove(key);
-    }
-    dirty
-}
-
-fn lock<K>(m: &Mutex<HashMap<K, Vec<Mark>>>) -> std::sync::MutexGuard<'_, HashMap<K, Vec<Mark>>> {
-    // A panic while holding this lock cannot leave the map inconsistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::time::Duration;
 
     fn cfg() -> CacheConfig {
@@ -926,7 +736,7 @@ mod tests {
                 "round {round}: the first load's \"absent\" outlived the invalidation during it"
             );
             assert!(
-                lock(&c.inflight).is_empty(),
+                c.inflight.is_empty(),
                 "round {round}: a mark outlived its load"
             );
         }
@@ -1022,71 +832,5 @@ mod tests {
         }
         c.sync().await;
         assert_eq!(c.weighted_size(), u64::from(row_weight::<i32>(&row)));
-    }
-
-    #[test]
-    fn etag_depends_on_body() {
-        assert_eq!(
-            Row::new(Bytes::from("a")).identity.tag().to_vec(),
-            Row::new(Bytes::from("a")).identity.tag().to_vec()
-        );
-        assert_ne!(
-            Row::new(Bytes::from("a")).identity.tag().to_vec(),
-            Row::new(Bytes::from("b")).identity.tag().to_vec()
-        );
-    }
-
-    /// The row's `Arc` (counts and row) is one 64-byte block, which a hit
-    /// reads whole (its alignment is the allocator's: see [`Row`]).
-    #[test]
-    fn a_row_and_its_counts_fit_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Row>(), 48);
-        assert_eq!(
-            std::mem::size_of::<Row>() + 2 * std::mem::size_of::<usize>(),
-            64
-        );
-        let row = Row::compressed(Bytes::from(vec![b'a'; 4096]), Some(1024));
-        assert_eq!(row.variants().len(), 3);
-        assert_eq!(row.body(), &[b'a'; 4096][..]);
-        assert!(Row::new(Bytes::from("x")).variants().is_empty());
-    }
-
-    /// A response's parts are the representation it asked for, exactly,
-    /// and hold the row until the last of them is dropped.
-    #[test]
-    fn sent_parts_are_the_representation_and_hold_the_row() {
-        let row = Arc::new(Row::compressed(
-            Bytes::from("the quick brown fox ".repeat(200)),
-            Some(1024),
-        ));
-        let identity = row.identity.tag().to_vec();
-        for coding in [Coding::Identity, Coding::Gzip, Coding::Br, Coding::Zstd] {
-            let rep = row.representation(coding);
-            let Parts { etag, length, body } = row.clone().sent(coding);
-            // The coding's own representation: its tag is identity's with
-            // the token in the quotes.
-            let want = match coding {
-                Coding::Identity => identity.clone(),
-                c => [&identity[..17], b"-", c.token().as_bytes(), b"\""].concat(),
-            };
-            assert_eq!(etag.as_bytes(), want, "{coding:?}");
-            assert_eq!(etag.as_bytes(), rep.tag());
-            assert_eq!(length, rep.body().len().to_string());
-            assert_eq!(&body[..], rep.body());
-            // Cut from the row, not copied.
-            assert_eq!(etag.as_bytes().as_ptr(), rep.tag().as_ptr());
-            assert_eq!(body.as_ptr(), rep.body().as_ptr());
-            assert_eq!(Arc::strong_count(&row), 2, "held by the parts");
-            drop(body);
-            assert_eq!(Arc::strong_count(&row), 2, "held by the headers still");
-            drop((etag, length));
-            assert_eq!(Arc::strong_count(&row), 1);
-        }
-        // A coding the row has no variant in sends identity, all of it.
-        let small = Arc::new(Row::new(Bytes::from("{}")));
-        let sent = small.clone().sent(Coding::Br);
-        assert_eq!(&sent.body[..], b"{}");
-        assert_eq!(sent.etag.as_bytes(), small.identity.tag());
-        assert_eq!(sent.length, "2");
     }
 }
