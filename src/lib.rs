@@ -68,10 +68,17 @@
 //! - [`gateway`]: the database plus all resources, and start-up: reads the
 //!   catalog (canonical table names, key column types), installs the
 //!   triggers, subscribes the feed, builds every filter.
-//! - [`metrics`]: the Prometheus exposition, one recorder per gateway;
-//!   request latency in [`histogram`]s and the fast paths' counts in
-//!   [`counter`]s, both sharded by thread so that recording them writes no
-//!   memory another core writes.
+//! - Counters and gauges: each component keeps its own and hands out one
+//!   plain snapshot of them (`resource::stats`, [`db::stats`],
+//!   [`feed::stats`], [`traffic`] for the listeners, `auth::AuthView`),
+//!   gathered by `gateway::snapshot`; the admin JSON serializes the
+//!   snapshots and `/metrics` renders them ([`exposition`]: the text
+//!   format and the table each snapshot declares its metric names in), so
+//!   a counter is named once. [`metrics`] adds the build and the process
+//!   (`/proc`) and knows no component. Request latency goes into
+//!   [`histogram`]s and the fast paths' counts into [`counter`]s, both
+//!   sharded by thread so that recording them writes no memory another
+//!   core writes.
 //! - [`budget`]: a token bucket (database checks above the high-water mark).
 //! - [`server`]: binding, background start-up, graceful shutdown, and the
 //!   bounds on connections: deadlines per connection (`server::conn`), the
@@ -104,6 +111,7 @@ pub mod counter;
 pub mod db;
 pub mod encoding;
 pub mod error;
+pub mod exposition;
 pub mod feed;
 pub mod filter;
 pub mod gateway;
@@ -117,4 +125,5 @@ pub mod seed;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;
+pub mod traffic;
 pub mod vouch;

@@ -20,11 +20,12 @@ pub mod copy;
 pub mod lsn;
 pub mod publication;
 pub mod replicas;
+pub mod stats;
 pub mod tls;
 pub mod triggers;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -35,6 +36,7 @@ use sqlx::{Connection, Encode, PgPool, Postgres, Type};
 
 use crate::config::DatabaseConfig;
 use copy::{CopyError, CopyParser};
+use stats::{QueryKind, Target};
 
 /// Whether `e` says the connection is gone rather than anything about the
 /// query: a socket error, or the server ending the session (SQLSTATE class
@@ -67,8 +69,7 @@ pub enum DbError {
 /// The pool plus counters, and the read replicas if any.
 pub struct Db {
     pool: PgPool,
-    queries: AtomicU64,
-    errors: AtomicU64,
+    pub stats: stats::DbStats,
     replicas: Option<Arc<replicas::Replicas>>,
 }
 
@@ -150,8 +151,7 @@ impl Db {
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
             pool,
-            queries: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
+            stats: stats::DbStats::default(),
             replicas: None,
         }
     }
@@ -167,17 +167,22 @@ impl Db {
 
     /// Queries sent so far (row fetches and key scans).
     pub fn queries(&self) -> u64 {
-        self.queries.load(Ordering::Relaxed)
+        self.stats.total()
     }
 
     /// Queries that failed so far.
     pub fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
+        self.stats.errors.load(Ordering::Relaxed)
+    }
+
+    /// Counters, and the pool's connections, as of now.
+    pub fn snapshot(&self) -> stats::DbSnapshot {
+        self.stats.snapshot(&self.pool)
     }
 
     fn count<T, E>(&self, r: Result<T, E>) -> Result<T, E> {
         if r.is_err() {
-            self.errors.fetch_add(1, Ordering::Relaxed);
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
@@ -246,6 +251,7 @@ impl Db {
         if let Some(reps) = &self.replicas
             && let Some(replica) = reps.for_load().await
         {
+            let began = Instant::now();
             let r = sqlx::query_scalar::<_, String>(sql)
                 .bind(key.clone())
                 .fetch_optional(replica.pool())
@@ -253,7 +259,8 @@ impl Db {
             match r {
                 Ok(row) => {
                     replica.queries.fetch_add(1, Ordering::Relaxed);
-                    self.queries.fetch_add(1, Ordering::Relaxed);
+                    self.stats.query(QueryKind::Row, Target::Replica);
+                    self.stats.row_took(Target::Replica, began.elapsed());
                     return Ok(row.map(Bytes::from));
                 }
                 Err(e) => {
@@ -264,10 +271,15 @@ impl Db {
         }
         let mut stale = 0;
         loop {
-            let r = sqlx::query_scalar::<_, String>(sql)
-                .bind(key.clone())
-                .fetch_optional(&self.pool)
-                .await;
+            let began = Instant::now();
+            let r = async {
+                let mut conn = self.stats.acquiring(self.pool.acquire()).await?;
+                sqlx::query_scalar::<_, String>(sql)
+                    .bind(key.clone())
+                    .fetch_optional(&mut *conn)
+                    .await
+            }
+            .await;
             match r {
                 Err(e)
                     if is_dead_connection(&e)
@@ -278,7 +290,8 @@ impl Db {
                 // Counted once it ran (or failed for good): a dead
                 // connection never executed its query.
                 r => {
-                    self.queries.fetch_add(1, Ordering::Relaxed);
+                    self.stats.query(QueryKind::Row, Target::Primary);
+                    self.stats.row_took(Target::Primary, began.elapsed());
                     return Ok(self.count(r)?.map(Bytes::from));
                 }
             }
@@ -306,7 +319,6 @@ impl Db {
         start: impl FnOnce(u64) -> S,
         mut add: impl FnMut(&mut S, &[u8]),
     ) -> Result<(S, u64), DbError> {
-        self.queries.fetch_add(1, Ordering::Relaxed);
         // On a replica that has replayed everything applied before this
         // call (the caller opened its journal first; see `replicas`).
         let replica = match &self.replicas {
@@ -314,6 +326,11 @@ impl Db {
             None => None,
         };
         let pool = replica.as_ref().map_or(&self.pool, |r| r.pool());
+        let target = match replica {
+            Some(_) => Target::Replica,
+            None => Target::Primary,
+        };
+        self.stats.query(QueryKind::Scan, target);
         if let Some(r) = &replica {
             r.queries.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(replica = %r.name, "key scan on a read replica");
