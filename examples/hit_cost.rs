@@ -40,7 +40,6 @@ use bloomgate::encoding::Coding;
 use bloomgate::filter::{FilterKey, Item, KeyKind, KeySetBuilder, Mode};
 use bloomgate::gateway::Gateway;
 use bloomgate::key::{self, Key, KeyType};
-use bloomgate::metrics::{Metrics, outcome};
 use bytes::Bytes;
 use std::convert::Infallible;
 use tower::ServiceExt;
@@ -258,13 +257,12 @@ fn pieces(rt: &tokio::runtime::Runtime) {
         black_box(Instant::now().elapsed());
     });
 
-    let metrics = Metrics::default();
-    let latency = metrics.latency_histograms("users");
+    let latency = bloomgate::histogram::Histogram::default();
     row(
         "histogram record (bloomgate's, sharded by thread)",
         n,
         |i| {
-            latency[outcome::HIT].record(black_box(Duration::from_nanos(i)));
+            latency.record(black_box(Duration::from_nanos(i)));
         },
     );
     // What the gateway used before: the exporter's histogram, which keeps
@@ -288,7 +286,7 @@ fn pieces(rt: &tokio::runtime::Runtime) {
         "histogram record (bloomgate's, sharded by thread)",
         n,
         |i| {
-            latency[outcome::HIT].record(black_box(Duration::from_nanos(i)));
+            latency.record(black_box(Duration::from_nanos(i)));
         },
     );
     row2("histogram record (metrics-exporter-prometheus)", n, |i| {

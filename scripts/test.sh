@@ -37,11 +37,31 @@ if ! command -v nginx >/dev/null 2>&1; then
   # Only the binary is wanted: no service of its own.
   $sudo systemctl disable --now nginx >/dev/null 2>&1 || $sudo service nginx stop >/dev/null 2>&1 || true
 fi
+# The alerting rules are checked and unit-tested with promtool, from
+# Debian's prometheus package: only the binary is taken out of it (into
+# target/promtool), so no Prometheus server is installed or started.
+PROMTOOL="$(command -v promtool || true)"
+if [ -z "$PROMTOOL" ]; then
+  PROMTOOL="$PWD/target/promtool/usr/bin/promtool"
+  if [ ! -x "$PROMTOOL" ]; then
+    echo "test.sh: fetching promtool (Debian's prometheus package) for the rule tests" >&2
+    deb_dir="$(mktemp -d)"
+    (cd "$deb_dir" && { apt-get download prometheus >&2 2>/dev/null || {
+      sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+      $sudo apt-get update -qq >&2 && apt-get download prometheus >&2; }; })
+    mkdir -p target/promtool
+    dpkg-deb -x "$deb_dir"/prometheus_*.deb target/promtool
+    rm -rf "$deb_dir"
+  fi
+fi
+export BLOOMGATE_PROMTOOL="$PROMTOOL"
 export BLOOMGATE_TEST_DATABASE_URL="$PG_BASE_URL/postgres"
 echo "test.sh: using $BLOOMGATE_TEST_DATABASE_URL" >&2
 if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then
   exec cargo test "$@"
 fi
+"$PROMTOOL" check rules deploy/prometheus/bloomgate.rules.yml
+(cd deploy/prometheus && "$PROMTOOL" test rules tests.yml)
 cargo test
 # Every freshness test once more, on the WAL feed (tests/common: wal_mode).
 BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness

@@ -61,6 +61,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use crate::db::replicas::Replicas;
+use crate::feed::stats::Progress;
 use crate::feed::{
     Columns, Commit, Coverage, Event, Lsn, Op, Phase, Resync, RowChange, Scope, TableName, Value,
 };
@@ -96,6 +97,8 @@ pub struct Applier {
     /// feed is off), so freshness is not the feed's to prove.
     bound: Option<Duration>,
     fresh: Mutex<Freshness>,
+    /// Where the latest event and heartbeat applied are published.
+    progress: Arc<Progress>,
 }
 
 #[derive(Default)]
@@ -114,7 +117,14 @@ impl Applier {
             replicas: None,
             bound: None,
             fresh: Mutex::default(),
+            progress: Arc::default(),
         }
+    }
+
+    /// Publishes what it applies to `progress` (for metrics).
+    pub fn with_progress(mut self, progress: Arc<Progress>) -> Self {
+        self.progress = progress;
+        self
     }
 
     pub fn with_replicas(mut self, replicas: Option<Arc<Replicas>>) -> Self {
@@ -232,8 +242,12 @@ impl Applier {
 
     async fn apply_noted(&self, event: Event) {
         match event {
-            Event::Commit(c) => self.commit(c).await,
+            Event::Commit(c) => {
+                self.progress.event();
+                self.commit(c).await
+            }
             Event::Heartbeat(at) => {
+                self.progress.heartbeat(at);
                 {
                     let mut f = self.fresh.lock().unwrap_or_else(|p| p.into_inner());
                     f.heard = Some(f.heard.map_or(at, |h| h.max(at)));

@@ -19,8 +19,6 @@
 //! every waiting [`crate::rebuild::Ticket`] resolves.
 
 use std::collections::BTreeMap;
-use std::ops::Deref;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -37,6 +35,10 @@ use crate::feed::{self, Lsn, Watch, WatchedColumn, WatchedTable, notify};
 use crate::metrics::Metrics;
 use crate::resource::{RebuildError, Resource};
 use crate::shutdown::{self, Shutdown};
+use crate::traffic::Traffic;
+
+mod snapshot;
+pub use snapshot::GatewaySnapshot;
 
 /// Events a feed may send before it waits for the applier.
 const FEED_QUEUE: usize = 4096;
@@ -67,28 +69,22 @@ pub struct Gateway {
     /// Set on SIGTERM ([`Gateway::begin_drain`]): `/readyz` says 503 while
     /// requests are still served.
     draining: std::sync::atomic::AtomicBool,
+    /// Slots for row loads, shared by every resource (`max_concurrency`).
+    loads: Arc<tokio::sync::Semaphore>,
 }
 
 pub use crate::feed::supervisor::wal_delivery;
 
-/// Counters that belong to no single resource. The `notify` source's
-/// counters are shared with it, or with the `queue` source, which counts
-/// the same things (read through this struct: `stats.notifications`).
+/// Counters that belong to no single resource: the listeners' (shared
+/// with the HTTP front layer and the server, which count them), the
+/// change feed's progress (written by the applier) and the counters of
+/// the notify or queue feed (whichever is in force counts there; the
+/// snapshot names them for that feed).
 #[derive(Debug, Default)]
 pub struct GatewayStats {
-    pub notify: Arc<notify::Counters>,
-    /// Requests refused because `max_concurrency` were in flight (shared
-    /// with the HTTP front layer, which counts them).
-    pub shed: Arc<AtomicU64>,
-    /// Requests that ran past `request_timeout` (shared likewise).
-    pub timeouts: Arc<AtomicU64>,
-}
-
-impl Deref for GatewayStats {
-    type Target = notify::Counters;
-    fn deref(&self) -> &notify::Counters {
-        &self.notify
-    }
+    pub traffic: Arc<Traffic>,
+    pub feed: Arc<notify::Counters>,
+    pub progress: Arc<feed::stats::Progress>,
 }
 
 /// What stands between the gateway and readiness: each resource's reason
@@ -188,6 +184,7 @@ impl Gateway {
             feed: OnceLock::new(),
             wal_stats: Arc::default(),
             auth,
+            loads,
             shutdown: shutdown::channel().0,
             draining: Default::default(),
         })
@@ -299,7 +296,7 @@ impl Gateway {
             &self.config.database,
             &watch,
             self.wal_stats.clone(),
-            self.stats.notify.clone(),
+            self.stats.feed.clone(),
         )
         .await
         .map_err(StartError::Feed)?;
@@ -475,7 +472,15 @@ impl Gateway {
         // were stopped (`stop`) or will be, and new ones start here.
         let (tx, rx) = mpsc::channel(FEED_QUEUE);
         let mut applier = Applier::new(followers, self.applied_tx.clone())
-            .with_replicas(self.db.replicas().cloned());
+            .with_replicas(self.db.replicas().cloned())
+            .with_progress(self.stats.progress.clone());
+        if feed.freshness() == Freshness::Wal {
+            self.keep(tokio::spawn(snapshot::read_primary_lsn(
+                self.db.clone(),
+                self.stats.progress.clone(),
+                self.signal(),
+            )));
+        }
         if feed.freshness() != Freshness::Off {
             applier = applier.with_bound(self.config.database.freshness_bound);
         }

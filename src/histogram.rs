@@ -75,8 +75,10 @@ pub struct Histogram {
 /// What a scrape sees.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
-    /// Cumulative: `cumulative[i]` counts durations ≤ `BOUNDS[i]`.
-    pub cumulative: [u64; BOUNDS.len()],
+    /// Upper bounds of the finite buckets, in seconds.
+    pub bounds: &'static [f64],
+    /// Cumulative: `cumulative[i]` counts durations ≤ `bounds[i]`.
+    pub cumulative: Vec<u64>,
     /// Every duration recorded (the `+Inf` bucket).
     pub count: u64,
     pub sum_seconds: f64,
@@ -87,6 +89,14 @@ impl Default for Histogram {
         Self {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
         }
+    }
+}
+
+impl std::fmt::Debug for Histogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Histogram")
+            .field("count", &self.snapshot().count)
+            .finish()
     }
 }
 
@@ -108,16 +118,69 @@ impl Histogram {
             }
             sum_ns = sum_ns.wrapping_add(s.sum_ns.load(Ordering::Relaxed));
         }
-        let mut cumulative = [0u64; BOUNDS.len()];
         let mut running = 0;
-        for (c, n) in cumulative.iter_mut().zip(per_bucket) {
-            running += n;
-            *c = running;
-        }
+        let cumulative = per_bucket[..BOUNDS.len()]
+            .iter()
+            .map(|n| {
+                running += n;
+                running
+            })
+            .collect();
         Snapshot {
+            bounds: &BOUNDS,
             cumulative,
             count: running + per_bucket[BOUNDS.len()],
             sum_seconds: sum_ns as f64 / 1e9,
+        }
+    }
+}
+
+/// Bounds for durations of seconds to minutes (a rebuild's scan), in
+/// seconds.
+pub const SLOW_BOUNDS: [f64; 12] = [
+    0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// A histogram of rare events (a few a minute at most, such as rebuilds):
+/// one lock, any bounds. Not for the request path.
+#[derive(Debug)]
+pub struct RareHistogram {
+    bounds: &'static [f64],
+    /// Per bucket (not cumulative), `+Inf` last; and the sum in seconds.
+    counts: std::sync::Mutex<(Vec<u64>, f64)>,
+}
+
+impl RareHistogram {
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: std::sync::Mutex::new((vec![0; bounds.len() + 1], 0.0)),
+        }
+    }
+
+    pub fn record(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let bucket = self.bounds.partition_point(|&b| b < s);
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        c.0[bucket] += 1;
+        c.1 += s;
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut running = 0;
+        let cumulative = c.0[..self.bounds.len()]
+            .iter()
+            .map(|n| {
+                running += n;
+                running
+            })
+            .collect();
+        Snapshot {
+            bounds: self.bounds,
+            cumulative,
+            count: c.0.iter().sum(),
+            sum_seconds: c.1,
         }
     }
 }
@@ -168,6 +231,20 @@ mod tests {
         assert_eq!(s.count, (SHARDS as u64 + 3) * 1000);
         // Thread 0 records 0..6 µs, all ≤ 50 µs; the others are above.
         assert_eq!(s.cumulative[0], 1000);
+    }
+
+    #[test]
+    fn a_rare_histogram_counts_like_the_sharded_one() {
+        let h = RareHistogram::new(&SLOW_BOUNDS);
+        h.record(Duration::from_millis(10));
+        h.record(Duration::from_secs(2));
+        h.record(Duration::from_secs(4000));
+        let s = h.snapshot();
+        assert_eq!(s.cumulative[0], 1, "10 ms is ≤ le=0.01");
+        assert_eq!(s.cumulative[5], 2, "2 s is ≤ le=5");
+        assert_eq!(s.cumulative[11], 2);
+        assert_eq!(s.count, 3);
+        assert!((s.sum_seconds - 4002.01).abs() < 1e-6);
     }
 
     proptest! {

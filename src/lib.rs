@@ -78,10 +78,17 @@
 //! - [`gateway`]: the database plus all resources, and start-up: reads the
 //!   catalog (canonical table names, key column types), installs the
 //!   triggers, subscribes the feed, builds every filter.
-//! - [`metrics`]: the Prometheus exposition, one recorder per gateway;
-//!   request latency in [`histogram`]s and the fast paths' counts in
-//!   [`counter`]s, both sharded by thread so that recording them writes no
-//!   memory another core writes.
+//! - Counters and gauges: each component keeps its own and hands out one
+//!   plain snapshot of them (`resource::stats`, [`db::stats`],
+//!   [`feed::stats`], [`traffic`] for the listeners, `auth::AuthView`),
+//!   gathered by `gateway::snapshot`; the admin JSON serializes the
+//!   snapshots and `/metrics` renders them ([`exposition`]: the text
+//!   format and the table each snapshot declares its metric names in), so
+//!   a counter is named once. [`metrics`] adds the build and the process
+//!   (`/proc`) and knows no component. Request latency goes into
+//!   [`histogram`]s and the fast paths' counts into [`counter`]s, both
+//!   sharded by thread so that recording them writes no memory another
+//!   core writes.
 //! - [`vouch`]: whether a resource's filter and cache may answer, from the
 //!   feed's heartbeats, interruptions and resyncs.
 //! - [`shutdown`]: the signal every long-lived task is handed; each finishes
@@ -151,6 +158,7 @@ pub mod counter;
 pub mod db;
 pub mod encoding;
 pub mod error;
+pub mod exposition;
 pub mod feed;
 pub mod filter;
 pub mod gateway;
@@ -165,4 +173,5 @@ pub mod seed;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;
+pub mod traffic;
 pub mod vouch;

@@ -18,8 +18,9 @@
 mod build;
 mod live_filter;
 mod report;
+mod stats;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc;
@@ -31,7 +32,6 @@ pub use report::{BuildReport, LastOutcome, Protection, RefusalReport};
 use crate::budget::TokenBucket;
 use crate::cache::{Outcome, Peek, Row, RowCache};
 use crate::config::Resolved;
-use crate::counter::Counter;
 use crate::db::{Db, DbError, Queries};
 use crate::error::Error;
 use crate::filter::FilterStats;
@@ -39,6 +39,8 @@ use crate::key::{self, Key, KeyType};
 use crate::rebuild::{Coordinator, Reason};
 use crate::telemetry::LogThrottle;
 use crate::vouch::Vouch;
+
+pub use stats::{RequestOutcome, ResourceSnapshot, Stats, StatsSnapshot};
 
 /// How a lookup was answered.
 #[derive(Debug)]
@@ -83,80 +85,6 @@ enum How {
     /// database past them. `rejected`: the filter rejected the key (within
     /// `verify_budget`), so a row found goes into it.
     Direct { rejected: bool },
-}
-
-/// Counters for metrics and the admin API. Monotonic. The three that the
-/// fast paths (a filtered 404, a cached hit) bump are sharded by thread
-/// ([`Counter`]): as plain atomics they were a cache line both cores wrote
-/// on every request.
-#[derive(Debug, Default)]
-pub struct Stats {
-    pub filtered: Counter,
-    pub hits: Counter,
-    pub negative_hits: Counter,
-    pub loads: AtomicU64,
-    pub collapsed: AtomicU64,
-    /// The filter said "maybe" and the database said "no": observed false
-    /// positives (and deleted rows the filter still holds).
-    pub observed_absent: AtomicU64,
-    pub unavailable: AtomicU64,
-    pub not_ready: AtomicU64,
-    pub bad_requests: AtomicU64,
-    pub rebuilds: AtomicU64,
-    pub rebuild_failures: AtomicU64,
-    /// Retries of rebuilds that recover missed keys: one per back-off,
-    /// however many such rebuilds failed during it (see the module doc).
-    pub rebuild_retries: AtomicU64,
-    pub refused_swaps: AtomicU64,
-    pub live_inserts: AtomicU64,
-    /// Keys above the high-water mark checked against the database instead
-    /// of rejected (`verify_above_high_water`).
-    pub verified_above_high_water: AtomicU64,
-    /// Deletes applied ([`Resource::note_delete`]).
-    pub deletes: AtomicU64,
-    /// Announced keys above the high-water mark that the database did not
-    /// confirm (forged, or deleted again): they did not raise the mark.
-    pub announced_unconfirmed: AtomicU64,
-    /// Keys a refused rebuild's scan found missing from the live filter and
-    /// added to it.
-    pub recovered_keys: AtomicU64,
-    /// Rebuilds requested because the protection decayed (false-positive
-    /// rate, deletes, growth).
-    pub decay_rebuilds: AtomicU64,
-    /// Loads refused because `max_concurrency` loads were in flight (503).
-    pub shed_loads: AtomicU64,
-    /// Lookups answered from the database past filter and cache because
-    /// they were not vouched for (see [`crate::vouch`]).
-    pub unvouched_loads: AtomicU64,
-    /// Keys the filter rejected while not vouched for, past the
-    /// `verify_budget`: 503, as nothing could say they do not exist.
-    pub unverified: AtomicU64,
-    /// Refused by the access checks: no valid credential (401), a scope or
-    /// the owner missing or another owner's key or row (403, or the 404 of
-    /// an absent key), past the caller's rate limit (429).
-    pub unauthorized: AtomicU64,
-    pub forbidden: AtomicU64,
-    pub rate_limited: AtomicU64,
-}
-
-impl Stats {
-    /// Lookups by outcome, in `metrics::OUTCOMES` order.
-    pub fn by_outcome(&self) -> [u64; crate::metrics::OUTCOMES.len()] {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        [
-            self.filtered.get(),
-            self.hits.get(),
-            self.negative_hits.get(),
-            l(&self.loads),
-            l(&self.collapsed),
-            l(&self.bad_requests),
-            l(&self.unavailable) + l(&self.unverified),
-            l(&self.not_ready),
-            l(&self.unauthorized),
-            l(&self.forbidden),
-            l(&self.rate_limited),
-        ]
-    }
 }
 
 /// Why a row load produced no answer.

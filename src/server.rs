@@ -16,6 +16,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use std::time::Duration;
 
@@ -29,6 +30,7 @@ use crate::config::{Config, ServerConfig};
 use crate::gateway::{Gateway, StartError};
 use crate::http;
 use crate::telemetry::LogThrottle;
+use crate::traffic::Traffic;
 
 mod conn;
 
@@ -96,7 +98,9 @@ pub async fn run(
         }
     };
     let listener = bind(config.server.listen).await?;
-    check_descriptors(&config, if admin.is_some() { 2 } else { 1 });
+    let listeners =
+        1 + u64::from(admin.is_some()) + u64::from(config.admin.metrics_listen.is_some());
+    check_descriptors(&config, listeners);
     let gateway = Gateway::new(config, key_files)?;
     let (stop_tasks, signal) = crate::shutdown::channel();
     let (tokens_tx, tokens_rx) = watch::channel(None);
@@ -282,8 +286,12 @@ async fn serve_with(
         http::app(gateway.clone()),
         cfg.clone(),
         stop_rx.clone(),
-        "public",
+        Listener {
+            name: "public",
+            traffic: Some(gateway.stats.traffic.clone()),
+        },
     ));
+    let metrics_token = gateway.config.admin.metrics_token()?;
     let admin_server = admin.map(|Admin { listener, token }| {
         if let Ok(addr) = listener.local_addr() {
             tracing::info!(%addr, "admin listening");
@@ -299,15 +307,36 @@ async fn serve_with(
                 }
             });
         }
-        let app = http::admin::app_with(gateway.clone(), token);
+        let app = http::admin::app_with(gateway.clone(), token, metrics_token.as_deref());
         tokio::spawn(accept_loop(
             listener,
             app,
             cfg.clone(),
             stop_rx.clone(),
-            "admin",
+            Listener {
+                name: "admin",
+                traffic: None,
+            },
         ))
     });
+    // `/metrics` alone, no token: an address only the scraper reaches.
+    let metrics_server = match gateway.config.admin.metrics_listen {
+        None => None,
+        Some(addr) => {
+            let listener = bind(addr).await?;
+            tracing::info!(%addr, "metrics listening (GET /metrics, no token)");
+            Some(tokio::spawn(accept_loop(
+                listener,
+                http::admin::metrics_app(gateway.clone()),
+                cfg.clone(),
+                stop_rx.clone(),
+                Listener {
+                    name: "metrics",
+                    traffic: None,
+                },
+            )))
+        }
+    };
 
     let mut starter = tokio::spawn({
         let gateway = gateway.clone();
@@ -354,10 +383,10 @@ async fn serve_with(
             server.abort();
         }
     }
-    if let Some(mut a) = admin_server
-        && tokio::time::timeout_at(until, &mut a).await.is_err()
-    {
-        a.abort();
+    for mut a in admin_server.into_iter().chain(metrics_server) {
+        if tokio::time::timeout_at(until, &mut a).await.is_err() {
+            a.abort();
+        }
     }
     if tokio::time::timeout_at(until, tasks).await.is_err() {
         tracing::warn!("shutdown deadline passed with background tasks still stopping");
@@ -399,7 +428,7 @@ async fn accept_loop(
     app: http::App,
     cfg: ServerConfig,
     stop: watch::Receiver<bool>,
-    name: &'static str,
+    Listener { name, traffic }: Listener,
 ) {
     let builder = Arc::new(http_builder(&cfg));
     let limits = conn::Limits {
@@ -452,7 +481,7 @@ async fn accept_loop(
                     builder.clone(),
                     limits,
                     stop.clone(),
-                    slot,
+                    (slot, Open::new(traffic.clone())),
                 ));
             }
             // The peer gave up between its handshake and our accept: nothing
@@ -513,7 +542,34 @@ fn http_builder(cfg: &ServerConfig) -> Builder<TokioExecutor> {
     builder
 }
 
-/// Serves one connection under its watchdog; `_slot` is its place under
+/// Which listener, for logs, and where its traffic is counted (the public
+/// one's).
+struct Listener {
+    name: &'static str,
+    traffic: Option<Arc<Traffic>>,
+}
+
+/// One open connection, counted in `Traffic::connections` until dropped.
+struct Open(Option<Arc<Traffic>>);
+
+impl Open {
+    fn new(traffic: Option<Arc<Traffic>>) -> Self {
+        if let Some(t) = &traffic {
+            t.connections.fetch_add(1, Ordering::Relaxed);
+        }
+        Self(traffic)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.connections.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Serves one connection under its watchdog; `slot` is its place under
 /// `max_connections`, given back when the socket is closed.
 async fn serve_connection(
     stream: TcpStream,
@@ -521,7 +577,7 @@ async fn serve_connection(
     builder: Arc<Builder<TokioExecutor>>,
     limits: conn::Limits,
     stop: watch::Receiver<bool>,
-    _slot: OwnedSemaphorePermit,
+    slot: (OwnedSemaphorePermit, Open),
 ) {
     let dog = conn::Watchdog::new(limits);
     let peer = stream.peer_addr().ok().map(|a| a.ip());
@@ -531,6 +587,14 @@ async fn serve_connection(
     match conn::drive(connection, &dog, stop).await {
         conn::Ended::Done(Ok(())) => {}
         conn::Ended::Done(Err(e)) => {
+            // hyper answers a request head over the limits 431 itself and
+            // ends the connection with this error.
+            if let Some(t) = &slot.1.0
+                && e.downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_parse_too_large)
+            {
+                t.header_too_large.fetch_add(1, Ordering::Relaxed);
+            }
             tracing::debug!(error = %e, "connection closed with an error");
         }
         conn::Ended::Expired(why) => tracing::debug!(reason = %why, "connection closed"),

@@ -54,8 +54,8 @@ fn per_request() -> (u64, f64) {
         1024,
         None,
         Counters {
-            shed: Arc::default(),
-            timeouts: Arc::default(),
+            traffic: Arc::default(),
+            on_shed: None,
         },
     )
     .with_access(vec![

@@ -55,6 +55,15 @@ async fn metrics_follow_a_known_sequence_of_requests() {
     db.seed_users(10).await;
     let gw = started(config(&db.url, "listen = false")).await;
     db.exec("DELETE FROM users WHERE id = 9").await;
+    let before = scrape(&gw).await;
+    let rows = |text: &str| {
+        sample(
+            text,
+            "bloomgate_db_queries_total",
+            &[("kind", "row"), ("target", "primary")],
+        )
+        .unwrap()
+    };
     for path in [
         "/users/1",
         "/users/1",
@@ -115,9 +124,13 @@ async fn metrics_follow_a_known_sequence_of_requests() {
         ),
         Some(2.0)
     );
-    // Scans plus exactly two row loads.
-    let q = sample(&text, "bloomgate_db_queries_total", &[]).unwrap();
-    assert_eq!(q as u64, queries(&gw));
+    // Exactly two row loads, all on the primary; with the scans and the
+    // start-up's probes, every query.
+    assert_eq!(rows(&text) - rows(&before), 2.0, "{text}");
+    assert_eq!(
+        sum(&text, "bloomgate_db_queries_total") as u64,
+        queries(&gw)
+    );
     // A second scrape sees the next request.
     get(&gw, "/users/12346").await;
     let text = String::from_utf8(
@@ -605,5 +618,244 @@ async fn purge_and_clear_paths_are_unambiguous_for_every_key() {
     assert_eq!(r.status, StatusCode::NO_CONTENT);
     for code in ["clear", "keys", "other"] {
         assert_eq!(status(code).await, miss, "cleared: {code}");
+    }
+}
+
+/// Every sample of `name`, summed.
+fn sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let n = series.split_once('{').map_or(series, |(n, _)| n);
+            (n == name).then(|| value.parse::<f64>().unwrap())
+        })
+        .sum()
+}
+
+async fn scrape(gw: &Arc<Gateway>) -> String {
+    let m = admin(gw, Method::GET, "/metrics", Some(TOKEN)).await;
+    assert_eq!(m.status, StatusCode::OK);
+    String::from_utf8(m.body.to_vec()).unwrap()
+}
+
+#[tokio::test]
+async fn requests_no_resource_answered_are_counted_so_one_sum_is_all_traffic() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    let app = || bloomgate::http::app(gw.clone());
+    let loads = |text: &str| {
+        sample(
+            text,
+            "bloomgate_db_query_duration_seconds_count",
+            &[("kind", "row"), ("target", "primary")],
+        )
+        .unwrap()
+    };
+    let before = loads(&scrape(&gw).await);
+    get(&gw, "/users/1").await;
+    get(&gw, "/users/12345").await;
+    assert_eq!(get(&gw, "/nowhere").await.status, StatusCode::NOT_FOUND);
+    let post = Request::post("/users/1").body(Body::empty()).unwrap();
+    assert_eq!(
+        send(app(), post).await.status,
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    let big = Request::get("/users/1")
+        .header("content-length", "999999999")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(app(), big).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let text = scrape(&gw).await;
+    let outcome = |o: &str| sample(&text, "bloomgate_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("no_route"), Some(1.0), "{text}");
+    assert_eq!(outcome("method_not_allowed"), Some(1.0));
+    assert_eq!(outcome("body_too_large"), Some(1.0));
+    assert_eq!(outcome("shed"), Some(0.0));
+    assert_eq!(outcome("timeout"), Some(0.0));
+    assert_eq!(sum(&text, "bloomgate_requests_total"), 5.0, "{text}");
+    let users = |o: &str| {
+        sample(
+            &text,
+            "bloomgate_requests_total",
+            &[("resource", "users"), ("outcome", o)],
+        )
+    };
+    assert_eq!(users("shed"), Some(0.0));
+    assert_eq!(users("timeout"), Some(0.0));
+    // The bounds beside what is in flight.
+    assert_eq!(
+        sample(&text, "bloomgate_requests_in_flight_max", &[]),
+        Some(gw.config.server.max_concurrency as f64)
+    );
+    assert_eq!(
+        sample(&text, "bloomgate_row_loads_in_flight", &[]),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&text, "bloomgate_connections_max", &[]),
+        Some(gw.config.server.max_connections as f64)
+    );
+    assert_eq!(
+        sample(&text, "bloomgate_db_pool_max_connections", &[]),
+        Some(f64::from(gw.config.database.pool_size))
+    );
+    assert_eq!(sample(&text, "bloomgate_db_pool_waiting", &[]), Some(0.0));
+    assert_eq!(
+        loads(&text) - before,
+        1.0,
+        "one row load (/users/1); the rest were answered before the database"
+    );
+}
+
+#[tokio::test]
+async fn the_process_the_build_and_the_rebuilds_are_exposed_in_base_units() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    let text = scrape(&gw).await;
+    for family in [
+        "bloomgate_build_info",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_cpu_seconds_total",
+        "process_start_time_seconds",
+        "bloomgate_filter_size_bytes",
+        "bloomgate_rebuild_last_success_timestamp_seconds",
+    ] {
+        assert!(
+            text.contains(&format!("\n{family}")),
+            "{family} missing:\n{text}"
+        );
+    }
+    let version = format!("version=\"{}\"", env!("CARGO_PKG_VERSION"));
+    assert!(text.contains(&version), "{text}");
+    for gone in ["bloomgate_filter_bits", "bloomgate_filter_age_seconds"] {
+        assert!(!text.contains(gone), "{gone} is not exported any more");
+    }
+    let users = [("resource", "users")];
+    assert_eq!(
+        sample(&text, "bloomgate_rebuild_duration_seconds_count", &users),
+        Some(1.0),
+        "the first build, in the histogram"
+    );
+    let built = sample(
+        &text,
+        "bloomgate_rebuild_last_success_timestamp_seconds",
+        &users,
+    )
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(built <= now && built > now - 600.0, "{built} vs {now}");
+    // No feed is in force: the info says so, and no feed's own family is
+    // there.
+    assert_eq!(
+        sample(&text, "bloomgate_feed_info", &[("feed", "off")]),
+        Some(1.0),
+        "{text}"
+    );
+    for family in [
+        "bloomgate_wal_",
+        "bloomgate_notification",
+        "bloomgate_queue_",
+        "bloomgate_feed_up",
+    ] {
+        assert!(!text.contains(family), "{family} without its feed");
+    }
+}
+
+#[tokio::test]
+async fn the_metrics_token_opens_metrics_only_and_the_metrics_app_needs_none() {
+    const METRICS: &str = "read-only-metrics-token-for-tests";
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "listen = false")).await;
+    let app = || bloomgate::http::admin::app_with_metrics_token(gw.clone(), TOKEN, Some(METRICS));
+    let req = |path: &str, token: &str| {
+        Request::get(path)
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    let m = send(app(), req("/metrics", METRICS)).await;
+    assert_eq!(m.status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&m.body).contains("bloomgate_requests_total"));
+    assert_eq!(
+        send(app(), req("/metrics", TOKEN)).await.status,
+        StatusCode::OK
+    );
+    for path in ["/admin/resources", "/admin/stats", "/admin/resources/users"] {
+        assert_eq!(
+            send(app(), req(path, METRICS)).await.status,
+            StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+    }
+    let rebuild = Request::post("/admin/resources/users/rebuild")
+        .header("authorization", format!("Bearer {METRICS}"))
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(app(), rebuild).await.status, StatusCode::UNAUTHORIZED);
+    // The listener of its own: /metrics without a token, nothing else.
+    let open = || bloomgate::http::admin::metrics_app(gw.clone());
+    let m = send(
+        open(),
+        Request::get("/metrics").body(Body::empty()).unwrap(),
+    )
+    .await;
+    assert_eq!(m.status, StatusCode::OK);
+    assert!(String::from_utf8_lossy(&m.body).contains("bloomgate_build_info"));
+    for path in ["/admin/resources", "/admin/stats", "/admin/"] {
+        let r = send(open(), Request::get(path).body(Body::empty()).unwrap()).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn the_notify_feed_shows_up_its_heartbeats_and_only_its_own_families() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(&db.url, "freshness = \"notify\"")).await;
+    db.exec("INSERT INTO users (id, email, name) VALUES (11, 'n11@example.com', 'New')")
+        .await;
+    eventually("the insert to be applied", || async {
+        let text = scrape(&gw).await;
+        sample(&text, "bloomgate_notifications_total", &[]) >= Some(1.0)
+    })
+    .await;
+    let text = scrape(&gw).await;
+    let feed = [("feed", "notify")];
+    assert_eq!(
+        sample(&text, "bloomgate_feed_up", &feed),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "bloomgate_feed_info", &[("feed", "notify")]),
+        Some(1.0)
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for ts in [
+        "bloomgate_feed_last_event_timestamp_seconds",
+        "bloomgate_feed_last_heartbeat_timestamp_seconds",
+    ] {
+        let t = sample(&text, ts, &feed).unwrap();
+        assert!(t > now - 600.0 && t <= now + 1.0, "{ts} {t} vs {now}");
+    }
+    assert!(text.contains("\nbloomgate_notification_lag_seconds "));
+    for family in [
+        "bloomgate_wal_",
+        "bloomgate_queue_",
+        "bloomgate_feed_lag_bytes",
+    ] {
+        assert!(!text.contains(family), "{family} under the notify feed");
     }
 }

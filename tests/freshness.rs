@@ -357,7 +357,7 @@ async fn a_cut_listener_reconnects_and_rebuilds() {
 
     let users = gw.resource("users").unwrap();
     let began = Instant::now();
-    while gw.stats.listener_reconnects.load(Ordering::Relaxed) == 0 {
+    while gw.stats.feed.listener_reconnects.load(Ordering::Relaxed) == 0 {
         assert!(
             began.elapsed() < Duration::from_secs(60),
             "the listener never noticed"
@@ -513,7 +513,7 @@ async fn junk_notifications_are_ignored_without_a_log_flood() {
     // A real change after the junk still gets through.
     insert_user(&db, 500).await;
     eventually(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
-    assert!(gw.stats.notifications.load(Ordering::Relaxed) >= 401);
+    assert!(gw.stats.feed.notifications.load(Ordering::Relaxed) >= 401);
 
     let text = logs.text();
     let ignored = text

@@ -271,7 +271,13 @@ async fn past_the_concurrency_limit_requests_are_shed_at_once() {
             done - began
         );
     }
-    assert_eq!(gw.stats.shed.load(std::sync::atomic::Ordering::Relaxed), 12);
+    assert_eq!(
+        gw.stats
+            .traffic
+            .shed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        12
+    );
     // The slow ones were admitted and complete.
     for t in slow {
         assert_eq!(t.await.unwrap().0, StatusCode::OK);

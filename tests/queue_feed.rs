@@ -144,7 +144,7 @@ async fn an_outage_shorter_than_the_retention_loses_nothing() {
     for id in 600..620 {
         insert_user(&db.pool, id).await;
     }
-    let failed = || gw.stats.listener_reconnects.load(Ordering::Relaxed);
+    let failed = || gw.stats.feed.listener_reconnects.load(Ordering::Relaxed);
     wait_for("a failed poll", Duration::from_secs(10), async || {
         failed() > 0
     })
@@ -251,7 +251,7 @@ async fn a_hung_connection_is_replaced_within_the_deadline() {
         users.filter_contains(&Key::Int(650))
     })
     .await;
-    assert!(gw.stats.listener_reconnects.load(Ordering::Relaxed) >= 1);
+    assert!(gw.stats.feed.listener_reconnects.load(Ordering::Relaxed) >= 1);
     assert_eq!(users.generation(), gen0, "resumed, not rebuilt");
 }
 
@@ -505,7 +505,7 @@ async fn a_failover_to_another_server_history_rescans() {
     proxy.retarget(format!("{host}:{}", opts.get_port()).parse().unwrap());
     proxy.cut();
     wait_for("a failed poll", Duration::from_secs(10), async || {
-        gw.stats.listener_reconnects.load(Ordering::Relaxed) > 0
+        gw.stats.feed.listener_reconnects.load(Ordering::Relaxed) > 0
     })
     .await;
     proxy.restore();

@@ -888,6 +888,52 @@ pub struct AuthView {
     pub failures: std::collections::BTreeMap<&'static str, u64>,
 }
 
+impl crate::exposition::Expose for AuthView {
+    fn expose(
+        &self,
+        labels: crate::exposition::Labels<'_>,
+        out: &mut crate::exposition::Exposition,
+    ) {
+        for (reason, n) in &self.failures {
+            out.counter(
+                "bloomgate_auth_failures_total",
+                "Requests refused by the access checks, by reason (missing, expired, signature, insufficient_scope, not_owner, rate_limited, ...).",
+                &[("reason", reason)],
+                *n as f64,
+            );
+        }
+        let cache = "bloomgate_auth_token_cache_total";
+        let cache_help = "Credentials found in the verified-credential cache (result=hit) or verified (result=miss).";
+        let t = &self.token_cache;
+        out.counter(cache, cache_help, &[("result", "hit")], t.hits as f64);
+        out.counter(cache, cache_help, &[("result", "miss")], t.misses as f64);
+        out.gauge(
+            "bloomgate_auth_token_cache_entries",
+            "Verified credentials held (bounded by auth.token_cache_entries).",
+            labels,
+            t.entries as f64,
+        );
+        out.gauge(
+            "bloomgate_auth_jwks_keys",
+            "Public keys held for verifying tokens (auth.jwks_file and auth.jwks_url).",
+            labels,
+            self.jwks_keys as f64,
+        );
+        if let Some(j) = &self.jwks_url {
+            let fetches = "bloomgate_auth_jwks_fetches_total";
+            let help = "Fetches of auth.jwks_url, by result (ok, failed), and the changes of the key set they brought (changed).";
+            out.counter(
+                fetches,
+                help,
+                &[("result", "ok")],
+                (j.fetches - j.failures) as f64,
+            );
+            out.counter(fetches, help, &[("result", "failed")], j.failures as f64);
+            out.counter(fetches, help, &[("result", "changed")], j.changes as f64);
+        }
+    }
+}
+
 #[derive(Serialize)]
 pub struct JwksView {
     pub loaded: bool,

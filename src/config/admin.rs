@@ -33,6 +33,13 @@ pub struct AdminConfig {
     /// Not bounded by `request_timeout`. Default `10m`.
     #[serde(with = "humantime_serde")]
     pub rebuild_wait: Duration,
+    /// A file holding a read-only token that `GET /metrics` on the admin
+    /// listener accepts besides the admin token (it opens nothing else).
+    /// Default: none; `BLOOMGATE_METRICS_TOKEN` takes precedence.
+    pub metrics_token_file: Option<PathBuf>,
+    /// An address of its own serving only `GET /metrics`, without a token:
+    /// for an internal network a Prometheus scrapes. Default: none.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for AdminConfig {
@@ -42,6 +49,8 @@ impl Default for AdminConfig {
             token_file: None,
             request_timeout: Duration::from_secs(30),
             rebuild_wait: Duration::from_secs(600),
+            metrics_token_file: None,
+            metrics_listen: None,
         }
     }
 }
@@ -53,29 +62,56 @@ impl AdminConfig {
     /// The configured token: `BLOOMGATE_ADMIN_TOKEN`, else `token_file`,
     /// else none (the admin listener stays off).
     pub fn token(&self) -> Result<Option<String>, ConfigError> {
-        let (token, from) = match std::env::var("BLOOMGATE_ADMIN_TOKEN") {
-            Ok(t) => (t, "BLOOMGATE_ADMIN_TOKEN".to_string()),
-            Err(_) => match &self.token_file {
-                Some(path) => {
-                    let t = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
-                        file: "config".into(),
-                        key: "admin.token_file".into(),
-                        problem: format!("cannot read {}: {e}", path.display()),
-                    })?;
-                    (t.trim_end().to_string(), path.display().to_string())
-                }
-                None => return Ok(None),
-            },
-        };
-        if token.len() < MIN_TOKEN_LEN {
-            return Err(ConfigError::Invalid {
-                file: from,
-                key: "admin token".into(),
-                problem: format!("must be at least {MIN_TOKEN_LEN} characters"),
-            });
-        }
-        Ok(Some(token))
+        read_token(
+            "BLOOMGATE_ADMIN_TOKEN",
+            self.token_file.as_deref(),
+            "admin.token_file",
+            "admin token",
+        )
     }
+
+    /// The read-only metrics token: `BLOOMGATE_METRICS_TOKEN`, else
+    /// `metrics_token_file`, else none.
+    pub fn metrics_token(&self) -> Result<Option<String>, ConfigError> {
+        read_token(
+            "BLOOMGATE_METRICS_TOKEN",
+            self.metrics_token_file.as_deref(),
+            "admin.metrics_token_file",
+            "metrics token",
+        )
+    }
+}
+
+/// A token from the environment variable `var`, else from `file` (its
+/// config key `key`), at least [`MIN_TOKEN_LEN`] characters.
+fn read_token(
+    var: &str,
+    file: Option<&std::path::Path>,
+    key: &str,
+    what: &str,
+) -> Result<Option<String>, ConfigError> {
+    let (token, from) = match std::env::var(var) {
+        Ok(t) => (t, var.to_string()),
+        Err(_) => match file {
+            Some(path) => {
+                let t = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+                    file: "config".into(),
+                    key: key.into(),
+                    problem: format!("cannot read {}: {e}", path.display()),
+                })?;
+                (t.trim_end().to_string(), path.display().to_string())
+            }
+            None => return Ok(None),
+        },
+    };
+    if token.len() < MIN_TOKEN_LEN {
+        return Err(ConfigError::Invalid {
+            file: from,
+            key: what.into(),
+            problem: format!("must be at least {MIN_TOKEN_LEN} characters"),
+        });
+    }
+    Ok(Some(token))
 }
 
 impl AdminConfig {

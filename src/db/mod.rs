@@ -20,11 +20,12 @@ pub mod copy;
 pub mod lsn;
 pub mod publication;
 pub mod replicas;
+pub mod stats;
 pub mod tls;
 pub mod triggers;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -35,6 +36,7 @@ use sqlx::{Connection, Encode, PgPool, Postgres, Type};
 
 use crate::config::DatabaseConfig;
 use copy::{CopyError, CopyParser};
+use stats::{QueryKind, Target};
 
 /// Whether `e` says the connection is gone rather than anything about the
 /// query: a socket error, or the server ending the session (SQLSTATE class
@@ -67,10 +69,7 @@ pub enum DbError {
 /// The pool plus counters, and the read replicas if any.
 pub struct Db {
     pool: PgPool,
-    queries: AtomicU64,
-    errors: AtomicU64,
-    /// The last check's verdict ([`Db::check_up`]): `bloomgate_db_up`.
-    up: std::sync::atomic::AtomicBool,
+    pub stats: stats::DbStats,
     replicas: Option<Arc<replicas::Replicas>>,
 }
 
@@ -152,9 +151,7 @@ impl Db {
     pub fn from_pool(pool: PgPool) -> Self {
         Self {
             pool,
-            queries: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            up: std::sync::atomic::AtomicBool::new(false),
+            stats: stats::DbStats::default(),
             replicas: None,
         }
     }
@@ -170,24 +167,29 @@ impl Db {
 
     /// Queries sent so far (row fetches and key scans).
     pub fn queries(&self) -> u64 {
-        self.queries.load(Ordering::Relaxed)
+        self.stats.total()
     }
 
     /// Queries that failed so far.
     pub fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
+        self.stats.errors.load(Ordering::Relaxed)
+    }
+
+    /// Counters, and the pool's connections, as of now.
+    pub fn snapshot(&self) -> stats::DbSnapshot {
+        self.stats.snapshot(&self.pool)
     }
 
     fn count<T, E>(&self, r: Result<T, E>) -> Result<T, E> {
         if r.is_err() {
-            self.errors.fetch_add(1, Ordering::Relaxed);
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
 
     /// Whether the last check ([`Db::check_up`]) reached the database.
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        self.stats.up.load(Ordering::Relaxed)
     }
 
     /// One round trip through the pool; records the verdict ([`Db::is_up`]).
@@ -197,7 +199,7 @@ impl Db {
     /// exist, a refused TCP connection). No URL, no password in it.
     pub async fn check_up(&self) -> Result<(), String> {
         let r = sqlx::query("SELECT 1").execute(&self.pool).await;
-        self.up.store(r.is_ok(), Ordering::Relaxed);
+        self.stats.up.store(r.is_ok(), Ordering::Relaxed);
         match r {
             Ok(_) => Ok(()),
             Err(sqlx::Error::PoolTimedOut) => {
@@ -330,6 +332,7 @@ impl Db {
         if let Some(reps) = &self.replicas
             && let Some(replica) = reps.for_load().await
         {
+            let began = Instant::now();
             let r = sqlx::query_scalar::<_, String>(sql)
                 .bind(key.clone())
                 .fetch_optional(replica.pool())
@@ -337,7 +340,8 @@ impl Db {
             match r {
                 Ok(row) => {
                     replica.queries.fetch_add(1, Ordering::Relaxed);
-                    self.queries.fetch_add(1, Ordering::Relaxed);
+                    self.stats.query(QueryKind::Row, Target::Replica);
+                    self.stats.row_took(Target::Replica, began.elapsed());
                     return Ok(row.map(Bytes::from));
                 }
                 Err(e) => {
@@ -348,10 +352,15 @@ impl Db {
         }
         let mut stale = 0;
         loop {
-            let r = sqlx::query_scalar::<_, String>(sql)
-                .bind(key.clone())
-                .fetch_optional(&self.pool)
-                .await;
+            let began = Instant::now();
+            let r = async {
+                let mut conn = self.stats.acquiring(self.pool.acquire()).await?;
+                sqlx::query_scalar::<_, String>(sql)
+                    .bind(key.clone())
+                    .fetch_optional(&mut *conn)
+                    .await
+            }
+            .await;
             match r {
                 Err(e)
                     if is_dead_connection(&e)
@@ -362,7 +371,8 @@ impl Db {
                 // Counted once it ran (or failed for good): a dead
                 // connection never executed its query.
                 r => {
-                    self.queries.fetch_add(1, Ordering::Relaxed);
+                    self.stats.query(QueryKind::Row, Target::Primary);
+                    self.stats.row_took(Target::Primary, began.elapsed());
                     return Ok(self.count(r)?.map(Bytes::from));
                 }
             }
@@ -390,7 +400,6 @@ impl Db {
         start: impl FnOnce(u64) -> S,
         mut add: impl FnMut(&mut S, &[u8]),
     ) -> Result<(S, u64), DbError> {
-        self.queries.fetch_add(1, Ordering::Relaxed);
         // On a replica that has replayed everything applied before this
         // call (the caller opened its journal first; see `replicas`).
         let replica = match &self.replicas {
@@ -398,6 +407,11 @@ impl Db {
             None => None,
         };
         let pool = replica.as_ref().map_or(&self.pool, |r| r.pool());
+        let target = match replica {
+            Some(_) => Target::Replica,
+            None => Target::Primary,
+        };
+        self.stats.query(QueryKind::Scan, target);
         if let Some(r) = &replica {
             r.queries.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(replica = %r.name, "key scan on a read replica");

@@ -111,6 +111,18 @@ impl Replica {
         self.replay.load(Ordering::Relaxed)
     }
 
+    /// Its state and counters as of now.
+    pub fn snapshot(&self) -> ReplicaSnapshot {
+        ReplicaSnapshot {
+            name: self.name.clone(),
+            usable: self.is_usable(),
+            lag_ms: self.lag().as_millis() as u64,
+            replay_lsn: crate::db::lsn::Lsn(self.replay_lsn()).to_string(),
+            queries: self.queries.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+        }
+    }
+
     /// A query failed here: not used again until a check says it is back.
     pub fn failed(&self) {
         self.errors.fetch_add(1, Ordering::Relaxed);
@@ -123,6 +135,47 @@ impl Replica {
         let lsn = u64::try_from(lsn).unwrap_or(0);
         self.replay.fetch_max(lsn, Ordering::Relaxed);
         Ok(lsn)
+    }
+}
+
+/// A replica at one moment, for the admin API and `/metrics`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ReplicaSnapshot {
+    pub name: String,
+    pub usable: bool,
+    pub lag_ms: u64,
+    pub replay_lsn: String,
+    pub queries: u64,
+    pub errors: u64,
+}
+
+impl crate::exposition::Expose for ReplicaSnapshot {
+    fn expose(&self, _: crate::exposition::Labels<'_>, out: &mut crate::exposition::Exposition) {
+        let l = [("replica", self.name.as_str())];
+        out.counter(
+            "bloomgate_replica_queries_total",
+            "Queries sent to each read replica.",
+            &l,
+            self.queries as f64,
+        );
+        out.counter(
+            "bloomgate_replica_errors_total",
+            "Queries that failed on each read replica.",
+            &l,
+            self.errors as f64,
+        );
+        out.gauge(
+            "bloomgate_replica_lag_seconds",
+            "Each read replica's lag at the last check.",
+            &l,
+            self.lag_ms as f64 / 1e3,
+        );
+        out.gauge(
+            "bloomgate_replica_usable",
+            "1 while a read replica is used.",
+            &l,
+            f64::from(u8::from(self.usable)),
+        );
     }
 }
 

@@ -82,6 +82,7 @@ pub mod pgoutput;
 pub use replication::pgpass;
 pub mod queue;
 pub mod replication;
+pub mod stats;
 pub mod supervisor;
 pub mod wal;
 pub mod watch;
@@ -260,6 +261,9 @@ pub struct HealthState {
     pub detail: Option<String>,
     /// Sessions that ended and were opened again.
     pub reconnects: u64,
+    /// Times the feed could not stream (a failed connection attempt, a
+    /// stream that broke), counted as they happen.
+    pub failures: u64,
 }
 
 impl Health {
@@ -277,6 +281,7 @@ impl Health {
         let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
         h.state = FeedState::Waiting;
         h.detail = Some(why.into());
+        h.failures += 1;
     }
 
     pub fn reconnected(&self) {

@@ -76,6 +76,28 @@ pub struct Counters {
     pub last_notification_lag_us: AtomicU64,
 }
 
+impl Counters {
+    /// The counters as of now.
+    pub fn snapshot(&self) -> NotifySnapshot {
+        NotifySnapshot {
+            notifications: self.notifications.load(Ordering::Relaxed),
+            listener_reconnects: self.listener_reconnects.load(Ordering::Relaxed),
+            last_lag_seconds: self.last_notification_lag_us.load(Ordering::Relaxed) as f64 / 1e6,
+        }
+    }
+}
+
+/// The notify or queue feed's counters at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NotifySnapshot {
+    /// Notify: notifications received. Queue: change rows read.
+    pub notifications: u64,
+    /// Notify: reconnects. Queue: failed polls.
+    pub listener_reconnects: u64,
+    /// Trigger to receipt of the latest notification or change row.
+    pub last_lag_seconds: f64,
+}
+
 pub struct Options {
     /// Where to listen: the primary (a standby cannot `LISTEN`).
     pub connect: PgConnectOptions,

@@ -14,7 +14,11 @@
 //! .../cache/keys/{key}` purges one key, whatever it is (`clear`, `keys`).
 //!
 //! Everything but the status page itself (static HTML holding no data)
-//! needs `Authorization: Bearer <token>`. The check hashes the presented
+//! needs `Authorization: Bearer <token>`; `GET /metrics` also takes the
+//! read-only metrics token (`admin.metrics_token_file`,
+//! `BLOOMGATE_METRICS_TOKEN`), which opens nothing else, and
+//! [`metrics_app`] serves `/metrics` alone without a token, for a listener
+//! of its own on an internal address (`admin.metrics_listen`). The check hashes the presented
 //! token with a per-process secret key and compares the digests in constant
 //! time, so its timing reveals nothing about the token, not even how much of
 //! a guess matched (the same scheme holds the public routes' API keys:
@@ -26,10 +30,7 @@
 //! `bloomgate::audit` with method, path, status and client address; never
 //! the token.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::BoxError;
 use axum::error_handling::HandleErrorLayer;
@@ -50,9 +51,8 @@ use super::response::{json_bytes, json_error};
 use super::{middleware_error, with_middleware_timeout};
 use crate::auth::keyed::KeyedHash;
 use crate::gateway::Gateway;
-use crate::metrics::OUTCOMES;
 use crate::rebuild::Reason;
-use crate::resource::{RebuildError, Resource};
+use crate::resource::{RebuildError, Resource, ResourceSnapshot, StatsSnapshot};
 
 const PAGE: &str = include_str!("status.html");
 
@@ -102,21 +102,37 @@ impl AdminToken {
 pub struct AdminState {
     pub gateway: Arc<Gateway>,
     pub token: Arc<AdminToken>,
+    /// Accepted for `GET /metrics` only.
+    pub metrics_token: Option<TokenCheck>,
 }
 
 type St = State<Arc<AdminState>>;
 
 /// The admin router for `gateway`, guarded by `token`.
 pub fn app(gateway: Arc<Gateway>, token: &str) -> super::App {
-    app_with(gateway, Arc::new(AdminToken::new(token)))
+    app_with(gateway, Arc::new(AdminToken::new(token)), None)
+}
+
+/// [`app`], with `GET /metrics` taking `metrics_token` too.
+pub fn app_with_metrics_token(
+    gateway: Arc<Gateway>,
+    token: &str,
+    metrics_token: Option<&str>,
+) -> super::App {
+    app_with(gateway, Arc::new(AdminToken::new(token)), metrics_token)
 }
 
 /// The admin router guarded by a token that can be replaced while it
-/// serves.
-pub fn app_with(gateway: Arc<Gateway>, token: Arc<AdminToken>) -> super::App {
+/// serves, and `GET /metrics` by `metrics_token` too.
+pub fn app_with(
+    gateway: Arc<Gateway>,
+    token: Arc<AdminToken>,
+    metrics_token: Option<&str>,
+) -> super::App {
     let state = Arc::new(AdminState {
         gateway: gateway.clone(),
         token,
+        metrics_token: metrics_token.map(TokenCheck::new),
     });
     let (timed, _) = timed_routes().split_for_parts();
     let (rebuild, _) = rebuild_routes().split_for_parts();
@@ -181,6 +197,27 @@ fn rebuild_routes() -> OpenApiRouter<Arc<AdminState>> {
     OpenApiRouter::new().routes(routes!(rebuild))
 }
 
+/// `GET /metrics` and nothing else, with no token: for a listener of its
+/// own (`admin.metrics_listen`) on an address only the scraper reaches.
+pub fn metrics_app(gateway: Arc<Gateway>) -> super::App {
+    let gw = gateway.clone();
+    let router = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let gw = gw.clone();
+                async move { render_metrics(&gw).await }
+            }),
+        )
+        .fallback(|| async { json_error(StatusCode::NOT_FOUND, "no_route", "no such route") });
+    with_middleware_timeout(
+        router,
+        &gateway,
+        Some(gateway.config.admin.request_timeout),
+        vec![("/metrics".to_string(), None)],
+    )
+}
+
 async fn require_token(State(state): St, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
@@ -191,8 +228,13 @@ async fn require_token(State(state): St, req: Request, next: Next) -> Response {
         .get::<crate::auth::peer::PeerAddr>()
         .map(|p| p.0.to_string())
         .unwrap_or_default();
-    match presented {
-        Some(t) if state.token.verify(t) => {
+    let allowed = presented.is_some_and(|t| {
+        state.token.verify(t)
+            || (req.uri().path() == "/metrics"
+                && state.metrics_token.as_ref().is_some_and(|m| m.verify(t)))
+    });
+    match allowed {
+        true => {
             let method = req.method().clone();
             let path = req.uri().path().to_string();
             let resp = next.run(req).await;
@@ -208,7 +250,7 @@ async fn require_token(State(state): St, req: Request, next: Next) -> Response {
             }
             resp
         }
-        _ => {
+        false => {
             tracing::warn!(
                 target: crate::telemetry::AUDIT,
                 method = %req.method(),
@@ -248,13 +290,17 @@ async fn page() -> Response {
     resp
 }
 
-/// Prometheus exposition.
+/// Prometheus exposition (the admin token, or the read-only metrics token).
 #[utoipa::path(get, path = "/metrics", tag = "admin", security(("bearer" = [])),
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain"),
               (status = 401, description = "Missing or wrong token", body = super::openapi::ErrorBody)))]
 async fn metrics(State(s): St) -> Response {
-    sync_caches(&s.gateway).await;
-    let mut resp = s.gateway.metrics.render(&s.gateway).into_response();
+    render_metrics(&s.gateway).await
+}
+
+async fn render_metrics(gw: &Gateway) -> Response {
+    sync_caches(gw).await;
+    let mut resp = gw.metrics.render(&gw.snapshot()).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
@@ -277,10 +323,6 @@ pub struct ResourceView {
     /// Why not ready (a filter loading, a resync, a table the change feed
     /// cannot follow, a feed not proven current); `null` when ready.
     not_ready_because: Option<String>,
-    /// Lookups answered from the database past filter and cache while not
-    /// vouched for, and keys rejected then past `verify_budget` (503).
-    unverified_loads: u64,
-    unverified_refused: u64,
     generation: u64,
     #[schema(value_type = Option<Object>)]
     filter: Option<crate::filter::FilterStats>,
@@ -288,20 +330,10 @@ pub struct ResourceView {
     last_build: Option<crate::resource::BuildReport>,
     cache_rows: u64,
     cache_negative: u64,
-    /// Lookups by outcome.
-    requests: BTreeMap<String, u64>,
-    /// Keys the filter passed that the database did not have.
-    observed_false_positives: u64,
-    /// observed false positives / absent keys looked up (filtered + observed).
-    observed_fp_rate: f64,
-    rebuilds: u64,
-    rebuild_failures: u64,
-    /// Failed rebuilds that recover missed keys, asked for again.
-    rebuild_retries: u64,
-    rebuild_refused: u64,
-    live_inserts: u64,
-    /// Deletes applied (counted towards `rebuild_delete_fraction`).
-    deletes: u64,
+    /// The resource's counters: requests by outcome, rebuilds, live
+    /// inserts and deletes, observed false positives.
+    #[serde(flatten)]
+    stats: StatsSnapshot,
     /// The rebuild coordinator: running and pending rebuilds, tickets, and
     /// how the latest one ended.
     #[schema(value_type = Object)]
@@ -310,20 +342,13 @@ pub struct ResourceView {
     /// keys its scan found were missing from the live filter and added.
     #[schema(value_type = Option<Object>)]
     last_refusal: Option<crate::resource::RefusalReport>,
-    /// Keys a refused rebuild found missing from the filter and added, in
-    /// all.
-    recovered_keys: u64,
     /// How far the filter decayed since its build (estimated false-positive
     /// rate, inserts, deletes) and the limits past which it is rebuilt.
     #[schema(value_type = Option<Object>)]
     protection: Option<crate::resource::Protection>,
-    /// Rebuilds the decay limits asked for.
-    decay_rebuilds: u64,
     /// bigint keys: the highest key known to exist (keys above it are
     /// checked with `verify_above_high_water`).
     high_water: Option<i64>,
-    /// Announced keys above the mark the database did not confirm.
-    announced_unconfirmed: u64,
     /// Who may read it, and how many requests were refused.
     #[schema(value_type = Object)]
     access: AccessView,
@@ -357,61 +382,39 @@ struct RebuildView {
     last: Option<crate::resource::LastOutcome>,
 }
 
-fn view(gw: &Gateway, r: &Resource) -> ResourceView {
-    let s = &r.stats;
-    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let counts = s.by_outcome();
-    let observed = l(&s.observed_absent);
-    let absent_asked = s.filtered.get() + observed;
-    let (rows, negative) = r.cache_entries();
+fn view(gw: &Gateway, r: &Resource, snap: ResourceSnapshot) -> ResourceView {
+    let c = snap.stats;
     ResourceView {
-        name: r.name().into(),
+        name: snap.name,
         route: r.config.route.clone(),
         table: r.config.table.clone(),
         key_type: r.config.key_type.sql_type().into(),
         freshness: gw.freshness().map(crate::feed::supervisor::name),
         ready: r.is_ready(),
         not_ready_because: r.why_not_ready(),
-        unverified_loads: l(&s.unvouched_loads),
-        unverified_refused: l(&s.unverified),
-        generation: r.generation(),
-        filter: r.filter_stats(),
-        last_build: r.last_build(),
-        cache_rows: rows,
-        cache_negative: negative,
-        requests: OUTCOMES.iter().map(|o| o.to_string()).zip(counts).collect(),
-        observed_false_positives: observed,
-        observed_fp_rate: if absent_asked == 0 {
-            0.0
-        } else {
-            observed as f64 / absent_asked as f64
-        },
-        rebuilds: l(&s.rebuilds),
-        rebuild_failures: l(&s.rebuild_failures),
-        rebuild_retries: l(&s.rebuild_retries),
-        rebuild_refused: l(&s.refused_swaps),
-        live_inserts: l(&s.live_inserts),
-        deletes: l(&s.deletes),
+        generation: snap.generation,
+        filter: snap.filter,
+        last_build: snap.last_build,
+        cache_rows: snap.cache_rows,
+        cache_negative: snap.cache_negative,
         rebuild: RebuildView {
             status: r.rebuild_status(),
             last: r.last_outcome(),
         },
         last_refusal: r.last_refusal(),
-        recovered_keys: l(&s.recovered_keys),
         protection: r.protection(),
-        decay_rebuilds: l(&s.decay_rebuilds),
         high_water: r.high_water(),
-        announced_unconfirmed: l(&s.announced_unconfirmed),
         access: AccessView {
             auth: r.config.access.mode.as_str(),
             scopes: r.config.access.scopes.clone(),
             owner_claim: r.config.access.owner_claim.clone(),
             owner_column: r.config.access.owner_column.clone(),
             rate_limit: r.config.access.rate_limit,
-            unauthorized: l(&s.unauthorized),
-            forbidden: l(&s.forbidden),
-            rate_limited: l(&s.rate_limited),
+            unauthorized: c.unauthorized,
+            forbidden: c.forbidden,
+            rate_limited: c.rate_limited,
         },
+        stats: c,
     }
 }
 
@@ -425,7 +428,7 @@ async fn resources(State(s): St) -> Response {
         .gateway
         .resources
         .iter()
-        .map(|r| view(&s.gateway, r))
+        .map(|r| view(&s.gateway, r, r.snapshot()))
         .collect();
     json(StatusCode::OK, &all)
 }
@@ -443,7 +446,7 @@ async fn resource(State(s): St, Path(name): Path<String>) -> Response {
         return no_resource();
     };
     r.sync_cache().await;
-    json(StatusCode::OK, &view(&s.gateway, r))
+    json(StatusCode::OK, &view(&s.gateway, r, r.snapshot()))
 }
 
 /// A snapshot for the status page's charts: counters with a timestamp, so
@@ -463,39 +466,15 @@ pub struct StatsView {
     freshness: Option<&'static str>,
     /// The `wal` feed's counters (zero in the other modes).
     #[schema(value_type = Object)]
-    wal: WalView,
+    wal: crate::feed::wal::WalSnapshot,
     /// Each read replica: in use or not, lag, replay position, queries.
     #[schema(value_type = Vec<Object>)]
-    replicas: Vec<ReplicaView>,
+    replicas: Vec<crate::db::replicas::ReplicaSnapshot>,
     /// The access checks: key sets, the verified-credential cache, refusals
     /// by reason.
     #[schema(value_type = Object)]
     auth: crate::auth::AuthView,
     resources: Vec<ResourceView>,
-}
-
-#[derive(Serialize)]
-struct WalView {
-    commits: u64,
-    inserts: u64,
-    updates: u64,
-    deletes: u64,
-    truncates: u64,
-    reconnects: u64,
-    slot_invalidations: u64,
-    applied_lsn: String,
-    lag_bytes: u64,
-    lag_ms: f64,
-}
-
-#[derive(Serialize)]
-struct ReplicaView {
-    name: String,
-    usable: bool,
-    lag_ms: u64,
-    replay_lsn: String,
-    queries: u64,
-    errors: u64,
 }
 
 /// Counters for the status page.
@@ -505,53 +484,25 @@ struct ReplicaView {
 async fn stats(State(s): St) -> Response {
     sync_caches(&s.gateway).await;
     let gw = &s.gateway;
-    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let snap = gw.snapshot();
     let body = StatsView {
-        time_ms: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64,
-        db_queries: gw.db.queries(),
-        db_errors: gw.db.errors(),
-        notifications: l(&gw.stats.notifications),
-        listener_reconnects: l(&gw.stats.listener_reconnects),
-        shed: l(&gw.stats.shed),
-        timeouts: l(&gw.stats.timeouts),
+        time_ms: snap.time_ms,
+        db_queries: snap.db.queries,
+        db_errors: snap.db.errors,
+        notifications: snap.feed.notify.notifications,
+        listener_reconnects: snap.feed.notify.listener_reconnects,
+        shed: snap.traffic.shed,
+        timeouts: snap.traffic.timeouts,
         freshness: gw.freshness().map(crate::feed::supervisor::name),
-        wal: {
-            let w = &gw.wal_stats;
-            WalView {
-                commits: l(&w.commits),
-                inserts: l(&w.inserts),
-                updates: l(&w.updates),
-                deletes: l(&w.deletes),
-                truncates: l(&w.truncates),
-                reconnects: l(&w.reconnects),
-                slot_invalidations: l(&w.slot_invalidations),
-                applied_lsn: crate::feed::Lsn(l(&w.applied_lsn)).to_string(),
-                lag_bytes: l(&w.lag_bytes),
-                lag_ms: l(&w.lag_us) as f64 / 1000.0,
-            }
-        },
-        replicas: gw
-            .db
-            .replicas()
-            .map(|reps| {
-                reps.members()
-                    .iter()
-                    .map(|r| ReplicaView {
-                        name: r.name.clone(),
-                        usable: r.is_usable(),
-                        lag_ms: r.lag().as_millis() as u64,
-                        replay_lsn: crate::feed::Lsn(r.replay_lsn()).to_string(),
-                        queries: l(&r.queries),
-                        errors: l(&r.errors),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
-        auth: gw.auth.view(),
-        resources: gw.resources.iter().map(|r| view(gw, r)).collect(),
+        wal: snap.feed.wal,
+        replicas: snap.replicas,
+        auth: snap.auth,
+        resources: gw
+            .resources
+            .iter()
+            .zip(snap.resources)
+            .map(|(r, rs)| view(gw, r, rs))
+            .collect(),
     };
     json(StatusCode::OK, &body)
 }

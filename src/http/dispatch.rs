@@ -245,9 +245,40 @@ where
                 // headers go on, for the validators and the coding.
                 let headers: HeaderMap = req.into_parts().0.headers;
                 DispatchFuture::Lookup(Box::pin(async move {
-                    lookup::finish(&route, load, caller, &headers, began).await
+                    let mut deadline = DeadlineGuard {
+                        route: &route,
+                        began,
+                        armed: true,
+                    };
+                    let resp = lookup::finish(&route, load, caller, &headers, began).await;
+                    deadline.armed = false;
+                    resp
                 }))
             }
+        }
+    }
+}
+
+/// Counts a lookup dropped at its deadline (see
+/// [`super::front::dropped_for_deadline`]) under its resource, as a
+/// timeout; a lookup dropped because its client went away is not one.
+struct DeadlineGuard<'a> {
+    route: &'a Route,
+    began: Instant,
+    armed: bool,
+}
+
+impl Drop for DeadlineGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed && super::front::dropped_for_deadline() {
+            let stats = &self.route.resource.stats;
+            stats
+                .timeouts
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            stats.record(
+                crate::resource::RequestOutcome::Timeout,
+                self.began.elapsed(),
+            );
         }
     }
 }

@@ -18,9 +18,12 @@
 //! 4. **Load shedding.** At most `server.max_concurrency` requests are
 //!    handled at once (per router: the public and the admin router count
 //!    apart); one more is answered 503 with `Retry-After` at once and counted
-//!    in `shed`, rather than queued without bound.
+//!    in `shed` (and under its resource, when its path names one: see
+//!    [`Counters::on_shed`]), rather than queued without bound.
 //! 5. **Deadline.** A request not answered within the timeout gets 504 and
-//!    is counted in `timeouts`; its handler future is dropped.
+//!    is counted in `timeouts`; its handler future is dropped, on this
+//!    thread and while [`dropped_for_deadline`] says so, so that a handler
+//!    that knows its resource can count the timeout there.
 //!
 //! # Why one layer, and what it costs
 //!
@@ -65,10 +68,11 @@
 //! another on one core rather than spread over streams: about a
 //! microsecond each, where a miss, which waits, still gets its own task.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -82,14 +86,39 @@ use tracing::Span;
 use super::response::json_error;
 use crate::error::Error;
 use crate::telemetry::ACCESS;
+use crate::traffic::Traffic;
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// Told the path of a request shed.
+pub type OnShed = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Where the front layer counts what it refuses.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Counters {
-    pub shed: Arc<AtomicU64>,
-    pub timeouts: Arc<AtomicU64>,
+    pub traffic: Arc<Traffic>,
+    /// Told the path of every request shed (only then, off the fast
+    /// paths), to count it under the resource it names.
+    pub on_shed: Option<OnShed>,
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counters")
+            .field("traffic", &self.traffic)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    static DROPPING_FOR_DEADLINE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the handler future being dropped now, on this thread, is
+/// dropped because its request ran past the deadline (rather than because
+/// its client went away).
+pub fn dropped_for_deadline() -> bool {
+    DROPPING_FOR_DEADLINE.with(Cell::get)
 }
 
 /// The layer; every route's copy (axum clones it per route) shares one
@@ -187,6 +216,18 @@ impl FrontLayer {
             shared.peer_extension = true;
         }
         self
+    }
+
+    /// Tells `f` the path of every request shed (see [`Counters::on_shed`]).
+    /// Only before the layer is first used: its copies share the counters.
+    pub fn on_shed(self, f: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        let mut shared = Arc::try_unwrap(self.shared).unwrap_or_else(|_| {
+            panic!("FrontLayer::on_shed after the layer was copied");
+        });
+        shared.counters.on_shed = Some(Arc::new(f));
+        Self {
+            shared: Arc::new(shared),
+        }
     }
 
     /// Requests being handled now.
@@ -300,6 +341,11 @@ fn start<B, F>(
     };
     let began = (access.is_none() && !span.is_disabled()).then(std::time::Instant::now);
     let state = if declared_body(&req).is_some_and(|n| n > shared.max_body) {
+        shared
+            .counters
+            .traffic
+            .body_too_large
+            .fetch_add(1, Ordering::Relaxed);
         State::Ready {
             response: Some(json_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -316,7 +362,10 @@ fn start<B, F>(
         })
         .is_err()
     {
-        shared.counters.shed.fetch_add(1, Ordering::Relaxed);
+        shared.counters.traffic.shed.fetch_add(1, Ordering::Relaxed);
+        if let Some(on_shed) = &shared.counters.on_shed {
+            on_shed(req.uri().path());
+        }
         State::Ready {
             response: Some(Error::Overloaded.into_response()),
         }
@@ -436,7 +485,11 @@ where
                     }
                     let sleep = sleep.as_pin_mut().expect("armed above");
                     ready!(sleep.poll(cx));
-                    slot.0.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                    let traffic = slot.0.counters.traffic.clone();
+                    traffic.timeouts.fetch_add(1, Ordering::Relaxed);
+                    DROPPING_FOR_DEADLINE.with(|d| d.set(true));
+                    this.state.set(State::Ready { response: None });
+                    DROPPING_FOR_DEADLINE.with(|d| d.set(false));
                     Error::Timeout.into_response()
                 }
             },
@@ -468,14 +521,14 @@ mod tests {
     use std::convert::Infallible;
     use tokio::sync::oneshot;
 
-    fn layer(max_in_flight: usize, timeout: Option<Duration>) -> (FrontLayer, Counters) {
+    fn layer(max_in_flight: usize, timeout: Option<Duration>) -> (FrontLayer, Arc<Traffic>) {
         let counters = Counters {
-            shed: Arc::default(),
-            timeouts: Arc::default(),
+            traffic: Arc::default(),
+            on_shed: None,
         };
         (
             FrontLayer::new(100, max_in_flight, timeout, counters.clone()),
-            counters,
+            counters.traffic,
         )
     }
 

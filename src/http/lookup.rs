@@ -22,10 +22,8 @@ use crate::auth::{Auth, Caller, Policy, peer::PeerAddr};
 use crate::cache::{Outcome, Row};
 use crate::encoding::{self, Coding, Parts};
 use crate::error::Error;
-use crate::histogram::Histogram;
 use crate::key::Key;
-use crate::metrics::outcome;
-use crate::resource::{Load, Lookup, Now, Resource};
+use crate::resource::{Load, Lookup, Now, RequestOutcome, Resource};
 
 /// What a route needs, prepared once.
 pub struct Route {
@@ -49,8 +47,6 @@ pub struct Route {
     /// Rows of this resource may come in several codings: every row
     /// response says `Vary: Accept-Encoding`.
     pub vary: bool,
-    /// Latency by outcome, indexed as `metrics::OUTCOMES`.
-    pub latency: Vec<Arc<Histogram>>,
     /// The gateway's access checks, and this resource's rules among them.
     pub auth: Arc<Auth>,
     policy: usize,
@@ -75,7 +71,6 @@ impl Route {
     pub fn new(
         resource: Arc<Resource>,
         max_key_length: usize,
-        latency: Vec<Arc<Histogram>>,
         auth: Arc<Auth>,
         policy: usize,
     ) -> Self {
@@ -124,7 +119,6 @@ impl Route {
             not_found_length: static_header(&not_found.len().to_string())
                 .expect("digits are a valid header value"),
             not_found: static_bytes(&not_found),
-            latency,
         }
     }
 
@@ -228,11 +222,11 @@ fn refused_as_absent(route: &Route, began: Instant, resp: Response) -> Response 
         .stats
         .forbidden
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    done(route, began, resp, outcome::FORBIDDEN)
+    done(route, began, resp, RequestOutcome::Forbidden)
 }
 
-fn done(route: &Route, began: Instant, resp: Response, outcome: usize) -> Response {
-    route.latency[outcome].record(began.elapsed());
+fn done(route: &Route, began: Instant, resp: Response, outcome: RequestOutcome) -> Response {
+    route.resource.stats.record(outcome, began.elapsed());
     resp
 }
 
@@ -240,29 +234,30 @@ fn failed(route: &Route, began: Instant, e: Error) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
     let s = &route.resource.stats;
     let outcome = match e {
-        Error::BadKey(_) => outcome::BAD_REQUEST,
+        Error::BadKey(_) => RequestOutcome::BadRequest,
         Error::InvalidRequest { .. } => {
             s.bad_requests.fetch_add(1, Relaxed);
-            outcome::BAD_REQUEST
+            RequestOutcome::BadRequest
         }
-        Error::NotReady => outcome::NOT_READY,
+        Error::NotReady => RequestOutcome::NotReady,
         Error::AuthNotReady => {
             s.not_ready.fetch_add(1, Relaxed);
-            outcome::NOT_READY
+            RequestOutcome::NotReady
         }
         Error::Unauthorized { .. } => {
             s.unauthorized.fetch_add(1, Relaxed);
-            outcome::UNAUTHORIZED
+            RequestOutcome::Unauthorized
         }
         Error::Forbidden { .. } => {
             s.forbidden.fetch_add(1, Relaxed);
-            outcome::FORBIDDEN
+            RequestOutcome::Forbidden
         }
         Error::RateLimited { .. } => {
             s.rate_limited.fetch_add(1, Relaxed);
-            outcome::RATE_LIMITED
+            RequestOutcome::RateLimited
         }
-        _ => outcome::UNAVAILABLE,
+        Error::Overloaded => RequestOutcome::Shed,
+        _ => RequestOutcome::Unavailable,
     };
     done(route, began, e.into_response(), outcome)
 }
@@ -302,7 +297,7 @@ fn answer(
     lookup: Lookup,
     headers: &HeaderMap,
     caller: Option<&Verified>,
-) -> (Response, usize) {
+) -> (Response, RequestOutcome) {
     if route.owner_on_row
         && let (Some(v), Some(row)) = (caller, row_of(&lookup))
         && !route.auth.owns_row(route.policy(), v, row.body())
@@ -312,7 +307,7 @@ fn answer(
             .stats
             .forbidden
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return (not_found(route, HIDDEN), outcome::FORBIDDEN);
+        return (not_found(route, HIDDEN), RequestOutcome::Forbidden);
     }
     match lookup {
         Lookup::Filtered => filtered(route),
@@ -323,53 +318,59 @@ fn answer(
                 headers,
                 "bloomgate; fwd=bypass; detail=unverified",
             ),
-            outcome::MISS,
+            RequestOutcome::Miss,
         ),
         Lookup::Unvouched(None) => (
             not_found(route, "bloomgate; fwd=bypass; detail=unverified"),
-            outcome::MISS,
+            RequestOutcome::Miss,
         ),
         Lookup::Cached(o) => match o {
-            Outcome::Hit(row) => (found(route, row, headers, "bloomgate; hit"), outcome::HIT),
+            Outcome::Hit(row) => (
+                found(route, row, headers, "bloomgate; hit"),
+                RequestOutcome::Hit,
+            ),
             Outcome::Loaded {
                 row,
                 collapsed: false,
             } => (
                 found(route, row, headers, "bloomgate; fwd=miss; stored"),
-                outcome::MISS,
+                RequestOutcome::Miss,
             ),
             Outcome::Loaded {
                 row,
                 collapsed: true,
             } => (
                 found(route, row, headers, "bloomgate; fwd=miss; collapsed"),
-                outcome::COLLAPSED,
+                RequestOutcome::Collapsed,
             ),
             Outcome::Bypassed(Some(row)) => (
                 found(route, row, headers, "bloomgate; fwd=bypass"),
-                outcome::MISS,
+                RequestOutcome::Miss,
             ),
             Outcome::NegativeHit => (
                 not_found(route, "bloomgate; hit; detail=negative"),
-                outcome::NEGATIVE_HIT,
+                RequestOutcome::NegativeHit,
             ),
             Outcome::Absent { collapsed: false } => (
                 not_found(route, "bloomgate; fwd=miss; stored; detail=negative"),
-                outcome::MISS,
+                RequestOutcome::Miss,
             ),
             Outcome::Absent { collapsed: true } => (
                 not_found(route, "bloomgate; fwd=miss; collapsed; detail=negative"),
-                outcome::COLLAPSED,
+                RequestOutcome::Collapsed,
             ),
-            Outcome::Bypassed(None) => (not_found(route, "bloomgate; fwd=bypass"), outcome::MISS),
+            Outcome::Bypassed(None) => (
+                not_found(route, "bloomgate; fwd=bypass"),
+                RequestOutcome::Miss,
+            ),
         },
     }
 }
 
-fn filtered(route: &Route) -> (Response, usize) {
+fn filtered(route: &Route) -> (Response, RequestOutcome) {
     (
         not_found(route, "bloomgate; detail=filter-absent"),
-        outcome::FILTERED,
+        RequestOutcome::Filtered,
     )
 }
 

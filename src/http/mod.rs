@@ -101,12 +101,31 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         "/openapi.json",
         get(move || async move { json_bytes(StatusCode::OK, doc.json().await) }),
     );
+    let traffic = gateway.stats.traffic.clone();
     let router = router
         .fallback(no_route)
         .with_state(gateway.clone())
-        .method_not_allowed_fallback(method_not_allowed);
+        .method_not_allowed_fallback(move || method_not_allowed(traffic.clone()));
+    let mut front =
+        front_layer(&gateway, Some(gateway.config.server.request_timeout)).with_access(templates);
+    // Shed requests count under the resource their path names. Asked only
+    // when shedding: the direct match, as the dispatch does it.
+    let mut by_path = Templates::default();
+    for route in &routes {
+        by_path.add(&route.resource.config.route, Some(route.resource.clone()));
+    }
+    front = front.on_shed(move |path| {
+        if let Some(r) = by_path.find(path) {
+            r.stats.shed.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    let probe = front.clone();
+    gateway
+        .stats
+        .traffic
+        .set_in_flight(move || probe.in_flight());
     tower::Layer::layer(
-        &front_layer(&gateway, Some(gateway.config.server.request_timeout)).with_access(templates),
+        &front,
         Dispatch::with_peer(router, direct, gateway.auth.limits_any()),
     )
 }
@@ -125,11 +144,9 @@ fn resource_routes(gateway: &Arc<Gateway>) -> Vec<Arc<Route>> {
         .iter()
         .enumerate()
         .map(|(i, resource)| {
-            let latency = gateway.metrics.latency_histograms(resource.name());
             Arc::new(Route::new(
                 resource.clone(),
                 server.max_key_length,
-                latency,
                 gateway.auth.clone(),
                 i,
             ))
@@ -169,12 +186,13 @@ pub fn with_middleware_timeout(
     timeout: Option<std::time::Duration>,
     templates: Vec<(String, Option<String>)>,
 ) -> App {
+    let traffic = gateway.stats.traffic.clone();
     tower::Layer::layer(
         &front_layer(gateway, timeout)
             .with_access(templates)
             .with_peer_extension(),
         Dispatch::new(
-            router.method_not_allowed_fallback(method_not_allowed),
+            router.method_not_allowed_fallback(move || method_not_allowed(traffic.clone())),
             Templates::default(),
         ),
     )
@@ -191,13 +209,14 @@ pub fn front_layer(
         server.max_concurrency,
         timeout,
         front::Counters {
-            shed: gateway.stats.shed.clone(),
-            timeouts: gateway.stats.timeouts.clone(),
+            traffic: gateway.stats.traffic.clone(),
+            on_shed: None,
         },
     )
 }
 
-async fn method_not_allowed() -> Response {
+async fn method_not_allowed(traffic: Arc<crate::traffic::Traffic>) -> Response {
+    traffic.method_not_allowed.fetch_add(1, Ordering::Relaxed);
     json_error(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
@@ -209,10 +228,10 @@ async fn method_not_allowed() -> Response {
 /// 504), counted in the gateway's stats.
 pub fn middleware_error(gw: &Gateway, err: BoxError) -> Response {
     if err.is::<tower::timeout::error::Elapsed>() {
-        gw.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+        gw.stats.traffic.timeouts.fetch_add(1, Ordering::Relaxed);
         Error::Timeout.into_response()
     } else if err.is::<tower::load_shed::error::Overloaded>() {
-        gw.stats.shed.fetch_add(1, Ordering::Relaxed);
+        gw.stats.traffic.shed.fetch_add(1, Ordering::Relaxed);
         Error::Overloaded.into_response()
     } else {
         Error::Internal(err.to_string()).into_response()
@@ -275,6 +294,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     }
 }
 
-async fn no_route() -> Response {
+async fn no_route(State(gw): State<Arc<Gateway>>) -> Response {
+    gw.stats.traffic.no_route.fetch_add(1, Ordering::Relaxed);
     json_error(StatusCode::NOT_FOUND, "no_route", "no such route")
 }

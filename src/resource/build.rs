@@ -379,7 +379,7 @@ impl Resource {
         });
         match result {
             Ok(r) => {
-                self.stats.rebuilds.fetch_add(1, Ordering::Relaxed);
+                self.stats.built(Duration::from_millis(r.duration_ms));
                 *self.last_build.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.clone());
                 tracing::info!(
                     resource = %self.config.name,
@@ -417,7 +417,7 @@ impl Resource {
             }
             Err(RebuildError::Disabled | RebuildError::Cancelled) => {}
             Err(e) => {
-                self.stats.rebuild_failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.build_failed();
                 // A decay limit may ask again: the next insert or delete
                 // past it retries (a refusal does not re-arm: it would only
                 // be refused again).

@@ -167,7 +167,7 @@ pub fn changes_received(gw: &Gateway) -> u64 {
     if wal_mode() {
         gw.wal_stats.commits.load(Relaxed)
     } else {
-        gw.stats.notifications.load(Relaxed)
+        gw.stats.feed.notifications.load(Relaxed)
     }
 }
 

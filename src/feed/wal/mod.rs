@@ -222,6 +222,95 @@ pub struct Stats {
     pub lag_us: AtomicU64,
 }
 
+impl Stats {
+    /// The counters as of now.
+    pub fn snapshot(&self) -> WalSnapshot {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WalSnapshot {
+            commits: l(&self.commits),
+            inserts: l(&self.inserts),
+            updates: l(&self.updates),
+            deletes: l(&self.deletes),
+            truncates: l(&self.truncates),
+            reconnects: l(&self.reconnects),
+            slot_invalidations: l(&self.slot_invalidations),
+            applied_lsn: Lsn(l(&self.applied_lsn)).to_string(),
+            applied_lsn_value: l(&self.applied_lsn),
+            lag_bytes: l(&self.lag_bytes),
+            lag_ms: l(&self.lag_us) as f64 / 1000.0,
+        }
+    }
+}
+
+/// The WAL feed's counters at one moment (the admin API's `wal`).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct WalSnapshot {
+    pub commits: u64,
+    pub inserts: u64,
+    pub updates: u64,
+    pub deletes: u64,
+    pub truncates: u64,
+    pub reconnects: u64,
+    pub slot_invalidations: u64,
+    pub applied_lsn: String,
+    #[serde(skip)]
+    pub applied_lsn_value: u64,
+    pub lag_bytes: u64,
+    pub lag_ms: f64,
+}
+
+impl crate::exposition::Expose for WalSnapshot {
+    fn expose(
+        &self,
+        labels: crate::exposition::Labels<'_>,
+        out: &mut crate::exposition::Exposition,
+    ) {
+        for (op, v) in [
+            ("insert", self.inserts),
+            ("update", self.updates),
+            ("delete", self.deletes),
+            ("truncate", self.truncates),
+        ] {
+            out.counter(
+                "bloomgate_wal_changes_total",
+                "Row changes the WAL feed delivered, by operation.",
+                &[("op", op)],
+                v as f64,
+            );
+        }
+        out.counter(
+            "bloomgate_wal_commits_total",
+            "Transactions the WAL feed delivered.",
+            labels,
+            self.commits as f64,
+        );
+        out.counter(
+            "bloomgate_wal_slot_invalidations_total",
+            "Permanent slots found invalidated (and recreated, with a rebuild).",
+            labels,
+            self.slot_invalidations as f64,
+        );
+        out.gauge(
+            "bloomgate_wal_applied_lsn",
+            "The LSN the slot was advanced to (applied).",
+            labels,
+            self.applied_lsn_value as f64,
+        );
+        out.gauge(
+            "bloomgate_wal_lag_bytes",
+            "WAL between the server's end of WAL, as its last message said, and the position acknowledged.",
+            labels,
+            self.lag_bytes as f64,
+        );
+        out.gauge(
+            "bloomgate_wal_lag_seconds",
+            "Commit to receipt of the latest transaction.",
+            labels,
+            self.lag_ms / 1e3,
+        );
+    }
+}
+
 /// What start-up checks before it chooses this feed; see [`check`].
 #[derive(Debug)]
 pub struct Readiness {

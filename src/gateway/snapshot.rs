@@ -1,0 +1,132 @@
+//! The gateway at one moment: every component's snapshot, which the admin
+//! API serializes and `/metrics` renders ([`GatewaySnapshot`]), and the
+//! task that reads the primary's WAL position for the feed's lag.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::Gateway;
+use crate::auth::AuthView;
+use crate::db::Db;
+use crate::db::replicas::ReplicaSnapshot;
+use crate::db::stats::DbSnapshot;
+use crate::exposition::{Expose, Exposition, Labels};
+use crate::feed::stats::{FeedSnapshot, Progress};
+use crate::resource::ResourceSnapshot;
+use crate::shutdown::Shutdown;
+use crate::traffic::TrafficSnapshot;
+
+/// How often the WAL feed's lag behind the primary is read.
+pub const PRIMARY_LSN_EVERY: Duration = Duration::from_secs(1);
+
+pub struct GatewaySnapshot {
+    /// Milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    pub ready: bool,
+    pub db: DbSnapshot,
+    pub replicas: Vec<ReplicaSnapshot>,
+    pub feed: FeedSnapshot,
+    pub traffic: TrafficSnapshot,
+    pub auth: AuthView,
+    pub resources: Vec<ResourceSnapshot>,
+}
+
+impl Gateway {
+    /// Every component's counters and gauges as of now (each resource's
+    /// filter stats scan a Bloom filter's bits).
+    pub fn snapshot(&self) -> GatewaySnapshot {
+        let resources: Vec<ResourceSnapshot> =
+            self.resources.iter().map(|r| r.snapshot()).collect();
+        let mut traffic = self.stats.traffic.snapshot();
+        for r in &self.resources {
+            traffic.shed_by_resources += r.stats.shed.load(Ordering::Relaxed);
+            traffic.timeouts_by_resources += r.stats.timeouts.load(Ordering::Relaxed);
+        }
+        let server = &self.config.server;
+        traffic.max_connections = server.max_connections as u64;
+        traffic.max_concurrency = server.max_concurrency as u64;
+        traffic.loads_in_flight = server
+            .max_concurrency
+            .saturating_sub(self.loads.available_permits())
+            as u64;
+        let wal = self.wal_stats.snapshot();
+        let feed = match self.freshness() {
+            None => FeedSnapshot::default(),
+            Some(f) => FeedSnapshot::new(
+                crate::feed::supervisor::name(f),
+                match f {
+                    crate::config::Freshness::Wal => super::wal_delivery(&self.config.database),
+                    _ => String::new(),
+                },
+                self.feed_health(),
+                &self.stats.progress,
+                wal.applied_lsn_value,
+                self.stats.feed.snapshot(),
+                wal,
+            ),
+        };
+        GatewaySnapshot {
+            time_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u64,
+            ready: self.is_ready(),
+            db: self.db.snapshot(),
+            replicas: self
+                .db
+                .replicas()
+                .map(|reps| reps.members().iter().map(|r| r.snapshot()).collect())
+                .unwrap_or_default(),
+            feed,
+            traffic,
+            auth: self.auth.view(),
+            resources,
+        }
+    }
+}
+
+impl Expose for GatewaySnapshot {
+    fn expose(&self, _: Labels<'_>, out: &mut Exposition) {
+        out.gauge(
+            "bloomgate_ready",
+            "1 while /readyz answers 200.",
+            &[],
+            f64::from(u8::from(self.ready)),
+        );
+        for r in &self.resources {
+            r.expose(&[], out);
+        }
+        self.traffic.expose_all(out);
+        self.db.expose_all(out);
+        for r in &self.replicas {
+            r.expose(&[], out);
+        }
+        self.feed.expose_all(out);
+        self.auth.expose(&[], out);
+    }
+}
+
+/// Reads the primary's WAL position every [`PRIMARY_LSN_EVERY`] into
+/// `progress`, so that the WAL feed's lag in bytes moves while nothing is
+/// applied. A failed read leaves the last value (the feed's own health
+/// says the database is away).
+pub async fn read_primary_lsn(db: Arc<Db>, progress: Arc<Progress>, mut shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(PRIMARY_LSN_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.fired() => return,
+            _ = tick.tick() => {}
+        }
+        let read: Result<i64, _> =
+            sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8")
+                .fetch_one(db.pool())
+                .await;
+        if let Ok(lsn) = read {
+            progress
+                .primary_lsn
+                .store(u64::try_from(lsn).unwrap_or(0), Ordering::Relaxed);
+        }
+    }
+}
