@@ -22,6 +22,9 @@ use serde::{Deserialize, Serialize};
 use crate::filter::Mode;
 use crate::key::KeyType;
 
+mod bus;
+pub use bus::BusConfig;
+
 /// The path used when `--config` is not given.
 pub const DEFAULT_PATH: &str = "config/bloomgate.toml";
 
@@ -44,6 +47,8 @@ pub struct Config {
     /// Who may read what: token and key sources, shared by every resource
     /// whose `auth` is not `none` (see [`AuthConfig`]).
     pub auth: AuthConfig,
+    /// The change stream a fleet shares (see [`BusConfig`]); unset, none.
+    pub bus: BusConfig,
     /// The resources served, one `[[resource]]` table each.
     #[serde(rename = "resource")]
     pub resources: Vec<ResourceConfig>,
@@ -1028,6 +1033,7 @@ impl Config {
     pub fn to_redacted_toml(&self) -> String {
         let mut c = self.clone();
         c.database.url = redact_url(&c.database.url);
+        c.bus.url = c.bus.redacted_url();
         for u in &mut c.database.replica_urls {
             *u = redact_url(u);
         }
@@ -1183,6 +1189,7 @@ impl Config {
         validate_filter(&self.filter, "filter").map_err(|(k, p)| bad(k, p))?;
         validate_cache(&self.cache, "cache").map_err(|(k, p)| bad(k, p))?;
         validate_auth(&self.auth).map_err(|(k, p)| bad(k, p))?;
+        bus::validate(&self.bus, self.database.slot.as_deref()).map_err(|(k, p)| bad(k, p))?;
         if self.resources.is_empty() {
             return Err(bad(
                 "resource".into(),
@@ -1609,8 +1616,8 @@ pub fn cache_control_max_age(value: &str) -> Result<Option<u64>, String> {
 /// `BLOOMGATE_SERVER_LISTEN` (one underscore) looks like a config key but
 /// would be ignored: refuse it rather than run with the file's value.
 fn check_env_typos() -> Result<(), ConfigError> {
-    const SECTIONS: [&str; 7] = [
-        "server", "admin", "database", "log", "filter", "cache", "auth",
+    const SECTIONS: [&str; 8] = [
+        "server", "admin", "database", "log", "filter", "cache", "auth", "bus",
     ];
     for (name, _) in std::env::vars_os() {
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("BLOOMGATE_")) else {

@@ -301,6 +301,23 @@ fn snapshot(gw: &Gateway) {
     gauge!("bloomgate_wal_applied_lsn").set(load(&w.applied_lsn) as f64);
     gauge!("bloomgate_wal_lag_bytes").set(load(&w.lag_bytes) as f64);
     gauge!("bloomgate_wal_lag_seconds").set(load(&w.lag_us) as f64 / 1e6);
+    if let Some(b) = gw.bus_status() {
+        let st = b.get();
+        gauge!("bloomgate_bus_relaying").set(if st.relaying { 1.0 } else { 0.0 });
+        gauge!("bloomgate_bus_direct").set(if st.mode == crate::feed::bus::Mode::Direct {
+            1.0
+        } else {
+            0.0
+        });
+        gauge!("bloomgate_bus_lag_bytes").set(load(&b.lag_bytes) as f64);
+        gauge!("bloomgate_bus_lag_seconds").set(load(&b.lag_ms) as f64 / 1e3);
+        counter!("bloomgate_bus_fallbacks_total").absolute(load(&b.fallbacks));
+        counter!("bloomgate_bus_returns_total").absolute(load(&b.returns));
+        counter!("bloomgate_bus_breaks_total").absolute(load(&b.breaks));
+        counter!("bloomgate_bus_entries_read_total").absolute(load(&b.read));
+        counter!("bloomgate_bus_entries_appended_total").absolute(load(&b.appended));
+        counter!("bloomgate_bus_relay_terms_total").absolute(load(&b.terms));
+    }
     if let Some(reps) = gw.db.replicas() {
         for r in reps.members() {
             let name = r.name.clone();

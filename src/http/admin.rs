@@ -393,6 +393,11 @@ pub struct StatsView {
     /// The `wal` feed's counters (zero in the other modes).
     #[schema(value_type = Object)]
     wal: WalView,
+    /// The bus (`bus.url`; absent without): which feed this gateway
+    /// follows (`bus`, or `direct` while the bus is not current), whether
+    /// it is the relay, who is, its lag, and the fall-backs and resyncs.
+    #[schema(value_type = Option<Object>)]
+    bus: Option<BusView>,
     /// Each read replica: in use or not, lag, replay position, queries.
     #[schema(value_type = Vec<Object>)]
     replicas: Vec<ReplicaView>,
@@ -415,6 +420,25 @@ struct WalView {
     applied_lsn: String,
     lag_bytes: u64,
     lag_ms: f64,
+}
+
+#[derive(Serialize)]
+struct BusView {
+    url: String,
+    stream: String,
+    mode: &'static str,
+    relaying: bool,
+    relay: Option<String>,
+    detail: Option<String>,
+    lag_bytes: u64,
+    lag_ms: u64,
+    fallbacks: u64,
+    returns: u64,
+    breaks: u64,
+    read: u64,
+    appended: u64,
+    duplicates: u64,
+    terms: u64,
 }
 
 #[derive(Serialize)]
@@ -462,6 +486,26 @@ async fn stats(State(s): St) -> Response {
                 lag_ms: l(&w.lag_us) as f64 / 1000.0,
             }
         },
+        bus: gw.bus_status().map(|b| {
+            let st = b.get();
+            BusView {
+                url: st.url,
+                stream: st.stream,
+                mode: st.mode.name(),
+                relaying: st.relaying,
+                relay: st.relay,
+                detail: st.detail,
+                lag_bytes: l(&b.lag_bytes),
+                lag_ms: l(&b.lag_ms),
+                fallbacks: l(&b.fallbacks),
+                returns: l(&b.returns),
+                breaks: l(&b.breaks),
+                read: l(&b.read),
+                appended: l(&b.appended),
+                duplicates: l(&b.duplicates),
+                terms: l(&b.terms),
+            }
+        }),
         replicas: gw
             .db
             .replicas()
