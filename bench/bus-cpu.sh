@@ -73,4 +73,4 @@ read -r g1 w1 r1 a1 < <(snap)
 txns=$(awk '/number of transactions actually processed/{print $NF}' <<<"$out" | cut -d/ -f1)
 lat=$(awk '/^latency average/{print $4}' <<<"$out")
 per() { awk -v t="$1" -v n="$txns" 'BEGIN{printf "%.0f", t*10000/n}'; }
-echo "gateways=$GW feed=${BUS:+bus}${BUS:-direct} walsenders=$(wc -w <<<"$ws") txns=$txns writer_latency_ms=$lat us_per_txn: walsenders=$(per $((w1-w0))) primary_all=$(per $((a1-a0))) redis=$(per $((r1-r0))) gateways=$(per $((g1-g0)))"
+echo "gateways=$GW feed=$([ -n "${BUS:-}" ] && echo bus || echo direct) walsenders=$(wc -w <<<"$ws") txns=$txns writer_latency_ms=$lat us_per_txn: walsenders=$(per $((w1-w0))) primary_all=$(per $((a1-a0))) redis=$(per $((r1-r0))) gateways=$(per $((g1-g0)))"

@@ -7,7 +7,7 @@
 //! tables it truncated.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::{Value as Json, json};
 

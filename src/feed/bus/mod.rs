@@ -2,7 +2,7 @@
 //! One gateway, the *relay*, reads the primary's WAL through one permanent
 //! slot (`bus.slot`) and appends what it decodes to one stream; every
 //! gateway, the relay's own included, reads that stream instead of a slot
-//! of its own, and turns it back into the [`Event`]s a direct feed sends,
+//! of its own, and turns it back into the [`Event`](super::Event)s a direct feed sends,
 //! so the applier cannot tell the difference. The primary runs one
 //! walsender whatever the size of the fleet.
 //!
@@ -66,7 +66,7 @@
 //! - **Current, or not vouched for.** Every 100 ms a consumer reads the
 //!   primary's flush position `P`; once it has read an entry at `P` or
 //!   past it, every change committed before that moment is applied
-//!   ([`Event::Heartbeat`]). The relay appends a heartbeat whenever the
+//!   ([`Event::Heartbeat`](super::Event::Heartbeat)). The relay appends a heartbeat whenever the
 //!   primary's flush position moved past the stream (about every 100 ms
 //!   while the WAL grows), so an idle stream proves itself without writes.
 //! - **The bus failing never makes a gateway wrong.** Unproven for
@@ -92,9 +92,7 @@ use sqlx::PgPool;
 
 pub use entry::Entry;
 
-use super::Lsn;
-#[allow(unused_imports)]
-use super::{Event, Watch};
+use super::{Lsn, Watch};
 
 /// A place in the stream: `lsn-seq`, the entry ID.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
