@@ -178,12 +178,6 @@ fn row(v: &Json) -> Result<RowChange, String> {
     })
 }
 
-/// Microseconds since the epoch of `t` (for tests and logs).
-pub fn micros(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
