@@ -137,10 +137,11 @@ async fn term<B: Bus>(
                         probes.pop_front();
                     }
                 }
-                if relaying && announced.is_none_or(|a| a.elapsed() >= Duration::from_secs(1)) {
-                    if bus.announce(&opts.name, ANNOUNCE_TTL).await.is_ok() {
-                        announced = Some(Instant::now());
-                    }
+                if relaying
+                    && announced.is_none_or(|a| a.elapsed() >= Duration::from_secs(1))
+                    && bus.announce(&opts.name, ANNOUNCE_TTL).await.is_ok()
+                {
+                    announced = Some(Instant::now());
                 }
                 continue;
             }
