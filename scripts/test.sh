@@ -55,6 +55,16 @@ if [ -z "$PROMTOOL" ]; then
   fi
 fi
 export BLOOMGATE_PROMTOOL="$PROMTOOL"
+# tests/bus.rs starts a redis-server of its own per test (Debian's package).
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "test.sh: installing redis-server for the bus tests" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >&2
+  # Only the binary is wanted: no service of its own.
+  $sudo systemctl disable --now redis-server >/dev/null 2>&1 || $sudo service redis-server stop >/dev/null 2>&1 || true
+fi
 export BLOOMGATE_TEST_DATABASE_URL="$PG_BASE_URL/postgres"
 echo "test.sh: using $BLOOMGATE_TEST_DATABASE_URL" >&2
 if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then

@@ -294,6 +294,7 @@ impl Gateway {
         let feed = Supervisor::prepare(
             &self.db,
             &self.config.database,
+            &self.config.bus,
             &watch,
             self.wal_stats.clone(),
             self.stats.feed.clone(),
@@ -509,6 +510,11 @@ impl Gateway {
     /// it has.
     pub fn freshness(&self) -> Option<Freshness> {
         self.feed.get().map(Supervisor::freshness)
+    }
+
+    /// What the bus says of itself (`bus.url`), once the feed is chosen.
+    pub fn bus_status(&self) -> Option<Arc<feed::bus::Status>> {
+        self.feed.get()?.bus.as_ref().map(|b| b.status.clone())
     }
 
     /// What the change feed in force says of its connection.

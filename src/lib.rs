@@ -71,6 +71,13 @@
 //!   and password file, wire framing, MD5 and SCRAM, replication commands;
 //!   [`feed::pgoutput`] decodes the messages) or polled from it with SQL (`database.wal_poll_interval`),
 //!   acknowledged only up to what the applier has applied.
+//!   [`feed::bus`] (`bus.url`): a fleet decodes the WAL once; the gateway
+//!   holding the slot `bus.slot` relays it ([`feed::bus::relay`]) into a
+//!   Redis Stream ([`feed::bus::redis`], behind the small
+//!   [`feed::bus::Bus`] trait; entries in [`feed::bus::entry`]), and every
+//!   gateway reads it back into the same events ([`feed::bus::consumer`]),
+//!   falling back to a direct WAL feed while the bus is not current.
+//!   [`feed::supervisor`] chooses and starts the feed in force.
 //! - [`apply`]: the gateway's applier: every feed event, in order, to every
 //!   resource on its table, each by its own key column (new keys into the
 //!   filter, stale rows out of the cache, rebuilds on truncate, resync and

@@ -96,6 +96,8 @@ impl Feed {
             poll,
             silence_limit,
             install: false,
+            start_position: None,
+            idle_confirm_applied: false,
         };
         let task = tokio::spawn(feed::wal::run(
             opts,

@@ -25,6 +25,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod bus;
 pub mod cache;
 pub mod cache_control;
 pub mod database;
@@ -46,6 +47,7 @@ pub use admin::{AdminConfig, MIN_TOKEN_LEN};
 pub use auth::{
     Access, AuthConfig, AuthMode, MIN_JWT_SECRET, REDACTED, REDACTED_SECRET, RateLimit, parse_rate,
 };
+pub use bus::BusConfig;
 pub use cache::{CacheConfig, CacheOverrides};
 pub use database::{DatabaseConfig, Freshness, redact_url};
 pub use filter::{FilterConfig, FilterOverrides};
@@ -70,6 +72,8 @@ pub struct Config {
     /// Who may read what: token and key sources, shared by every resource
     /// whose `auth` is not `none` (see [`AuthConfig`]).
     pub auth: AuthConfig,
+    /// The change stream a fleet shares (see [`BusConfig`]); unset, none.
+    pub bus: BusConfig,
     /// The resources served, one `[[resource]]` table each.
     #[serde(rename = "resource")]
     pub resources: Vec<ResourceConfig>,
@@ -196,6 +200,7 @@ impl Config {
     pub fn to_redacted_toml(&self) -> String {
         let mut c = self.clone();
         c.database.url = redact_url(&c.database.url);
+        c.bus.url = c.bus.redacted_url();
         for u in &mut c.database.replica_urls {
             *u = redact_url(u);
         }
@@ -214,6 +219,8 @@ impl Config {
         self.filter.validate("filter")?;
         self.cache.validate("cache")?;
         self.auth.validate()?;
+        bus::validate(&self.bus, self.database.slot.as_deref())
+            .map_err(|(key, problem)| KeyProblem { key, problem })?;
         resource::validate_all(&self.resources, &self.resolved(), &self.auth)
     }
 }

@@ -77,6 +77,7 @@
 //! key its filter rejects is looked up (within `filter.verify_budget` a
 //! second, else 503 with `Retry-After`), a row is loaded without the cache.
 
+pub mod bus;
 pub mod notify;
 pub mod pgoutput;
 pub use replication::pgpass;

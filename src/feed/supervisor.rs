@@ -9,6 +9,12 @@
 //! role allow it and the publication delivers every change of every
 //! watched table (or `install_feed` may make it so), else the notify feed;
 //! `"wal"` without what it needs is a start-up error naming the fix.
+//!
+//! With `bus.url` set, the WAL is followed through the bus (`feed::bus`):
+//! every gateway is a candidate relay and a consumer of the stream, and
+//! falls back to a WAL feed of its own while the bus is not current. The
+//! bus needs what the WAL feed needs; any other feed with a bus is a
+//! start-up error.
 
 use std::sync::Arc;
 
@@ -16,8 +22,8 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{Event, Health, Lsn, Watch, notify, queue, wal};
-use crate::config::{DatabaseConfig, Freshness};
+use super::{Event, Health, Lsn, Watch, bus, notify, queue, wal};
+use crate::config::{BusConfig, DatabaseConfig, Freshness};
 use crate::db::triggers::Sink;
 use crate::db::{Db, DbError, publication};
 use crate::shutdown::Shutdown;
@@ -33,6 +39,18 @@ pub struct Supervisor {
     pub wal_stats: Arc<wal::Stats>,
     /// The notify and queue feeds' counters (they count the same things).
     pub notify_counters: Arc<notify::Counters>,
+    /// With `bus.url`: the bus and what it says of itself.
+    pub bus: Option<BusSetup>,
+}
+
+/// The bus in force (`bus.url`).
+pub struct BusSetup {
+    redis: bus::redis::RedisBus,
+    config: BusConfig,
+    pub status: Arc<bus::Status>,
+    /// The relay's WAL feed's counters (the gateway's own are its
+    /// direct feed's).
+    pub relay_stats: Arc<wal::Stats>,
 }
 
 /// The name `database.freshness` gives a feed.
@@ -62,12 +80,36 @@ impl Supervisor {
     pub async fn prepare(
         db: &Db,
         cfg: &DatabaseConfig,
+        bus_cfg: &BusConfig,
         watch: &Watch,
         wal_stats: Arc<wal::Stats>,
         notify_counters: Arc<notify::Counters>,
     ) -> Result<Self, String> {
         let pool = db.pool();
         let freshness = choose(pool, cfg, watch).await?;
+        let bus = match &bus_cfg.url {
+            None => None,
+            Some(_) if freshness == Freshness::Off => None,
+            Some(_) if freshness != Freshness::Wal => {
+                return Err(format!(
+                    "bus.url needs the WAL feed (database.freshness is {}): the relay decodes the WAL (wal_level = logical, REPLICATION, the publication: see `bloomgate install-feed`)",
+                    name(freshness)
+                ));
+            }
+            Some(url) => {
+                let stream = bus::stream_key(pool, &bus_cfg.prefix, watch).await?;
+                let redis = bus::redis::RedisBus::new(url, stream.clone(), bus_cfg.retention)
+                    .map_err(|e| e.to_string())?;
+                let shown = bus_cfg.redacted_url().unwrap_or_default();
+                tracing::info!(url = %shown, stream = %stream, slot = %bus_cfg.slot, "change feed: the WAL through the bus (one relay decodes it for every gateway)");
+                Some(BusSetup {
+                    redis,
+                    config: bus_cfg.clone(),
+                    status: Arc::new(bus::Status::new(shown, stream)),
+                    relay_stats: Arc::default(),
+                })
+            }
+        };
         match freshness {
             Freshness::Wal if cfg.install_feed => remove_triggers(db, watch).await,
             Freshness::Notify | Freshness::Queue if cfg.install_triggers => {
@@ -92,6 +134,7 @@ impl Supervisor {
             health: Arc::default(),
             wal_stats,
             notify_counters,
+            bus,
         })
     }
 
@@ -125,7 +168,15 @@ impl Supervisor {
                     poll: cfg.wal_poll_interval,
                     silence_limit: wal::SILENCE_LIMIT,
                     install: cfg.install_feed,
+                    start_position: None,
+                    idle_confirm_applied: false,
                 };
+                if let Some(b) = &self.bus {
+                    return Some((
+                        self.spawn_bus(b, db, opts, watch, tx, applied, ready_tx, shutdown),
+                        ready,
+                    ));
+                }
                 tokio::spawn(wal::run(
                     opts,
                     watch,
@@ -159,6 +210,59 @@ impl Supervisor {
             }
         };
         Some((task, ready))
+    }
+}
+
+impl Supervisor {
+    /// The relay candidate and the consumer, in one task.
+    #[allow(clippy::too_many_arguments)]
+    fn spawn_bus(
+        &self,
+        b: &BusSetup,
+        db: &Db,
+        direct: wal::Options,
+        watch: Watch,
+        tx: mpsc::Sender<Event>,
+        applied: watch::Receiver<Lsn>,
+        ready: oneshot::Sender<Result<(), String>>,
+        shutdown: Shutdown,
+    ) -> JoinHandle<()> {
+        let relay = bus::relay::Options {
+            wal: wal::Options {
+                slot: Some(b.config.slot.clone()),
+                ..direct.clone()
+            },
+            pool: db.pool().clone(),
+            name: bus::whoami(),
+            status: b.status.clone(),
+            stats: b.relay_stats.clone(),
+        };
+        let consumer = bus::consumer::Options {
+            pool: db.pool().clone(),
+            max_lag: b.config.max_lag,
+            // A temporary slot: a permanent one would hold WAL back while
+            // the gateway is on the bus.
+            direct: wal::Options {
+                slot: None,
+                ..direct
+            },
+            status: b.status.clone(),
+            health: self.health.clone(),
+            wal_stats: self.wal_stats.clone(),
+        };
+        let relay = bus::relay::run(b.redis.another(), relay, watch.clone(), shutdown.clone());
+        let consumer = bus::consumer::run(
+            b.redis.another(),
+            consumer,
+            watch,
+            tx,
+            applied,
+            ready,
+            shutdown,
+        );
+        tokio::spawn(async move {
+            tokio::join!(relay, consumer);
+        })
     }
 }
 

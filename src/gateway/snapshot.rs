@@ -30,6 +30,64 @@ pub struct GatewaySnapshot {
     pub traffic: TrafficSnapshot,
     pub auth: AuthView,
     pub resources: Vec<ResourceSnapshot>,
+    /// The shared change stream (`bus.url`), if configured.
+    pub bus: Option<BusSnapshot>,
+}
+
+/// The bus as this gateway sees it.
+#[derive(Clone, Debug, Default)]
+pub struct BusSnapshot {
+    pub relaying: bool,
+    /// Following a direct WAL feed of its own while the bus is not current.
+    pub direct: bool,
+    pub lag_bytes: u64,
+    pub lag_ms: u64,
+    pub fallbacks: u64,
+    pub returns: u64,
+    pub breaks: u64,
+    pub read: u64,
+    pub appended: u64,
+    pub terms: u64,
+}
+
+impl Expose for BusSnapshot {
+    fn expose(&self, _: Labels<'_>, out: &mut Exposition) {
+        let b = |v: bool| f64::from(u8::from(v));
+        out.gauge(
+            "bloomgate_bus_relaying",
+            "1 while this gateway is the bus's relay (it holds bus.slot).",
+            &[],
+            b(self.relaying),
+        );
+        out.gauge(
+            "bloomgate_bus_direct",
+            "1 while this gateway follows a direct WAL feed because the bus is not current.",
+            &[],
+            b(self.direct),
+        );
+        out.gauge(
+            "bloomgate_bus_lag_bytes",
+            "How far the stream read is behind the primary's flush position.",
+            &[],
+            self.lag_bytes as f64,
+        );
+        out.gauge(
+            "bloomgate_bus_lag_seconds",
+            "How long since the stream last proved it reached the primary's position.",
+            &[],
+            self.lag_ms as f64 / 1e3,
+        );
+        for (name, help, v) in [
+            ("bloomgate_bus_fallbacks_total", "Switches from the bus to a direct feed.", self.fallbacks),
+            ("bloomgate_bus_returns_total", "Switches from a direct feed back to the bus.", self.returns),
+            ("bloomgate_bus_breaks_total", "Continuity breaks in the stream (each a resync).", self.breaks),
+            ("bloomgate_bus_entries_read_total", "Stream entries read.", self.read),
+            ("bloomgate_bus_entries_appended_total", "Stream entries appended as the relay.", self.appended),
+            ("bloomgate_bus_relay_terms_total", "Times this gateway became the relay.", self.terms),
+        ] {
+            out.counter(name, help, &[], v as f64);
+        }
+    }
 }
 
 impl Gateway {
@@ -82,6 +140,22 @@ impl Gateway {
             traffic,
             auth: self.auth.view(),
             resources,
+            bus: self.bus_status().map(|b| {
+                let st = b.get();
+                let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                BusSnapshot {
+                    relaying: st.relaying,
+                    direct: st.mode == crate::feed::bus::Mode::Direct,
+                    lag_bytes: l(&b.lag_bytes),
+                    lag_ms: l(&b.lag_ms),
+                    fallbacks: l(&b.fallbacks),
+                    returns: l(&b.returns),
+                    breaks: l(&b.breaks),
+                    read: l(&b.read),
+                    appended: l(&b.appended),
+                    terms: l(&b.terms),
+                }
+            }),
         }
     }
 }
@@ -104,6 +178,9 @@ impl Expose for GatewaySnapshot {
         }
         self.feed.expose_all(out);
         self.auth.expose(&[], out);
+        if let Some(b) = &self.bus {
+            b.expose(&[], out);
+        }
     }
 }
 

@@ -467,6 +467,11 @@ pub struct StatsView {
     /// The `wal` feed's counters (zero in the other modes).
     #[schema(value_type = Object)]
     wal: crate::feed::wal::WalSnapshot,
+    /// The bus (`bus.url`; absent without): which feed this gateway
+    /// follows (`bus`, or `direct` while the bus is not current), whether
+    /// it is the relay, who is, its lag, and the fall-backs and resyncs.
+    #[schema(value_type = Option<Object>)]
+    bus: Option<BusView>,
     /// Each read replica: in use or not, lag, replay position, queries.
     #[schema(value_type = Vec<Object>)]
     replicas: Vec<crate::db::replicas::ReplicaSnapshot>,
@@ -477,6 +482,25 @@ pub struct StatsView {
     resources: Vec<ResourceView>,
 }
 
+#[derive(Serialize)]
+struct BusView {
+    url: String,
+    stream: String,
+    mode: &'static str,
+    relaying: bool,
+    relay: Option<String>,
+    detail: Option<String>,
+    lag_bytes: u64,
+    lag_ms: u64,
+    fallbacks: u64,
+    returns: u64,
+    breaks: u64,
+    read: u64,
+    appended: u64,
+    duplicates: u64,
+    terms: u64,
+}
+
 /// Counters for the status page.
 #[utoipa::path(get, path = "/admin/stats", tag = "admin", security(("bearer" = [])),
     responses((status = 200, body = StatsView),
@@ -485,6 +509,7 @@ async fn stats(State(s): St) -> Response {
     sync_caches(&s.gateway).await;
     let gw = &s.gateway;
     let snap = gw.snapshot();
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     let body = StatsView {
         time_ms: snap.time_ms,
         db_queries: snap.db.queries,
@@ -503,6 +528,26 @@ async fn stats(State(s): St) -> Response {
             .zip(snap.resources)
             .map(|(r, rs)| view(gw, r, rs))
             .collect(),
+        bus: gw.bus_status().map(|b| {
+            let st = b.get();
+            BusView {
+                url: st.url,
+                stream: st.stream,
+                mode: st.mode.name(),
+                relaying: st.relaying,
+                relay: st.relay,
+                detail: st.detail,
+                lag_bytes: l(&b.lag_bytes),
+                lag_ms: l(&b.lag_ms),
+                fallbacks: l(&b.fallbacks),
+                returns: l(&b.returns),
+                breaks: l(&b.breaks),
+                read: l(&b.read),
+                appended: l(&b.appended),
+                duplicates: l(&b.duplicates),
+                terms: l(&b.terms),
+            }
+        }),
     };
     json(StatusCode::OK, &body)
 }

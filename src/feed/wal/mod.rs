@@ -184,6 +184,17 @@ pub struct Options {
     /// `database.install_feed`: repair the publication when a check finds
     /// it wrong.
     pub install: bool,
+    /// How far the consumer of this feed already has every change (see "No
+    /// gap"): a permanent slot found past it, or created, is a gap. `None`:
+    /// nothing depends on the feed yet. The bus's relay passes the stream's
+    /// newest position, so a slot someone else advanced is a gap of the bus.
+    pub start_position: Option<Lsn>,
+    /// Confirm a position received while idle only as far as `applied`
+    /// reaches, not as soon as every commit received is applied. The relay
+    /// sets it: its `applied` is what the bus holds, heartbeats included,
+    /// and a slot confirmed past the bus would make the next relay see a
+    /// gap that is none.
+    pub idle_confirm_applied: bool,
 }
 
 impl std::fmt::Debug for Options {
@@ -195,6 +206,7 @@ impl std::fmt::Debug for Options {
             .field("poll", &self.poll)
             .field("silence_limit", &self.silence_limit)
             .field("install", &self.install)
+            .field("start_position", &self.start_position)
             .finish_non_exhaustive()
     }
 }
@@ -380,13 +392,14 @@ pub async fn run(
     ready: oneshot::Sender<Result<(), String>>,
     mut shutdown: Shutdown,
 ) {
+    let position = opts.start_position;
     let mut feed = Feed {
         opts,
         watch: Arc::new(watch),
         tx,
         stats,
         health,
-        position: None,
+        position,
         tracker: Tracker::default(),
         slot_broken: false,
         streamed: false,

@@ -155,7 +155,11 @@ pub(super) async fn run(
             // Everything received is applied and visible now: a position
             // received meanwhile is safe to confirm too, and a proven
             // moment to send.
-            upto = upto.max(idle_upto);
+            let idle = match feed.opts.idle_confirm_applied {
+                true => idle_upto.map(|u| u.min(*applied.borrow())),
+                false => idle_upto,
+            };
+            upto = upto.max(idle);
             if let Some(at) = proven.take()
                 && tx.send(Event::Heartbeat(at)).await.is_err()
             {

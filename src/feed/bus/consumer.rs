@@ -1,0 +1,345 @@
+//! A gateway's side of the bus: the stream turned back into [`Event`]s,
+//! and the fall-back to a direct WAL feed while the bus cannot prove
+//! itself current (see "Guarantees" in [`super`]).
+//!
+//! Two modes, one at a time, each feeding the applier's channel:
+//!
+//! - **bus**: read after the stream's newest position (read before the
+//!   first scan, or, coming back, followed by a resync); check each
+//!   entry's predecessor; commits, resyncs, coverage changes and
+//!   interruptions passed on as they come; the primary's flush position
+//!   read every [`HEARTBEAT_EVERY`], and a heartbeat sent for the moment
+//!   of each reading the stream has reached. A reading unproven for
+//!   `bus.max_lag` ends the mode.
+//! - **direct**: a WAL feed of this gateway's own on a temporary slot
+//!   ([`crate::feed::wal::run`]), and a resync once it streams (what the
+//!   bus had not delivered is unknown). Every [`CHECK_EVERY`] the bus is
+//!   looked at: once its stream reaches a flush position of the primary
+//!   read just before, the feed is stopped and the bus followed again.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{Bus, Entry, Mode, Position, Status, flush_lsn};
+use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Watch, wal};
+use crate::shutdown::{self, Shutdown};
+use crate::telemetry::LogThrottle;
+
+/// Entries read at once.
+const BATCH: usize = 1024;
+
+/// A blocking read waits at most this long, so readings of the primary's
+/// position are taken on time.
+const READ_WAIT: Duration = Duration::from_millis(50);
+
+pub struct Options {
+    pub pool: PgPool,
+    /// `bus.max_lag`.
+    pub max_lag: Duration,
+    /// The direct feed's options (a temporary slot).
+    pub direct: wal::Options,
+    pub status: Arc<Status>,
+    pub health: Arc<Health>,
+    pub wal_stats: Arc<wal::Stats>,
+}
+
+enum Ended {
+    Shutdown,
+    /// Why the bus is not good enough now.
+    Unhealthy(String),
+}
+
+/// Runs until `shutdown` fires or the applier goes. `ready` gets `Ok` once
+/// the first mode's stream is in place (before the first scan).
+pub async fn run<B: Bus>(
+    mut bus: B,
+    opts: Options,
+    watch: Watch,
+    tx: mpsc::Sender<Event>,
+    applied: watch::Receiver<Lsn>,
+    ready: oneshot::Sender<Result<(), String>>,
+    mut shutdown: Shutdown,
+) {
+    let mut ready = Some(ready);
+    let throttle = LogThrottle::new(LogThrottle::INTERVAL);
+    let mut back = false;
+    loop {
+        let why = match follow(&mut bus, &opts, &tx, back, &mut ready, &mut shutdown).await {
+            Ended::Shutdown => return,
+            Ended::Unhealthy(why) => why,
+        };
+        if shutdown.is_fired() || tx.is_closed() {
+            return;
+        }
+        Status::count(&opts.status.fallbacks);
+        if let Some(not_logged) = throttle.permit() {
+            tracing::warn!(why = %why, not_logged, "bus: not current; following the WAL with a direct feed of this gateway's own until it is");
+        }
+        opts.status.set_mode(Mode::Direct, Some(why.clone()));
+        if tx.send(Event::Interrupted(why)).await.is_err() {
+            return;
+        }
+        let direct = direct(
+            &mut bus,
+            &opts,
+            &watch,
+            &tx,
+            &applied,
+            &mut ready,
+            &mut shutdown,
+        );
+        if !direct.await {
+            return;
+        }
+        Status::count(&opts.status.returns);
+        tracing::info!("bus: current again; following it instead of the direct feed");
+        back = true;
+    }
+}
+
+/// The bus mode, until it is unhealthy or the gateway stops. `back`: the
+/// gateway followed something else before, so what lies between is a gap.
+async fn follow<B: Bus>(
+    bus: &mut B,
+    opts: &Options,
+    tx: &mpsc::Sender<Event>,
+    back: bool,
+    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
+    shutdown: &mut Shutdown,
+) -> Ended {
+    let began = Instant::now();
+    let head = loop {
+        match bus.head().await {
+            Ok(h) => break h,
+            Err(e) if began.elapsed() >= opts.max_lag => {
+                return Ended::Unhealthy(format!("the bus is unreachable ({e})"));
+            }
+            Err(e) => opts.health.waiting(format!("bus: {e}")),
+        }
+        tokio::select! {
+            () = shutdown.fired() => return Ended::Shutdown,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    };
+    let mut last = head;
+    // Every commit up to the head was visible before the head was read:
+    // the scan that follows (start-up, or the resync below) covers it.
+    let mut proven = Lsn(head.lsn);
+    opts.health.streaming();
+    opts.status.set_mode(Mode::Bus, None);
+    if let Some(r) = ready.take() {
+        let _ = r.send(Ok(()));
+    }
+    if back {
+        let ev = Resync::all("bus: back on the bus after following the WAL directly");
+        if tx.send(ev).await.is_err() {
+            return Ended::Shutdown;
+        }
+    }
+    let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
+    let mut next_probe = Instant::now();
+    let mut next_relay = Instant::now();
+    let mut failing = false;
+    loop {
+        if shutdown.is_fired() || tx.is_closed() {
+            return Ended::Shutdown;
+        }
+        if Instant::now() >= next_probe {
+            next_probe = Instant::now() + HEARTBEAT_EVERY;
+            if let Some(p) = flush_lsn(&opts.pool).await {
+                probes.push_back((Instant::now(), p));
+            }
+        }
+        if Instant::now() >= next_relay {
+            next_relay = Instant::now() + CHECK_EVERY;
+            if let Ok(who) = bus.relay().await {
+                opts.status.set_relay(who);
+            }
+        }
+        let read = tokio::select! {
+            () = shutdown.fired() => return Ended::Shutdown,
+            r = bus.read(last, READ_WAIT, BATCH) => r,
+        };
+        match read {
+            Ok(entries) => {
+                if failing {
+                    failing = false;
+                    opts.health.streaming();
+                    opts.status.set_mode(Mode::Bus, None);
+                }
+                for r in entries {
+                    Status::count(&opts.status.read);
+                    if r.prev != last {
+                        Status::count(&opts.status.breaks);
+                        tracing::warn!(expected = %last, found = %r.prev, at = %r.at, "bus: the stream no longer holds every entry after this gateway's position (trimmed, or lost by Redis); every filter is rebuilt");
+                        let ev = Resync::all("bus: entries missing from the stream");
+                        if tx.send(ev).await.is_err() {
+                            return Ended::Shutdown;
+                        }
+                    }
+                    last = r.at;
+                    proven = proven.max(Lsn(r.at.lsn));
+                    let ev = match r.entry {
+                        Ok(Entry::Commit(c)) => Event::Commit(c),
+                        Ok(Entry::Heartbeat(_)) => continue,
+                        Ok(Entry::Resync(r)) => Event::Resync(r),
+                        Ok(Entry::Coverage(c)) => Event::Coverage(c),
+                        Ok(Entry::Interrupted(why)) => {
+                            Event::Interrupted(format!("bus relay: {why}"))
+                        }
+                        Err(e) => {
+                            Status::count(&opts.status.breaks);
+                            tracing::warn!(error = %e, at = %r.at, "bus: an entry that does not decode; every filter is rebuilt");
+                            Resync::all("bus: an entry that does not decode")
+                        }
+                    };
+                    if tx.send(ev).await.is_err() {
+                        return Ended::Shutdown;
+                    }
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    failing = true;
+                    opts.health.waiting(format!("bus: {e}"));
+                    opts.status.set_mode(Mode::Bus, Some(e.to_string()));
+                    if tx.send(Event::Interrupted(e.to_string())).await.is_err() {
+                        return Ended::Shutdown;
+                    }
+                }
+                tokio::select! {
+                    () = shutdown.fired() => return Ended::Shutdown,
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        }
+        let mut moment = None;
+        while let Some(&(m, p)) = probes.front() {
+            if p > proven {
+                break;
+            }
+            moment = Some(m);
+            probes.pop_front();
+        }
+        if let Some(m) = moment
+            && tx.send(Event::Heartbeat(m)).await.is_err()
+        {
+            return Ended::Shutdown;
+        }
+        let newest = probes.back().map_or(proven, |(_, p)| *p);
+        opts.status.lag_bytes.store(
+            newest.0.saturating_sub(proven.0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let oldest = probes.front().map(|(m, _)| m.elapsed());
+        opts.status.lag_ms.store(
+            oldest.map_or(0, |d| d.as_millis() as u64),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if oldest.is_some_and(|d| d >= opts.max_lag) {
+            return Ended::Unhealthy(match failing {
+                true => "the bus is unreachable".into(),
+                false => format!(
+                    "the stream has not reached the primary's position of {} ago (no relay, or a relay behind)",
+                    humantime::format_duration(opts.max_lag)
+                ),
+            });
+        }
+    }
+}
+
+/// The direct mode, until the bus is current again (true) or the gateway
+/// stops (false).
+async fn direct<B: Bus>(
+    bus: &mut B,
+    opts: &Options,
+    watch: &Watch,
+    tx: &mpsc::Sender<Event>,
+    applied: &watch::Receiver<Lsn>,
+    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
+    shutdown: &mut Shutdown,
+) -> bool {
+    let (stop, signal) = shutdown::channel();
+    let (streams_tx, mut streams) = oneshot::channel();
+    let feed = tokio::spawn(wal::run(
+        opts.direct.clone(),
+        watch.clone(),
+        tx.clone(),
+        applied.clone(),
+        opts.wal_stats.clone(),
+        opts.health.clone(),
+        streams_tx,
+        signal,
+    ));
+    let mut streaming = false;
+    let healthy = loop {
+        tokio::select! {
+            () = shutdown.fired() => break false,
+            () = tokio::time::sleep(CHECK_EVERY) => {}
+        }
+        if tx.is_closed() {
+            break false;
+        }
+        if !streaming {
+            match streams.try_recv() {
+                Ok(Ok(())) => {
+                    streaming = true;
+                    match ready.take() {
+                        // Start-up: the first scan comes after this.
+                        Some(r) => {
+                            let _ = r.send(Ok(()));
+                        }
+                        None => {
+                            let ev = Resync::all(
+                                "bus: following the WAL directly (the bus is not current)",
+                            );
+                            if tx.send(ev).await.is_err() {
+                                break false;
+                            }
+                        }
+                    }
+                }
+                Ok(Err(e)) => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(Err(e));
+                    }
+                    break false;
+                }
+                Err(_) => {}
+            }
+        }
+        if current(bus, &opts.pool).await {
+            break true;
+        }
+    };
+    stop.fire();
+    let abort = feed.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(5), feed)
+        .await
+        .is_err()
+    {
+        abort.abort();
+    }
+    healthy
+}
+
+/// Whether the stream reaches the primary's flush position read now,
+/// within a second.
+async fn current<B: Bus>(bus: &mut B, pool: &PgPool) -> bool {
+    let Some(p) = flush_lsn(pool).await else {
+        return false;
+    };
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(1) {
+        match bus.head().await {
+            Ok(Position { lsn, .. }) if lsn >= p.0 => return true,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(_) => return false,
+        }
+    }
+    false
+}

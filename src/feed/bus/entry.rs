@@ -1,0 +1,248 @@
+//! One entry of the bus, and its encoding: a kind (`k`: `c` commit, `h`
+//! heartbeat, `r` resync, `v` coverage, `i` interruption) and a JSON body
+//! (`d`). A commit carries what the applier reads and nothing else: its
+//! xid, LSN, commit time, and per changed row the table, the operation and
+//! the watched columns of the new and old row (a value is `null`, its
+//! canonical text, or `0` for "not carried", [`Value::Unknown`]), and the
+//! tables it truncated.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde_json::{Value as Json, json};
+
+use crate::feed::{Columns, Commit, Coverage, Lsn, Op, Phase, Resync, RowChange, Scope, Value};
+
+/// What the relay appends.
+#[derive(Debug)]
+pub enum Entry {
+    Commit(Commit),
+    /// Every commit ending at or before this LSN is in the stream.
+    Heartbeat(Lsn),
+    Resync(Resync),
+    Coverage(Coverage),
+    /// The relay's stream stopped; why.
+    Interrupted(String),
+}
+
+impl Entry {
+    /// The kind, as the stream names it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Entry::Commit(_) => "c",
+            Entry::Heartbeat(_) => "h",
+            Entry::Resync(_) => "r",
+            Entry::Coverage(_) => "v",
+            Entry::Interrupted(_) => "i",
+        }
+    }
+
+    /// The LSN that places it (commits and heartbeats; 0 for the rest).
+    pub fn lsn(&self) -> u64 {
+        match self {
+            Entry::Commit(c) => c.lsn.map_or(0, |l| l.0),
+            Entry::Heartbeat(l) => l.0,
+            _ => 0,
+        }
+    }
+
+    /// The body, `d`.
+    pub fn encode(&self) -> String {
+        let v = match self {
+            Entry::Commit(c) => json!({
+                "x": c.xid,
+                "t": c.committed_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_micros() as u64),
+                "ch": c.changes.iter().map(|r| json!([
+                    &*r.table,
+                    match r.op { Op::Insert => "i", Op::Update => "u", Op::Delete => "d" },
+                    r.new.as_ref().map(columns),
+                    r.old.as_ref().map(columns),
+                ])).collect::<Vec<_>>(),
+                "tr": c.truncated.iter().map(|t| &**t).collect::<Vec<_>>(),
+            }),
+            Entry::Heartbeat(_) => Json::Null,
+            Entry::Resync(r) => json!({
+                "why": r.reason,
+                "t": match &r.scope { Scope::All => None, Scope::Table(t) => Some(&**t) },
+            }),
+            Entry::Coverage(c) => json!({ "t": &*c.table, "p": c.problem }),
+            Entry::Interrupted(why) => json!({ "why": why }),
+        };
+        v.to_string()
+    }
+
+    /// The entry of kind `kind` at `lsn` with body `body`.
+    pub fn decode(kind: &str, lsn: u64, body: &str) -> Result<Entry, String> {
+        let v: Json = serde_json::from_str(body).map_err(|e| format!("entry body: {e}"))?;
+        let text = |v: &Json, field: &str| -> Result<String, String> {
+            v.get(field)
+                .and_then(Json::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| format!("entry field {field} missing"))
+        };
+        Ok(match kind {
+            "c" => {
+                let changes = v
+                    .get("ch")
+                    .and_then(Json::as_array)
+                    .ok_or("entry field ch missing")?
+                    .iter()
+                    .map(row)
+                    .collect::<Result<Vec<_>, String>>()?;
+                let truncated = v
+                    .get("tr")
+                    .and_then(Json::as_array)
+                    .map(|a| a.iter().filter_map(Json::as_str).map(Arc::from).collect())
+                    .unwrap_or_default();
+                Entry::Commit(Commit {
+                    xid: v.get("x").and_then(Json::as_u64).map(|x| x as u32),
+                    lsn: Some(Lsn(lsn)),
+                    committed_at: v
+                        .get("t")
+                        .and_then(Json::as_u64)
+                        .map(|us| UNIX_EPOCH + Duration::from_micros(us)),
+                    phase: Phase::Received,
+                    changes,
+                    truncated,
+                })
+            }
+            "h" => Entry::Heartbeat(Lsn(lsn)),
+            "r" => Entry::Resync(Resync {
+                reason: text(&v, "why")?,
+                scope: match v.get("t").and_then(Json::as_str) {
+                    None => Scope::All,
+                    Some(t) => Scope::Table(Arc::from(t)),
+                },
+            }),
+            "v" => Entry::Coverage(Coverage {
+                table: Arc::from(text(&v, "t")?),
+                problem: v.get("p").and_then(Json::as_str).map(str::to_string),
+            }),
+            "i" => Entry::Interrupted(text(&v, "why")?),
+            other => return Err(format!("unknown entry kind {other:?}")),
+        })
+    }
+}
+
+fn columns(c: &Columns) -> Json {
+    Json::Array(
+        c.0.iter()
+            .map(|(name, v)| {
+                json!([
+                    &**name,
+                    match v {
+                        Value::Null => Json::Null,
+                        Value::Text(t) => Json::String(t.clone()),
+                        Value::Unknown => json!(0),
+                    }
+                ])
+            })
+            .collect(),
+    )
+}
+
+fn parse_columns(v: &Json) -> Result<Option<Columns>, String> {
+    if v.is_null() {
+        return Ok(None);
+    }
+    let a = v.as_array().ok_or("columns: not an array")?;
+    let mut out = Vec::with_capacity(a.len());
+    for pair in a {
+        let (Some(name), Some(value)) = (pair.get(0).and_then(Json::as_str), pair.get(1)) else {
+            return Err("columns: not [name, value]".into());
+        };
+        let value = match value {
+            Json::Null => Value::Null,
+            Json::String(s) => Value::Text(s.clone()),
+            _ => Value::Unknown,
+        };
+        out.push((Arc::from(name), value));
+    }
+    Ok(Some(Columns(out)))
+}
+
+fn row(v: &Json) -> Result<RowChange, String> {
+    let a = v.as_array().ok_or("change: not an array")?;
+    let table = a.first().and_then(Json::as_str).ok_or("change: no table")?;
+    let op = match a.get(1).and_then(Json::as_str) {
+        Some("i") => Op::Insert,
+        Some("u") => Op::Update,
+        Some("d") => Op::Delete,
+        _ => return Err("change: unknown operation".into()),
+    };
+    Ok(RowChange {
+        table: Arc::from(table),
+        op,
+        new: parse_columns(a.get(2).unwrap_or(&Json::Null))?,
+        old: parse_columns(a.get(3).unwrap_or(&Json::Null))?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_round_trips_with_null_unknown_and_text_values() {
+        let cols = |v: Vec<(&str, Value)>| {
+            Columns(v.into_iter().map(|(n, v)| (Arc::from(n), v)).collect())
+        };
+        let c = Commit {
+            xid: Some(7),
+            lsn: Some(Lsn(0x1_0000_0042)),
+            committed_at: Some(UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456)),
+            phase: Phase::Visible,
+            changes: vec![
+                RowChange {
+                    table: Arc::from("public.users"),
+                    op: Op::Update,
+                    new: Some(cols(vec![
+                        ("id", Value::Text("1".into())),
+                        ("email", Value::Text("a\"b@x".into())),
+                    ])),
+                    old: Some(cols(vec![("id", Value::Null), ("email", Value::Unknown)])),
+                },
+                RowChange {
+                    table: Arc::from("public.users"),
+                    op: Op::Delete,
+                    new: None,
+                    old: Some(cols(vec![("id", Value::Text("2".into()))])),
+                },
+            ],
+            truncated: vec![Arc::from("public.things")],
+        };
+        let e = Entry::Commit(c.clone());
+        let Entry::Commit(back) = Entry::decode("c", e.lsn(), &e.encode()).unwrap() else {
+            panic!("not a commit")
+        };
+        assert_eq!(back.xid, c.xid);
+        assert_eq!(back.lsn, c.lsn);
+        assert_eq!(back.committed_at, c.committed_at);
+        assert_eq!(back.changes, c.changes);
+        assert_eq!(back.truncated, c.truncated);
+        // Applied once, at receipt: the relay appends visible commits only.
+        assert_eq!(back.phase, Phase::Received);
+    }
+
+    #[test]
+    fn events_round_trip_and_garbage_is_an_error() {
+        let r = Entry::Resync(Resync {
+            reason: "x".into(),
+            scope: Scope::Table(Arc::from("public.t")),
+        });
+        match Entry::decode("r", 0, &r.encode()).unwrap() {
+            Entry::Resync(r) => assert_eq!(r.scope, Scope::Table(Arc::from("public.t"))),
+            e => panic!("{e:?}"),
+        }
+        let v = Entry::Coverage(Coverage {
+            table: Arc::from("public.t"),
+            problem: None,
+        });
+        assert!(
+            matches!(Entry::decode("v", 0, &v.encode()).unwrap(), Entry::Coverage(c) if c.problem.is_none())
+        );
+        assert!(Entry::decode("c", 1, "{").is_err());
+        assert!(Entry::decode("z", 1, "null").is_err());
+        assert!(Entry::decode("c", 1, r#"{"ch":[["t","x",null,null]]}"#).is_err());
+    }
+}

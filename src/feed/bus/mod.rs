@@ -1,0 +1,337 @@
+//! The `bus`: a fleet of gateways on one database decodes the WAL once.
+//! One gateway, the *relay*, reads the primary's WAL through one permanent
+//! slot (`bus.slot`) and appends what it decodes to one stream; every
+//! gateway, the relay's own included, reads that stream instead of a slot
+//! of its own, and turns it back into the [`Event`](super::Event)s a direct feed sends,
+//! so the applier cannot tell the difference. The primary runs one
+//! walsender whatever the size of the fleet.
+//!
+//! Files: [`entry`] (what one entry carries, and its encoding), [`redis`]
+//! (the [`Bus`] on Redis Streams), [`relay`] (the slot to the stream),
+//! [`consumer`] (the stream to the applier, and the fall-back to a direct
+//! feed). Another log (NATS JetStream, Kafka) needs only another [`Bus`].
+//!
+//! # Who relays: the slot is the lock
+//! Every gateway is a candidate. Once a second it looks whether the slot
+//! is held (`pg_replication_slots.active`); when it is free it starts a WAL
+//! feed on it. Postgres lets one walsender hold a slot, so at most one
+//! candidate streams: no lease, no clock, and no second system to agree
+//! with. A relay that dies (a crash, `SIGKILL`) drops its connection, the
+//! walsender exits at once, and the next candidate holds the slot within
+//! about a second (failover bound: one look, plus starting a session; a
+//! hung host without a FIN takes until `wal_sender_timeout`, 60 s by
+//! default: lower it on the primary where that matters).
+//!
+//! # The stream
+//! One stream per database and configuration, key
+//! `{bus.prefix}:{system identifier}:{database}:{watch fingerprint}`: two
+//! clusters, or two configurations watching different columns, never
+//! share one. Entry IDs are positions `lsn-seq`, chosen by [`Bus::append`]
+//! atomically with the entry (a Lua script on Redis):
+//!
+//! - a commit at `L` (the end of its commit record) gets `L-0`, and is
+//!   refused as a duplicate unless `L` is past the newest entry's LSN;
+//! - a heartbeat at `P` (the primary's flush position: every commit that
+//!   ends at or before it is in the stream before it) gets `P-1`, and is
+//!   left out unless `P` is past the newest entry's LSN;
+//! - a resync, a coverage change or an interruption (relation-level
+//!   events) gets the newest entry's LSN with its sequence plus one.
+//!
+//! Every entry carries `p`, the ID of the entry before it, read in the
+//! same atomic step. So the stream is the relay's sequence of commits in
+//! commit order, and an entry's LSN says every commit up to it is in the
+//! stream before it.
+//!
+//! # Guarantees (tested in `tests/bus.rs`)
+//! - **Nothing lost at a failover.** The relay's WAL feed confirms the
+//!   slot only up to what the bus acknowledged ([`relay`]), so a new relay
+//!   starts at or before the stream's newest entry: what it decodes again
+//!   is refused as a duplicate, and it cannot skip a commit (a relay
+//!   appends in commit order and starts no later than the first commit
+//!   the stream lacks). A relay that finds the slot created anew, or
+//!   confirmed past the stream's newest entry (someone else read it),
+//!   appends a resync before anything else. Two relays appending at once
+//!   (one that lost the slot and has not noticed) append the same
+//!   commits in the same order: the second copy of each is refused.
+//! - **Continuity.** A consumer checks every entry's `p` against the
+//!   entry it read last. A stream trimmed past it, a Redis that lost
+//!   entries (a restart without persistence, a failover of its
+//!   asynchronous replication) shows as a break: the consumer resyncs
+//!   (every cache emptied, every filter rebuilt), as a direct feed does
+//!   after a gap.
+//! - **No gap at start-up.** The relay appends a commit only once it is
+//!   visible on the primary. A consumer starts reading after the stream's
+//!   newest entry, read before the first scan: a commit in the stream by
+//!   then is visible to the scan's snapshot, one after it is read.
+//! - **Current, or not vouched for.** Every 100 ms a consumer reads the
+//!   primary's flush position `P`; once it has read an entry at `P` or
+//!   past it, every change committed before that moment is applied
+//!   ([`Event::Heartbeat`](super::Event::Heartbeat)). The relay appends a heartbeat whenever the
+//!   primary's flush position moved past the stream (about every 100 ms
+//!   while the WAL grows), so an idle stream proves itself without writes.
+//! - **The bus failing never makes a gateway wrong.** Unproven for
+//!   `bus.max_lag` (Redis unreachable, no relay, a relay behind), a
+//!   consumer starts a direct WAL feed on a temporary slot and resyncs
+//!   once it streams; it checks the bus every second and returns once the
+//!   stream reaches the primary's flush position, resyncing again. In
+//!   between it has either the bus or its own feed; while it has neither
+//!   it is not vouched for, and not ready.
+
+pub mod consumer;
+pub mod entry;
+pub mod redis;
+pub mod relay;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+pub use entry::Entry;
+
+use super::{Lsn, Watch};
+
+/// A place in the stream: `lsn-seq`, the entry ID.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    pub lsn: u64,
+    pub seq: u64,
+}
+
+impl Position {
+    /// Before every entry (the `p` of the first).
+    pub const START: Position = Position { lsn: 0, seq: 0 };
+
+    pub fn parse(text: &str) -> Option<Position> {
+        let (lsn, seq) = text.split_once('-')?;
+        Some(Position {
+            lsn: lsn.parse().ok()?,
+            seq: seq.parse().ok()?,
+        })
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.lsn, self.seq)
+    }
+}
+
+/// What [`Bus::append`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Appended {
+    /// Appended at this position.
+    At(Position),
+    /// The stream already reaches this entry's LSN (a commit a relay
+    /// decoded again; a heartbeat with nothing new).
+    Already,
+}
+
+/// One entry read back.
+#[derive(Debug)]
+pub struct Read {
+    pub at: Position,
+    /// The position of the entry before it when it was appended.
+    pub prev: Position,
+    /// What it says; `Err` when it does not decode (a resync).
+    pub entry: Result<Entry, String>,
+}
+
+/// Why the bus did not answer; safe to show (no URL, no password).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BusError(pub String);
+
+/// A log the relay appends to and consumers read: the one seam between the
+/// feed and the transport. An implementation keeps the ordering and
+/// duplicate rules of "The stream" above.
+pub trait Bus: Send + 'static {
+    /// Appends `entry` at the position the rules give it, atomically with
+    /// reading the newest entry (its `p`).
+    fn append(&mut self, entry: &Entry) -> impl Future<Output = Result<Appended, BusError>> + Send;
+    /// The newest entry's position ([`Position::START`] for an empty or
+    /// absent stream).
+    fn head(&mut self) -> impl Future<Output = Result<Position, BusError>> + Send;
+    /// Up to `max` entries after `after`, waiting up to `wait` for one.
+    fn read(
+        &mut self,
+        after: Position,
+        wait: Duration,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<Read>, BusError>> + Send;
+    /// Says who relays, for `ttl` (the status page).
+    fn announce(
+        &mut self,
+        who: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(), BusError>> + Send;
+    /// Who relays, as last announced.
+    fn relay(&mut self) -> impl Future<Output = Result<Option<String>, BusError>> + Send;
+}
+
+/// Which the consumer follows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    #[default]
+    Starting,
+    /// The bus.
+    Bus,
+    /// Its own WAL feed, the bus being unhealthy.
+    Direct,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Starting => "starting",
+            Mode::Bus => "bus",
+            Mode::Direct => "direct",
+        }
+    }
+}
+
+/// What the bus says of itself, for the admin API, metrics and the status
+/// page. Correctness rests on the events, never on this.
+#[derive(Debug, Default)]
+pub struct Status {
+    state: Mutex<StatusState>,
+    /// Times the consumer fell back to a direct feed.
+    pub fallbacks: AtomicU64,
+    /// Times it returned to the bus.
+    pub returns: AtomicU64,
+    /// Continuity breaks (a trimmed stream, lost entries) and undecodable
+    /// entries: each a resync.
+    pub breaks: AtomicU64,
+    /// Entries read.
+    pub read: AtomicU64,
+    /// Entries this gateway appended as relay, and those refused as
+    /// already there.
+    pub appended: AtomicU64,
+    pub duplicates: AtomicU64,
+    /// Terms as relay (times this gateway took the slot).
+    pub terms: AtomicU64,
+    /// Bytes of WAL between the primary's flush position last read and
+    /// what the stream has proven.
+    pub lag_bytes: AtomicU64,
+    /// Age of the oldest unproven reading of the primary's position, in
+    /// milliseconds (0: current).
+    pub lag_ms: AtomicU64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct StatusState {
+    pub mode: Mode,
+    /// This gateway holds the slot.
+    pub relaying: bool,
+    /// Who relays, as announced on the bus.
+    pub relay: Option<String>,
+    /// The Redis URL, password redacted.
+    pub url: String,
+    pub stream: String,
+    /// Why it is not on the bus, or the last error; safe to show.
+    pub detail: Option<String>,
+}
+
+impl Status {
+    pub fn new(url: String, stream: String) -> Self {
+        let s = Status::default();
+        {
+            let mut st = s.lock();
+            st.url = url;
+            st.stream = stream;
+        }
+        s
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StatusState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self) -> StatusState {
+        self.lock().clone()
+    }
+
+    fn set_mode(&self, mode: Mode, detail: Option<String>) {
+        let mut s = self.lock();
+        s.mode = mode;
+        s.detail = detail;
+    }
+
+    fn set_relaying(&self, relaying: bool) {
+        self.lock().relaying = relaying;
+    }
+
+    fn set_relay(&self, relay: Option<String>) {
+        self.lock().relay = relay;
+    }
+
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The primary's flush position: every commit a client saw complete ends
+/// at or before it.
+pub(crate) async fn flush_lsn(pool: &PgPool) -> Option<Lsn> {
+    let q =
+        sqlx::query_scalar::<_, String>("SELECT pg_current_wal_flush_lsn()::text").fetch_one(pool);
+    match tokio::time::timeout(Duration::from_secs(1), q).await {
+        Ok(Ok(text)) => Lsn::parse(&text),
+        _ => None,
+    }
+}
+
+/// The stream's key (see "The stream"): the cluster's system identifier
+/// (the server's address and port where the role may not read it), the
+/// database, and a fingerprint of the watched tables and columns.
+pub async fn stream_key(pool: &PgPool, prefix: &str, watch: &Watch) -> Result<String, String> {
+    let row: (Option<String>, String) = sqlx::query_as(
+        "SELECT CASE WHEN has_function_privilege('pg_control_system()', 'execute')
+                THEN (SELECT system_identifier::text FROM pg_control_system())
+                ELSE coalesce(host(inet_server_addr()), 'local') || '-' || coalesce(inet_server_port()::text, '')
+                END,
+                current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(|e| format!("reading the cluster's identity for the bus: {e}"))?;
+    let system = row.0.unwrap_or_else(|| "0".into());
+    Ok(format!(
+        "{prefix}:{system}:{}:{}",
+        row.1,
+        fingerprint(watch)
+    ))
+}
+
+/// The watched tables and columns, hashed: gateways that watch different
+/// columns must not share a stream (the relay carries only its own).
+pub fn fingerprint(watch: &Watch) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for t in &watch.tables {
+        h.update(t.name.as_bytes());
+        h.update([0]);
+        let mut cols: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
+        cols.sort_unstable();
+        for c in cols {
+            h.update(c.as_bytes());
+            h.update([1]);
+        }
+        h.update([2]);
+    }
+    h.finalize()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// This process, as the status page names the relay.
+pub fn whoami() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    format!("{host}:{}", std::process::id())
+}

@@ -1,0 +1,218 @@
+//! The relay: the gateway that holds the bus's slot, decodes the WAL once
+//! and appends it to the bus (see "Who relays" and "Nothing lost at a
+//! failover" in [`super`]).
+//!
+//! Each term as relay is one WAL feed ([`crate::feed::wal::run`]) on the
+//! permanent slot, started at the stream's newest position, and ended by
+//! its first interruption; then the candidate waits for the slot again and
+//! starts a new term at the stream's newest position, so a term never
+//! starts from a position another relay has moved past.
+//!
+//! What the feed delivers becomes entries: a commit once it is visible
+//! (its `Received` delivery is skipped), resyncs, coverage changes, and an
+//! interruption once this relay had the stream. The feed's `applied` is
+//! what the bus acknowledged (a commit appended or refused as already
+//! there; a heartbeat's LSN), and with `idle_confirm_applied` the feed
+//! confirms the slot no further than that: the slot never gets ahead of
+//! the stream. A heartbeat entry carries the primary's flush position read
+//! before the feed's heartbeat moment, so every commit ending at or before
+//! it has been delivered, and appended, before it.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{Appended, Bus, Entry, Status, flush_lsn};
+use crate::feed::{Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Watch, wal};
+use crate::shutdown::{self, Shutdown};
+use crate::telemetry::LogThrottle;
+
+/// How often a candidate looks whether the slot is free.
+pub const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// How long the relay's name stays on the bus without being said again.
+const ANNOUNCE_TTL: Duration = Duration::from_secs(3);
+
+pub struct Options {
+    /// The WAL feed on the bus's slot (`slot` set).
+    pub wal: wal::Options,
+    pub pool: PgPool,
+    /// This gateway, as the status page names it.
+    pub name: String,
+    pub status: Arc<Status>,
+    pub stats: Arc<wal::Stats>,
+}
+
+/// Competes for the slot until `shutdown` fires; relays while it holds it.
+pub async fn run<B: Bus>(mut bus: B, opts: Options, watch: Watch, mut shutdown: Shutdown) {
+    let slot = opts.wal.slot.clone().unwrap_or_default();
+    let throttle = LogThrottle::new(LogThrottle::INTERVAL);
+    let mut first = true;
+    loop {
+        if !first {
+            tokio::select! {
+                () = shutdown.fired() => return,
+                () = tokio::time::sleep(LOOK_EVERY) => {}
+            }
+        }
+        first = false;
+        if !slot_free(&opts.pool, &slot).await {
+            continue;
+        }
+        let head = match bus.head().await {
+            Ok(h) => h,
+            Err(e) => {
+                if let Some(not_logged) = throttle.permit() {
+                    tracing::warn!(error = %e, not_logged, "bus relay: the bus is unreachable; not taking the slot");
+                }
+                continue;
+            }
+        };
+        term(&mut bus, &opts, &watch, Lsn(head.lsn), &mut shutdown).await;
+        opts.status.set_relaying(false);
+        if shutdown.is_fired() {
+            return;
+        }
+    }
+}
+
+/// Whether nobody holds `slot` (or it does not exist yet).
+async fn slot_free(pool: &PgPool, slot: &str) -> bool {
+    let q = sqlx::query_scalar::<_, bool>(
+        "SELECT NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)",
+    )
+    .bind(slot)
+    .fetch_one(pool);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), q).await,
+        Ok(Ok(true))
+    )
+}
+
+/// One WAL feed on the slot, its events appended, until it is interrupted,
+/// the bus fails, or `shutdown` fires.
+async fn term<B: Bus>(
+    bus: &mut B,
+    opts: &Options,
+    watch: &Watch,
+    head: Lsn,
+    shutdown: &mut Shutdown,
+) {
+    let (tx, mut rx) = mpsc::channel(4096);
+    let (applied_tx, applied_rx) = watch::channel(head);
+    let (stop, signal) = shutdown::channel();
+    let health = Arc::new(Health::default());
+    let (ready, _) = oneshot::channel();
+    let mut wal_opts = opts.wal.clone();
+    wal_opts.start_position = Some(head);
+    wal_opts.idle_confirm_applied = true;
+    let feed = tokio::spawn(wal::run(
+        wal_opts,
+        watch.clone(),
+        tx,
+        applied_rx,
+        opts.stats.clone(),
+        health.clone(),
+        ready,
+        signal,
+    ));
+    let mut relaying = false;
+    // (when read, the primary's flush position): for heartbeats.
+    let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
+    let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut announced: Option<Instant> = None;
+    let why_ended: String = loop {
+        let ev = tokio::select! {
+            () = shutdown.fired() => break "shutdown".into(),
+            _ = tick.tick() => {
+                if let Some(p) = flush_lsn(&opts.pool).await {
+                    probes.push_back((Instant::now(), p));
+                    // A feed that proves nothing for a while: keep the
+                    // newest few seconds.
+                    while probes.len() > 100 {
+                        probes.pop_front();
+                    }
+                }
+                if relaying
+                    && announced.is_none_or(|a| a.elapsed() >= Duration::from_secs(1))
+                    && bus.announce(&opts.name, ANNOUNCE_TTL).await.is_ok()
+                {
+                    announced = Some(Instant::now());
+                }
+                continue;
+            }
+            ev = rx.recv() => match ev {
+                Some(ev) => ev,
+                None => break "the WAL feed stopped".into(),
+            },
+        };
+        if !relaying && health.get().state == FeedState::Streaming {
+            relaying = true;
+            opts.status.set_relaying(true);
+            Status::count(&opts.status.terms);
+            tracing::info!(slot = ?opts.wal.slot, from = %head, "bus relay: this gateway holds the slot and relays the WAL");
+            if bus.announce(&opts.name, ANNOUNCE_TTL).await.is_ok() {
+                announced = Some(Instant::now());
+            }
+        }
+        let (entry, acknowledges) = match ev {
+            Event::Commit(c) if c.phase == Phase::Received => continue,
+            Event::Commit(c) => {
+                let lsn = c.lsn;
+                (Entry::Commit(c), lsn)
+            }
+            Event::Heartbeat(at) => {
+                // The newest reading taken at or before the feed's moment.
+                let mut p = None;
+                while probes.front().is_some_and(|(m, _)| *m <= at) {
+                    p = probes.pop_front().map(|(_, p)| p);
+                }
+                match p {
+                    Some(p) => (Entry::Heartbeat(p), Some(p)),
+                    None => continue,
+                }
+            }
+            Event::Resync(r) => (Entry::Resync(r), None),
+            Event::Coverage(c) => (Entry::Coverage(c), None),
+            Event::Interrupted(why) => {
+                if relaying {
+                    let _ = bus.append(&Entry::Interrupted(why.clone())).await;
+                }
+                break why;
+            }
+        };
+        match bus.append(&entry).await {
+            Ok(Appended::At(_)) => Status::count(&opts.status.appended),
+            Ok(Appended::Already) => Status::count(&opts.status.duplicates),
+            Err(e) => break format!("appending to the bus: {e}"),
+        }
+        if let Some(l) = acknowledges {
+            applied_tx.send_if_modified(|a| {
+                let moved = l > *a;
+                *a = (*a).max(l);
+                moved
+            });
+        }
+    };
+    if relaying {
+        tracing::warn!(why = %why_ended, "bus relay: this gateway stopped relaying");
+    }
+    // Closing the channel ends a feed waiting to send; the signal, one
+    // waiting on the server. What it received and was not appended is not
+    // confirmed: the next relay decodes it again.
+    drop(rx);
+    drop(applied_tx);
+    stop.fire();
+    let abort = feed.abort_handle();
+    if tokio::time::timeout(Duration::from_secs(5), feed)
+        .await
+        .is_err()
+    {
+        tracing::warn!("bus relay: the WAL feed did not stop within 5 s");
+        abort.abort();
+    }
+}
