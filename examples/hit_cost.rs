@@ -248,6 +248,7 @@ fn pieces(rt: &tokio::runtime::Runtime) {
     bloomgate::telemetry::init(&LogConfig {
         format: LogFormat::Json,
         level: "info".into(),
+        access: false,
     });
     let m = "GET";
     row("`debug_span!` while debug is off", n, |_| {

@@ -78,12 +78,36 @@ impl Expose for BusSnapshot {
             self.lag_ms as f64 / 1e3,
         );
         for (name, help, v) in [
-            ("bloomgate_bus_fallbacks_total", "Switches from the bus to a direct feed.", self.fallbacks),
-            ("bloomgate_bus_returns_total", "Switches from a direct feed back to the bus.", self.returns),
-            ("bloomgate_bus_breaks_total", "Continuity breaks in the stream (each a resync).", self.breaks),
-            ("bloomgate_bus_entries_read_total", "Stream entries read.", self.read),
-            ("bloomgate_bus_entries_appended_total", "Stream entries appended as the relay.", self.appended),
-            ("bloomgate_bus_relay_terms_total", "Times this gateway became the relay.", self.terms),
+            (
+                "bloomgate_bus_fallbacks_total",
+                "Switches from the bus to a direct feed.",
+                self.fallbacks,
+            ),
+            (
+                "bloomgate_bus_returns_total",
+                "Switches from a direct feed back to the bus.",
+                self.returns,
+            ),
+            (
+                "bloomgate_bus_breaks_total",
+                "Continuity breaks in the stream (each a resync).",
+                self.breaks,
+            ),
+            (
+                "bloomgate_bus_entries_read_total",
+                "Stream entries read.",
+                self.read,
+            ),
+            (
+                "bloomgate_bus_entries_appended_total",
+                "Stream entries appended as the relay.",
+                self.appended,
+            ),
+            (
+                "bloomgate_bus_relay_terms_total",
+                "Times this gateway became the relay.",
+                self.terms,
+            ),
         ] {
             out.counter(name, help, &[], v as f64);
         }
