@@ -180,8 +180,38 @@ pub async fn run(
                     counters.notifications.fetch_add(1, Ordering::Relaxed);
                     received(&watch, n.payload(), counters, &ignored, &mut events);
                 }
-                // sqlx has reconnected and listens again already.
+                // The connection was lost. sqlx connects and `LISTEN`s
+                // again only at the next call on the listener: make that
+                // call now, so that the resync (and the rebuild it asks
+                // for, whose snapshot must come after `LISTEN` is back)
+                // follows it. Sent at once, the resync's snapshot could
+                // precede `LISTEN`, and a row committed in between would
+                // be in neither.
                 Ok(None) => {
+                    opts.health.waiting(String::from("notification listener: connection lost"));
+                    if tx.send(Event::Interrupted("notification listener: connection lost".into())).await.is_err() {
+                        return;
+                    }
+                    loop {
+                        let relisten = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+                                .fetch_one(&mut listener),
+                        );
+                        tokio::select! {
+                            () = shutdown.fired() => return,
+                            r = relisten => match r {
+                                Ok(Ok(_)) => break,
+                                Ok(Err(e)) => tracing::warn!(error = %e, "cannot LISTEN again yet"),
+                                Err(_) => tracing::warn!("cannot LISTEN again yet: timed out"),
+                            },
+                        }
+                        tokio::select! {
+                            () = shutdown.fired() => return,
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        }
+                    }
+                    opts.health.reconnected();
                     backend = None;
                     events.push(reconnected(counters, "connection lost"));
                 }

@@ -146,7 +146,7 @@ struct Shared {
 /// its template (`/users/{id}`), never as itself, so the log holds no keys.
 #[derive(Debug)]
 struct AccessRoutes {
-    templates: super::dispatch::Templates<usize>,
+    templates: super::templates::Templates<usize>,
     /// Per template: the template and the resource it serves ("" if none).
     names: Vec<(Box<str>, Box<str>)>,
 }
@@ -197,7 +197,7 @@ impl FrontLayer {
     /// the resource empty for routes that serve none); a path no template
     /// matches alone is logged with an empty route. Call before cloning.
     pub fn with_access(mut self, routes: Vec<(String, Option<String>)>) -> Self {
-        let mut templates = super::dispatch::Templates::default();
+        let mut templates = super::templates::Templates::default();
         let mut names = Vec::with_capacity(routes.len());
         for (i, (template, resource)) in routes.into_iter().enumerate() {
             templates.add(&template, Some(i));

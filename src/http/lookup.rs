@@ -129,7 +129,7 @@ impl Route {
 
 /// The route's handler, for what axum's router serves: `HEAD`, and a `GET`
 /// the dispatch leaves to it (a path another template could match, a
-/// template over `dispatch::MAX_SEGMENTS` segments). Other `GET`s come
+/// template over `templates::MAX_SEGMENTS` segments). Other `GET`s come
 /// through [`super::dispatch`], which calls [`begin`] and [`finish`] itself.
 pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
     let began = Instant::now();

@@ -26,6 +26,7 @@ pub mod front;
 mod lookup;
 pub mod openapi;
 pub mod response;
+pub mod templates;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -43,9 +44,10 @@ use utoipa_axum::routes;
 use crate::config::route;
 use crate::error::Error;
 use crate::gateway::Gateway;
-use dispatch::{Dispatch, Templates};
+use dispatch::Dispatch;
 use lookup::Route;
 use response::{json_bytes, json_error};
+use templates::Templates;
 
 /// What [`app`] and [`admin::app`] return: the router behind the front
 /// layer, with the resources' `GET`s answered before it ([`Dispatch`]). The
