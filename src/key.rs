@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
+use crate::cache::KeyHeap;
 use crate::filter::{Item, KeyKind};
 
 pub use crate::config::KeyType;
@@ -72,6 +73,16 @@ impl Key {
             Key::Int(v) => Item::Int(*v),
             Key::Uuid(u) => Item::Bytes(u.as_bytes()),
             Key::Text(s) => Item::Bytes(s.as_bytes()),
+        }
+    }
+}
+
+impl KeyHeap for Key {
+    /// A text key's `Arc<str>` block: its two counts and its bytes.
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Key::Int(_) | Key::Uuid(_) => 0,
+            Key::Text(s) => 16 + s.len(),
         }
     }
 }

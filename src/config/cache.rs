@@ -9,21 +9,39 @@ use serde::{Deserialize, Serialize};
 use super::KeyProblem;
 use super::cache_control;
 
+/// The row cache's budget when a section names none: 64 MiB per resource,
+/// about 150,000 rows of the demo's ~150-byte users (README, "Sizing").
+pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
+
+/// What bounds a resource's row cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheBound {
+    /// Bytes, as `cache.max_bytes` counts them.
+    Bytes(u64),
+    /// Rows, whatever their width.
+    Entries(u64),
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
     /// Off means every request that passes the filter is a query. Default
     /// true.
     pub enabled: bool,
-    /// Rows cached at most. Default 100000. Not used when `max_bytes` is
+    /// Rows cached at most, instead of a byte budget: a resource whose rows
+    /// have a known, narrow width may prefer a count. Default: unset (the
+    /// cache is bounded by `max_bytes`). Setting both in one section is an
+    /// error; a resource that sets only this is bounded by entries whatever
+    /// `[cache]` says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<u64>,
+    /// Memory for one resource's cached rows, as `"256 MiB"`, `"1 GB"` or a
+    /// number of bytes. Each row counts its JSON body and compressed forms,
+    /// their ETags and lengths, and its key, plus a fixed per-entry overhead
+    /// ([`crate::cache::ENTRY_OVERHEAD`]), so the cache's memory is bounded
+    /// however wide the rows are (README, "Sizing"). Default
+    /// [`DEFAULT_MAX_BYTES`] (64 MiB) per resource, unless `max_entries` is
     /// set.
-    pub max_entries: u64,
-    /// Memory for cached rows, as `"256 MiB"`, `"1 GB"` or a number of
-    /// bytes. Each row counts its JSON body and compressed forms, their ETags
-    /// and lengths, and its key, plus a
-    /// fixed per-entry overhead ([`crate::cache::ENTRY_OVERHEAD`]), so the
-    /// cache's memory is bounded however wide the rows are. When set, it
-    /// bounds the cache instead of `max_entries`. Default: unset.
     #[serde(
         skip_serializing_if = "Option::is_none",
         serialize_with = "exact_bytes"
@@ -68,7 +86,7 @@ impl Default for CacheConfig {
     fn default() -> Self {
         Self {
             enabled: true,
-            max_entries: 100_000,
+            max_entries: None,
             max_bytes: None,
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
@@ -117,13 +135,16 @@ impl CacheOverrides {
     pub(super) fn apply(&self, base: &CacheConfig) -> CacheConfig {
         CacheConfig {
             enabled: self.enabled.unwrap_or(base.enabled),
-            max_entries: self.max_entries.unwrap_or(base.max_entries),
-            // A resource that sets only `max_entries` is bounded by entries,
-            // whatever byte budget `[cache]` has.
+            // A resource that names either bound replaces `[cache]`'s: one
+            // that sets only `max_entries` is bounded by entries, whatever
+            // byte budget `[cache]` has.
+            max_entries: match (self.max_bytes, self.max_entries) {
+                (None, None) => base.max_entries,
+                (_, own) => own,
+            },
             max_bytes: match (self.max_bytes, self.max_entries) {
-                (Some(b), _) => Some(b),
-                (None, Some(_)) => None,
                 (None, None) => base.max_bytes,
+                (own, _) => own,
             },
             ttl: self.ttl.unwrap_or(base.ttl),
             negative_ttl: self.negative_ttl.unwrap_or(base.negative_ttl),
@@ -149,11 +170,28 @@ impl CacheOverrides {
 const MIN_CACHE_BYTES: u64 = 64 * 1024;
 
 impl CacheConfig {
+    /// The bound this section gives: `max_bytes`, else `max_entries`, else
+    /// [`DEFAULT_MAX_BYTES`].
+    pub fn bound(&self) -> CacheBound {
+        match (self.max_bytes, self.max_entries) {
+            (Some(b), _) => CacheBound::Bytes(b.as_u64()),
+            (None, Some(n)) => CacheBound::Entries(n),
+            (None, None) => CacheBound::Bytes(DEFAULT_MAX_BYTES),
+        }
+    }
+
     /// `at` is where the section is: `cache`, or `resource[i].cache` for a
     /// resource's resolved one.
     pub(super) fn validate(&self, at: &str) -> Result<(), KeyProblem> {
         let key = |field: &str| format!("{at}.{field}");
-        if self.enabled && self.max_entries == 0 {
+        if self.max_entries.is_some() && self.max_bytes.is_some() {
+            return Err(KeyProblem::new(
+                key("max_entries"),
+                "set max_bytes or max_entries, not both (max_bytes bounds memory however wide \
+                 the rows are)",
+            ));
+        }
+        if self.enabled && self.max_entries == Some(0) {
             return Err(KeyProblem::new(
                 key("max_entries"),
                 "must be at least 1 (set enabled = false to turn the cache off)",

@@ -48,7 +48,7 @@ pub use auth::{
     Access, AuthConfig, AuthMode, MIN_JWT_SECRET, REDACTED, REDACTED_SECRET, RateLimit, parse_rate,
 };
 pub use bus::BusConfig;
-pub use cache::{CacheConfig, CacheOverrides};
+pub use cache::{CacheBound, CacheConfig, CacheOverrides, DEFAULT_MAX_BYTES};
 pub use database::{DatabaseConfig, Freshness, redact_url};
 pub use filter::{FilterConfig, FilterOverrides};
 pub use log::{LogConfig, LogFormat};
@@ -207,6 +207,10 @@ impl Config {
         if c.auth.jwt_secret.is_some() {
             c.auth.jwt_secret = Some(REDACTED_SECRET.into());
         }
+        // The budget that will be used, not its absence.
+        if let CacheBound::Bytes(b) = c.cache.bound() {
+            c.cache.max_bytes = Some(bytesize::ByteSize::b(b));
+        }
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
 
@@ -339,7 +343,8 @@ pub(crate) mod tests {
         ))
         .unwrap();
         let r = &c.resolved()[0].cache;
-        assert_eq!((r.max_entries, r.max_bytes), (10, None));
+        assert_eq!((r.max_entries, r.max_bytes), (Some(10), None));
+        assert_eq!(r.bound(), CacheBound::Entries(10));
         // And one with its own budget keeps it.
         let c = Config::from_toml(&format!(
             "{MINIMAL}\n[resource.cache]\nmax_bytes = \"2 MB\"\n"
@@ -349,6 +354,18 @@ pub(crate) mod tests {
         assert_eq!(
             c.resolved()[0].cache.max_bytes.map(|b| b.as_u64()),
             Some(2_000_000)
+        );
+        // Neither set: the default budget, which check-config prints.
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(
+            c.resolved()[0].cache.bound(),
+            CacheBound::Bytes(DEFAULT_MAX_BYTES)
+        );
+        assert!(
+            c.to_redacted_toml()
+                .contains(&format!("max_bytes = {DEFAULT_MAX_BYTES}")),
+            "{}",
+            c.to_redacted_toml()
         );
         // The redacted TOML (check-config) round-trips it exactly.
         let c =
@@ -437,6 +454,10 @@ pub(crate) mod tests {
                 "filter.rebuild_interval",
             ),
             ("[cache]\nmax_entries = 0\n", "cache.max_entries"),
+            (
+                "[cache]\nmax_entries = 10\nmax_bytes = \"1 MiB\"\n",
+                "cache.max_entries",
+            ),
             ("[cache]\nmax_bytes = 256\n", "cache.max_bytes"),
             ("[cache]\nmax_bytes = \"lots\"\n", "cache.max_bytes"),
             ("[database]\npool_size = 0\n", "database.pool_size"),

@@ -63,11 +63,41 @@ pub fn decode_i64(v: u64) -> i64 {
     (v ^ (1 << 63)) as i64
 }
 
+/// Heap bytes of one high-32 bucket of a treemap beyond its containers: its
+/// share of the `BTreeMap` node that holds it (a 4-byte key and a 24-byte
+/// `RoaringBitmap`, nodes of 11 about two-thirds full) and the allocation
+/// rounding of its container vector. Calibrated against a counting
+/// allocator (`tests/memory.rs`).
+const BUCKET_BYTES: u64 = 64;
+/// Heap bytes of one container's entry in its bucket's vector (its 2-byte
+/// key and its store's enum), at least four of them per vector: the
+/// smallest capacity a `Vec` of them grows to.
+const CONTAINER_BYTES: u64 = 32;
+
+/// What `map` holds on the heap, estimated from roaring's count of its
+/// containers plus the structure around them. Not its serialised size: for
+/// sparse 64-bit ids, one key per bucket, that is a tenth of the heap
+/// (`tests/memory.rs` checks this estimate within a quarter). Buffers are
+/// counted from the values, not roaring 0.12's `n_bytes_*`, which counts an
+/// array's `u16`s as `u32`s and a bitset's capacity in bits.
+pub fn heap_bytes(map: &RoaringTreemap) -> u64 {
+    map.bitmaps()
+        .map(|(_, b)| {
+            let s = b.statistics();
+            BUCKET_BYTES
+                + CONTAINER_BYTES * u64::from(s.n_containers.max(4))
+                + 2 * u64::from(s.n_values_array_containers)
+                + 8192 * u64::from(s.n_bitset_containers)
+                + s.n_bytes_run_containers
+        })
+        .sum()
+}
+
 /// Exact concurrent set of u64 keys; see the module docs.
 pub struct ExactSet {
     base: ArcSwap<RoaringTreemap>,
-    /// Serialised bytes of the current base, cached for the compaction
-    /// threshold.
+    /// Heap bytes of the current base ([`heap_bytes`]), cached for the
+    /// compaction threshold and the size metric.
     base_bytes: AtomicU64,
     delta: RwLock<HashSet<u64>>,
     frozen: ArcSwap<HashSet<u64>>,
@@ -91,7 +121,7 @@ impl ExactSet {
     /// A set whose base is `map` (run-compressed first).
     pub fn from_treemap(mut map: RoaringTreemap) -> Self {
         map.optimize();
-        let bytes = map.serialized_size() as u64;
+        let bytes = heap_bytes(&map);
         ExactSet {
             base: ArcSwap::from_pointee(map),
             base_bytes: AtomicU64::new(bytes),
@@ -186,8 +216,7 @@ impl ExactSet {
             next.insert(v);
         }
         next.optimize();
-        self.base_bytes
-            .store(next.serialized_size() as u64, Ordering::Relaxed);
+        self.base_bytes.store(heap_bytes(&next), Ordering::Relaxed);
         self.base.store(Arc::new(next));
         self.frozen.store(Arc::new(HashSet::new()));
         self.pending.fetch_sub(taken.len() as u64, Ordering::AcqRel);
@@ -219,9 +248,8 @@ impl ExactSet {
         self.len() == 0
     }
 
-    /// Approximate heap bytes: serialised size of the base (roaring's
-    /// in-memory size tracks it closely once containers hold more than a few
-    /// keys) plus 16 bytes per delta entry.
+    /// Approximate heap bytes: the base's ([`heap_bytes`]) plus 16 bytes per
+    /// delta entry.
     pub fn size_in_bytes(&self) -> u64 {
         self.base_bytes.load(Ordering::Relaxed) + 16 * self.pending.load(Ordering::Relaxed)
     }
@@ -232,7 +260,7 @@ impl ExactSet {
     pub fn stats(&self) -> FilterStats {
         let map = self.snapshot();
         let len = map.len();
-        let bytes = map.serialized_size() as u64 + 16 * self.pending.load(Ordering::Relaxed);
+        let bytes = heap_bytes(&map) + 16 * self.pending.load(Ordering::Relaxed);
         let fill_ratio = match (map.min(), map.max()) {
             (Some(lo), Some(hi)) => len as f64 / ((hi - lo) as f64 + 1.0),
             _ => 0.0,

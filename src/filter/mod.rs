@@ -99,7 +99,7 @@ impl Item<'_> {
 pub struct FilterStats {
     /// `"bloom"` or `"exact"`.
     pub kind: &'static str,
-    /// Size in bits (exact: serialised bytes × 8).
+    /// Size in bits (exact: its estimated heap bytes × 8).
     pub bits: u64,
     /// Size in bytes.
     pub bytes: u64,
@@ -270,10 +270,10 @@ impl KeySet {
 ///   size. A `Bytes` item switches to Bloom at once. `finish` picks the
 ///   smaller of the two for the keys actually seen.
 ///
-/// The size compared is roaring's serialised size, which matches its heap
-/// footprint to within a few percent in the regime where the choice is close
-/// (containers holding thousands of keys); for sparse keys the heap is larger
-/// still, which only makes Bloom the clearer choice.
+/// The size compared is the bitmap's heap ([`exact::heap_bytes`]), not its
+/// serialised size: the two agree for containers holding thousands of keys,
+/// but a sparse 64-bit id alone in its bucket costs ~200 heap bytes against
+/// ~22 serialised (`tests/memory.rs`).
 pub struct KeySetBuilder {
     mode: Mode,
     expected: u64,
@@ -389,7 +389,7 @@ impl KeySetBuilder {
             && let Building::Exact(map) = &mut self.state
         {
             map.optimize();
-            let exact = map.serialized_size() as u64;
+            let exact = exact::heap_bytes(map);
             // Compare against the Bloom filter that would actually be built
             // for these keys.
             let bloom = sizing::size_blocked(self.expected.max(self.len), self.p)
@@ -414,11 +414,11 @@ impl KeySetBuilder {
         let Building::Exact(map) = &mut self.state else {
             return;
         };
-        let mut size = map.serialized_size() as u64;
+        let mut size = exact::heap_bytes(map);
         if size > self.bloom_bytes {
             // Array/bitmap containers of dense ids shrink a lot as runs.
             map.optimize();
-            size = map.serialized_size() as u64;
+            size = exact::heap_bytes(map);
         }
         if size > self.bloom_bytes {
             self.switch_to_bloom();
@@ -426,9 +426,10 @@ impl KeySetBuilder {
         }
         // The next check after a number of keys proportional to the size
         // (≈ number of containers), so checking costs O(1) amortised per key
-        // while the bitmap can overshoot the threshold by at most ~1/3
-        // (≤ 22 serialised bytes per new key × size/64 keys).
-        self.next_check = self.len + (size / 64).max(MIN_CHECK_INTERVAL);
+        // while the bitmap can overshoot the threshold by at most ~4/5
+        // (≤ ~200 heap bytes per new key, a key alone in its bucket,
+        // × size/256 keys).
+        self.next_check = self.len + (size / 256).max(MIN_CHECK_INTERVAL);
     }
 
     fn switch_to_bloom(&mut self) {
