@@ -383,6 +383,156 @@ async fn a_cut_listener_reconnects_and_rebuilds() {
     eventually(&gw, "/users/77777", |r| r.status == StatusCode::OK).await;
 }
 
+/// The resync after a lost listener comes after `LISTEN` is back, not
+/// before: the listener's connection ends (a cut network) and its
+/// reconnect is held (a slow connect, shorter than its pool's 5 s acquire
+/// timeout), a row is inserted once any rebuild the loss started is done,
+/// then the connect goes through. A resync sent before `LISTEN` is back
+/// would rebuild before the row exists while `LISTEN` comes after its
+/// notification: the row in neither, 404 until the next scheduled rebuild.
+#[tokio::test]
+async fn the_resync_after_a_lost_listener_follows_its_listen() {
+    if listen_only("the_resync_after_a_lost_listener_follows_its_listen") {
+        return;
+    }
+    let db = TestDb::new().await;
+    db.seed_users(100).await;
+    let proxy = Proxy::start().await;
+    // In clear, so that the proxy sees each connection's application_name.
+    let url = proxy.url(&db);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let gw = started(config(&format!("{url}{sep}sslmode=disable"), "")).await;
+    // Connections for the rebuild to use while new ones are held: a few
+    // lookups at once open them.
+    let warm: Vec<_> = (1..=8)
+        .map(|id| {
+            let gw = gw.clone();
+            tokio::spawn(async move { get(&gw, &format!("/users/{id}")).await.status })
+        })
+        .collect();
+    for w in warm {
+        assert_eq!(w.await.unwrap(), StatusCode::OK);
+    }
+    let users = gw.resource("users").unwrap();
+    let rebuilds = || users.stats.rebuilds.load(Ordering::Relaxed);
+    let before = rebuilds();
+
+    proxy.hold();
+    // Closed without a word (a killed backend says why, and sqlx reports
+    // that as an error, whose path reconnected first all along).
+    proxy.cut_named("bloomgate-notify-feed");
+    // A resync sent at the loss rebuilds now, on the pool's open
+    // connections; one that waits for `LISTEN` does not, while it is held.
+    let began = Instant::now();
+    while rebuilds() == before && began.elapsed() < Duration::from_millis(1500) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    insert_user(&db, 4242).await;
+    proxy.release();
+
+    eventually(&gw, "/users/4242", |r| r.status == StatusCode::OK).await;
+}
+
+/// A listener whose reconnect is cut short loses nothing after it. The
+/// listener's connection ends (a cut network) and its `LISTEN` on a new one
+/// is slow on the wire (300 ms, three heartbeats), and so is each
+/// heartbeat's round trip (40 ms, while the server, idle, sends
+/// notifications at once). A reconnect made by sqlx inside the feed's
+/// `select!` would be dropped by the next heartbeat along with the
+/// notification buffer it had moved; from then on a notification arriving
+/// during a heartbeat's query is taken by that query, which fails on it
+/// (seen, instrumented, on the feed before `feed::notify` replaced lost
+/// listeners: 29 heartbeats failed so in one run). The feed must hear
+/// every notification and the filter hold every key.
+#[tokio::test]
+async fn a_listener_reconnect_cut_short_loses_no_notification() {
+    if listen_only("a_listener_reconnect_cut_short_loses_no_notification") {
+        return;
+    }
+    let db = TestDb::new().await;
+    db.seed_users(100).await;
+    let proxy = Proxy::start().await;
+    // In clear, so that the proxy sees each connection's application_name
+    // and statements. No rebuild but the resync's: one for growth would
+    // rescan the table and hide lost notifications.
+    let url = proxy.url(&db);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let cfg = config(
+        &format!("{url}{sep}sslmode=disable"),
+        "[filter]\nrebuild_insert_fraction = 0\nrebuild_fp_multiple = 0\nrebuild_delete_fraction = 0",
+    );
+    let gw = started(cfg).await;
+    proxy.slow_down("LISTEN", Duration::from_millis(300));
+    // And each heartbeat's round trip spends 40 ms on the wire, while the
+    // server, idle, sends notifications straight away: they arrive during
+    // the query, as they can on a loaded network.
+    proxy.slow_down("pg_backend_pid", Duration::from_millis(40));
+    proxy.cut_named("bloomgate-notify-feed");
+    let began = Instant::now();
+    while gw.stats.feed.listener_reconnects.load(Ordering::Relaxed) == 0 {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the listener never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The resync's rebuild, whose snapshot follows the new `LISTEN`.
+    let users = gw.resource("users").unwrap();
+    eventually(&gw, "/users/100", |r| r.status == StatusCode::OK).await;
+    let rebuilt = users.stats.rebuilds.load(Ordering::Relaxed);
+    while users.stats.rebuilds.load(Ordering::Relaxed) == rebuilt
+        && began.elapsed() < Duration::from_secs(5)
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let heard = || gw.stats.feed.notifications.load(Ordering::Relaxed);
+    let before = heard();
+    let writers: Vec<_> = (0..4i64)
+        .map(|w| {
+            let pool = db.pool.clone();
+            tokio::spawn(async move {
+                for i in 0..750i64 {
+                    sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'r' || $1, 'R')")
+                        .bind(20_000 + w * 750 + i)
+                        .execute(&pool)
+                        .await
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    // Every notification reaches the feed: none is taken by a heartbeat's
+    // query (the filter may hide a loss: past `database.freshness_bound`
+    // without a heartbeat the gateway answers from the database, and so
+    // heartbeats that fail often are covered).
+    let began = Instant::now();
+    while heard() - before < 3000 {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{} of 3000 notifications never reached the feed",
+            3000 - (heard() - before)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let began = Instant::now();
+    loop {
+        let missing = (20_000..23_000)
+            .filter(|k| !users.filter_contains(&Key::Int(*k)))
+            .count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{missing} of 3000 keys inserted after the reconnect never reached the filter"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn keys_above_the_high_water_mark_are_verified_within_budget() {
     let db = TestDb::new().await;

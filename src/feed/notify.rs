@@ -16,6 +16,20 @@
 //! (the gateway rebuilds every filter, from a snapshot taken after `LISTEN`
 //! is in place again).
 //!
+//! # A lost listener is replaced
+//! When the listener's connection is lost (the stream ends, an error, a
+//! heartbeat that fails or times out), the `PgListener` is dropped and a
+//! new one connects and `LISTEN`s, and only then is the resync sent. sqlx
+//! can reconnect a listener by itself (in `try_recv`, or in a query run on
+//! it), moving its notification buffer to the new connection; but that
+//! reconnect runs inside a future our `select!` may drop, and a drop after
+//! the buffer moved loses it: the new connection then hands every
+//! notification that arrives during a heartbeat's query to the query,
+//! which fails on it, and the change is gone without a gap anyone sees.
+//! So the listener is built with sqlx's eager reconnect off and never
+//! reused after a loss (`tests/freshness.rs`,
+//! `a_listener_reconnect_cut_short_loses_no_notification`).
+//!
 //! # Heartbeats and checks
 //! Every [`HEARTBEAT_EVERY`] the source makes a round trip on the
 //! listener's own connection. A listening session is sent the
@@ -170,6 +184,7 @@ pub async fn run(
     // reported; a heartbeat that finds another backend is that reconnect.
     let mut backend: Option<i32> = None;
     let mut events = Vec::new();
+    let mut lost: Option<String> = None;
     loop {
         tokio::select! {
             // The notifications received are applied already; the
@@ -180,63 +195,8 @@ pub async fn run(
                     counters.notifications.fetch_add(1, Ordering::Relaxed);
                     received(&watch, n.payload(), counters, &ignored, &mut events);
                 }
-                // The connection was lost. sqlx connects and `LISTEN`s
-                // again only at the next call on the listener: make that
-                // call now, so that the resync (and the rebuild it asks
-                // for, whose snapshot must come after `LISTEN` is back)
-                // follows it. Sent at once, the resync's snapshot could
-                // precede `LISTEN`, and a row committed in between would
-                // be in neither.
-                Ok(None) => {
-                    opts.health.waiting(String::from("notification listener: connection lost"));
-                    if tx.send(Event::Interrupted("notification listener: connection lost".into())).await.is_err() {
-                        return;
-                    }
-                    loop {
-                        let relisten = tokio::time::timeout(
-                            Duration::from_secs(5),
-                            sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
-                                .fetch_one(&mut listener),
-                        );
-                        tokio::select! {
-                            () = shutdown.fired() => return,
-                            r = relisten => match r {
-                                Ok(Ok(_)) => break,
-                                Ok(Err(e)) => tracing::warn!(error = %e, "cannot LISTEN again yet"),
-                                Err(_) => tracing::warn!("cannot LISTEN again yet: timed out"),
-                            },
-                        }
-                        tokio::select! {
-                            () = shutdown.fired() => return,
-                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        }
-                    }
-                    opts.health.reconnected();
-                    backend = None;
-                    events.push(reconnected(counters, "connection lost"));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "notification listener failed; reconnecting");
-                    opts.health.waiting(format!("notification listener: {e}"));
-                    if tx.send(Event::Interrupted(e.to_string())).await.is_err() {
-                        return;
-                    }
-                    drop(listener);
-                    listener = loop {
-                        match connect(&pool).await {
-                            Ok(l) => break l,
-                            Err(e) => {
-                                // A failover to a standby: keep trying, the
-                                // primary may come back.
-                                tracing::warn!(error = %e, "cannot LISTEN again yet");
-                                tokio::time::sleep(Duration::from_secs(5)).await;
-                            }
-                        }
-                    };
-                    opts.health.reconnected();
-                    backend = None;
-                    events.push(reconnected(counters, "listener error"));
-                }
+                Ok(None) => lost = Some(String::from("connection lost")),
+                Err(e) => lost = Some(e.to_string()),
             },
             _ = beat.tick() => {
                 let due = checked.is_none_or(|at| at.elapsed() >= CHECK_EVERY);
@@ -270,10 +230,30 @@ pub async fn run(
                             let _ = ready.send(Ok(()));
                         }
                     }
-                    // The listener's own loop finds a dead connection.
-                    Err(e) => tracing::debug!(error = %e, "notify feed heartbeat failed"),
+                    // The round trip on the listener failed or timed out:
+                    // its connection is in no state to trust.
+                    Err(Beat::Listener(e)) => lost = Some(format!("heartbeat: {e}")),
+                    // The second connection's checks: the next ones retry.
+                    Err(Beat::Checks(e)) => tracing::debug!(error = %e, "notify feed checks failed"),
                 }
             }
+        }
+        // A listener whose connection was lost is dropped, never reused:
+        // see "A lost listener is replaced" in the module doc.
+        if let Some(why) = lost.take() {
+            tracing::warn!(error = %why, "notification listener lost; listening again");
+            opts.health.waiting(format!("notification listener: {why}"));
+            if tx.send(Event::Interrupted(why.clone())).await.is_err() {
+                return;
+            }
+            drop(listener);
+            listener = tokio::select! {
+                () = shutdown.fired() => return,
+                l = listen_again(&pool) => l,
+            };
+            opts.health.reconnected();
+            backend = None;
+            events.push(reconnected(counters, &why));
         }
         for e in std::mem::take(&mut events) {
             if tx.send(e).await.is_err() {
@@ -296,11 +276,13 @@ async fn heartbeat(
     opts: &Options,
     tracker: &mut Tracker,
     check: bool,
-) -> Result<(Instant, i32, Vec<Event>), sqlx::Error> {
+) -> Result<(Instant, i32, Vec<Event>), Beat> {
     let at = Instant::now();
     let events = if check {
-        let mut conn = pool.acquire().await?;
-        super::watch::check_triggers(&mut conn, watch, Sink::Notify, opts.install, tracker).await?
+        let mut conn = pool.acquire().await.map_err(Beat::Checks)?;
+        super::watch::check_triggers(&mut conn, watch, Sink::Notify, opts.install, tracker)
+            .await
+            .map_err(Beat::Checks)?
     } else {
         Vec::new()
     };
@@ -309,8 +291,31 @@ async fn heartbeat(
         sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *listener),
     )
     .await
-    .map_err(|_| sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()))??;
+    .map_err(|_| Beat::Listener(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())))?
+    .map_err(Beat::Listener)?;
     Ok((at, pid, events))
+}
+
+/// Which connection a heartbeat failed on.
+enum Beat {
+    /// The listener's: it is replaced.
+    Listener(sqlx::Error),
+    /// The checks': they are made again at the next heartbeat.
+    Checks(sqlx::Error),
+}
+
+/// A new listener, however long it takes: a failover to a standby is
+/// waited out, the primary may come back.
+async fn listen_again(pool: &PgPool) -> PgListener {
+    loop {
+        match connect(pool).await {
+            Ok(l) => return l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot LISTEN again yet");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
 }
 
 /// One notification's event, if it is one (junk logged within `ignored`).
@@ -339,6 +344,12 @@ async fn connect(pool: &PgPool) -> Result<PgListener, NotifyError> {
     loop {
         let attempt = async {
             let mut l = PgListener::connect_with(pool).await?;
+            // sqlx would otherwise reconnect inside `try_recv` and hand the
+            // notification buffer to the new connection there; a `select!`
+            // that drops that future mid-reconnect loses the buffer, and
+            // with it every notification that later arrives during a
+            // heartbeat (the module doc, "A lost listener is replaced").
+            l.eager_reconnect(false);
             // Checked on the listener's own connection: the server it
             // actually reached.
             let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")

@@ -293,6 +293,12 @@ enum Building {
     Exact(RoaringTreemap),
 }
 
+/// Auto mode keeps a bitmap this small whatever the Bloom filter would
+/// take: a few KiB cost nothing, and the bitmap has no false positives (a
+/// small table's bitmap is mostly fixed overhead, bigger than a Bloom
+/// filter sized for its few keys, which fills up as rows arrive).
+const EXACT_ANYWAY_BELOW: u64 = 16 * 1024;
+
 /// Minimum keys between two size checks in auto mode.
 const MIN_CHECK_INTERVAL: u64 = 1024;
 
@@ -395,7 +401,7 @@ impl KeySetBuilder {
             let bloom = sizing::size_blocked(self.expected.max(self.len), self.p)
                 .map(|s| s.bytes())
                 .unwrap_or(u64::MAX);
-            if exact > bloom {
+            if exact > bloom.max(EXACT_ANYWAY_BELOW) {
                 self.switch_to_bloom();
             }
         }
@@ -414,13 +420,14 @@ impl KeySetBuilder {
         let Building::Exact(map) = &mut self.state else {
             return;
         };
+        let limit = self.bloom_bytes.max(EXACT_ANYWAY_BELOW);
         let mut size = exact::heap_bytes(map);
-        if size > self.bloom_bytes {
+        if size > limit {
             // Array/bitmap containers of dense ids shrink a lot as runs.
             map.optimize();
             size = exact::heap_bytes(map);
         }
-        if size > self.bloom_bytes {
+        if size > limit {
             self.switch_to_bloom();
             return;
         }
@@ -541,6 +548,20 @@ mod tests {
             .finish();
         assert_eq!(set.kind(), "exact");
         assert!(!set.contains(Item::Int(1)));
+    }
+
+    /// A small table keeps its bitmap in auto mode, though a Bloom filter
+    /// sized for its few keys takes fewer bytes than the bitmap's fixed
+    /// structure: that filter would fill up with the first rows inserted.
+    #[test]
+    fn auto_keeps_a_small_tables_bitmap() {
+        for sparse in [1, 1000] {
+            let mut b = KeySetBuilder::new(Mode::Auto, KeyKind::Int, 150, 0.01, key()).unwrap();
+            for id in 1..=100 {
+                b.insert(Item::Int(id * sparse));
+            }
+            assert_eq!(b.finish().kind(), "exact", "ids spaced by {sparse}");
+        }
     }
 
     #[test]

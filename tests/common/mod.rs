@@ -18,6 +18,7 @@ use bloomgate::config::Config;
 use bloomgate::gateway::Gateway;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Executor, PgPool};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tower::ServiceExt;
@@ -587,6 +588,14 @@ pub struct Proxy {
     cut: watch::Sender<bool>,
     /// How many times it was frozen.
     frozen: watch::Sender<u64>,
+    /// New connections wait, accepted but not yet passed on, while this is
+    /// true: a slow connect, not a refused one.
+    held: watch::Sender<bool>,
+    /// Open connections whose client sent this (an application_name) are
+    /// closed, without a word: a cut network, seen by that client alone.
+    named: watch::Sender<String>,
+    /// Client bytes holding this text wait this long before they pass.
+    slowed: watch::Sender<Vec<(String, std::time::Duration)>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -597,6 +606,9 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let (cut, cut_rx) = watch::channel(false);
         let (frozen, frozen_rx) = watch::channel(0u64);
+        let (held, held_rx) = watch::channel(false);
+        let (named, named_rx) = watch::channel(String::new());
+        let (slowed, slowed_rx) = watch::channel(Vec::<(String, std::time::Duration)>::new());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
@@ -608,24 +620,80 @@ impl Proxy {
                 }
                 let mut cut_rx = cut_rx.clone();
                 let mut frozen_rx = frozen_rx.clone();
+                let mut held_rx = held_rx.clone();
                 let born = *frozen_rx.borrow();
                 let upstream = *upstream_rx.borrow();
+                let mut named_rx = named_rx.clone();
+                named_rx.mark_unchanged();
+                let slowed_rx = slowed_rx.clone();
                 tokio::spawn(async move {
+                    if held_rx.wait_for(|h| !*h).await.is_err() {
+                        return;
+                    }
                     let Ok(mut server) = TcpStream::connect(upstream).await else {
                         return;
                     };
-                    let frozen = tokio::select! {
-                        // A freeze wins over bytes ready to pass.
-                        biased;
-                        f = frozen_rx.wait_for(|f| *f > born) => f.is_ok(),
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
-                        _ = cut_rx.wait_for(|c| *c) => false,
+                    // What the client sent first (its start-up message, with
+                    // its application_name), for `cut_named`.
+                    let seen = std::sync::Mutex::new(Vec::new());
+                    let frozen = {
+                        let (mut cr, mut cw) = client.split();
+                        let (mut sr, mut sw) = server.split();
+                        let up = async {
+                            let mut buf = vec![0u8; 16 * 1024];
+                            loop {
+                                let n = match cr.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => n,
+                                };
+                                {
+                                    let mut seen = seen.lock().unwrap();
+                                    if seen.len() < 4096 {
+                                        seen.extend_from_slice(&buf[..n]);
+                                    }
+                                }
+                                let slow = slowed_rx
+                                    .borrow()
+                                    .iter()
+                                    .find(|(what, _)| {
+                                        buf[..n].windows(what.len()).any(|w| w == what.as_bytes())
+                                    })
+                                    .map(|(_, by)| *by);
+                                if let Some(by) = slow {
+                                    tokio::time::sleep(by).await;
+                                }
+                                if sw.write_all(&buf[..n]).await.is_err() {
+                                    return;
+                                }
+                            }
+                        };
+                        let named = async {
+                            loop {
+                                if named_rx.changed().await.is_err() {
+                                    std::future::pending::<()>().await;
+                                }
+                                let name = named_rx.borrow_and_update().clone();
+                                let seen = seen.lock().unwrap();
+                                if seen.windows(name.len()).any(|w| w == name.as_bytes()) {
+                                    return;
+                                }
+                            }
+                        };
+                        tokio::select! {
+                            // A freeze wins over bytes ready to pass.
+                            biased;
+                            f = frozen_rx.wait_for(|f| *f > born) => f.is_ok(),
+                            _ = up => false,
+                            _ = tokio::io::copy(&mut sr, &mut cw) => false,
+                            _ = cut_rx.wait_for(|c| *c) => false,
+                            () = named => false,
+                        }
                     };
                     if frozen {
                         // Both ends held open, nothing passed.
                         let _ = cut_rx.wait_for(|c| *c).await.is_ok();
-                        drop((client, server));
                     }
+                    drop((client, server));
                 });
             }
         });
@@ -634,6 +702,9 @@ impl Proxy {
             upstream,
             cut,
             frozen,
+            held,
+            named,
+            slowed,
             task,
         }
     }
@@ -665,6 +736,30 @@ impl Proxy {
 
     pub fn cut(&self) {
         self.cut.send_replace(true);
+    }
+
+    /// New connections are accepted and wait, passing nothing, until
+    /// [`Self::release`]; connections open now go on as before.
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// Closes the open connections whose start-up message carried `name`
+    /// (their `application_name`), as a cut network would: no error
+    /// message, just the end of the stream. The others go on.
+    pub fn cut_named(&self, name: &str) {
+        self.named.send_replace(name.to_owned());
+    }
+
+    /// From now on, what a client sends that holds `text` (a statement)
+    /// reaches the server `by` later: a slow statement, on the wire.
+    pub fn slow_down(&self, text: &str, by: std::time::Duration) {
+        self.slowed.send_modify(|s| s.push((text.to_owned(), by)));
+    }
+
+    /// The held connections, and new ones, pass again.
+    pub fn release(&self) {
+        self.held.send_replace(false);
     }
 
     pub fn restore(&self) {
