@@ -13,13 +13,20 @@ fn main() {
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     // A worktree keeps HEAD in its own git directory and the branches in
-    // the common one.
+    // the common one. Only paths that exist: cargo reruns a build script
+    // whose watched path is missing on every build (no `packed-refs` until
+    // git packs), and each rerun recompiled the crate.
+    let watch = |path: String| {
+        if std::path::Path::new(&path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    };
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/HEAD");
+        watch(format!("{dir}/HEAD"));
     }
     if let Some(dir) = git(&["rev-parse", "--git-common-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/refs/heads");
-        println!("cargo:rerun-if-changed={dir}/packed-refs");
+        watch(format!("{dir}/refs/heads"));
+        watch(format!("{dir}/packed-refs"));
     }
     let commit = std::env::var("BLOOMGATE_COMMIT")
         .ok()

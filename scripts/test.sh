@@ -4,7 +4,7 @@
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
 # Without arguments (the whole suite, as CI runs it) tests/freshness.rs runs
 # a second time on the WAL feed streamed, a third on it polled, a fourth
-# on the queue feed and twice more as a least-privilege role (wal, notify), the randomized checker (tests/truth) runs its CI
+# on the queue feed and three more times as a least-privilege role (wal, notify, queue), the randomized checker (tests/truth) runs its CI
 # seeds, and the outside checks follow: Schemathesis and REDbot against the live gateway
 # (scripts/contract.sh; BLOOMGATE_SKIP_CONTRACT=1 leaves them out).
 set -euo pipefail
@@ -79,11 +79,12 @@ BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness
 BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --test freshness
 # And on the triggers writing to the change table (`freshness = "queue"`).
 BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
-# The WAL and the notify feed once more with every gateway connecting as a
+# The WAL, notify and queue feeds once more with every gateway connecting as a
 # role of its own that holds only README's documented grants
 # (tests/common: least_privilege), not as the superuser.
 BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness
 BLOOMGATE_TEST_ROLE=least cargo test --test freshness
+BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
 # The randomized checker (tests/truth, ignored in the run above): its CI
 # seeds on every feed, about two minutes, with its one-line summaries.
 cargo test --test truth -- --ignored --nocapture

@@ -371,21 +371,7 @@ impl Binary {
             install_feed = true
             {BY_EMAIL}
             {bus}
-            [[resource]]
-            name = "users"
-            route = "/users/{{id}}"
-            table = "users"
-            key_column = "id"
-            key_type = "bigint"
-            columns = ["id", "email", "name"]
-
-            [[resource]]
-            name = "articles"
-            route = "/articles/{{id}}"
-            table = "articles"
-            key_column = "id"
-            key_type = "uuid"
-            columns = ["id", "title"]
+            {RESOURCES}
             "#,
             url = db.url,
             bus = fleet.bus_toml(redis),

@@ -369,6 +369,25 @@ pub fn db_addr() -> SocketAddr {
 
 /// The shipped resources (users: bigint, articles: uuid), triggers
 /// installed at start-up, with `extra` TOML appended and the database URL pointed at `url`.
+/// The two resources every test gateway serves, over `TestDb`'s tables.
+pub const RESOURCES: &str = r#"
+[[resource]]
+name = "users"
+route = "/users/{id}"
+table = "users"
+key_column = "id"
+key_type = "bigint"
+columns = ["id", "email", "name"]
+
+[[resource]]
+name = "articles"
+route = "/articles/{id}"
+table = "articles"
+key_column = "id"
+key_type = "uuid"
+columns = ["id", "title"]
+"#;
+
 pub fn config(url: &str, extra: &str) -> Config {
     // The notification triggers are installed at start-up unless `extra`
     // says otherwise.
@@ -406,22 +425,7 @@ pub fn config(url: &str, extra: &str) -> Config {
         {triggers}
         {feed}
         {extra}
-
-        [[resource]]
-        name = "users"
-        route = "/users/{{id}}"
-        table = "users"
-        key_column = "id"
-        key_type = "bigint"
-        columns = ["id", "email", "name"]
-
-        [[resource]]
-        name = "articles"
-        route = "/articles/{{id}}"
-        table = "articles"
-        key_column = "id"
-        key_type = "uuid"
-        columns = ["id", "title"]
+        {RESOURCES}
         "#
     );
     let mut config = Config::from_toml(&text).unwrap();
