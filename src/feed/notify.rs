@@ -22,12 +22,13 @@
 //! new one connects and `LISTEN`s, and only then is the resync sent. sqlx
 //! can reconnect a listener by itself (in `try_recv`, or in a query run on
 //! it), moving its notification buffer to the new connection; but that
-//! reconnect runs inside a future our `select!` may drop, and a drop after
-//! the buffer moved loses it: the new connection then hands every
-//! notification that arrives during a heartbeat's query to the query,
-//! which fails on it, and the change is gone without a gap anyone sees.
-//! So the listener is built with sqlx's eager reconnect off and never
-//! reused after a loss (`tests/freshness.rs`,
+//! reconnect runs inside a future our `select!` may drop. Dropped during
+//! its `LISTEN`, the new connection goes back to sqlx's pool still
+//! listening and holding the buffer, and the listener connects again
+//! without one: a notification that then arrives during a heartbeat's
+//! query is handed to the query, which fails on it, and whether the change
+//! reaches the gateway depends on stray copies. So the listener is built
+//! with sqlx's eager reconnect off and never reused after a loss (`tests/freshness.rs`,
 //! `a_listener_reconnect_cut_short_loses_no_notification`).
 //!
 //! # Heartbeats and checks
