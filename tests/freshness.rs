@@ -383,6 +383,18 @@ async fn a_cut_listener_reconnects_and_rebuilds() {
     eventually(&gw, "/users/77777", |r| r.status == StatusCode::OK).await;
 }
 
+/// 100 users, and a gateway on them through a [`Proxy`], in clear so that
+/// the proxy sees each connection's application_name and statements.
+async fn behind_a_proxy(extra: &str) -> (TestDb, Proxy, Arc<Gateway>) {
+    let db = TestDb::new().await;
+    db.seed_users(100).await;
+    let proxy = Proxy::start().await;
+    let url = proxy.url(&db);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let gw = started(config(&format!("{url}{sep}sslmode=disable"), extra)).await;
+    (db, proxy, gw)
+}
+
 /// The resync after a lost listener comes after `LISTEN` is back, not
 /// before: the listener's connection ends (a cut network) and its
 /// reconnect is held (a slow connect, shorter than its pool's 5 s acquire
@@ -395,13 +407,7 @@ async fn the_resync_after_a_lost_listener_follows_its_listen() {
     if listen_only("the_resync_after_a_lost_listener_follows_its_listen") {
         return;
     }
-    let db = TestDb::new().await;
-    db.seed_users(100).await;
-    let proxy = Proxy::start().await;
-    // In clear, so that the proxy sees each connection's application_name.
-    let url = proxy.url(&db);
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let gw = started(config(&format!("{url}{sep}sslmode=disable"), "")).await;
+    let (db, proxy, gw) = behind_a_proxy("").await;
     // Connections for the rebuild to use while new ones are held: a few
     // lookups at once open them.
     let warm: Vec<_> = (1..=8)
@@ -449,19 +455,12 @@ async fn a_listener_reconnect_cut_short_loses_no_notification() {
     if listen_only("a_listener_reconnect_cut_short_loses_no_notification") {
         return;
     }
-    let db = TestDb::new().await;
-    db.seed_users(100).await;
-    let proxy = Proxy::start().await;
-    // In clear, so that the proxy sees each connection's application_name
-    // and statements. No rebuild but the resync's: one for growth would
-    // rescan the table and hide lost notifications.
-    let url = proxy.url(&db);
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let cfg = config(
-        &format!("{url}{sep}sslmode=disable"),
+    // No rebuild but the resync's: one for growth would rescan the table
+    // and hide lost notifications.
+    let (db, proxy, gw) = behind_a_proxy(
         "[filter]\nrebuild_insert_fraction = 0\nrebuild_fp_multiple = 0\nrebuild_delete_fraction = 0",
-    );
-    let gw = started(cfg).await;
+    )
+    .await;
     proxy.slow_down("LISTEN", Duration::from_millis(300));
     // And each heartbeat's round trip spends 40 ms on the wire, while the
     // server, idle, sends notifications straight away: they arrive during
