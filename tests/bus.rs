@@ -482,17 +482,7 @@ async fn the_relay_killed_under_writes_loses_nothing() {
         gws.iter().all(|g| mode(g) == Mode::Bus)
     })
     .await;
-    let pool = db.pool.clone();
-    let writer = tokio::spawn(async move {
-        for id in 10_000..10_600i64 {
-            sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, $1 || '@w.org', 'W')")
-                .bind(id)
-                .execute(&pool)
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    });
+    let writer = paced_inserts(&db.pool, 10_000..10_600, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_millis(800)).await;
     relay.signal("-KILL");
     let killed = Instant::now();
@@ -673,17 +663,7 @@ async fn a_consumer_started_while_writes_run_misses_nothing() {
     let fleet = Fleet::new();
     let first = started(fleet.config(&db, &redis)).await;
     eventually("a relay", || async { relaying(&first) }).await;
-    let pool = db.pool.clone();
-    let writer = tokio::spawn(async move {
-        for id in 20_000..20_400i64 {
-            sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, $1 || '@w.org', 'W')")
-                .bind(id)
-                .execute(&pool)
-                .await
-                .unwrap();
-            tokio::time::sleep(Duration::from_millis(3)).await;
-        }
-    });
+    let writer = paced_inserts(&db.pool, 20_000..20_400, Duration::from_millis(3));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let late = started(fleet.config(&db, &redis)).await;
     writer.await.unwrap();

@@ -328,19 +328,7 @@ async fn a_cut_listener_reconnects_and_rebuilds() {
     let db = TestDb::new().await;
     db.seed_users(100).await;
     let gw = started(config(&db.url, "")).await;
-    let writer = tokio::spawn({
-        let pool = db.pool.clone();
-        async move {
-            for id in 10_000..10_400i64 {
-                sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'c' || $1, 'C')")
-                    .bind(id)
-                    .execute(&pool)
-                    .await
-                    .unwrap();
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-    });
+    let writer = paced_inserts(&db.pool, 10_000..10_400, Duration::from_millis(2));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let killed: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity

@@ -97,15 +97,7 @@ async fn a_killed_connection_resumes_without_a_rebuild() {
     let gw = started(config(&db.url, QUEUE)).await;
     let users = gw.resource("users").unwrap().clone();
     let gen0 = users.generation();
-    let writer = tokio::spawn({
-        let pool = db.pool.clone();
-        async move {
-            for id in 10_000..10_300i64 {
-                insert_user(&pool, id).await;
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
-    });
+    let writer = paced_inserts(&db.pool, 10_000..10_300, Duration::from_millis(2));
     tokio::time::sleep(Duration::from_millis(150)).await;
     let killed: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity

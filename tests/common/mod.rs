@@ -369,6 +369,26 @@ pub fn db_addr() -> SocketAddr {
 
 /// The shipped resources (users: bigint, articles: uuid), triggers
 /// installed at start-up, with `extra` TOML appended and the database URL pointed at `url`.
+/// Inserts the users `ids`, one every `pace`, in a task of its own: a
+/// writer running while a test cuts, kills or starts something.
+pub fn paced_inserts(
+    pool: &PgPool,
+    ids: std::ops::Range<i64>,
+    pace: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        for id in ids {
+            sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'p' || $1, 'P')")
+                .bind(id)
+                .execute(&pool)
+                .await
+                .unwrap();
+            tokio::time::sleep(pace).await;
+        }
+    })
+}
+
 /// The two resources every test gateway serves, over `TestDb`'s tables.
 pub const RESOURCES: &str = r#"
 [[resource]]
