@@ -68,7 +68,7 @@ cat >"$work/bench.toml" <<EOF
 [database]
 url = "$db"
 install_triggers = false
-listen = false
+freshness = "off"
 [filter]
 rebuild_interval = "0s"
 [auth]

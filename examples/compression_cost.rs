@@ -79,7 +79,7 @@ fn main() {
         .expect("runtime");
     let mut config = Config::load(std::path::Path::new("config/bloomgate.toml")).expect("config");
     config.database.url = url;
-    config.database.listen = false;
+    config.database.freshness = bloomgate::config::Freshness::Off;
     let _guard = rt.enter(); // the pool's maintenance task is spawned at once
     let gw = Gateway::new(config, &Default::default()).expect("gateway");
     rt.block_on(gw.start()).expect("start-up");

@@ -120,6 +120,9 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
         Command::Serve { config: path } => {
             let (config, key_files) = load(&path)?;
             bloomgate::telemetry::init(&config.log);
+            for d in &config.deprecations {
+                tracing::warn!("{d}");
+            }
             bloomgate::server::run(
                 config,
                 &key_files,
@@ -142,6 +145,9 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let (config, key_files) = load(&config)?;
             out(&config.to_redacted_toml());
             // On stderr, so stdout stays the TOML it always was.
+            for d in &config.deprecations {
+                eprintln!("warning: {d}");
+            }
             eprintln!(
                 "freshness: {}",
                 match config.database.freshness {

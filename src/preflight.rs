@@ -189,27 +189,23 @@ async fn check(pool: &PgPool, config: &Config, r: &mut Report) -> Result<(), sql
     let mut conn = pool.acquire().await?;
     let watch = resources(&mut conn, config, &role, r).await?;
     let cfg = &config.database;
-    let freshness = if !cfg.listen {
-        Freshness::Off
-    } else {
-        match cfg.freshness {
-            Freshness::Auto => {
-                let wal = role.wal_level == "logical" && (role.replication || role.superuser);
-                let chosen = if wal {
-                    Freshness::Wal
-                } else {
-                    Freshness::Notify
-                };
-                r.note(format!(
-                    "database.freshness = auto: {} here (wal_level = {}, REPLICATION: {}); set it explicitly to check another feed",
-                    crate::feed::supervisor::name(chosen),
-                    role.wal_level,
-                    if role.replication || role.superuser { "yes" } else { "no" }
-                ));
-                chosen
-            }
-            f => f,
+    let freshness = match cfg.freshness {
+        Freshness::Auto => {
+            let wal = role.wal_level == "logical" && (role.replication || role.superuser);
+            let chosen = if wal {
+                Freshness::Wal
+            } else {
+                Freshness::Notify
+            };
+            r.note(format!(
+                "database.freshness = auto: {} here (wal_level = {}, REPLICATION: {}); set it explicitly to check another feed",
+                crate::feed::supervisor::name(chosen),
+                role.wal_level,
+                if role.replication || role.superuser { "yes" } else { "no" }
+            ));
+            chosen
         }
+        f => f,
     };
     if freshness != Freshness::Off && role.standby {
         r.missing(

@@ -32,6 +32,7 @@ pub use report::{BuildReport, LastOutcome, Protection, RefusalReport};
 use crate::budget::TokenBucket;
 use crate::cache::{Outcome, Peek, Row, RowCache};
 use crate::config::Resolved;
+use crate::db::stats::{QueryKind, Tally};
 use crate::db::{Db, DbError, Queries};
 use crate::error::Error;
 use crate::filter::FilterStats;
@@ -271,9 +272,12 @@ impl Resource {
     pub async fn load(&self, load: Load) -> Result<Lookup, Error> {
         let Load { key, how } = load;
         match how {
-            How::Cached { read_first } => self.load_through_cache(key, read_first).await,
+            How::Cached { read_first } => {
+                self.load_through_cache(key, read_first, QueryKind::Row)
+                    .await
+            }
             How::Direct { rejected } => {
-                let result = self.load_direct(&key).await;
+                let result = self.load_direct(&key, rejected).await;
                 if rejected && let Ok(Lookup::Unvouched(Some(_))) = &result {
                     // Read by the gateway itself: it exists.
                     self.add_to_filter(&key, Provenance::Trusted);
@@ -281,7 +285,9 @@ impl Resource {
                 result
             }
             How::Verify => {
-                let result = self.load_through_cache(key.clone(), true).await;
+                let result = self
+                    .load_through_cache(key.clone(), true, QueryKind::Verify)
+                    .await;
                 if let Ok(Lookup::Cached(Outcome::Loaded { .. })) = &result {
                     // The row exists and its change has not arrived yet;
                     // the gateway read it itself, so it may raise the mark.
@@ -304,17 +310,25 @@ impl Resource {
     /// read, nothing stored, no coalescing (each such request is one query,
     /// within the load slots and, for keys the filter rejected,
     /// `verify_budget`).
-    async fn load_direct(&self, key: &Key) -> Result<Lookup, Error> {
+    async fn load_direct(&self, key: &Key, rejected: bool) -> Result<Lookup, Error> {
         self.stats.unvouched_loads.fetch_add(1, Ordering::Relaxed);
         let Ok(_slot) = self.loads.clone().try_acquire_owned() else {
             self.stats.shed_loads.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Overloaded);
         };
         let sql = &self.queries.row;
+        let tally = Tally {
+            counts: &self.stats.db_queries,
+            kind: if rejected {
+                QueryKind::Verify
+            } else {
+                QueryKind::Row
+            },
+        };
         let loaded = match key {
-            Key::Int(v) => self.db.fetch_json(sql, *v).await,
-            Key::Uuid(u) => self.db.fetch_json(sql, *u).await,
-            Key::Text(s) => self.db.fetch_json(sql, s.to_string()).await,
+            Key::Int(v) => self.db.fetch_json(sql, *v, tally).await,
+            Key::Uuid(u) => self.db.fetch_json(sql, *u, tally).await,
+            Key::Text(s) => self.db.fetch_json(sql, s.to_string(), tally).await,
         };
         match loaded {
             Ok(row) => {
@@ -333,9 +347,15 @@ impl Resource {
     }
 
     /// `read_first`: false when [`Resource::lookup_now`] has just missed.
-    async fn load_through_cache(&self, key: Key, read_first: bool) -> Result<Lookup, Error> {
+    async fn load_through_cache(
+        &self,
+        key: Key,
+        read_first: bool,
+        kind: QueryKind,
+    ) -> Result<Lookup, Error> {
         let make_load = |key: &Key| {
             let db = self.db.clone();
+            let counts = self.stats.db_queries.clone();
             let sql = self.queries.row.clone();
             let k = key.clone();
             let loads = self.loads.clone();
@@ -347,10 +367,14 @@ impl Resource {
                 let Ok(_slot) = loads.try_acquire_owned() else {
                     return Err(LoadError::Overloaded);
                 };
+                let tally = Tally {
+                    counts: &counts,
+                    kind,
+                };
                 match k {
-                    Key::Int(v) => db.fetch_json(&sql, v).await,
-                    Key::Uuid(u) => db.fetch_json(&sql, u).await,
-                    Key::Text(s) => db.fetch_json(&sql, s.to_string()).await,
+                    Key::Int(v) => db.fetch_json(&sql, v, tally).await,
+                    Key::Uuid(u) => db.fetch_json(&sql, u, tally).await,
+                    Key::Text(s) => db.fetch_json(&sql, s.to_string(), tally).await,
                 }
                 .map_err(LoadError::Db)
             }
@@ -481,7 +505,11 @@ impl Resource {
             if v <= self.live.mark() {
                 continue;
             }
-            match self.db.fetch_json(&self.queries.row, v).await {
+            let tally = Tally {
+                counts: &self.stats.db_queries,
+                kind: QueryKind::Verify,
+            };
+            match self.db.fetch_json(&self.queries.row, v, tally).await {
                 Ok(Some(_)) => self.live.confirm(v),
                 Ok(None) => {
                     self.stats

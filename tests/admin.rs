@@ -53,14 +53,18 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 async fn metrics_follow_a_known_sequence_of_requests() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     db.exec("DELETE FROM users WHERE id = 9").await;
     let before = scrape(&gw).await;
     let rows = |text: &str| {
         sample(
             text,
             "bloomgate_db_queries_total",
-            &[("kind", "row"), ("target", "primary")],
+            &[
+                ("resource", "users"),
+                ("kind", "row"),
+                ("target", "primary"),
+            ],
         )
         .unwrap()
     };
@@ -154,7 +158,7 @@ async fn metrics_follow_a_known_sequence_of_requests() {
 async fn without_the_right_token_nothing_is_shown_or_changed() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     get(&gw, "/users/1").await;
     let users = gw.resource("users").unwrap().clone();
     let gen0 = users.generation();
@@ -210,7 +214,7 @@ async fn without_the_right_token_nothing_is_shown_or_changed() {
 async fn admin_endpoints_act() {
     let db = TestDb::new().await;
     db.seed_users(100).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let users = gw.resource("users").unwrap().clone();
 
     let list = admin(&gw, Method::GET, "/admin/resources", Some(TOKEN))
@@ -348,7 +352,7 @@ async fn admin_endpoints_act() {
 async fn each_listener_documents_exactly_what_it_serves() {
     let db = TestDb::new().await;
     db.seed_users(3).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let public = get(&gw, "/openapi.json").await;
     assert_eq!(public.status, StatusCode::OK);
     let admin_doc = admin(&gw, Method::GET, "/admin/openapi.json", Some(TOKEN)).await;
@@ -451,7 +455,7 @@ async fn each_listener_documents_exactly_what_it_serves() {
 async fn the_row_schema_is_typed_from_the_database() {
     let db = TestDb::new().await;
     db.seed_users(3).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let doc = get(&gw, "/openapi.json").await.json();
     let op = &doc["paths"]["/users/{id}"]["get"];
     let row = &op["responses"]["200"]["content"]["application/json"]["schema"];
@@ -507,7 +511,7 @@ async fn an_admin_rebuild_outlives_request_timeouts_and_dropped_requests() {
     let gw = started(config(
         &db.url,
         &format!(
-            "listen = false\n[server]\nrequest_timeout = \"1s\"\n[admin]\nrequest_timeout = \"1s\"\n{SLOW}"
+            "freshness = \"off\"\n[server]\nrequest_timeout = \"1s\"\n[admin]\nrequest_timeout = \"1s\"\n{SLOW}"
         ),
     ))
     .await;
@@ -583,7 +587,7 @@ async fn an_admin_rebuild_outlives_request_timeouts_and_dropped_requests() {
 async fn purge_and_clear_paths_are_unambiguous_for_every_key() {
     let db = TestDb::new().await;
     db.add_things(&["clear", "keys", "other", "a/b"]).await;
-    let gw = started(config(&db.url, &format!("listen = false\n{THINGS}"))).await;
+    let gw = started(config(&db.url, &format!("freshness = \"off\"\n{THINGS}"))).await;
     let status = |code: &'static str| {
         let gw = gw.clone();
         async move {
@@ -622,6 +626,55 @@ async fn purge_and_clear_paths_are_unambiguous_for_every_key() {
 }
 
 /// Every sample of `name`, summed.
+/// Every database query is one resource's, counted by what it was for:
+/// a miss's load (`row`), a rejected key checked anyway (`verify`), the
+/// filter's scan (`scan`) and the start-up probe (`probe`).
+#[tokio::test]
+async fn database_queries_are_counted_by_resource_and_kind() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let gw = started(config(
+        &db.url,
+        "freshness = \"off\"\n[filter]\nverify_above_high_water = true",
+    ))
+    .await;
+    let before = scrape(&gw).await;
+    let q = |text: &str, resource: &str, kind: &str| {
+        sample(
+            text,
+            "bloomgate_db_queries_total",
+            &[
+                ("resource", resource),
+                ("kind", kind),
+                ("target", "primary"),
+            ],
+        )
+        .unwrap_or_else(|| panic!("no {resource}/{kind} series:\n{text}"))
+    };
+    for kind in ["scan", "probe"] {
+        assert!(q(&before, "users", kind) >= 1.0, "{kind}: {before}");
+        assert!(q(&before, "articles", kind) >= 1.0, "{kind}: {before}");
+    }
+    // A miss (row), a key above the high-water mark checked against the
+    // database (verify), and one below it rejected (no query at all).
+    get(&gw, "/users/3").await;
+    assert_eq!(get(&gw, "/users/500").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(get(&gw, "/users/0").await.status, StatusCode::NOT_FOUND);
+    let text = scrape(&gw).await;
+    let delta = |r: &str, k: &str| q(&text, r, k) - q(&before, r, k);
+    assert_eq!(delta("users", "row"), 1.0, "{text}");
+    assert_eq!(delta("users", "verify"), 1.0, "{text}");
+    assert_eq!(delta("users", "scan"), 0.0);
+    assert_eq!(delta("articles", "row"), 0.0);
+    assert_eq!(delta("articles", "verify"), 0.0);
+    // Every query is some resource's: the series add up to the total the
+    // admin API reports.
+    assert_eq!(
+        sum(&text, "bloomgate_db_queries_total") as u64,
+        queries(&gw)
+    );
+}
+
 fn sum(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
@@ -643,7 +696,7 @@ async fn scrape(gw: &Arc<Gateway>) -> String {
 async fn requests_no_resource_answered_are_counted_so_one_sum_is_all_traffic() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let app = || bloomgate::http::app(gw.clone());
     let loads = |text: &str| {
         sample(
@@ -713,7 +766,7 @@ async fn requests_no_resource_answered_are_counted_so_one_sum_is_all_traffic() {
 async fn the_process_the_build_and_the_rebuilds_are_exposed_in_base_units() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let text = scrape(&gw).await;
     for family in [
         "bloomgate_build_info",
@@ -774,7 +827,7 @@ async fn the_metrics_token_opens_metrics_only_and_the_metrics_app_needs_none() {
     const METRICS: &str = "read-only-metrics-token-for-tests";
     let db = TestDb::new().await;
     db.seed_users(10).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let app = || bloomgate::http::admin::app_with_metrics_token(gw.clone(), TOKEN, Some(METRICS));
     let req = |path: &str, token: &str| {
         Request::get(path)

@@ -757,7 +757,7 @@ async fn a_thousand_unauthenticated_requests_for_absent_keys_cost_the_database_n
     let db = seeded().await;
     let cfg = auth_config(
         &db,
-        "listen = false\n[filter]\nrebuild_interval = \"0s\"",
+        "freshness = \"off\"\n[filter]\nrebuild_interval = \"0s\"",
         &format!("jwt_secret = \"{SECRET}\""),
     );
     let gw = gateway(cfg);

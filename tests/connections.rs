@@ -32,7 +32,7 @@ async fn serve(server: &str, admin: bool) -> (TestDb, Served, Option<SocketAddr>
     db.seed_users(10).await;
     let gw = gateway(config(
         &db.url,
-        &format!("listen = false\n[server]\n{server}"),
+        &format!("freshness = \"off\"\n[server]\n{server}"),
     ));
     let (admin, admin_addr) = if admin {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -491,7 +491,7 @@ impl Drop for Child {
 async fn out_of_file_descriptors_accept_backs_off_logs_once_and_recovers() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
-    let mut config = config(&db.url, "listen = false");
+    let mut config = config(&db.url, "freshness = \"off\"");
     config.database.pool_size = 2;
     config.server.header_read_timeout = Duration::from_secs(3);
     let gw = Child::start(config, 64);

@@ -20,7 +20,7 @@ async fn loads_left_by_departed_clients_count_against_max_concurrency() {
     let db = TestDb::new().await;
     db.seed_users(50).await;
     db.add_slow_view().await;
-    let extra = format!("listen = false\n[server]\nmax_concurrency = 4\n{SLOW}");
+    let extra = format!("freshness = \"off\"\n[server]\nmax_concurrency = 4\n{SLOW}");
     let gw = started(config(&db.url, &extra)).await;
     let app = bloomgate::http::app(gw.clone());
     db.set_delay(2.0).await;

@@ -60,7 +60,10 @@ async fn idx_scan(db: &TestDb) -> i64 {
 async fn a_flood_of_absent_keys_costs_at_most_1_5_p_queries() {
     let db = TestDb::new().await;
     db.seed_users(100_000).await;
-    let mut cfg = config(&db.url, "listen = false\n[cache]\nnegative_ttl = \"10m\"");
+    let mut cfg = config(
+        &db.url,
+        "freshness = \"off\"\n[cache]\nnegative_ttl = \"10m\"",
+    );
     // A Bloom filter (an exact set would make this trivially zero).
     cfg.resources[0].filter.mode = Some(serde_json::from_value("bloom".into()).unwrap());
     cfg.resources[0].filter.false_positive_rate = Some(P);

@@ -527,7 +527,7 @@ async fn keys_above_the_high_water_mark_are_verified_within_budget() {
     // No notifications: only the verification can find the new row.
     let cfg = config(
         &db.url,
-        "listen = false\n[filter]\nverify_above_high_water = true\nverify_budget = 3",
+        "freshness = \"off\"\n[filter]\nverify_above_high_water = true\nverify_budget = 3",
     );
     let gw = started(cfg).await;
     insert_user(&db, 1000).await;
@@ -975,7 +975,7 @@ async fn the_applier_keeps_the_feed_contract() {
     db.seed_users(10).await;
     let gw = started(config(
         &db.url,
-        "listen = false\n[filter]\nverify_above_high_water = true",
+        "freshness = \"off\"\n[filter]\nverify_above_high_water = true",
     ))
     .await;
     let users = gw.resource("users").unwrap().clone();

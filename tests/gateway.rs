@@ -102,7 +102,7 @@ async fn absent_rows_are_cached_negatively() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
     // Without notifications: this is about what happens before they arrive.
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     // Deleted after the filter was built: the filter still says "maybe".
     db.exec("DELETE FROM users WHERE id = 5").await;
     let q0 = queries(&gw);
@@ -223,7 +223,7 @@ async fn forced_rebuild_serves_rows_inserted_behind_the_gateway() {
     let db = TestDb::new().await;
     db.seed_users(100).await;
     // Without notifications: this is about what happens before they arrive.
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let users = gw.resource("users").unwrap();
     let gen0 = users.generation();
     db.exec("INSERT INTO users (id, email, name) VALUES (5000, 'new@example.com', 'New')")
@@ -280,7 +280,7 @@ async fn a_shrunken_scan_is_refused_unless_forced() {
     let db = TestDb::new().await;
     db.seed_users(100).await;
     // Without notifications: this is about what happens before they arrive.
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let users = gw.resource("users").unwrap();
     db.exec("DELETE FROM users WHERE id > 30").await;
     let err = users.rebuild(false).await.unwrap_err();
@@ -493,7 +493,7 @@ async fn scheduled_rebuilds_swap_in_fresh_filters() {
     db.seed_users(1000).await;
     let mut cfg = config(
         &db.url,
-        "listen = false\n[filter]\nrebuild_interval = \"1s\"",
+        "freshness = \"off\"\n[filter]\nrebuild_interval = \"1s\"",
     );
     cfg.resources[0].filter.mode = Some(serde_json::from_value("bloom".into()).unwrap());
     let gw = gateway(cfg);
@@ -529,7 +529,7 @@ async fn an_empty_uuid_or_text_table_rejects_every_key_without_a_query() {
     let db = TestDb::new().await;
     db.add_things(&[]).await;
     // `articles` (uuid) is empty too; `auto` is the default mode.
-    let gw = started(config(&db.url, &format!("listen = false\n{THINGS}"))).await;
+    let gw = started(config(&db.url, &format!("freshness = \"off\"\n{THINGS}"))).await;
     for name in ["articles", "things"] {
         assert_eq!(
             gw.resource(name).unwrap().filter_stats().unwrap().kind,

@@ -92,7 +92,7 @@ async fn every_outcome_answers_as_recorded() {
     )
     .await;
     let extra = format!(
-        r#"listen = false
+        r#"freshness = "off"
         [auth]
         jwt_secret = "{SECRET}"
         {THINGS}

@@ -18,7 +18,7 @@ use tower::ServiceExt;
 async fn keys_crafted_against_a_known_hash_key_pass_the_live_filter_at_about_p() {
     let db = TestDb::new().await;
     db.seed_users(20_000).await;
-    let mut cfg = config(&db.url, "listen = false");
+    let mut cfg = config(&db.url, "freshness = \"off\"");
     cfg.resources[0].filter.mode = Some(Mode::Bloom);
     let gw = started(cfg).await;
 
@@ -64,7 +64,7 @@ async fn a_stampede_on_one_cold_key_is_one_query_even_when_clients_leave() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
     db.add_slow_view().await;
-    let gw = started(config(&db.url, &format!("listen = false\n{SLOW}"))).await;
+    let gw = started(config(&db.url, &format!("freshness = \"off\"\n{SLOW}"))).await;
     db.set_delay(0.5).await;
     let app = bloomgate::http::app(gw.clone());
     let q0 = queries(&gw);
@@ -134,7 +134,7 @@ async fn a_slow_database_gets_504s_bounded_loads_and_leaves_hits_fast() {
     db.add_slow_view().await;
     let mut cfg = config(
         &db.url,
-        &format!("listen = false\n[server]\nrequest_timeout = \"4s\"\n{SLOW}"),
+        &format!("freshness = \"off\"\n[server]\nrequest_timeout = \"4s\"\n{SLOW}"),
     );
     cfg.database.pool_size = 3;
     cfg.database.acquire_timeout = Duration::from_secs(1);
@@ -231,7 +231,7 @@ async fn past_the_concurrency_limit_requests_are_shed_at_once() {
     let db = TestDb::new().await;
     db.seed_users(100).await;
     db.add_slow_view().await;
-    let extra = format!("listen = false\n[server]\nmax_concurrency = 4\n{SLOW}");
+    let extra = format!("freshness = \"off\"\n[server]\nmax_concurrency = 4\n{SLOW}");
     let gw = started(config(&db.url, &extra)).await;
     let app = bloomgate::http::app(gw.clone());
     // Cached rows on another route: instant to serve, unless shed.
@@ -308,7 +308,7 @@ async fn malformed_http_gets_a_clear_4xx_and_never_reaches_the_database() {
     db.seed_users(10).await;
     let gw = gateway(config(
         &db.url,
-        "listen = false\n[server]\nheader_read_timeout = \"1s\"",
+        "freshness = \"off\"\n[server]\nheader_read_timeout = \"1s\"",
     ));
     let served = serve_socket(&gw, None).await;
     let addr = served.addr;
@@ -395,7 +395,7 @@ async fn malformed_http_gets_a_clear_4xx_and_never_reaches_the_database() {
 async fn both_transfer_encoding_and_content_length_are_answered_then_closed() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
-    let gw = gateway(config(&db.url, "listen = false"));
+    let gw = gateway(config(&db.url, "freshness = \"off\""));
     let served = serve_socket(&gw, None).await;
     // No `Connection: close`: only the conflict may close it. Whatever
     // follows the chunked body must not be taken for a request.
@@ -425,7 +425,7 @@ async fn an_outage_is_logged_once_per_interval_not_once_per_request() {
     let db = TestDb::new().await;
     db.seed_users(300).await;
     let proxy = Proxy::start().await;
-    let gw = started(config(&proxy.url(&db), "listen = false")).await;
+    let gw = started(config(&proxy.url(&db), "freshness = \"off\"")).await;
     let app = bloomgate::http::app(gw.clone());
 
     let (logs, _guard) = capture_logs();

@@ -331,7 +331,7 @@ async fn a_resource_at_the_root_leaves_the_routers_own_paths_alone() {
 async fn if_match_answers_412_unless_it_matches() {
     let db = TestDb::new().await;
     db.seed_users(5).await;
-    let gw = started(config(&db.url, "listen = false")).await;
+    let gw = started(config(&db.url, "freshness = \"off\"")).await;
     let with = |tag: &str| {
         Request::get("/users/1")
             .header("if-match", tag)

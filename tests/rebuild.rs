@@ -35,7 +35,7 @@ async fn insert_user(db: &TestDb, id: i64) {
         .unwrap();
 }
 
-const QUIET: &str = "listen = false";
+const QUIET: &str = "freshness = \"off\"";
 
 #[tokio::test]
 async fn two_hundred_rebuild_requests_cost_at_most_two_scans() {

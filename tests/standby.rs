@@ -49,7 +49,7 @@ async fn start_up_against_a_hot_standby_fails_fast_naming_the_cause() {
     );
     // Without the change feed a standby is fine to read from (the schema
     // check is what fails here: this standby has no tables).
-    let gw = gateway(config(&url, "listen = false"));
+    let gw = gateway(config(&url, "freshness = \"off\""));
     let err = tokio::time::timeout(Duration::from_secs(20), gw.start())
         .await
         .expect("start-up against a standby hangs")

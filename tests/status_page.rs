@@ -77,7 +77,7 @@ fn field(dom: &str, resource: &str, field: &str) -> Option<String> {
 async fn the_status_page_shows_a_card_per_resource() {
     let db = TestDb::new().await;
     db.seed_users(100).await;
-    let gw = gateway(config(&db.url, "listen = false"));
+    let gw = gateway(config(&db.url, "freshness = \"off\""));
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_addr = admin.local_addr().unwrap();
     let admin = Admin {

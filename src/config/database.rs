@@ -37,12 +37,13 @@ pub struct DatabaseConfig {
     /// at start-up. Default false: the gateway creates no table unless
     /// asked (`bloomgate seed` and `bloomgate migrate` apply them).
     pub migrate: bool,
-    /// Listen on channel `bloomgate` for key changes announced by the
-    /// notification triggers: new keys are servable within milliseconds,
-    /// changed rows are not served stale. Needs the primary: pointed at a
-    /// hot standby, start-up fails (`LISTEN` cannot run during recovery).
-    /// Default true.
-    pub listen: bool,
+    /// Deprecated: `listen = false` is `freshness = "off"` (the name said
+    /// `LISTEN`, but it switched off every feed). Read once at load:
+    /// `false` with `freshness` at `"auto"` or `"off"` becomes `"off"`
+    /// with a start-up warning; with any other `freshness` it is an error
+    /// naming `database.listen`; `true` changes nothing. Unset by default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<bool>,
     /// Create (or replace) the notification triggers at start-up: one
     /// function and two triggers per table (`source_table` for a view),
     /// announcing the key column of every resource on it (needs the
@@ -61,7 +62,7 @@ pub struct DatabaseConfig {
     /// and `LISTEN`), `"off"`, or `"auto"`: `wal` when the server and role allow
     /// it and the publication covers every resource table (or
     /// `install_feed` may create it), else `notify`, with one log line
-    /// saying which and why. Default `"auto"`. `listen = false` is `"off"`.
+    /// saying which and why. Default `"auto"`.
     pub freshness: Freshness,
     /// The publication the `wal` feed reads. Default `"bloomgate"`.
     pub publication: String,
@@ -153,7 +154,7 @@ impl Default for DatabaseConfig {
             acquire_timeout: Duration::from_secs(2),
             statement_timeout: Duration::from_secs(5),
             migrate: false,
-            listen: true,
+            listen: None,
             install_triggers: false,
             freshness: Freshness::Auto,
             publication: "bloomgate".into(),
@@ -213,7 +214,44 @@ pub enum Freshness {
     Off,
 }
 
+impl Freshness {
+    /// As written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Freshness::Auto => "auto",
+            Freshness::Wal => "wal",
+            Freshness::Queue => "queue",
+            Freshness::Notify => "notify",
+            Freshness::Off => "off",
+        }
+    }
+}
+
 impl DatabaseConfig {
+    /// Folds the deprecated `listen` into `freshness`: the rest of the
+    /// gateway reads `freshness` alone. `Ok(Some(warning))` when it was
+    /// used.
+    pub(super) fn fold_aliases(&mut self) -> Result<Option<String>, KeyProblem> {
+        match self.listen.take() {
+            None | Some(true) => Ok(None),
+            Some(false) => match self.freshness {
+                Freshness::Auto | Freshness::Off => {
+                    self.freshness = Freshness::Off;
+                    Ok(Some(
+                        "database.listen = false is deprecated: set database.freshness = \"off\" (the same thing)".into(),
+                    ))
+                }
+                other => Err(KeyProblem::new(
+                    "database.listen",
+                    format!(
+                        "listen = false (deprecated: it means freshness = \"off\") contradicts freshness = \"{}\"; remove listen",
+                        other.as_str()
+                    ),
+                )),
+            },
+        }
+    }
+
     /// Intervals within their ranges, the freshness bound above what the
     /// polling feeds can deliver, every URL a PostgreSQL one.
     pub(super) fn validate(&self) -> Result<(), KeyProblem> {
@@ -356,5 +394,44 @@ mod tests {
         c.database.url = "postgres://app:s3cret@db/x".into();
         assert!(!c.to_redacted_toml().contains("s3cret"));
         assert!(!format!("{c:?}").contains("s3cret"));
+    }
+
+    /// `database.listen` is an alias folded into `freshness` at load: the
+    /// gateway never reads it, so it must not survive into the config.
+    #[test]
+    fn listen_false_is_freshness_off_with_a_warning() {
+        let c = Config::from_toml(&format!("[database]\nlisten = false\n{MINIMAL}")).unwrap();
+        assert_eq!(c.database.freshness, Freshness::Off);
+        assert_eq!(c.database.listen, None);
+        assert_eq!(c.deprecations.len(), 1, "{:?}", c.deprecations);
+        assert!(c.deprecations[0].contains("database.freshness = \"off\""));
+        assert!(!c.to_redacted_toml().contains("listen = false"));
+        for (extra, want) in [
+            ("", Freshness::Auto),
+            ("freshness = \"off\"", Freshness::Off),
+        ] {
+            let c = Config::from_toml(&format!("[database]\nlisten = true\n{extra}\n{MINIMAL}"))
+                .unwrap();
+            assert_eq!(c.database.freshness, want);
+            assert!(c.deprecations.is_empty());
+        }
+        let c = Config::from_toml(&format!(
+            "[database]\nlisten = false\nfreshness = \"off\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(c.database.freshness, Freshness::Off);
+    }
+
+    #[test]
+    fn listen_false_contradicting_a_named_feed_is_refused() {
+        for feed in ["wal", "queue", "notify"] {
+            let e = Config::from_toml(&format!(
+                "[database]\nlisten = false\nfreshness = \"{feed}\"\n{MINIMAL}"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains("database.listen"), "{e}");
+            assert!(e.contains(feed), "{e}");
+        }
     }
 }

@@ -77,6 +77,11 @@ pub struct Config {
     /// The resources served, one `[[resource]]` table each.
     #[serde(rename = "resource")]
     pub resources: Vec<ResourceConfig>,
+    /// Deprecated keys the file or environment used, one sentence each
+    /// saying what replaces them: logged at start-up, printed by
+    /// `check-config`.
+    #[serde(skip)]
+    pub deprecations: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -170,9 +175,12 @@ impl Config {
     }
 
     fn from_figment(file: Figment, source: &str, env: bool) -> Result<Self, ConfigError> {
-        let config: Config = env::layered(file, env)?
+        let mut config: Config = env::layered(file, env)?
             .extract()
             .map_err(|e| ConfigError::Load(Box::new(e)))?;
+        if let Some(d) = (config.database.fold_aliases()).map_err(|p| p.in_source(source))? {
+            config.deprecations.push(d);
+        }
         config.validate().map_err(|p| p.in_source(source))?;
         Ok(config)
     }

@@ -36,7 +36,7 @@ use sqlx::{Connection, Encode, PgPool, Postgres, Type};
 
 use crate::config::DatabaseConfig;
 use copy::{CopyError, CopyParser};
-use stats::{QueryKind, Target};
+use stats::{QueryCounts, QueryKind, Tally, Target};
 
 /// Whether `e` says the connection is gone rather than anything about the
 /// query: a socket error, or the server ending the session (SQLSTATE class
@@ -323,7 +323,12 @@ impl Db {
     /// harmless. A database
     /// that is down fails to connect instead, which is not retried here (the
     /// pool already retries refused connections until `acquire_timeout`).
-    pub async fn fetch_json<K>(&self, sql: &str, key: K) -> Result<Option<Bytes>, DbError>
+    pub async fn fetch_json<K>(
+        &self,
+        sql: &str,
+        key: K,
+        tally: Tally<'_>,
+    ) -> Result<Option<Bytes>, DbError>
     where
         K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Clone + Send + 'static,
     {
@@ -340,7 +345,7 @@ impl Db {
             match r {
                 Ok(row) => {
                     replica.queries.fetch_add(1, Ordering::Relaxed);
-                    self.stats.query(QueryKind::Row, Target::Replica);
+                    self.stats.query(tally, Target::Replica);
                     self.stats.row_took(Target::Replica, began.elapsed());
                     return Ok(row.map(Bytes::from));
                 }
@@ -371,7 +376,7 @@ impl Db {
                 // Counted once it ran (or failed for good): a dead
                 // connection never executed its query.
                 r => {
-                    self.stats.query(QueryKind::Row, Target::Primary);
+                    self.stats.query(tally, Target::Primary);
                     self.stats.row_took(Target::Primary, began.elapsed());
                     return Ok(self.count(r)?.map(Bytes::from));
                 }
@@ -397,6 +402,7 @@ impl Db {
     pub async fn scan_keys<S>(
         &self,
         q: &Queries,
+        counts: &QueryCounts,
         start: impl FnOnce(u64) -> S,
         mut add: impl FnMut(&mut S, &[u8]),
     ) -> Result<(S, u64), DbError> {
@@ -411,7 +417,13 @@ impl Db {
             Some(_) => Target::Replica,
             None => Target::Primary,
         };
-        self.stats.query(QueryKind::Scan, target);
+        self.stats.query(
+            Tally {
+                counts,
+                kind: QueryKind::Scan,
+            },
+            target,
+        );
         if let Some(r) = &replica {
             r.queries.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(replica = %r.name, "key scan on a read replica");

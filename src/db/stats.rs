@@ -1,6 +1,9 @@
 //! The database's counters ([`DbStats`]) and the snapshot the admin API and
 //! `/metrics` render ([`DbSnapshot`]): queries by kind and target, their
-//! errors and durations, and the pool's connections.
+//! errors and durations, and the pool's connections. Each resource keeps
+//! its own [`QueryCounts`] (handed in with every query as a [`Tally`]), so
+//! `bloomgate_db_queries_total` says which resource cost the database what;
+//! the resource renders them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -11,10 +14,17 @@ use crate::histogram::{self, Histogram};
 /// What a query was for: the `kind` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueryKind {
-    /// One row by key (a cache miss, a verification).
+    /// One row by key for a key the filter passed (a cache miss, or any
+    /// lookup while the resource is not vouched for).
     Row,
+    /// One row by key for a key the filter rejected, asked anyway: above
+    /// the high-water mark, or while not vouched for (`verify_budget`).
+    /// Apart from `row` because it is the price of the protection itself.
+    Verify,
     /// Every key of a table (a filter build).
     Scan,
+    /// The start-up check of a resource's table and columns (a NULL key).
+    Probe,
 }
 
 /// Where a query ran: the `target` label.
@@ -24,13 +34,66 @@ pub enum Target {
     Replica,
 }
 
-const KINDS: [(QueryKind, &str); 2] = [(QueryKind::Row, "row"), (QueryKind::Scan, "scan")];
+const KINDS: [(QueryKind, &str); 4] = [
+    (QueryKind::Row, "row"),
+    (QueryKind::Verify, "verify"),
+    (QueryKind::Scan, "scan"),
+    (QueryKind::Probe, "probe"),
+];
 const TARGETS: [(Target, &str); 2] = [(Target::Primary, "primary"), (Target::Replica, "replica")];
+
+/// One resource's queries by `[kind][target]`.
+#[derive(Debug, Default)]
+pub struct QueryCounts([[AtomicU64; 2]; KINDS.len()]);
+
+impl QueryCounts {
+    /// `[kind][target]`, as [`QueryKind`] and [`Target`] are numbered.
+    pub fn snapshot(&self) -> QueriesSnapshot {
+        QueriesSnapshot(
+            self.0
+                .iter()
+                .map(|t| [t[0].load(Ordering::Relaxed), t[1].load(Ordering::Relaxed)])
+                .collect(),
+        )
+    }
+}
+
+/// Whose query this is and what it is for: counted in the resource's
+/// [`QueryCounts`] once it ran, with the target it ran on.
+#[derive(Clone, Copy)]
+pub struct Tally<'a> {
+    pub counts: &'a QueryCounts,
+    pub kind: QueryKind,
+}
+
+/// One resource's queries at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct QueriesSnapshot(pub Vec<[u64; 2]>);
+
+impl QueriesSnapshot {
+    pub fn get(&self, kind: QueryKind, target: Target) -> u64 {
+        self.0[kind as usize][target as usize]
+    }
+
+    /// The `bloomgate_db_queries_total` series of one resource.
+    pub fn expose(&self, resource: &str, out: &mut Exposition) {
+        for ((_, kind), counts) in KINDS.iter().zip(&self.0) {
+            for ((_, target), n) in TARGETS.iter().zip(counts) {
+                out.counter(
+                    "bloomgate_db_queries_total",
+                    "Queries sent to Postgres by resource, kind (row: a row load for a key the filter passed; verify: a row load for a key it rejected; scan: a filter build's key scan; probe: the start-up check of the table) and target (primary, replica).",
+                    &[("resource", resource), ("kind", kind), ("target", target)],
+                    *n as f64,
+                );
+            }
+        }
+    }
+}
 
 #[derive(Default)]
 pub struct DbStats {
-    /// Queries by `[kind][target]`.
-    queries: [[AtomicU64; 2]; 2],
+    /// Queries of every resource.
+    queries: AtomicU64,
     pub errors: AtomicU64,
     /// The last database check's verdict (`Db::check_up`).
     pub up: std::sync::atomic::AtomicBool,
@@ -51,8 +114,9 @@ impl std::fmt::Debug for DbStats {
 }
 
 impl DbStats {
-    pub fn query(&self, kind: QueryKind, target: Target) {
-        self.queries[kind as usize][target as usize].fetch_add(1, Ordering::Relaxed);
+    pub fn query(&self, tally: Tally<'_>, target: Target) {
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        tally.counts.0[tally.kind as usize][target as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn row_took(&self, target: Target, d: Duration) {
@@ -71,11 +135,7 @@ impl DbStats {
 
     /// Every query so far.
     pub fn total(&self) -> u64 {
-        self.queries
-            .iter()
-            .flatten()
-            .map(|a| a.load(Ordering::Relaxed))
-            .sum()
+        self.queries.load(Ordering::Relaxed)
     }
 
     pub fn snapshot(&self, pool: &sqlx::PgPool) -> DbSnapshot {
@@ -86,7 +146,6 @@ impl DbStats {
             queries: self.total(),
             errors: l(&self.errors),
             up: u64::from(self.up.load(Ordering::Relaxed)),
-            by_kind: self.queries.iter().map(|t| [l(&t[0]), l(&t[1])]).collect(),
             pool_max: u64::from(pool.options().get_max_connections()),
             pool_open: size,
             pool_idle: idle,
@@ -105,8 +164,6 @@ pub struct DbSnapshot {
     pub errors: u64,
     /// 1 if the last check reached the database, else 0.
     pub up: u64,
-    /// `[kind][target]`, as [`QueryKind`] and [`Target`] are numbered.
-    pub by_kind: Vec<[u64; 2]>,
     pub pool_max: u64,
     pub pool_open: u64,
     pub pool_idle: u64,
@@ -130,19 +187,9 @@ crate::expose_fields!(DbSnapshot {
 });
 
 impl DbSnapshot {
-    /// The `bloomgate_db_queries_total` series and the histograms; the
-    /// table above has the rest.
+    /// The histograms; the table above has the rest (the queries are
+    /// each resource's: [`QueriesSnapshot::expose`]).
     pub fn expose_all(&self, out: &mut Exposition) {
-        for ((_, kind), counts) in KINDS.iter().zip(&self.by_kind) {
-            for ((_, target), n) in TARGETS.iter().zip(counts) {
-                out.counter(
-                    "bloomgate_db_queries_total",
-                    "Queries sent to Postgres, by kind (row: a row load; scan: a filter build's key scan) and target (primary, replica).",
-                    &[("kind", kind), ("target", target)],
-                    *n as f64,
-                );
-            }
-        }
         for ((_, target), h) in TARGETS.iter().zip(&self.row_durations) {
             out.histogram(
                 "bloomgate_db_query_duration_seconds",

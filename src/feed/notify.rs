@@ -130,7 +130,7 @@ pub const APPLICATION_NAME: &str = "bloomgate-notify-feed";
 #[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
     #[error(
-        "the database is a hot standby (pg_is_in_recovery() is true): LISTEN cannot run during recovery, so key changes cannot be followed there; point database.url at the primary (or set database.listen = false)"
+        "the database is a hot standby (pg_is_in_recovery() is true): LISTEN cannot run during recovery, so key changes cannot be followed there; point database.url at the primary (or set database.freshness = \"off\")"
     )]
     Standby,
     #[error("cannot LISTEN: {0}")]

@@ -171,7 +171,7 @@ pub struct Options {
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
     #[error(
-        "the database is a hot standby (pg_is_in_recovery() is true): the queue feed prunes its table and needs the primary; point database.url at it (or set database.listen = false)"
+        "the database is a hot standby (pg_is_in_recovery() is true): the queue feed prunes its table and needs the primary; point database.url at it (or set database.freshness = \"off\")"
     )]
     Standby,
     #[error(

@@ -270,7 +270,7 @@ impl Supervisor {
 /// need the primary, and installing triggers fails there): refused before
 /// anything else is tried, with the cause named.
 pub async fn refuse_standby(pool: &PgPool, cfg: &DatabaseConfig) -> Result<(), String> {
-    if !cfg.listen {
+    if cfg.freshness == Freshness::Off {
         return Ok(());
     }
     let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
@@ -295,7 +295,7 @@ fn sink_of(freshness: Freshness) -> Sink {
 
 /// `database.freshness` resolved; one log line says which and why.
 async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Freshness, String> {
-    if !cfg.listen || cfg.freshness == Freshness::Off || watch.tables.is_empty() {
+    if cfg.freshness == Freshness::Off || watch.tables.is_empty() {
         tracing::info!(
             freshness = "off",
             "change feed off: rows change in the gateway only at rebuilds and TTLs"

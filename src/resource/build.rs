@@ -32,6 +32,7 @@ use super::Resource;
 use super::live_filter::{Merge, Scanned, Window, stats_of};
 use super::report::{BuildReport, LastOutcome, RefusalReport};
 use crate::db::DbError;
+use crate::db::stats::{QueryKind, Tally};
 use crate::filter::{FilterError, FilterKey, Item, KeySetBuilder};
 use crate::key::{self, KeyType};
 use crate::rebuild::{self, Job, Reason, Ticket};
@@ -133,10 +134,14 @@ impl Resource {
     /// type, by running the row query for a NULL key (which matches nothing).
     pub async fn probe(&self) -> Result<(), DbError> {
         let sql = &self.queries.row;
+        let tally = Tally {
+            counts: &self.stats.db_queries,
+            kind: QueryKind::Probe,
+        };
         match self.config.key_type {
-            KeyType::Bigint => self.db.fetch_json(sql, None::<i64>).await,
-            KeyType::Uuid => self.db.fetch_json(sql, None::<uuid::Uuid>).await,
-            KeyType::Text => self.db.fetch_json(sql, None::<String>).await,
+            KeyType::Bigint => self.db.fetch_json(sql, None::<i64>, tally).await,
+            KeyType::Uuid => self.db.fetch_json(sql, None::<uuid::Uuid>, tally).await,
+            KeyType::Text => self.db.fetch_json(sql, None::<String>, tally).await,
         }
         .map(|_| ())
     }
@@ -334,6 +339,7 @@ impl Resource {
         self.db
             .scan_keys(
                 &self.queries,
+                &self.stats.db_queries,
                 |_| (),
                 |_, raw| {
                     if let Some(item) = key::item_from_column(key_type, raw) {
@@ -449,6 +455,7 @@ impl Resource {
             .db
             .scan_keys(
                 &self.queries,
+                &self.stats.db_queries,
                 |count| {
                     rows = count;
                     // Sized for growth until the next rebuild; at least one

@@ -7,6 +7,7 @@
 //! timed out) included.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,7 @@ use serde::Serialize;
 
 use super::{BuildReport, Resource};
 use crate::counter::Counter;
+use crate::db::stats::{QueriesSnapshot, QueryCounts};
 use crate::exposition::{Expose, Exposition, Labels};
 use crate::filter::FilterStats;
 use crate::histogram::{self, Histogram, RareHistogram, SLOW_BOUNDS};
@@ -147,6 +149,9 @@ pub struct Stats {
     latency: [Histogram; RequestOutcome::ALL.len()],
     /// How long successful builds took.
     build_durations: RareHistogram,
+    /// This resource's database queries by kind and target (shared with
+    /// the loads a cache miss spawns, which outlive a borrow).
+    pub db_queries: Arc<QueryCounts>,
 }
 
 impl Default for Stats {
@@ -182,6 +187,7 @@ impl Default for Stats {
             last_failure_ms: AtomicU64::default(),
             latency: Default::default(),
             build_durations: RareHistogram::new(&SLOW_BOUNDS),
+            db_queries: Arc::default(),
         }
     }
 }
@@ -266,6 +272,7 @@ impl Stats {
             last_failure_seconds: l(&self.last_failure_ms) as f64 / 1e3,
             latency: self.latency.iter().map(Histogram::snapshot).collect(),
             build_durations: self.build_durations.snapshot(),
+            db_queries: self.db_queries.snapshot(),
         }
     }
 }
@@ -316,6 +323,8 @@ pub struct StatsSnapshot {
     pub latency: Vec<histogram::Snapshot>,
     #[serde(skip)]
     pub build_durations: histogram::Snapshot,
+    #[serde(skip)]
+    pub db_queries: QueriesSnapshot,
 }
 
 crate::expose_fields!(StatsSnapshot {
@@ -410,6 +419,7 @@ impl Expose for ResourceSnapshot {
             );
         }
         self.stats.expose(labels, out);
+        self.stats.db_queries.expose(&self.name, out);
         out.histogram(
             "bloomgate_rebuild_duration_seconds",
             "Duration of successful filter builds (scan, journal replay, swap).",

@@ -411,7 +411,7 @@ columns = ["id", "title"]
 pub fn config(url: &str, extra: &str) -> Config {
     // The notification triggers are installed at start-up unless `extra`
     // says otherwise.
-    let chose_feed = extra.contains("listen =") || extra.contains("freshness =");
+    let chose_feed = extra.contains("freshness =");
     // Under least privilege the publication is the README's (its owner
     // made it), not the gateway's to change.
     let install_feed = if least_privilege() {
