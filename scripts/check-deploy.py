@@ -4,7 +4,13 @@ the README promises (readiness on /readyz, liveness on /healthz, preStop,
 resources, a termination grace period above the drain and shutdown, a
 PodDisruptionBudget, a Service), and the systemd unit has its reload,
 stop and limit settings (and passes `systemd-analyze verify` where that
-exists). Run by tests/operations.rs; no cluster needed."""
+exists). Where `BLOOMGATE_KUBERNETES_VALIDATE` names the
+`kubernetes-validate` tool (scripts/test.sh installs it from PyPI), every
+manifest is also validated, strictly (no unknown field), against the
+OpenAPI schemas of the oldest and newest Kubernetes versions it ships:
+the field checks above only look for what the README promises, the schema
+catches a misspelt or misplaced field Kubernetes would reject or ignore.
+Run by tests/operations.rs; no cluster needed."""
 import glob
 import os
 import re
@@ -97,8 +103,27 @@ def systemd():
             need(not own, f"systemd-analyze verify: {own}")
 
 
+def schemas():
+    tool = os.environ.get("BLOOMGATE_KUBERNETES_VALIDATE")
+    if not tool:
+        print("deploy: BLOOMGATE_KUBERNETES_VALIDATE unset: schemas not checked (scripts/test.sh sets it)",
+              file=sys.stderr)
+        return
+    manifests = sorted(glob.glob(os.path.join(ROOT, "deploy/kubernetes/*.yaml")))
+    for version in SCHEMA_VERSIONS:
+        r = subprocess.run([tool, "--strict", "--quiet", "-k", version, *manifests],
+                           capture_output=True, text=True)
+        need(r.returncode == 0, f"kubernetes-validate -k {version}: {(r.stdout + r.stderr).strip()}")
+
+
+# The oldest the Deployment supports (its preStop `sleep` action, which
+# needs no shell in the image, is 1.30+: 1.28's schema rejects it), and the
+# newest kubernetes-validate 1.37 ships.
+SCHEMA_VERSIONS = ("1.30.0", "1.37.0")
+
 kubernetes()
 systemd()
+schemas()
 for p in problems:
     print("deploy:", p)
 sys.exit(1 if problems else 0)

@@ -40,6 +40,7 @@ fi
 # The alerting rules are checked and unit-tested with promtool, from
 # Debian's prometheus package: only the binary is taken out of it (into
 # target/promtool), so no Prometheus server is installed or started.
+KUBERNETES_VALIDATE=1.37.0
 PROMTOOL="$(command -v promtool || true)"
 if [ -z "$PROMTOOL" ]; then
   PROMTOOL="$PWD/target/promtool/usr/bin/promtool"
@@ -55,6 +56,15 @@ if [ -z "$PROMTOOL" ]; then
   fi
 fi
 export BLOOMGATE_PROMTOOL="$PROMTOOL"
+# The Kubernetes manifests are validated against the API's schemas with
+# kubernetes-validate (PyPI; the schemas ship inside it, no cluster).
+KUBE_VENV=target/deploy-venv
+if ! "$KUBE_VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUBERNETES_VALIDATE"; then
+  echo "test.sh: installing kubernetes-validate $KUBERNETES_VALIDATE for the manifest check" >&2
+  python3 -m venv "$KUBE_VENV"
+  "$KUBE_VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE" >&2
+fi
+export BLOOMGATE_KUBERNETES_VALIDATE="$PWD/$KUBE_VENV/bin/kubernetes-validate"
 # tests/bus.rs starts a redis-server of its own per test (Debian's package).
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "test.sh: installing redis-server for the bus tests" >&2
