@@ -132,3 +132,22 @@ impl AdminConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::tests::{MINIMAL, err};
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        for (prefix, key) in [
+            (
+                "[admin]\nrequest_timeout = \"0s\"\n",
+                "admin.request_timeout",
+            ),
+            ("[admin]\nrebuild_wait = \"0s\"\n", "admin.rebuild_wait"),
+        ] {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
+        }
+    }
+}

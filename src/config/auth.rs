@@ -294,3 +294,145 @@ pub fn check_jwks_url(text: &str) -> Result<(), String> {
         s => Err(format!("scheme {s:?}: use https://")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::config::tests::{MINIMAL, err};
+
+    const PRIVATE: &str = r#"
+        [[resource]]
+        name = "me"
+        route = "/me/{id}"
+        table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "owner_id", "email"]
+        auth = "jwt"
+        scopes = ["users:read"]
+        owner_claim = "sub"
+        owner_column = "owner_id"
+        rate_limit = "600/m"
+    "#;
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn access_rules_have_defaults_and_resolve() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.resolved()[0].access, Access::default());
+        assert_eq!(c.auth.leeway, Duration::from_secs(30));
+        assert_eq!(c.auth.scope_claim, "scope");
+        assert_eq!(c.auth.max_token_bytes, 8192);
+        let c = Config::from_toml(&format!(
+            "[auth]\njwt_secret = \"{SECRET}\"\n{MINIMAL}{PRIVATE}"
+        ))
+        .unwrap();
+        let a = &c.resolved()[1].access;
+        assert_eq!(a.mode, AuthMode::Jwt);
+        assert_eq!(a.owner_column.as_deref(), Some("owner_id"));
+        let rate = a.rate_limit.unwrap();
+        assert_eq!((rate.per_second, rate.burst), (10.0, 10));
+        // An owner column that is the key is the key.
+        let c = Config::from_toml(&format!(
+            "[auth]\njwt_secret = \"{SECRET}\"\n{}",
+            PRIVATE.replace("\"owner_id\"\n", "\"id\"\n")
+        ))
+        .unwrap();
+        assert_eq!(c.resolved()[0].access.owner_column, None);
+    }
+
+    #[test]
+    fn access_errors_name_the_key() {
+        let with = |auth: &str, res: &str| err(&format!("[auth]\n{auth}\n{res}"));
+        let s = format!("jwt_secret = \"{SECRET}\"");
+        for (auth, res, key) in [
+            (
+                "jwt_secret = \"short\"",
+                PRIVATE.to_string(),
+                "auth.jwt_secret",
+            ),
+            ("", PRIVATE.to_string(), "resource[0].auth"),
+            (
+                &s,
+                PRIVATE.replace("\"jwt\"", "\"api_key\""),
+                "resource[0].auth",
+            ),
+            (
+                &s,
+                PRIVATE.replace("auth = \"jwt\"", "auth = \"none\""),
+                "resource[0].scopes",
+            ),
+            (
+                &s,
+                PRIVATE.replace("\"users:read\"", "\"a b\""),
+                "resource[0].scopes",
+            ),
+            (
+                &s,
+                PRIVATE.replace("\"owner_id\"\n", "\"other\"\n"),
+                "resource[0].owner_column",
+            ),
+            (
+                &s,
+                PRIVATE.replace("600/m", "fast"),
+                "resource[0].rate_limit",
+            ),
+            (
+                &s,
+                PRIVATE.replace("600/m", "0/s"),
+                "resource[0].rate_limit",
+            ),
+            (
+                &s,
+                format!("{PRIVATE}rate_limit_burst = 0\n"),
+                "resource[0].rate_limit_burst",
+            ),
+            (
+                &format!("{s}\njwks_url = \"http://idp.example.com/jwks\""),
+                PRIVATE.into(),
+                "auth.jwks_url",
+            ),
+            (
+                &format!("{s}\nleeway = \"1h\""),
+                PRIVATE.into(),
+                "auth.leeway",
+            ),
+            (
+                &format!("{s}\nmax_token_bytes = 10"),
+                PRIVATE.into(),
+                "auth.max_token_bytes",
+            ),
+        ] {
+            let e = with(auth, &res);
+            assert!(e.contains(key), "{key}: {e}");
+            assert!(!e.contains(SECRET), "{e}");
+        }
+    }
+
+    /// The secret comes from the environment, is redacted in
+    /// `check-config` and in `Debug`, and never shown.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error
+    fn the_jwt_secret_comes_from_the_environment_and_is_never_shown() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bg.toml", &format!("{MINIMAL}{PRIVATE}"))?;
+            jail.set_env("BLOOMGATE_AUTH__JWT_SECRET", SECRET);
+            let c = Config::load(Path::new("bg.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(c.auth.jwt_secret.as_deref(), Some(SECRET));
+            let shown = format!("{}\n{c:?}", c.to_redacted_toml());
+            assert!(!shown.contains(SECRET), "{shown}");
+            assert!(shown.contains(REDACTED));
+            jail.set_env("BLOOMGATE_AUTH_JWT_SECRET", SECRET);
+            let e = Config::load(Path::new("bg.toml")).unwrap_err().to_string();
+            assert!(
+                e.contains("BLOOMGATE_AUTH__JWT_SECRET") && !e.contains(SECRET),
+                "{e}"
+            );
+            Ok(())
+        });
+    }
+}

@@ -232,3 +232,71 @@ impl CacheConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::config::tests::{MINIMAL, err};
+
+    #[test]
+    fn a_byte_budget_parses_with_units_and_is_inherited_unless_entries_are_set() {
+        let c = Config::from_toml(&format!("[cache]\nmax_bytes = \"256 MiB\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(256 << 20));
+        assert_eq!(c.resolved()[0].cache.max_bytes, c.cache.max_bytes);
+        let c = Config::from_toml(&format!("[cache]\nmax_bytes = 1048576\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(1 << 20));
+        // A resource that bounds itself by entries is bounded by entries.
+        let c = Config::from_toml(&format!(
+            "[cache]\nmax_bytes = \"1 GiB\"\n{MINIMAL}\n[resource.cache]\nmax_entries = 10\n"
+        ))
+        .unwrap();
+        let r = &c.resolved()[0].cache;
+        assert_eq!((r.max_entries, r.max_bytes), (Some(10), None));
+        assert_eq!(r.bound(), CacheBound::Entries(10));
+        // And one with its own budget keeps it.
+        let c = Config::from_toml(&format!(
+            "{MINIMAL}\n[resource.cache]\nmax_bytes = \"2 MB\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.cache.max_bytes, None);
+        assert_eq!(
+            c.resolved()[0].cache.max_bytes.map(|b| b.as_u64()),
+            Some(2_000_000)
+        );
+        // Neither set: the default budget, which check-config prints.
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(
+            c.resolved()[0].cache.bound(),
+            CacheBound::Bytes(DEFAULT_MAX_BYTES)
+        );
+        assert!(
+            c.to_redacted_toml()
+                .contains(&format!("max_bytes = {DEFAULT_MAX_BYTES}")),
+            "{}",
+            c.to_redacted_toml()
+        );
+        // The redacted TOML (check-config) round-trips it exactly.
+        let c =
+            Config::from_toml(&format!("[cache]\nmax_bytes = \"1000001 B\"\n{MINIMAL}")).unwrap();
+        assert_eq!(c.cache.max_bytes.map(|b| b.as_u64()), Some(1_000_001));
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(again.cache.max_bytes, c.cache.max_bytes);
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        for (prefix, key) in [
+            ("[cache]\nmax_entries = 0\n", "cache.max_entries"),
+            (
+                "[cache]\nmax_entries = 10\nmax_bytes = \"1 MiB\"\n",
+                "cache.max_entries",
+            ),
+            ("[cache]\nmax_bytes = 256\n", "cache.max_bytes"),
+            ("[cache]\nmax_bytes = \"lots\"\n", "cache.max_bytes"),
+        ] {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
+        }
+    }
+}

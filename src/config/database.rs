@@ -358,7 +358,7 @@ pub fn redact_url(url: &str) -> String {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::config::tests::MINIMAL;
+    use crate::config::tests::{MINIMAL, err};
 
     #[test]
     fn passwords_are_redacted() {
@@ -432,6 +432,74 @@ mod tests {
             .to_string();
             assert!(e.contains("database.listen"), "{e}");
             assert!(e.contains(feed), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_wal_poll_interval_is_unset_by_default_bounded_and_round_trips() {
+        assert_eq!(
+            Config::from_toml(MINIMAL)
+                .unwrap()
+                .database
+                .wal_poll_interval,
+            None
+        );
+        let c = Config::from_toml(&format!(
+            "[database]\nwal_poll_interval = \"10ms\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(
+            c.database.wal_poll_interval,
+            Some(Duration::from_millis(10))
+        );
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(
+            again.database.wal_poll_interval,
+            c.database.wal_poll_interval
+        );
+        for bad in ["0s", "500us", "2s"] {
+            let e = err(&format!(
+                "[database]\nwal_poll_interval = \"{bad}\"\n{MINIMAL}"
+            ));
+            assert!(e.contains("database.wal_poll_interval"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_queue_settings_have_defaults_bounds_and_round_trip() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.database.queue_poll_interval, Duration::from_millis(5));
+        assert_eq!(c.database.queue_retention, Duration::from_secs(600));
+        let c = Config::from_toml(&format!(
+            "[database]\nfreshness = \"queue\"\nqueue_poll_interval = \"20ms\"\nqueue_retention = \"1h\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(c.database.freshness, Freshness::Queue);
+        let again = Config::from_toml(&c.to_redacted_toml()).unwrap();
+        assert_eq!(again.database.freshness, Freshness::Queue);
+        assert_eq!(
+            again.database.queue_poll_interval,
+            Duration::from_millis(20)
+        );
+        assert_eq!(again.database.queue_retention, Duration::from_secs(3600));
+        for (key, bad) in [
+            ("queue_poll_interval", "0s"),
+            ("queue_poll_interval", "2s"),
+            ("queue_retention", "5s"),
+        ] {
+            let e = err(&format!("[database]\n{key} = \"{bad}\"\n{MINIMAL}"));
+            assert!(e.contains(&format!("database.{key}")), "{key} = {bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        for (prefix, key) in [
+            ("[database]\npool_size = 0\n", "database.pool_size"),
+            ("[database]\nurl = \"mysql://x\"\n", "database.url"),
+        ] {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
         }
     }
 }

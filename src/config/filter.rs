@@ -170,3 +170,67 @@ impl FilterConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::config::tests::{MINIMAL, err};
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        for (prefix, key) in [
+            (
+                "[filter]\nfalse_positive_rate = 1.5\n",
+                "filter.false_positive_rate",
+            ),
+            (
+                "[filter]\nfalse_positive_rate = 0.0\n",
+                "filter.false_positive_rate",
+            ),
+            ("[filter]\nheadroom = 0.5\n", "filter.headroom"),
+            ("[filter]\nmax_shrink = 2.0\n", "filter.max_shrink"),
+            (
+                "[filter]\nrebuild_fp_multiple = 0.5\n",
+                "filter.rebuild_fp_multiple",
+            ),
+            (
+                "[filter]\nrebuild_delete_fraction = 1.5\n",
+                "filter.rebuild_delete_fraction",
+            ),
+            (
+                "[filter]\nrebuild_delete_fraction = 0.6\n",
+                "filter.rebuild_delete_fraction",
+            ),
+            (
+                "[filter]\nrebuild_insert_fraction = -1.0\n",
+                "filter.rebuild_insert_fraction",
+            ),
+            (
+                "[filter]\nrebuild_interval = \"10ms\"\n",
+                "filter.rebuild_interval",
+            ),
+        ] {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
+        }
+        // Per resource, the key names the resource.
+        let e = err(&format!(
+            "{MINIMAL}\n[resource.filter]\nrebuild_fp_multiple = 0.9\n"
+        ));
+        assert!(e.contains("resource[0].filter.rebuild_fp_multiple"), "{e}");
+        // Off is 0 for every trigger.
+        assert!(
+            Config::from_toml(&format!(
+                "[filter]\nrebuild_fp_multiple = 0\nrebuild_delete_fraction = 0\nrebuild_insert_fraction = 0\n{MINIMAL}"
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn exact_mode_needs_integer_keys() {
+        let text =
+            MINIMAL.replace("\"bigint\"", "\"uuid\"") + "[resource.filter]\nmode = \"exact\"\n";
+        assert!(err(&text).contains("resource[0].filter.mode"));
+    }
+}

@@ -96,6 +96,7 @@ pub fn shape(route: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::tests::{MINIMAL, err};
 
     #[test]
     fn routes_have_one_parameter_and_stay_off_the_gateways_paths() {
@@ -131,5 +132,31 @@ mod tests {
         );
         assert_eq!(shape("/users/{id}"), shape("/users/{key}"));
         assert_ne!(shape("/users/{id}"), shape("/people/{id}"));
+    }
+
+    /// The route checks as a whole configuration applies them: per
+    /// resource, and across resources (clashes, duplicates).
+    #[test]
+    fn configured_routes_are_checked() {
+        for (route, problem) in [
+            ("users/{id}", "start with '/'"),
+            ("/users/{id}/{x}", "exactly one"),
+            ("/users", "exactly one"),
+            ("/users//{id}", "empty segment"),
+            ("/us ers/{id}", "segment"),
+            ("/admin/{id}", "reserved"),
+        ] {
+            let e = err(&MINIMAL.replace("/users/{id}", route));
+            assert!(e.contains(problem), "{route}: {e}");
+        }
+        let two = format!(
+            "{MINIMAL}{}",
+            MINIMAL
+                .replace("\"users\"\n        route", "\"u2\"\n        route")
+                .replace("{id}", "{key}")
+        );
+        assert!(err(&two).contains("clashes"));
+        let dup = format!("{MINIMAL}{}", MINIMAL.replace("/users/", "/people/"));
+        assert!(err(&dup).contains("used twice"));
     }
 }

@@ -127,3 +127,34 @@ impl ServerConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::config::Config;
+    use crate::config::tests::{MINIMAL, err};
+
+    #[test]
+    fn connection_limits_have_defaults() {
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(75));
+        assert_eq!(c.server.max_connections, 10_000);
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_key() {
+        for (prefix, key) in [
+            ("[server]\nmax_key_length = 0\n", "server.max_key_length"),
+            ("[server]\nidle_timeout = \"0s\"\n", "server.idle_timeout"),
+            ("[server]\nmax_connections = 0\n", "server.max_connections"),
+            (
+                "[server]\nmax_connections = 5000000000\n",
+                "server.max_connections",
+            ),
+        ] {
+            let e = err(&format!("{prefix}{MINIMAL}"));
+            assert!(e.contains(key), "{prefix}: {e}");
+        }
+    }
+}
