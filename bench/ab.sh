@@ -15,7 +15,10 @@
 # Environment (defaults in brackets): ROUNDS [4], DURATION [10s] measured
 # per binary and round after 3 s of warm-up, WORKLOAD [attack] (see
 # bench/keys.lua; `hit` warms by walking every key first), PG_URL
-# [postgres://postgres@127.0.0.1:5432].
+# [postgres://postgres@127.0.0.1:5432], LOG [warn] the gateways' RUST_LOG
+# (`info` is the shipped level: one access line per request, to /dev/null).
+# A binary may be a wrapper script that execs the gateway with settings of
+# its own (e.g. BLOOMGATE_LOG__ACCESS=false): its pid is the gateway's.
 #
 # Per round and binary: requests/s and the gateway's CPU (utime + stime)
 # per request, then the after/before ratios. CPU per request is the steadier
@@ -24,12 +27,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 2 ]; then
-  sed -n '2,24p' "$0" >&2
+  sed -n '2,27p' "$0" >&2
   exit 2
 fi
 BEFORE=$1 AFTER=$2
 ROUNDS=${ROUNDS:-4} DURATION=${DURATION:-10s} WORKLOAD=${WORKLOAD:-attack}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
+LOG=${LOG:-warn}
 PORT=18085
 TCK=$(getconf CLK_TCK)
 
@@ -39,7 +43,7 @@ run() { # BIN -> "req/s cpu_us_per_req"
   case "$1" in
     *bare_axum) "$1" --listen "127.0.0.1:$PORT" >/dev/null 2>&1 & ;;
     *) DATABASE_URL="$PG_URL/bloomgate_bench" BLOOMGATE_SERVER__LISTEN="127.0.0.1:$PORT" \
-      RUST_LOG=warn "$1" serve --config config/bloomgate.toml >/dev/null 2>&1 & ;;
+      RUST_LOG="$LOG" "$1" serve --config config/bloomgate.toml >/dev/null 2>&1 & ;;
   esac
   local pid=$! i out c0 c1
   for i in $(seq 100); do
