@@ -539,6 +539,11 @@ const TOKEN: &str = "bus-test-admin-token-0123456789";
 
 impl Binary {
     fn spawn(db: &TestDb, fleet: &Fleet, redis: &Redis) -> Self {
+        Self::spawn_with(db, &fleet.bus_toml(redis), None)
+    }
+
+    /// With `bus` as its `[bus]` section, its output (the log) into `log`.
+    fn spawn_with(db: &TestDb, bus: &str, log: Option<&std::path::Path>) -> Self {
         let (public, admin) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(unique("bloomgate-bus"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -559,16 +564,22 @@ impl Binary {
             {RESOURCES}
             "#,
             url = db.url,
-            bus = fleet.bus_toml(redis),
         );
         std::fs::write(&path, text).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
             .args(["serve", "--config", path.to_str().unwrap()])
             .env_remove("DATABASE_URL")
             .env("BLOOMGATE_ADMIN_TOKEN", TOKEN)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // Every line a log would have, where it is read.
+            .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
+            .stdout(log.map_or(Stdio::null(), |p| std::fs::File::create(p).unwrap().into()))
+            .stderr(log.map_or(Stdio::null(), |p| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(p)
+                    .unwrap()
+                    .into()
+            }))
             .spawn()
             .unwrap();
         Binary {
@@ -1102,5 +1113,43 @@ async fn a_tls_bus_that_cannot_be_trusted_or_reached_is_not_followed() {
     for g in &gws {
         g.stop();
     }
+    fleet.drop_slot(&db).await;
+}
+
+/// The binary on a `rediss://` bus whose URL holds a password, with the
+/// wrong CA: it serves from its own feed, and its log and `/admin/stats`
+/// say why (the certificate) without ever showing the password.
+#[tokio::test]
+async fn a_tls_failure_is_logged_with_its_reason_and_never_the_password() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let certs = Certs::make();
+    let redis = Redis::start_tls(&certs, "no").await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    const PASSWORD: &str = "s3cret-bus-password";
+    let url = format!("rediss://bloomgate:{PASSWORD}@127.0.0.1:{}/0", redis.port);
+    let bus = fleet.bus_toml_with(&url, Some(&certs.path("other-ca.crt")));
+    let log = certs.dir.join("gateway.log");
+    let gw = Binary::spawn_with(&db, &bus, Some(&log));
+    ready(&gw).await;
+    let (code, body) = gw.get("/users/4").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let stats = gw.stats().await.unwrap();
+    let shown = stats["bus"].to_string();
+    assert_eq!(stats["bus"]["mode"], "direct", "{shown}");
+    assert!(shown.contains("UnknownIssuer"), "{shown}");
+    assert!(
+        shown.contains("rediss://bloomgate:***@127.0.0.1"),
+        "{shown}"
+    );
+    eventually("the fall-back logged", || async {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("UnknownIssuer"))
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("rediss://bloomgate:***@127.0.0.1"), "{text}");
+    assert!(!stats.to_string().contains(PASSWORD));
+    assert!(!text.contains(PASSWORD), "{text}");
+    drop(gw);
     fleet.drop_slot(&db).await;
 }
