@@ -37,10 +37,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A `redis-server` of this test's own, without persistence.
+/// A `redis-server` of this test's own, without persistence; with `tls`,
+/// TLS only (no plaintext port).
 struct Redis {
     child: Option<Child>,
     port: u16,
+    tls: Option<Arc<Certs>>,
 }
 
 impl Redis {
@@ -49,9 +51,46 @@ impl Redis {
     }
 
     async fn start_on(port: u16) -> Self {
+        Self::spawn(port, None, &[]).await
+    }
+
+    /// TLS only, the server's certificate signed by `certs.ca`; `auth`
+    /// the `--tls-auth-clients` setting (`no`: no client certificate).
+    async fn start_tls(certs: &Arc<Certs>, auth: &str) -> Self {
+        let p = |f: &str| certs.dir.join(f).to_str().unwrap().to_string();
+        let args = [
+            "--tls-port".to_string(),
+            "PORT".into(),
+            "--port".into(),
+            "0".into(),
+            "--tls-cert-file".into(),
+            p("server.crt"),
+            "--tls-key-file".into(),
+            p("server.key"),
+            "--tls-ca-cert-file".into(),
+            p("ca.crt"),
+            "--tls-auth-clients".into(),
+            auth.into(),
+            // 127.0.0.2 too, an address the certificate does not name.
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "127.0.0.2".into(),
+        ];
+        Self::spawn(free_port(), Some(certs.clone()), &args).await
+    }
+
+    async fn spawn(port: u16, tls: Option<Arc<Certs>>, tls_args: &[String]) -> Self {
         let bin = std::env::var("BLOOMGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let child = Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        let mut cmd = Command::new(bin);
+        if tls_args.is_empty() {
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
+        } else {
+            cmd.args(tls_args.iter().map(|a| match a.as_str() {
+                "PORT" => port.to_string(),
+                _ => a.clone(),
+            }));
+        }
+        let child = cmd
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -60,6 +99,7 @@ impl Redis {
         let r = Redis {
             child: Some(child),
             port,
+            tls,
         };
         eventually("redis-server answers", || async {
             r.conn().await.is_some()
@@ -69,11 +109,31 @@ impl Redis {
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
+    /// A connection of the test's own (TLS with the right CA, and the
+    /// client certificate, for a TLS server).
     async fn conn(&self) -> Option<redis::aio::MultiplexedConnection> {
-        let client = redis::Client::open(self.url()).ok()?;
+        let client = match &self.tls {
+            None => redis::Client::open(self.url()).ok()?,
+            Some(certs) => redis::Client::build_with_tls(
+                self.url(),
+                redis::TlsCertificates {
+                    client_tls: Some(redis::ClientTlsConfig {
+                        client_cert: std::fs::read(certs.dir.join("client.crt")).ok()?,
+                        client_key: std::fs::read(certs.dir.join("client.key")).ok()?,
+                    }),
+                    root_cert: Some(std::fs::read(certs.dir.join("ca.crt")).ok()?),
+                },
+            )
+            .ok()?,
+        };
         let mut c = client.get_multiplexed_async_connection().await.ok()?;
         let pong: String = redis::cmd("PING").query_async(&mut c).await.ok()?;
         (pong == "PONG").then_some(c)
@@ -104,6 +164,117 @@ impl Drop for Redis {
     }
 }
 
+/// Throwaway certificates made with `openssl`, as `ensure_tls_server` in
+/// `scripts/pg.sh` makes the Postgres TLS test's: a CA (`ca.crt`), another
+/// CA that signed nothing here (`other-ca.crt`), the server's certificate
+/// (`CA:FALSE`, for 127.0.0.1 and localhost: rustls checks the URL's host
+/// against it, and refuses a CA certificate as a server's) and a client
+/// certificate (for `--tls-auth-clients yes`), both signed by `ca.crt`.
+struct Certs {
+    dir: std::path::PathBuf,
+}
+
+impl Certs {
+    fn make() -> Arc<Self> {
+        let dir = std::env::temp_dir().join(unique("bloomgate-redis-tls"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("openssl: the TLS tests make their certificates with it");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        for ca in ["ca", "other-ca"] {
+            openssl(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=bloomgate bus test {ca}"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.crt"),
+            ]);
+        }
+        for (who, cn, usage, san) in [
+            (
+                "server",
+                "localhost",
+                "serverAuth",
+                "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+            ),
+            ("client", "bloomgate", "clientAuth", ""),
+        ] {
+            std::fs::write(
+                dir.join(format!("{who}.ext")),
+                format!(
+                    "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n{san}"
+                ),
+            )
+            .unwrap();
+            openssl(&[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-nodes",
+                "-subj",
+                &format!("/CN={cn}"),
+                "-keyout",
+                &format!("{who}.key"),
+                "-out",
+                &format!("{who}.csr"),
+            ]);
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{who}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{who}.ext"),
+                "-out",
+                &format!("{who}.crt"),
+            ]);
+        }
+        Arc::new(Certs { dir })
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.join(file).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A fresh name for this test's slot and key prefix.
 fn unique(what: &str) -> String {
     format!("{what}_{:x}", rand::random::<u32>())
@@ -122,17 +293,30 @@ impl Fleet {
         }
     }
 
+    /// The `[bus]` section for `redis`: its URL, and for a TLS server the
+    /// CA that signed its certificate as `bus.ca_file`.
     fn bus_toml(&self, redis: &Redis) -> String {
+        let ca = redis.tls.as_ref().map(|c| c.path("ca.crt"));
+        self.bus_toml_with(&redis.url(), ca.as_deref())
+    }
+
+    fn bus_toml_with(&self, url: &str, ca_file: Option<&str>) -> String {
+        let ca = ca_file.map_or(String::new(), |f| format!("ca_file = \"{f}\"\n"));
         format!(
-            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"1s\"\n",
-            redis.url(),
-            self.slot,
-            self.prefix
+            "[bus]\nurl = \"{url}\"\n{ca}slot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"1s\"\n",
+            self.slot, self.prefix
         )
     }
 
     fn config(&self, db: &TestDb, redis: &Redis) -> Config {
         wal_config(db, &format!("{BY_EMAIL}\n{}", self.bus_toml(redis)))
+    }
+
+    fn config_with(&self, db: &TestDb, url: &str, ca_file: Option<&str>) -> Config {
+        wal_config(
+            db,
+            &format!("{BY_EMAIL}\n{}", self.bus_toml_with(url, ca_file)),
+        )
     }
 
     async fn stream(&self, redis: &Redis) -> String {
@@ -276,7 +460,8 @@ async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
     use bloomgate::feed::bus::{Appended, Bus, Entry, Position};
     use bloomgate::feed::{Commit, Lsn, Phase, Resync};
     let redis = Redis::start().await;
-    let mut bus = RedisBus::new(&redis.url(), "t:stream".into(), 1000).unwrap();
+    let mut bus =
+        RedisBus::new(&redis.url(), &Default::default(), "t:stream".into(), 1000).unwrap();
     assert_eq!(bus.head().await.unwrap(), Position::START);
     let commit = |lsn: u64| {
         Entry::Commit(Commit {
@@ -354,6 +539,11 @@ const TOKEN: &str = "bus-test-admin-token-0123456789";
 
 impl Binary {
     fn spawn(db: &TestDb, fleet: &Fleet, redis: &Redis) -> Self {
+        Self::spawn_with(db, &fleet.bus_toml(redis), None)
+    }
+
+    /// With `bus` as its `[bus]` section, its output (the log) into `log`.
+    fn spawn_with(db: &TestDb, bus: &str, log: Option<&std::path::Path>) -> Self {
         let (public, admin) = (free_port(), free_port());
         let dir = std::env::temp_dir().join(unique("bloomgate-bus"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -374,16 +564,22 @@ impl Binary {
             {RESOURCES}
             "#,
             url = db.url,
-            bus = fleet.bus_toml(redis),
         );
         std::fs::write(&path, text).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
             .args(["serve", "--config", path.to_str().unwrap()])
             .env_remove("DATABASE_URL")
             .env("BLOOMGATE_ADMIN_TOKEN", TOKEN)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            // Every line a log would have, where it is read.
+            .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
+            .stdout(log.map_or(Stdio::null(), |p| std::fs::File::create(p).unwrap().into()))
+            .stderr(log.map_or(Stdio::null(), |p| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(p)
+                    .unwrap()
+                    .into()
+            }))
             .spawn()
             .unwrap();
         Binary {
@@ -728,5 +924,232 @@ async fn commit_to_servable_over_the_bus() {
     for g in &gws {
         g.stop();
     }
+    fleet.drop_slot(&db).await;
+}
+
+// TLS (`rediss://`). The server is Debian's redis-server, built with TLS,
+// listening on a TLS port only (`--port 0`): whatever reaches it was
+// encrypted, and a client that does not check its certificate as
+// configured never gets an answer.
+
+/// The bus itself over TLS, without Postgres: commands work with the
+/// right CA; the wrong CA, plaintext against the TLS port, and a server
+/// that wants a client certificate without one each fail, with words that
+/// say why (what `/admin/stats` shows as `bus.detail`); and with the
+/// client certificate (`bus.cert_file`, `bus.key_file`) they work again.
+#[tokio::test]
+async fn the_bus_over_tls_checks_the_server_and_says_why_it_cannot_connect() {
+    use bloomgate::feed::Lsn;
+    use bloomgate::feed::bus::redis::{RedisBus, TlsFiles};
+    use bloomgate::feed::bus::{Appended, Bus, Entry};
+    let certs = Certs::make();
+    let redis = Redis::start_tls(&certs, "no").await;
+    let files = |ca: &str| TlsFiles {
+        ca_file: Some(certs.path(ca).into()),
+        ..TlsFiles::default()
+    };
+    let mut good = RedisBus::new(&redis.url(), &files("ca.crt"), "t:tls".into(), 1000).unwrap();
+    assert!(matches!(
+        good.append(&Entry::Heartbeat(Lsn(100))).await.unwrap(),
+        Appended::At(_)
+    ));
+    assert_eq!(good.head().await.unwrap().lsn, 100);
+
+    // A CA that did not sign the server's certificate: no connection.
+    let mut wrong =
+        RedisBus::new(&redis.url(), &files("other-ca.crt"), "t:tls".into(), 1000).unwrap();
+    let e = wrong.head().await.unwrap_err().0;
+    eprintln!("the wrong CA: {e}");
+    assert!(e.contains("TLS") && e.contains("certificate"), "{e}");
+
+    // No CA file: the host's store, which does not hold the test CA.
+    let mut host = RedisBus::new(&redis.url(), &TlsFiles::default(), "t:tls".into(), 1000).unwrap();
+    let e = host.head().await.unwrap_err().0;
+    eprintln!("the host's store: {e}");
+    assert!(e.contains("TLS"), "{e}");
+
+    // A certificate that does not name the host the URL names (the chain
+    // is good): refused too; `localhost` and 127.0.0.1 are its names.
+    let other_host = format!("rediss://127.0.0.2:{}/0", redis.port);
+    let mut named = RedisBus::new(&other_host, &files("ca.crt"), "t:tls".into(), 1000).unwrap();
+    let e = named.head().await.unwrap_err().0;
+    eprintln!("another name: {e}");
+    assert!(e.contains("TLS") && e.contains("certificate"), "{e}");
+
+    // Plaintext to the TLS port: the server drops the connection.
+    let plain = format!("redis://127.0.0.1:{}/0", redis.port);
+    let mut plain = RedisBus::new(&plain, &TlsFiles::default(), "t:tls".into(), 1000).unwrap();
+    let e = plain.head().await.unwrap_err().0;
+    eprintln!("plaintext: {e}");
+    assert!(e.contains("rediss://"), "{e}");
+
+    // A CA file that cannot be read, or holds no certificate: refused when
+    // the bus is made (start-up), naming the key.
+    let missing = TlsFiles {
+        ca_file: Some(certs.dir.join("absent.crt")),
+        ..TlsFiles::default()
+    };
+    let e = RedisBus::new(&redis.url(), &missing, "t".into(), 1000)
+        .err()
+        .unwrap()
+        .0;
+    assert!(e.starts_with("bus.ca_file"), "{e}");
+    let e = RedisBus::new(&redis.url(), &files("ca.key"), "t".into(), 1000)
+        .err()
+        .unwrap()
+        .0;
+    assert!(
+        e.starts_with("bus.ca_file") && e.contains("no certificate"),
+        "{e}"
+    );
+
+    // Mutual TLS: a server that asks for a client certificate.
+    let mtls = Redis::start_tls(&certs, "yes").await;
+    let mut without = RedisBus::new(&mtls.url(), &files("ca.crt"), "t:tls".into(), 1000).unwrap();
+    let e = without.head().await.unwrap_err().0;
+    eprintln!("no client certificate: {e}");
+    assert!(e.contains("TLS"), "{e}");
+    let with = TlsFiles {
+        cert_file: Some(certs.path("client.crt").into()),
+        key_file: Some(certs.path("client.key").into()),
+        ..files("ca.crt")
+    };
+    let mut with = RedisBus::new(&mtls.url(), &with, "t:tls".into(), 1000).unwrap();
+    assert!(matches!(
+        with.append(&Entry::Heartbeat(Lsn(7))).await.unwrap(),
+        Appended::At(_)
+    ));
+}
+
+/// A fleet on a `rediss://` bus: one walsender, and a write on the
+/// primary reaches every gateway through the TLS-only Redis.
+#[tokio::test]
+async fn a_fleet_on_a_tls_bus_has_one_walsender_and_stays_fresh() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let certs = Certs::make();
+    let redis = Redis::start_tls(&certs, "no").await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        gws.push(started(fleet.config(&db, &redis)).await);
+    }
+    wait_all_on_bus(&gws).await;
+    for g in &gws {
+        assert_eq!(get(g, "/users/3").await.json()["name"], "User 3");
+    }
+    db.exec("UPDATE users SET name = 'over TLS' WHERE id = 3")
+        .await;
+    db.exec("INSERT INTO users (id, email, name) VALUES (900, 'tls@x.org', 'T')")
+        .await;
+    for g in &gws {
+        fresh(g, "/users/3", |r| r.json()["name"] == "over TLS").await;
+        fresh(g, "/users/900", |r| r.status == StatusCode::OK).await;
+    }
+    assert_eq!(walsenders(&db).await, 1, "one walsender: the relay's");
+    for g in &gws {
+        let s = g.bus_status().unwrap();
+        assert_eq!(mode(g), Mode::Bus);
+        assert_eq!(s.fallbacks.load(Ordering::Relaxed), 0, "{:?}", s.get());
+        assert!(s.get().url.starts_with("rediss://"));
+    }
+    // The changes went through the TLS server's stream.
+    let stream = fleet.stream(&redis).await;
+    let mut c = redis.conn().await.unwrap();
+    let len: u64 = redis::cmd("XLEN")
+        .arg(&stream)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(len >= 2, "{len} entries");
+    for g in &gws {
+        g.stop();
+    }
+    fleet.drop_slot(&db).await;
+}
+
+/// A `rediss://` bus the gateway cannot trust (a CA that did not sign the
+/// server's certificate), and a `redis://` URL pointed at the TLS-only
+/// port: neither gateway uses the bus; each follows the WAL itself, stays
+/// fresh, and says why (`bus.detail`, `bus.fallbacks`).
+#[tokio::test]
+async fn a_tls_bus_that_cannot_be_trusted_or_reached_is_not_followed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let certs = Certs::make();
+    let redis = Redis::start_tls(&certs, "no").await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let wrong_ca =
+        started(fleet.config_with(&db, &redis.url(), Some(&certs.path("other-ca.crt")))).await;
+    let plain = format!("redis://127.0.0.1:{}/0", redis.port);
+    let plaintext = started(fleet.config_with(&db, &plain, None)).await;
+    let gws = [wrong_ca, plaintext];
+    for g in &gws {
+        assert_eq!(get(g, "/users/5").await.json()["name"], "User 5");
+    }
+    db.exec("UPDATE users SET name = 'never stale' WHERE id = 5")
+        .await;
+    db.exec("INSERT INTO users (id, email, name) VALUES (901, 'n@x.org', 'N')")
+        .await;
+    for g in &gws {
+        fresh(g, "/users/5", |r| r.json()["name"] == "never stale").await;
+        fresh(g, "/users/901", |r| r.status == StatusCode::OK).await;
+        eventually("ready on its own feed", || async { g.is_ready() }).await;
+    }
+    let why = |g: &Arc<Gateway>| g.bus_status().unwrap().get().detail.unwrap_or_default();
+    for (g, says) in gws.iter().zip(["TLS", "rediss://"]) {
+        let s = g.bus_status().unwrap();
+        assert_eq!(mode(g), Mode::Direct, "{:?}", s.get());
+        assert!(s.fallbacks.load(Ordering::Relaxed) >= 1);
+        eprintln!("bus.detail: {}", why(g));
+        assert!(why(g).contains(says), "{}", why(g));
+        assert!(!s.get().relaying);
+    }
+    assert!(why(&gws[0]).contains("certificate"), "{}", why(&gws[0]));
+    // A direct feed each; nobody relays: the bus slot was never taken, and
+    // nothing reached the TLS server.
+    assert_eq!(walsenders(&db).await, 2);
+    assert!(redis.keys(&format!("{}:*", fleet.prefix)).await.is_empty());
+    for g in &gws {
+        g.stop();
+    }
+    fleet.drop_slot(&db).await;
+}
+
+/// The binary on a `rediss://` bus whose URL holds a password, with the
+/// wrong CA: it serves from its own feed, and its log and `/admin/stats`
+/// say why (the certificate) without ever showing the password.
+#[tokio::test]
+async fn a_tls_failure_is_logged_with_its_reason_and_never_the_password() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let certs = Certs::make();
+    let redis = Redis::start_tls(&certs, "no").await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    const PASSWORD: &str = "s3cret-bus-password";
+    let url = format!("rediss://bloomgate:{PASSWORD}@127.0.0.1:{}/0", redis.port);
+    let bus = fleet.bus_toml_with(&url, Some(&certs.path("other-ca.crt")));
+    let log = certs.dir.join("gateway.log");
+    let gw = Binary::spawn_with(&db, &bus, Some(&log));
+    ready(&gw).await;
+    let (code, body) = gw.get("/users/4").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let stats = gw.stats().await.unwrap();
+    let shown = stats["bus"].to_string();
+    assert_eq!(stats["bus"]["mode"], "direct", "{shown}");
+    assert!(shown.contains("UnknownIssuer"), "{shown}");
+    assert!(
+        shown.contains("rediss://bloomgate:***@127.0.0.1"),
+        "{shown}"
+    );
+    eventually("the fall-back logged", || async {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("UnknownIssuer"))
+    })
+    .await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("rediss://bloomgate:***@127.0.0.1"), "{text}");
+    assert!(!stats.to_string().contains(PASSWORD));
+    assert!(!text.contains(PASSWORD), "{text}");
+    drop(gw);
     fleet.drop_slot(&db).await;
 }

@@ -2,6 +2,7 @@
 //! `feed::bus`). Unset `url`: every gateway follows the database by itself,
 //! as without this section.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -9,10 +10,27 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BusConfig {
-    /// The Redis server carrying the stream, `redis://[user:password@]host[:port][/db]`.
-    /// Default: none (no bus). `BLOOMGATE_BUS__URL`. Its password is never
-    /// logged or shown.
+    /// The Redis server carrying the stream, `redis://[user:password@]host[:port][/db]`,
+    /// or `rediss://…` for TLS (the server's certificate checked against
+    /// `ca_file`, else the host's certificate store, and the URL's host
+    /// against its subject alternative names; there is no way to turn the
+    /// check off). Default: none (no bus). `BLOOMGATE_BUS__URL`. Its
+    /// password is never logged or shown.
     pub url: Option<String>,
+    /// For a `rediss://` URL: the CA certificate file (PEM, one or more
+    /// certificates) whose certificates are then the only trusted roots, as
+    /// `sslrootcert` is for the database; unset, the host's store (what
+    /// managed Redis with a public CA needs). Read at start-up and again
+    /// for every new connection (a rotated file is picked up).
+    /// `BLOOMGATE_BUS__CA_FILE`. Default none.
+    pub ca_file: Option<PathBuf>,
+    /// For a `rediss://` URL whose server asks for a client certificate
+    /// (`tls-auth-clients yes`): the certificate chain (PEM) and its
+    /// private key (PEM: PKCS#8, PKCS#1 or SEC1), both or neither. Read as
+    /// `ca_file` is. `BLOOMGATE_BUS__CERT_FILE`, `BLOOMGATE_BUS__KEY_FILE`.
+    /// Default none.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
     /// The permanent logical replication slot the relay holds: whoever
     /// holds it is the relay (one walsender can hold a slot). Default
     /// `bloomgate_bus`. Must differ from `database.slot`.
@@ -39,6 +57,9 @@ impl Default for BusConfig {
     fn default() -> Self {
         Self {
             url: None,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
             slot: "bloomgate_bus".into(),
             retention: 100_000,
             max_lag: Duration::from_secs(5),
@@ -51,6 +72,9 @@ impl std::fmt::Debug for BusConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BusConfig")
             .field("url", &self.url.as_deref().map(super::redact_url))
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .field("slot", &self.slot)
             .field("retention", &self.retention)
             .field("max_lag", &self.max_lag)
@@ -70,20 +94,80 @@ impl BusConfig {
 /// `database.slot`, which the bus's slot must not be.
 pub fn validate(b: &BusConfig, database_slot: Option<&str>) -> Result<(), (String, String)> {
     let bad = |key: &str, problem: &str| Err((format!("bus.{key}"), problem.to_string()));
-    if let Some(url) = &b.url {
-        match url.split_once("://").map(|(s, _)| s) {
-            Some("redis") => {}
-            Some("rediss") => {
-                return bad(
-                    "url",
-                    "TLS to Redis (rediss://) is not built in: reach Redis over a private network or a TLS tunnel, with redis://",
-                );
+    let tls = match &b.url {
+        None => false,
+        Some(url) => {
+            let tls = match url.split_once("://").map(|(s, _)| s) {
+                Some("redis") => false,
+                Some("rediss") => true,
+                _ => return bad("url", "must be a redis:// or rediss:// (TLS) URL"),
+            };
+            // The problems below never repeat the URL: it may hold a password.
+            let Ok(parsed) = url::Url::parse(url) else {
+                return bad("url", "is not a valid URL");
+            };
+            match parsed.fragment() {
+                None => {}
+                // redis-rs reads `rediss://…#insecure` as "no certificate
+                // check". Whoever can sit between a gateway and an
+                // unchecked Redis can feed it changes that never happened
+                // (a key deleted, a row rewritten) and drop real ones: the
+                // bus decides what the fleet serves, so its TLS is checked
+                // or not used. A private CA is what `ca_file` is for.
+                Some("insecure") => {
+                    return bad(
+                        "url",
+                        "#insecure (TLS without a certificate check) is not supported: a bus \
+                         reachable by a man in the middle could be fed forged changes; give \
+                         the server's CA certificate as bus.ca_file instead",
+                    );
+                }
+                Some(_) => {
+                    return bad(
+                        "url",
+                        "has a #fragment, which a Redis URL does not take (a password with \
+                         '#' in it must be percent-encoded as %23)",
+                    );
+                }
             }
-            _ => return bad("url", "must be a redis:// URL"),
+            if parsed.host_str().is_none_or(str::is_empty) {
+                return bad("url", "has no host");
+            }
+            tls
         }
-        if url::Url::parse(url).is_err() {
-            return bad("url", "is not a valid URL");
+    };
+    let files = [
+        ("ca_file", &b.ca_file),
+        ("cert_file", &b.cert_file),
+        ("key_file", &b.key_file),
+    ];
+    for (key, file) in files {
+        // Set without TLS, it would be ignored: a bus the operator meant to
+        // secure running in plaintext.
+        if file.is_some() && !tls {
+            return bad(
+                key,
+                "is for TLS to Redis and needs a rediss:// bus.url (bus.url is redis:// or unset)",
+            );
         }
+        if file.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return bad(key, "is empty: give the file's path, or leave it unset");
+        }
+    }
+    match (&b.cert_file, &b.key_file) {
+        (Some(_), None) => {
+            return bad(
+                "key_file",
+                "must be set with bus.cert_file (its private key)",
+            );
+        }
+        (None, Some(_)) => {
+            return bad(
+                "cert_file",
+                "must be set with bus.key_file (its certificate)",
+            );
+        }
+        _ => {}
     }
     let identifier = {
         let mut chars = b.slot.chars();
@@ -143,13 +227,6 @@ mod tests {
             ),
             (
                 BusConfig {
-                    url: Some("rediss://x".into()),
-                    ..ok.clone()
-                },
-                "bus.url",
-            ),
-            (
-                BusConfig {
                     slot: "Bad-Slot".into(),
                     ..ok.clone()
                 },
@@ -177,5 +254,130 @@ mod tests {
             validate(&ok, Some("bloomgate_bus")).unwrap_err().0,
             "bus.slot"
         );
+    }
+
+    /// `rediss://` is TLS with the certificate checked; nothing turns the
+    /// check off, and a TLS option is never silently ignored.
+    #[test]
+    fn rediss_is_accepted_and_its_options_are_checked() {
+        let tls = BusConfig {
+            url: Some("rediss://user:s3cret@redis.example.com:6380/0".into()),
+            ca_file: Some("/etc/bloomgate/redis-ca.pem".into()),
+            cert_file: Some("/etc/bloomgate/client.pem".into()),
+            key_file: Some("/etc/bloomgate/client.key".into()),
+            ..BusConfig::default()
+        };
+        assert!(validate(&tls, None).is_ok());
+        let bare = BusConfig {
+            url: Some("rediss://redis.example.com".into()),
+            ..BusConfig::default()
+        };
+        assert!(validate(&bare, None).is_ok(), "the host's store, no file");
+        assert!(!format!("{tls:?}").contains("s3cret"));
+        let refused = |cfg: BusConfig| {
+            let (key, problem) = validate(&cfg, None).unwrap_err();
+            assert!(!problem.contains("s3cret"), "{problem}");
+            key
+        };
+        let url = |u: &str| BusConfig {
+            url: Some(u.into()),
+            ..tls.clone()
+        };
+        // No certificate check: refused, naming the key, never the URL.
+        assert_eq!(
+            refused(url("rediss://:s3cret@h:6380/0#insecure")),
+            "bus.url"
+        );
+        assert_eq!(refused(url("rediss://:s3cret@h:6380/#insecure")), "bus.url");
+        // Any other fragment (a '#' in a password, unencoded) too.
+        assert_eq!(refused(url("rediss://:s3#cret@h:6380/0")), "bus.url");
+        assert_eq!(refused(url("valkeys://h")), "bus.url");
+        // TLS files with a plaintext URL would be ignored: refused.
+        for (key, cfg) in [
+            (
+                "bus.ca_file",
+                BusConfig {
+                    url: Some("redis://:s3cret@h:6379".into()),
+                    ..tls.clone()
+                },
+            ),
+            (
+                "bus.ca_file",
+                BusConfig {
+                    url: None,
+                    ..tls.clone()
+                },
+            ),
+            (
+                "bus.cert_file",
+                BusConfig {
+                    url: Some("redis://h".into()),
+                    ca_file: None,
+                    ..tls.clone()
+                },
+            ),
+            (
+                "bus.key_file",
+                BusConfig {
+                    key_file: None,
+                    ..tls.clone()
+                },
+            ),
+            (
+                "bus.cert_file",
+                BusConfig {
+                    cert_file: None,
+                    ..tls.clone()
+                },
+            ),
+            (
+                "bus.ca_file",
+                BusConfig {
+                    ca_file: Some("".into()),
+                    ..tls.clone()
+                },
+            ),
+        ] {
+            assert_eq!(refused(cfg), key);
+        }
+    }
+
+    /// The keys as an operator writes them, in the file and the
+    /// environment (`BLOOMGATE_BUS__CA_FILE`).
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error
+    fn the_tls_keys_load_from_the_file_and_the_environment() {
+        use std::path::Path;
+        figment::Jail::expect_with(|jail| {
+            let file = format!(
+                "{}\n[bus]\ncert_file = \"/c.pem\"\nkey_file = \"/c.key\"\n",
+                crate::config::tests::MINIMAL
+            );
+            jail.create_file("bg.toml", &file)?;
+            jail.set_env(
+                "BLOOMGATE_BUS__URL",
+                "rediss://:s3cret@redis.internal:6380/0",
+            );
+            jail.set_env("BLOOMGATE_BUS__CA_FILE", "/run/secrets/redis-ca.pem");
+            let c = crate::config::Config::load(Path::new("bg.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(
+                c.bus.ca_file.as_deref(),
+                Some(Path::new("/run/secrets/redis-ca.pem"))
+            );
+            assert_eq!(c.bus.cert_file.as_deref(), Some(Path::new("/c.pem")));
+            assert_eq!(c.bus.key_file.as_deref(), Some(Path::new("/c.key")));
+            assert!(!c.to_redacted_toml().contains("s3cret"));
+            // `#insecure` from the environment: refused naming the key.
+            jail.set_env(
+                "BLOOMGATE_BUS__URL",
+                "rediss://:s3cret@redis.internal:6380/0#insecure",
+            );
+            let e = crate::config::Config::load(Path::new("bg.toml"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("bus.url") && !e.contains("s3cret"), "{e}");
+            Ok(())
+        });
     }
 }

@@ -98,7 +98,12 @@ impl Supervisor {
             }
             Some(url) => {
                 let stream = bus::stream_key(pool, &bus_cfg.prefix, watch).await?;
-                let redis = bus::redis::RedisBus::new(url, stream.clone(), bus_cfg.retention)
+                let tls = bus::redis::TlsFiles {
+                    ca_file: bus_cfg.ca_file.clone(),
+                    cert_file: bus_cfg.cert_file.clone(),
+                    key_file: bus_cfg.key_file.clone(),
+                };
+                let redis = bus::redis::RedisBus::new(url, &tls, stream.clone(), bus_cfg.retention)
                     .map_err(|e| e.to_string())?;
                 let shown = bus_cfg.redacted_url().unwrap_or_default();
                 tracing::info!(url = %shown, stream = %stream, slot = %bus_cfg.slot, "change feed: the WAL through the bus (one relay decodes it for every gateway)");

@@ -6,11 +6,32 @@
 //! newest entry still present: an entry trimmed away (or deleted by hand)
 //! still counts as the one before the next, and Redis refuses any ID at or
 //! below it anyway.
+//!
+//! # TLS (`rediss://`)
+//! redis-rs's rustls (`tokio-rustls-comp`), on the gateway's one TLS stack
+//! (rustls, `ring`; see `Cargo.toml`). The server's certificate is checked
+//! as the web does it: the chain against the roots, the URL's host (or IP
+//! address) against its subject alternative names. The roots are
+//! `bus.ca_file`'s certificates alone when it is set (libpq's rule for
+//! `sslrootcert`), else the host's store. redis-rs reads the host's store on
+//! every TLS connection even when `bus.ca_file` replaces it, and fails the
+//! connection if that read reports an error (an `SSL_CERT_FILE` that does
+//! not exist): such a failure is reported as one of the store. Nothing
+//! turns the check off: `#insecure` is refused by the config, and redis-rs
+//! is built without `tls-rustls-insecure`, so it could not honour it
+//! anyway. The files are read again for every new connection, so a rotated
+//! CA or client certificate is picked up without a restart; a file gone
+//! bad makes the bus unreachable (the gateway follows the WAL itself), not
+//! the gateway wrong.
 
+use std::path::{Path, PathBuf};
+use std::sync::Once;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Script, Value};
+use redis::{AsyncConnectionConfig, Client, ClientTlsConfig, Script, TlsCertificates, Value};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::{Appended, Bus, BusError, Entry, Position, Read};
 
@@ -58,8 +79,96 @@ return '0-0'
 /// blocking read adds its own wait).
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// `bus.ca_file`, `bus.cert_file`, `bus.key_file`: the files of a
+/// `rediss://` bus (see "TLS" above).
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    fn is_empty(&self) -> bool {
+        self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none()
+    }
+
+    /// The files read and checked, as redis-rs takes them. Errors name the
+    /// key and the path, never what the files hold.
+    fn certificates(&self) -> Result<TlsCertificates, BusError> {
+        let root_cert = match &self.ca_file {
+            None => None,
+            Some(path) => {
+                let pem = read("bus.ca_file", path)?;
+                certificates("bus.ca_file", path, &pem)?;
+                Some(pem)
+            }
+        };
+        let client_tls = match (&self.cert_file, &self.key_file) {
+            (Some(cert), Some(key)) => {
+                let client_cert = read("bus.cert_file", cert)?;
+                certificates("bus.cert_file", cert, &client_cert)?;
+                let client_key = read("bus.key_file", key)?;
+                PrivateKeyDer::from_pem_slice(&client_key).map_err(|_| {
+                    BusError(format!(
+                        "bus.key_file {}: holds no PEM private key (PKCS#8, PKCS#1 or SEC1)",
+                        key.display()
+                    ))
+                })?;
+                Some(ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                })
+            }
+            (None, None) => None,
+            _ => {
+                return Err(BusError(
+                    "bus.cert_file and bus.key_file go together".into(),
+                ));
+            }
+        };
+        Ok(TlsCertificates {
+            client_tls,
+            root_cert,
+        })
+    }
+}
+
+fn read(key: &str, path: &Path) -> Result<Vec<u8>, BusError> {
+    std::fs::read(path).map_err(|e| BusError(format!("{key} {}: {e}", path.display())))
+}
+
+/// Checks that `pem` holds certificates and nothing else unreadable
+/// (redis-rs would say only "Unable to parse", without the file).
+fn certificates(key: &str, path: &Path, pem: &[u8]) -> Result<(), BusError> {
+    let bad = |m: String| BusError(format!("{key} {}: {m}", path.display()));
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("not PEM certificates: {e}")))?;
+    if certs.is_empty() {
+        return Err(bad("holds no certificate".into()));
+    }
+    Ok(())
+}
+
+/// redis-rs builds its rustls configuration on the process-default
+/// provider (`ClientConfig::builder()`) and takes none of ours. Left to
+/// itself, rustls installs the one its crate features name, and panics if
+/// they name two (a dependency enabling aws-lc-rs one day). Installing
+/// `ring`, the provider of every other TLS connection of the gateway,
+/// makes that choice explicit and the same as theirs. A provider some
+/// other code installed first would stay (none does in this gateway).
+fn install_ring_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
 pub struct RedisBus {
     client: Client,
+    /// `Some` for `rediss://`: the files, read for every connection.
+    tls: Option<TlsFiles>,
     stream: String,
     relay_key: String,
     retention: u64,
@@ -70,12 +179,35 @@ pub struct RedisBus {
 
 impl RedisBus {
     /// A bus on the stream `stream` of the server at `url` (not connected
-    /// yet). The error never repeats the URL (it may hold a password).
-    pub fn new(url: &str, stream: String, retention: u64) -> Result<Self, BusError> {
+    /// yet), with `tls`'s files for a `rediss://` URL, read and checked
+    /// now: a file that cannot work is a start-up error naming its key.
+    /// The error never repeats the URL (it may hold a password).
+    pub fn new(
+        url: &str,
+        tls: &TlsFiles,
+        stream: String,
+        retention: u64,
+    ) -> Result<Self, BusError> {
         let client = Client::open(url)
             .map_err(|e| BusError(format!("bus.url: not a Redis URL ({})", e.category())))?;
+        let tls = match url.split_once("://").map(|(s, _)| s) {
+            Some("rediss") => {
+                install_ring_provider();
+                Self::tls_client(&client, tls)?;
+                Some(tls.clone())
+            }
+            // The config refuses these; here too, so no caller can run a
+            // bus in plaintext that was meant to be secured.
+            _ if !tls.is_empty() => {
+                return Err(BusError(
+                    "bus.ca_file, bus.cert_file and bus.key_file need a rediss:// bus.url".into(),
+                ));
+            }
+            _ => None,
+        };
         Ok(Self {
             client,
+            tls,
             relay_key: format!("{stream}:relay"),
             stream,
             retention,
@@ -89,6 +221,7 @@ impl RedisBus {
     pub fn another(&self) -> Self {
         Self {
             client: self.client.clone(),
+            tls: self.tls.clone(),
             stream: self.stream.clone(),
             relay_key: self.relay_key.clone(),
             retention: self.retention,
@@ -102,6 +235,18 @@ impl RedisBus {
         &self.stream
     }
 
+    /// `client` with the TLS files read now.
+    fn tls_client(client: &Client, files: &TlsFiles) -> Result<Client, BusError> {
+        Client::build_with_tls(client.get_connection_info().clone(), files.certificates()?).map_err(
+            |e| {
+                BusError(format!(
+                    "bus: the TLS set-up does not work ({})",
+                    e.category()
+                ))
+            },
+        )
+    }
+
     async fn conn(&mut self, wait: Duration) -> Result<MultiplexedConnection, BusError> {
         if let Some(c) = &self.conn {
             return Ok(c.clone());
@@ -109,11 +254,14 @@ impl RedisBus {
         let cfg = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(RESPONSE_TIMEOUT + wait));
-        let c = self
-            .client
+        let client = match &self.tls {
+            Some(files) => Self::tls_client(&self.client, files)?,
+            None => self.client.clone(),
+        };
+        let c = client
             .get_multiplexed_async_connection_with_config(&cfg)
             .await
-            .map_err(failed)?;
+            .map_err(|e| connecting(e, self.tls.is_some()))?;
         self.conn = Some(c.clone());
         Ok(c)
     }
@@ -128,9 +276,62 @@ impl RedisBus {
     }
 }
 
+/// A connection that could not be opened: [`failed`]'s words, and for a
+/// plaintext one closed by the server, the likeliest reason (a server that
+/// wants TLS drops a plaintext client without a word).
+fn connecting(e: redis::RedisError, tls: bool) -> BusError {
+    let lost = (e.is_io_error() || e.is_connection_dropped())
+        && !e.is_connection_refusal()
+        && !e.is_timeout()
+        && tls_problem(&e).is_none();
+    let err = failed(e);
+    if lost && !tls {
+        return BusError(format!(
+            "{} while connecting (a server that accepts only TLS does that to a redis:// client: rediss://?)",
+            err.0
+        ));
+    }
+    err
+}
+
+/// The TLS layer's words when `e` comes from it: a certificate refused, a
+/// handshake that failed, the host's certificate store unreadable. Safe to
+/// show: rustls names the problem, never the URL.
+fn tls_problem(e: &redis::RedisError) -> Option<String> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    // redis-rs keeps the cause as `Arc<dyn Error>`, whose `source()` skips
+    // the cause itself, and `io::Error::source()` skips the error it
+    // wraps (tokio-rustls wraps rustls' that way): each layer is opened
+    // by hand.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(s) = next {
+        let s: &(dyn std::error::Error + 'static) = match s.downcast_ref::<Shared>() {
+            Some(inner) => &**inner,
+            None => s,
+        };
+        if let Some(t) = s.downcast_ref::<rustls::Error>() {
+            return Some(format!("TLS: {t}"));
+        }
+        if let Some(t) = s.downcast_ref::<rustls_native_certs::Error>() {
+            return Some(format!("TLS: reading the host's certificate store: {t}"));
+        }
+        if let Some(inner) = s
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            next = Some(inner);
+            continue;
+        }
+        next = s.source();
+    }
+    None
+}
+
 /// The error without the URL: the kind and the server's words.
 fn failed(e: redis::RedisError) -> BusError {
-    let what = if e.is_connection_refusal() {
+    let what = if let Some(tls) = tls_problem(&e) {
+        tls
+    } else if e.is_connection_refusal() {
         "connection refused".to_string()
     } else if e.is_timeout() {
         "timed out".to_string()
