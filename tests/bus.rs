@@ -117,6 +117,16 @@ impl Redis {
         format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
+    /// The stream's length now.
+    async fn xlen(&self, stream: &str) -> u64 {
+        let mut c = self.conn().await.unwrap();
+        redis::cmd("XLEN")
+            .arg(stream)
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
     /// A connection of the test's own (TLS with the right CA, and the
     /// client certificate, for a TLS server).
     async fn conn(&self) -> Option<redis::aio::MultiplexedConnection> {
@@ -439,12 +449,7 @@ async fn a_fleet_on_the_bus_has_one_walsender_and_every_gateway_stays_fresh() {
     }
     // The stream holds what the relay appended: commits keyed by LSN.
     let stream = fleet.stream(&redis).await;
-    let mut c = redis.conn().await.unwrap();
-    let len: u64 = redis::cmd("XLEN")
-        .arg(&stream)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let len = redis.xlen(&stream).await;
     assert!(len >= 4, "{len} entries");
     for g in &gws {
         g.stop();
@@ -803,12 +808,7 @@ async fn a_stream_trimmed_under_a_stopped_consumer_is_a_resync() {
         .await;
     let stream = fleet.stream(&redis).await;
     eventually("the relay appended the insert", || async {
-        let mut c = redis.conn().await.unwrap();
-        let len: u64 = redis::cmd("XLEN")
-            .arg(&stream)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let len = redis.xlen(&stream).await;
         len > 0 && fresh_now(&relay, "/users/800").await
     })
     .await;
@@ -894,33 +894,8 @@ async fn commit_to_servable_over_the_bus() {
         .iter()
         .map(|g| g.resource("users").unwrap().clone())
         .collect();
-    let mut lat = Vec::new();
-    for id in 50_000..51_000i64 {
-        sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, $1 || '@l.org', 'L')")
-            .bind(id)
-            .execute(&db.pool)
-            .await
-            .unwrap();
-        let committed = Instant::now();
-        let key = bloomgate::key::Key::Int(id);
-        while !users.iter().all(|u| u.filter_contains(&key)) {
-            assert!(
-                committed.elapsed() < Duration::from_secs(10),
-                "{id} never arrived"
-            );
-            tokio::task::yield_now().await;
-        }
-        lat.push(committed.elapsed());
-    }
-    lat.sort();
-    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-    println!(
-        "bus commit-to-servable on all of 3 gateways over {} inserts: p50 {:?}, p99 {:?}, max {:?}",
-        lat.len(),
-        pct(0.5),
-        pct(0.99),
-        lat[lat.len() - 1]
-    );
+    let took = commit_to_servable(&db.pool, 50_000..51_000, &users).await;
+    println!("bus commit-to-servable on all of 3 gateways: {took}");
     for g in &gws {
         g.stop();
     }
@@ -1055,12 +1030,7 @@ async fn a_fleet_on_a_tls_bus_has_one_walsender_and_stays_fresh() {
     }
     // The changes went through the TLS server's stream.
     let stream = fleet.stream(&redis).await;
-    let mut c = redis.conn().await.unwrap();
-    let len: u64 = redis::cmd("XLEN")
-        .arg(&stream)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    let len = redis.xlen(&stream).await;
     assert!(len >= 2, "{len} entries");
     for g in &gws {
         g.stop();

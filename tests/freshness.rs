@@ -600,29 +600,8 @@ async fn commit_to_servable_latency() {
     db.seed_users(1000).await;
     let gw = started(config(&db.url, "")).await;
     let users = gw.resource("users").unwrap().clone();
-    let mut lat = Vec::new();
-    for id in 50_000..51_000i64 {
-        insert_user(&db, id).await;
-        let committed = Instant::now();
-        let key = Key::Int(id);
-        while !users.filter_contains(&key) {
-            assert!(
-                committed.elapsed() < Duration::from_secs(10),
-                "{id} never arrived"
-            );
-            tokio::task::yield_now().await;
-        }
-        lat.push(committed.elapsed());
-    }
-    lat.sort();
-    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-    println!(
-        "commit-to-servable over {} inserts: p50 {:?}, p99 {:?}, max {:?}",
-        lat.len(),
-        pct(0.5),
-        pct(0.99),
-        lat[lat.len() - 1]
-    );
+    let took = commit_to_servable(&db.pool, 50_000..51_000, &[users]).await;
+    println!("commit-to-servable: {took}");
 }
 
 // current_thread (the default): the listener task runs on this thread, so

@@ -367,8 +367,6 @@ pub fn db_addr() -> SocketAddr {
     format!("{host}:{}", opts.get_port()).parse().unwrap()
 }
 
-/// The shipped resources (users: bigint, articles: uuid), triggers
-/// installed at start-up, with `extra` TOML appended and the database URL pointed at `url`.
 /// Inserts the users `ids`, one every `pace`, in a task of its own: a
 /// writer running while a test cuts, kills or starts something.
 pub fn paced_inserts(
@@ -387,6 +385,46 @@ pub fn paced_inserts(
             tokio::time::sleep(pace).await;
         }
     })
+}
+
+/// Commit to servable: for each of `ids`, the time from its `INSERT`
+/// returning until the key passes the filter of every one of `resources`;
+/// "p50 …, p99 …, max … over N inserts". Polled every millisecond (tokio's
+/// timer granularity), so each figure is an upper bound within 1 ms: a busy
+/// loop would take a core from the gateways it measures. Printed for
+/// BENCHMARKS.md, never asserted.
+pub async fn commit_to_servable(
+    pool: &PgPool,
+    ids: std::ops::Range<i64>,
+    resources: &[Arc<bloomgate::resource::Resource>],
+) -> String {
+    let mut lat = Vec::new();
+    for id in ids {
+        sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'c' || $1, 'C')")
+            .bind(id)
+            .execute(pool)
+            .await
+            .unwrap();
+        let committed = std::time::Instant::now();
+        let key = bloomgate::key::Key::Int(id);
+        while !resources.iter().all(|r| r.filter_contains(&key)) {
+            assert!(
+                committed.elapsed() < std::time::Duration::from_secs(10),
+                "{id} never arrived"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        lat.push(committed.elapsed());
+    }
+    lat.sort();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    format!(
+        "p50 {:?}, p99 {:?}, max {:?} over {} inserts",
+        pct(0.5),
+        pct(0.99),
+        lat[lat.len() - 1],
+        lat.len()
+    )
 }
 
 /// The two resources every test gateway serves, over `TestDb`'s tables.
@@ -408,6 +446,8 @@ key_type = "uuid"
 columns = ["id", "title"]
 "#;
 
+/// The shipped resources (users: bigint, articles: uuid), triggers
+/// installed at start-up, with `extra` TOML appended and the database URL pointed at `url`.
 pub fn config(url: &str, extra: &str) -> Config {
     // The notification triggers are installed at start-up unless `extra`
     // says otherwise.
