@@ -193,7 +193,7 @@ impl DbSnapshot {
         for ((_, target), h) in TARGETS.iter().zip(&self.row_durations) {
             out.histogram(
                 "bloomgate_db_query_duration_seconds",
-                "Row loads, from asking for a connection to the row, by target.",
+                "One-row queries (the row, verify and probe kinds together), from asking for a connection to the row, by target.",
                 &[("kind", "row"), ("target", target)],
                 h,
             );
