@@ -171,6 +171,8 @@ struct World {
     bus: Option<BusSetup>,
     fleet: usize,
     open_redis: bool,
+    /// `restart-redis`: not started again before this.
+    redis_back_at: Duration,
     report: Report,
     readers: Vec<JoinHandle<()>>,
 }
@@ -314,6 +316,7 @@ impl World {
             bus,
             fleet,
             open_redis: false,
+            redis_back_at: Duration::ZERO,
             report,
             readers: Vec::new(),
         };

@@ -99,7 +99,7 @@
 //! | `partition` | all | a table with rows attached to `events`, or an attached one detached | `WATCHED` |
 //! | `add-column` | all | `ALTER TABLE … ADD COLUMN` on a served table | none |
 //! | `kill-relay` | bus | the gateway holding `bus.slot` (its status says it relays) killed right after caching a few rows that are updated next; a new gateway started in its place | `FEED_GAP` |
-//! | `restart-redis` | bus | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later, empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
+//! | `restart-redis` | bus | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later and no sooner than 0, 2 or 6 s after the kill (as the seed chooses: within either `bus.max_lag`, past 1 s, past 5 s; the writer goes on meanwhile), empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
 //! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
 //!
 //! `FEED_GAP` is deliberately shorter than the WAL feed's reconnect
@@ -157,7 +157,7 @@
 //! (`scripts/test.sh --test truth -- --ignored --nocapture` does the same.)
 //! Knobs, all optional:
 //! - `BLOOMGATE_TRUTH_SEED`: `7`, `7,9`, `1..20` (end excluded). Default:
-//!   the CI seeds, [`CI_SEEDS`].
+//!   the CI seeds, [`CI_SEEDS`] ([`BUS_CI_SEEDS`] on the bus).
 //! - `BLOOMGATE_TRUTH_DURATION=10m`: a long run, histories on consecutive
 //!   seeds (from the first of `BLOOMGATE_TRUTH_SEED`, else 1000) until that
 //!   much time has passed, per feed.
@@ -197,10 +197,16 @@ use std::time::{Duration, Instant};
 
 use history::{Opts, Report};
 
-/// The histories CI runs on each feed: on the WAL feeds seed 1 has a
-/// permanent slot, seed 3 temporary ones; on the bus, every history has
-/// the permanent `bus.slot`.
+/// The histories CI runs on each feed but the bus: on the WAL feeds seed 1
+/// has a permanent slot, seed 3 temporary ones.
 pub const CI_SEEDS: &[u64] = &[1, 3];
+
+/// The bus's (about a minute): seed 1 kills the relay of a fleet of three
+/// with `bus.max_lag` 5 s (the consumers wait for the failover); seed 7
+/// restarts Redis twice under a fleet of two with 1 s (they fall back to
+/// direct feeds); seed 8 restarts Redis and kills the relay under three
+/// with 1 s.
+pub const BUS_CI_SEEDS: &[u64] = &[1, 7, 8];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Feed {
@@ -495,7 +501,12 @@ async fn check(feed: Feed) {
         .collect();
 
     let began = Instant::now();
-    let mut seeds = knobs.seeds.clone().into_iter();
+    let mut seeds = if feed == Feed::Bus && !knobs.seeds_given {
+        BUS_CI_SEEDS.to_vec()
+    } else {
+        knobs.seeds.clone()
+    }
+    .into_iter();
     let mut next_long = if knobs.seeds_given {
         knobs.seeds[0]
     } else {

@@ -333,9 +333,13 @@ impl World {
     /// started again on the same port some transactions later.
     async fn redis_kill(&mut self, with: Restart) {
         let paths = self.warm(6, false).await;
+        // Down for less than either `bus.max_lag`, for more than 1 s, or
+        // for more than 5 s, while the writer goes on.
+        let down = Duration::from_millis([0, 2000, 6000][self.writes.rng.below(3)]);
         self.redis.as_mut().unwrap().kill();
+        self.redis_back_at = self.now() + down;
         self.shared.note(format!(
-            "fault restart-redis: redis-server killed (SIGKILL); it comes back {}",
+            "fault restart-redis: redis-server killed (SIGKILL); it comes back {}, {down:?} or more later",
             with.name()
         ));
         let now = self.now();
@@ -522,6 +526,13 @@ impl World {
             }
             Action::RedisKill(with) => self.redis_kill(with).await,
             Action::RedisBack(with) => {
+                if self.now() < self.redis_back_at {
+                    // Not down long enough yet: a few transactions more
+                    // (the pause: at the end, nothing else runs).
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    self.later(1, 3, Action::RedisBack(with));
+                    return;
+                }
                 let paths = self.warm(6, false).await;
                 self.redis.as_mut().unwrap().restart(with).await;
                 self.shared.note(format!(
