@@ -55,7 +55,8 @@ if [ -z "$PROMTOOL" ]; then
   fi
 fi
 export BLOOMGATE_PROMTOOL="$PROMTOOL"
-# tests/bus.rs starts a redis-server of its own per test (Debian's package).
+# tests/bus.rs starts a redis-server of its own per test, and the checker's
+# bus feed one per history (Debian's package); without it they fail.
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "test.sh: installing redis-server for the bus tests" >&2
   sudo=""
@@ -86,6 +87,7 @@ BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshne
 BLOOMGATE_TEST_ROLE=least cargo test --test freshness
 BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
 # The randomized checker (tests/truth, ignored in the run above): its CI
-# seeds on every feed, about two minutes, with its one-line summaries.
+# seeds on every feed (the bus's among them), about three minutes, with its
+# one-line summaries.
 cargo test --test truth -- --ignored --nocapture
 scripts/contract.sh

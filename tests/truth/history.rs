@@ -748,11 +748,12 @@ impl World {
             for g in &live {
                 if let Some(e) = g.failed.lock().unwrap().take() {
                     if self.opts.faults.contains(&Fault::ReplicaIdentity)
-                        && e.contains("does not carry its old email")
+                        && e.contains("a replica identity without it")
                     {
                         // The documented refusal of a gateway started while
                         // the replica-identity fault has `users` without
-                        // its old email (`install_feed` changes nothing):
+                        // its old email or id (`install_feed` changes
+                        // nothing):
                         // right, not a violation. Replaced, as a
                         // supervisor would restart it.
                         refused.push(g.clone());
@@ -767,7 +768,7 @@ impl World {
             }
             for g in refused {
                 self.shared.note(format!(
-                    "{label}: gw{} refused to start while users lacks its old email (replica-identity)",
+                    "{label}: gw{} refused to start while users lacks an old key (replica-identity)",
                     g.id
                 ));
                 self.retire(&g);

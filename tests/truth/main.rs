@@ -95,7 +95,7 @@
 //! | `restart` | all | a gateway stopped (gracefully: on the bus, the relay too) and a new one started on the same config (temporary or permanent slot, as the seed chose) | none: 503 until ready |
 //! | `second-gateway` | all but bus | a second gateway on the same config (on the WAL feed with a permanent slot: the same slot); both are checked while they say ready; 10-40 transactions later one of them stops | none |
 //! | `publication` | wal, bus | `SET (publish = 'insert')`, a table dropped from it, or `DROP PUBLICATION`; repaired 8-30 transactions later | [`history::WATCHED`] (5 s) from the edit and from the repair |
-//! | `replica-identity` | wal, bus | `users` to `REPLICA IDENTITY DEFAULT` (or `USING INDEX` on email) after caching some emails, which are updated next; back to `FULL` later | `WATCHED` from each change |
+//! | `replica-identity` | wal, bus | `users` to `REPLICA IDENTITY DEFAULT` (or `USING INDEX` on email) after caching some emails, which are updated next; back to `FULL` later; a gateway started meanwhile refuses to start (without the old key, as documented): it is replaced, not reported | `WATCHED` from each change |
 //! | `partition` | all | a table with rows attached to `events`, or an attached one detached | `WATCHED` |
 //! | `add-column` | all | `ALTER TABLE … ADD COLUMN` on a served table | none |
 //! | `kill-relay` | bus | the gateway holding `bus.slot` (its status says it relays) killed right after caching a few rows that are updated next; a new gateway started in its place | `FEED_GAP` |
