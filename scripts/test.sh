@@ -56,6 +56,7 @@ if [ -z "$PROMTOOL" ]; then
   fi
 fi
 export BLOOMGATE_PROMTOOL="$PROMTOOL"
+<<<<<<< HEAD
 # The Kubernetes manifests are validated against the API's schemas with
 # kubernetes-validate (PyPI; the schemas ship inside it, no cluster).
 KUBE_VENV=target/deploy-venv
@@ -66,6 +67,10 @@ if ! "$KUBE_VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUB
 fi
 export BLOOMGATE_KUBERNETES_VALIDATE="$PWD/$KUBE_VENV/bin/kubernetes-validate"
 # tests/bus.rs starts a redis-server of its own per test (Debian's package).
+=======
+# tests/bus.rs starts a redis-server of its own per test, and the checker's
+# bus feed one per history (Debian's package); without it they fail.
+>>>>>>> truthbus
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "test.sh: installing redis-server for the bus tests" >&2
   sudo=""
@@ -96,6 +101,7 @@ BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshne
 BLOOMGATE_TEST_ROLE=least cargo test --test freshness
 BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
 # The randomized checker (tests/truth, ignored in the run above): its CI
-# seeds on every feed, about two minutes, with its one-line summaries.
+# seeds on every feed (the bus's among them), about three minutes, with its
+# one-line summaries.
 cargo test --test truth -- --ignored --nocapture
 scripts/contract.sh

@@ -1123,3 +1123,62 @@ async fn a_tls_failure_is_logged_with_its_reason_and_never_the_password() {
     drop(gw);
     fleet.drop_slot(&db).await;
 }
+
+/// A row cached, then changed while Redis is down: once the gateway no
+/// longer vouches for its cache, nothing vouches for it again until the
+/// change is covered; in particular the direct feed it falls back to (a
+/// new slot, past the change) resyncs before its first heartbeat. Found
+/// by tests/truth's bus feed: the resync came a check interval after the
+/// direct feed's heartbeats, and the old row was served as a hit.
+#[tokio::test]
+async fn a_consumer_falling_back_serves_nothing_the_bus_left_stale() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let gw = started(fleet.config(&db, &redis)).await;
+    wait_all_on_bus(std::slice::from_ref(&gw)).await;
+    eventually("/users/5 cached", || async {
+        get(&gw, "/users/5")
+            .await
+            .header("cache-status")
+            .contains("hit")
+    })
+    .await;
+    redis.kill();
+    db.exec("UPDATE users SET name = 'changed, bus down' WHERE id = 5")
+        .await;
+    let stale = |r: &Resp| r.header("cache-status").contains("hit") && r.json()["name"] == "User 5";
+    // The gateway stops vouching (Redis gone: no proof): from then on a
+    // hit of the old row is a wrong answer.
+    eventually("the old proof no longer vouches", || async {
+        !get(&gw, "/users/5")
+            .await
+            .header("cache-status")
+            .contains("hit")
+    })
+    .await;
+    let began = Instant::now();
+    let mut direct_since = None;
+    while direct_since.is_none_or(|d: Instant| d.elapsed() < Duration::from_secs(3)) {
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "no direct feed in 30 s"
+        );
+        if direct_since.is_none() && mode(&gw) == Mode::Direct {
+            direct_since = Some(Instant::now());
+        }
+        let r = get(&gw, "/users/5").await;
+        assert!(
+            !stale(&r),
+            "the row changed while the bus was down served from the old cache: {} {}",
+            r.header("cache-status"),
+            r.json()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    fresh(&gw, "/users/5", |r| r.json()["name"] == "changed, bus down").await;
+    gw.stop();
+    drop(redis);
+    fleet.drop_slot(&db).await;
+}

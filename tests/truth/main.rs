@@ -3,8 +3,8 @@
 //!
 //! The promise checked: **a row that exists is never answered 404, and a
 //! row is never served stale after its change commits**, through every
-//! feed (`wal` streamed and polled, `notify`, `queue`) and through the
-//! faults below.
+//! feed (`wal` streamed and polled, `notify`, `queue`, and `bus`: a fleet
+//! on one Redis stream) and through the faults below.
 //!
 //! # A history
 //! A fresh database with five resources: `users` by `id` (bigint) and by
@@ -27,6 +27,21 @@
 //! keys from random gateways throughout. A history is a number of rounds
 //! (`BLOOMGATE_TRUTH_ROUNDS`, 5), each 15-35 transactions with one fault
 //! injected early in it (85 % of rounds), then a quiescence point.
+//!
+//! # The bus feed
+//! A history on `bus` starts a `redis-server` of its own on a free port
+//! ([`redis`]; the test fails when there is none: scripts/test.sh installs
+//! it) and runs a **fleet** of two or three gateways (the seed chooses)
+//! with the same `[bus]`: that server, a permanent `bus.slot`, and
+//! `bus.max_lag` of 1 s (a consumer falls back to its own WAL feed before
+//! a relay's failover completes) or 5 s, the default (it waits for the
+//! failover), as the seed chooses. The readers read every gateway of the
+//! fleet, and every one that says ready is compared at quiescence, as for
+//! the `second-gateway` fault (which the bus feed leaves out: it is a
+//! fleet already). Each gateway of the fleet runs on a tokio runtime of
+//! its own (two workers), every task of it there and every request to it
+//! served there, as a process of its own: that is what lets `kill-relay`
+//! end one as a crash does (below).
 //!
 //! # The oracle
 //! For every path the checker keeps the versions Postgres committed: the
@@ -74,20 +89,53 @@
 //!
 //! | fault | feeds | what | window |
 //! |---|---|---|---|
-//! | `kill-walsender` | wal | `pg_terminate_backend` of the feed's backends (`application_name = 'bloomgate-wal-feed'`), right after caching a few rows that are updated next | [`history::FEED_GAP`] (3 s) |
+//! | `kill-walsender` | wal, bus (the relay's walsender and any direct feed's) | `pg_terminate_backend` of the feed's backends (`application_name = 'bloomgate-wal-feed'`), right after caching a few rows that are updated next | [`history::FEED_GAP`] (3 s) |
 //! | `kill-listener` | notify, queue | the same for the `LISTEN` connection (notify) or the poller (`bloomgate-queue-feed`) | `FEED_GAP` |
-//! | `drop-slot` | wal, permanent slot | the slot's holder killed and the slot dropped from outside | `FEED_GAP` |
-//! | `restart` | all | a gateway stopped and a new one started on the same config (temporary or permanent slot, as the seed chose) | none: 503 until ready |
-//! | `second-gateway` | all | a second gateway on the same config (on the WAL feed with a permanent slot: the same slot); both are checked while they say ready; 10-40 transactions later one of them stops | none |
-//! | `publication` | wal | `SET (publish = 'insert')`, a table dropped from it, or `DROP PUBLICATION`; repaired 8-30 transactions later | [`history::WATCHED`] (5 s) from the edit and from the repair |
-//! | `replica-identity` | wal | `users` to `REPLICA IDENTITY DEFAULT` (or `USING INDEX` on email) after caching some emails, which are updated next; back to `FULL` later | `WATCHED` from each change |
+//! | `drop-slot` | wal with a permanent slot, bus (`bus.slot`: the relay finds it created anew and appends a resync) | the slot's holder killed and the slot dropped from outside | `FEED_GAP` |
+//! | `restart` | all | a gateway stopped (gracefully: on the bus, the relay too) and a new one started on the same config (temporary or permanent slot, as the seed chose) | none: 503 until ready |
+//! | `second-gateway` | all but bus | a second gateway on the same config (on the WAL feed with a permanent slot: the same slot); both are checked while they say ready; 10-40 transactions later one of them stops | none |
+//! | `publication` | wal, bus | `SET (publish = 'insert')`, a table dropped from it, or `DROP PUBLICATION`; repaired 8-30 transactions later | [`history::WATCHED`] (5 s) from the edit and from the repair |
+//! | `replica-identity` | wal, bus | `users` to `REPLICA IDENTITY DEFAULT` (or `USING INDEX` on email) after caching some emails, which are updated next; back to `FULL` later; a gateway started meanwhile refuses to start (without the old key, as documented): it is replaced, not reported | `WATCHED` from each change |
 //! | `partition` | all | a table with rows attached to `events`, or an attached one detached | `WATCHED` |
 //! | `add-column` | all | `ALTER TABLE … ADD COLUMN` on a served table | none |
+//! | `kill-relay` | bus | the gateway holding `bus.slot` (its status says it relays) killed right after caching a few rows that are updated next; a new gateway started in its place | `FEED_GAP` |
+//! | `restart-redis` | bus | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later and no sooner than 0, 2 or 6 s after the kill (as the seed chooses: within either `bus.max_lag`, past 1 s, past 5 s; the writer goes on meanwhile), empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
 //! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
 //!
 //! `FEED_GAP` is deliberately shorter than the WAL feed's reconnect
 //! back-off cap (5 s): a gateway blind for longer than that while it says
-//! ready is reported. `WATCHED` assumes the gateway checks what the feed
+//! ready is reported.
+//!
+//! On the bus, the relay killed and Redis killed are, to every consumer
+//! at once, its feed's connection lost, so they get the same `FEED_GAP`;
+//! the bus's documented bounds fit in it (`src/feed/bus/mod.rs`): the
+//! failover takes one look of the candidates (every second) plus starting
+//! a session, and the new relay starts at the stream's newest entry; a
+//! consumer without proof for `bus.max_lag` (1 s in half the histories)
+//! starts its own WAL feed and resyncs once it streams; and meanwhile a
+//! consumer that cannot prove itself current is not vouched for (the
+//! gateway's `freshness_bound`, 1.5 s, is inside the oracle's 2 s), so it
+//! answers 503, not stale rows, whatever `bus.max_lag` is. Redis back,
+//! empty or shorter than what a consumer read, is a continuity break to
+//! it (the next entry's predecessor is not the one it read last): a
+//! resync, as a direct feed's after a gap, hence `FEED_GAP` again from
+//! the restart. Where the other windows say "the gateway", on the bus
+//! it is every gateway of the fleet.
+//!
+//! `kill-relay` is as abrupt as the checker's in-process gateways allow:
+//! the runtime the relay runs on is shut down (`shutdown_background`), so
+//! every task of it, the relay's WAL feed and its appends included, is
+//! dropped at the await it stands at, without the shutdown signal: none
+//! of its graceful paths run (no `Interrupted` appended, no slot
+//! confirmed, no goodbye), and dropping its connections closes their
+//! sockets as the kernel closes a `SIGKILL`ed process's, so Postgres sees
+//! its walsender's client go at once (the journal says how soon the slot
+//! was free). What is not like a crash: its idle pool connections stay
+//! open until the history ends (they hold nothing the bus depends on). A
+//! `SIGKILL` of the real binary (tests/bus.rs does that once) would need
+//! the checker to read its gateways over HTTP and to learn their applied
+//! LSN from outside; the runtime kill keeps every check the other feeds
+//! have. `WATCHED` assumes the gateway checks what the feed
 //! depends on at least every 2 s (issue 26 asks it to state the interval).
 //! The first replica is shared with tests/replicas.rs, which pauses and
 //! stops it: a history for which it is paused, or has not replayed the
@@ -96,8 +144,9 @@
 //! its own second replica, and always resumes it (on a panic too).
 //!
 //! # Running it
-//! The four feed tests are `#[ignore]`d in a plain `cargo test` (about two
-//! minutes together); `scripts/test.sh` runs them once, or:
+//! The five feed tests are `#[ignore]`d in a plain `cargo test` (about
+//! three minutes together, the bus's about one); `scripts/test.sh` runs
+//! them once, or:
 //!
 //! ```sh
 //! . scripts/pg.sh && ensure_postgres && ensure_second_replica && \
@@ -108,15 +157,18 @@
 //! (`scripts/test.sh --test truth -- --ignored --nocapture` does the same.)
 //! Knobs, all optional:
 //! - `BLOOMGATE_TRUTH_SEED`: `7`, `7,9`, `1..20` (end excluded). Default:
-//!   the CI seeds, [`CI_SEEDS`].
+//!   the CI seeds, [`CI_SEEDS`] ([`BUS_CI_SEEDS`] on the bus).
 //! - `BLOOMGATE_TRUTH_DURATION=10m`: a long run, histories on consecutive
 //!   seeds (from the first of `BLOOMGATE_TRUTH_SEED`, else 1000) until that
 //!   much time has passed, per feed.
-//! - `BLOOMGATE_TRUTH_FEEDS=wal,wal-poll,notify,queue` (default all).
+//! - `BLOOMGATE_TRUTH_FEEDS=wal,wal-poll,notify,queue,bus` (default all).
+//! - `BLOOMGATE_REDIS_SERVER`: the `redis-server` the bus feed runs
+//!   (default: the one on `PATH`).
 //! - `BLOOMGATE_TRUTH_FAULTS=kill-walsender,restart` or `all` (default) or
 //!   `none`.
 //! - `BLOOMGATE_TRUTH_ROUNDS` (5), `BLOOMGATE_TRUTH_SLOT=temporary|permanent`
-//!   (default: the seed chooses), `BLOOMGATE_TRUTH_TRACE=1` (every step
+//!   (default: the seed chooses; the bus's `bus.slot` is always
+//!   permanent), `BLOOMGATE_TRUTH_TRACE=1` (every step
 //!   and fault as it happens), `BLOOMGATE_TRUTH_LOG=info` (the gateways'
 //!   own log, a `RUST_LOG`-style filter), `BLOOMGATE_TRUTH_KEEP_GOING=1`
 //!   (every round of a history even after its first violation).
@@ -137,6 +189,7 @@ mod common;
 mod history;
 mod model;
 mod ops;
+mod redis;
 mod rng;
 mod schema;
 
@@ -144,9 +197,18 @@ use std::time::{Duration, Instant};
 
 use history::{Opts, Report};
 
-/// The histories CI runs on each feed: on the WAL feeds seed 1 has a
-/// permanent slot, seed 3 temporary ones.
+/// The histories CI runs on each feed but the bus: on the WAL feeds seed 1
+/// has a permanent slot, seed 3 temporary ones.
 pub const CI_SEEDS: &[u64] = &[1, 3];
+
+/// The bus's (about a minute), chosen from a long run for what they
+/// inject: 1008 kills the relay of a fleet of three with `bus.max_lag` 5 s
+/// (the consumers wait for the failover) and restarts Redis empty; 1011
+/// kills the relay and restarts Redis with an older copy of its data (the
+/// stream's tail lost) after 2 s down; 1015 restarts Redis four times
+/// under a fleet of two with 1 s, down for up to 6 s (the consumers fall
+/// back to direct feeds and return).
+pub const BUS_CI_SEEDS: &[u64] = &[1008, 1011, 1015];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Feed {
@@ -154,20 +216,34 @@ pub enum Feed {
     WalPoll,
     Notify,
     Queue,
+    /// A fleet on the bus (`[bus]`): the WAL decoded once by the relay,
+    /// read from a Redis stream by every gateway.
+    Bus,
 }
 
 impl Feed {
+    pub const ALL: [Feed; 5] = [
+        Feed::Wal,
+        Feed::WalPoll,
+        Feed::Notify,
+        Feed::Queue,
+        Feed::Bus,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Feed::Wal => "wal",
             Feed::WalPoll => "wal-poll",
             Feed::Notify => "notify",
             Feed::Queue => "queue",
+            Feed::Bus => "bus",
         }
     }
 
+    /// On the logical primary, changes decoded from its WAL (the bus's
+    /// relay and its consumers' direct feeds are WAL feeds).
     pub fn is_wal(self) -> bool {
-        matches!(self, Feed::Wal | Feed::WalPoll)
+        matches!(self, Feed::Wal | Feed::WalPoll | Feed::Bus)
     }
 
     fn test(self) -> &'static str {
@@ -176,6 +252,7 @@ impl Feed {
             Feed::WalPoll => "truth_wal_polled",
             Feed::Notify => "truth_notify",
             Feed::Queue => "truth_queue",
+            Feed::Bus => "truth_bus",
         }
     }
 }
@@ -192,10 +269,12 @@ pub enum Fault {
     Partition,
     AddColumn,
     ReplicaPause,
+    KillRelay,
+    RestartRedis,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 12] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -206,6 +285,8 @@ impl Fault {
         Fault::Partition,
         Fault::AddColumn,
         Fault::ReplicaPause,
+        Fault::KillRelay,
+        Fault::RestartRedis,
     ];
 
     pub fn name(self) -> &'static str {
@@ -220,6 +301,8 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::AddColumn => "add-column",
             Fault::ReplicaPause => "replica-pause",
+            Fault::KillRelay => "kill-relay",
+            Fault::RestartRedis => "restart-redis",
         }
     }
 
@@ -230,6 +313,9 @@ impl Fault {
             | Fault::Publication
             | Fault::ReplicaIdentity => feed.is_wal(),
             Fault::KillListener => !feed.is_wal(),
+            Fault::KillRelay | Fault::RestartRedis => feed == Feed::Bus,
+            // A bus history is a fleet already.
+            Fault::SecondGateway => feed != Feed::Bus,
             _ => true,
         }
     }
@@ -266,15 +352,15 @@ impl Knobs {
                 .unwrap_or_else(|e| panic!("BLOOMGATE_TRUTH_DURATION={d:?}: {e}"))
         });
         let feeds = match env("BLOOMGATE_TRUTH_FEEDS") {
-            None => vec![Feed::Wal, Feed::WalPoll, Feed::Notify, Feed::Queue],
+            None => Feed::ALL.to_vec(),
             Some(text) => text
                 .split(',')
                 .map(|f| {
-                    [Feed::Wal, Feed::WalPoll, Feed::Notify, Feed::Queue]
+                    Feed::ALL
                         .into_iter()
                         .find(|x| x.name() == f.trim())
                         .unwrap_or_else(|| {
-                            panic!("BLOOMGATE_TRUTH_FEEDS: no feed {f:?} (wal, wal-poll, notify, queue)")
+                            panic!("BLOOMGATE_TRUTH_FEEDS: no feed {f:?} (wal, wal-poll, notify, queue, bus)")
                         })
                 })
                 .collect(),
@@ -417,7 +503,12 @@ async fn check(feed: Feed) {
         .collect();
 
     let began = Instant::now();
-    let mut seeds = knobs.seeds.clone().into_iter();
+    let mut seeds = if feed == Feed::Bus && !knobs.seeds_given {
+        BUS_CI_SEEDS.to_vec()
+    } else {
+        knobs.seeds.clone()
+    }
+    .into_iter();
     let mut next_long = if knobs.seeds_given {
         knobs.seeds[0]
     } else {
@@ -524,4 +615,10 @@ async fn truth_notify() {
 #[ignore = "the randomized checker (minutes): scripts/test.sh runs it; see tests/truth/main.rs"]
 async fn truth_queue() {
     check(Feed::Queue).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the randomized checker (minutes): scripts/test.sh runs it; see tests/truth/main.rs"]
+async fn truth_bus() {
+    check(Feed::Bus).await;
 }

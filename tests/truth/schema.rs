@@ -150,6 +150,18 @@ pub struct Setup<'a> {
     pub slot: Option<&'a str>,
     /// Streaming replicas' URLs for `replica_urls` (none: no replicas).
     pub replicas: &'a [String],
+    /// The bus feed's `[bus]`.
+    pub bus: Option<&'a BusSetup>,
+}
+
+/// The `[bus]` every gateway of a bus history shares.
+pub struct BusSetup {
+    pub url: String,
+    /// `bus.slot`, the relay's permanent slot.
+    pub slot: String,
+    pub prefix: String,
+    /// `bus.max_lag`, as TOML text (`"1s"`).
+    pub max_lag: &'static str,
 }
 
 pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
@@ -165,6 +177,9 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
         Feed::WalPoll => "freshness = \"wal\"\ninstall_feed = true\nwal_poll_interval = \"5ms\"\n",
         Feed::Notify => "freshness = \"notify\"\ninstall_triggers = true\n",
         Feed::Queue => "freshness = \"queue\"\ninstall_triggers = true\n",
+        // The relay's WAL feed, and each consumer's direct one while the
+        // bus is not proven current.
+        Feed::Bus => "freshness = \"wal\"\ninstall_feed = true\n",
     });
     if let Some(slot) = s.slot {
         db.push_str(&format!("slot = \"{slot}\"\n"));
@@ -180,6 +195,12 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
         ));
     }
     let mut text = format!("[database]\n{db}\n");
+    if let Some(b) = s.bus {
+        text.push_str(&format!(
+            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\n\n",
+            b.url, b.slot, b.prefix, b.max_lag
+        ));
+    }
     for r in Res::ALL {
         let columns: Vec<String> = r.columns().iter().map(|c| format!("\"{c}\"")).collect();
         text.push_str(&format!(

@@ -12,8 +12,10 @@
 //!   of each reading the stream has reached. A reading unproven for
 //!   `bus.max_lag` ends the mode.
 //! - **direct**: a WAL feed of this gateway's own on a temporary slot
-//!   ([`crate::feed::wal::run`]), and a resync once it streams (what the
-//!   bus had not delivered is unknown). Every [`CHECK_EVERY`] the bus is
+//!   ([`crate::feed::wal::run`]), and a resync as it starts streaming,
+//!   sent by the feed before anything of its stream, so no heartbeat of it
+//!   vouches for the caches first (what the bus had not delivered is
+//!   unknown). Every [`CHECK_EVERY`] the bus is
 //!   looked at: once its stream reaches a flush position of the primary
 //!   read just before, the feed is stopped and the bus followed again.
 
@@ -265,8 +267,17 @@ async fn direct<B: Bus>(
 ) -> bool {
     let (stop, signal) = shutdown::channel();
     let (streams_tx, mut streams) = oneshot::channel();
+    // Past start-up, what the bus had not delivered is unknown: a gap. A
+    // feed given a position sends the resync itself as its stream starts,
+    // before any commit or heartbeat of it; a resync sent from here once
+    // it streams would come after its first heartbeats, which vouch for
+    // the caches the bus left stale (found by tests/truth's bus feed).
+    let mut direct = opts.direct.clone();
+    if ready.is_none() {
+        direct.start_position = Some(*applied.borrow());
+    }
     let feed = tokio::spawn(wal::run(
-        opts.direct.clone(),
+        direct,
         watch.clone(),
         tx.clone(),
         applied.clone(),
@@ -288,19 +299,10 @@ async fn direct<B: Bus>(
             match streams.try_recv() {
                 Ok(Ok(())) => {
                     streaming = true;
-                    match ready.take() {
-                        // Start-up: the first scan comes after this.
-                        Some(r) => {
-                            let _ = r.send(Ok(()));
-                        }
-                        None => {
-                            let ev = Resync::all(
-                                "bus: following the WAL directly (the bus is not current)",
-                            );
-                            if tx.send(ev).await.is_err() {
-                                break false;
-                            }
-                        }
+                    // Start-up: the first scan comes after this. Later,
+                    // the feed has sent the resync (above).
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(Ok(()));
                     }
                 }
                 Ok(Err(e)) => {

@@ -9,6 +9,7 @@ use super::reads::get;
 use super::{FEED_GAP, WATCHED, World};
 use crate::model::secs;
 use crate::ops::{Focus, Table, user_paths};
+use crate::redis::Restart;
 use crate::schema::{self, Path, Res};
 use crate::{Fault, Feed};
 
@@ -20,6 +21,9 @@ pub(super) enum Action {
     StopOne,
     RestartAll,
     Resume,
+    /// `restart-redis`, with a copy of its data taken some steps before.
+    RedisKill(Restart),
+    RedisBack(Restart),
 }
 
 impl World {
@@ -68,7 +72,7 @@ impl World {
         }
         for g in self.shared.live() {
             for p in &paths {
-                let _ = get(&g.app, &p.url()).await;
+                let _ = get(&g, &p.url()).await;
             }
         }
         paths
@@ -197,6 +201,32 @@ impl World {
                     true
                 }
             }
+            Fault::KillRelay => self.kill_relay().await,
+            Fault::RestartRedis => {
+                if self.open_redis || self.redis.is_none() {
+                    false
+                } else {
+                    self.open_redis = true;
+                    let with = match self.writes.rng.below(3) {
+                        0 => Restart::Empty,
+                        1 => Restart::Kept,
+                        _ => Restart::Older,
+                    };
+                    if with == Restart::Older {
+                        // The commits appended from here to the kill are
+                        // what the restarted stream lacks.
+                        self.redis.as_ref().unwrap().copy_now();
+                        self.shared.note(
+                            "fault restart-redis: its data copied; killed some transactions later"
+                                .into(),
+                        );
+                        self.later(2, 6, Action::RedisKill(with));
+                    } else {
+                        self.redis_kill(with).await;
+                    }
+                    true
+                }
+            }
             Fault::ReplicaPause => {
                 if self.replica_admin.is_none() || self.paused.is_some() {
                     false
@@ -226,11 +256,113 @@ impl World {
         }
     }
 
+    /// `kill-relay`: the gateway holding `bus.slot` killed ([`World::kill`])
+    /// right after caching rows that are updated next, and a new gateway
+    /// started in its place (the fleet keeps its size, as an orchestrator
+    /// would keep it). Not injected when no gateway has relayed for 5 s.
+    async fn kill_relay(&mut self) -> bool {
+        let paths = self.warm(6, false).await;
+        let began = Instant::now();
+        let relay = loop {
+            let relay = self
+                .shared
+                .live()
+                .into_iter()
+                .find(|g| g.gw.bus_status().is_some_and(|s| s.get().relaying));
+            if relay.is_some() || began.elapsed() > Duration::from_secs(5) {
+                break relay;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let Some(g) = relay else {
+            self.shared
+                .note("fault kill-relay: no gateway has relayed for 5 s: not injected".into());
+            return false;
+        };
+        let slot = self.slot.clone().unwrap();
+        let walsender = self.slot_holder(&slot).await;
+        self.kill(&g);
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("kill-relay", now, FEED_GAP);
+        // Postgres sees the killed relay's connection close: its
+        // walsender exits and the slot is free for the next candidate.
+        let killed = Instant::now();
+        let freed = match walsender {
+            None => "no walsender held the slot".to_string(),
+            Some(pid) => loop {
+                if self.slot_holder(&slot).await != Some(pid) {
+                    break format!(
+                        "its walsender (pid {pid}) gone after {:?}",
+                        killed.elapsed()
+                    );
+                }
+                if killed.elapsed() > Duration::from_secs(3) {
+                    break format!("its walsender (pid {pid}) still holds the slot after 3 s");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            },
+        };
+        self.shared
+            .note(format!("fault kill-relay: gw{} killed; {freed}", g.id));
+        self.writes.focus(
+            Focus::Update {
+                paths,
+                emails: false,
+            },
+            6,
+        );
+        self.spawn_gateway("replaces the killed relay");
+        true
+    }
+
+    /// The backend holding `slot`, if one does.
+    async fn slot_holder(&mut self, slot: &str) -> Option<i32> {
+        sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(slot)
+            .fetch_optional(&mut self.writer)
+            .await
+            .unwrap()
+            .flatten()
+    }
+
+    /// `restart-redis`: `SIGKILL` after caching rows that are updated next;
+    /// started again on the same port some transactions later.
+    async fn redis_kill(&mut self, with: Restart) {
+        let paths = self.warm(6, false).await;
+        // Down for less than either `bus.max_lag`, for more than 1 s, or
+        // for more than 5 s, while the writer goes on.
+        let down = Duration::from_millis([0, 2000, 6000][self.writes.rng.below(3)]);
+        self.redis.as_mut().unwrap().kill();
+        self.redis_back_at = self.now() + down;
+        self.shared.note(format!(
+            "fault restart-redis: redis-server killed (SIGKILL); it comes back {}, {down:?} or more later",
+            with.name()
+        ));
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("restart-redis: killed", now, FEED_GAP);
+        self.writes.focus(
+            Focus::Update {
+                paths,
+                emails: false,
+            },
+            6,
+        );
+        self.later(1, 8, Action::RedisBack(with));
+    }
+
     /// Kills the feed's own connections (not the pool's): the walsender
     /// (and its side connection), the listener, or the queue's poller.
     async fn kill_feed(&mut self) -> String {
         let filter = match self.opts.feed {
-            Feed::Wal | Feed::WalPoll => "application_name = 'bloomgate-wal-feed'",
+            Feed::Wal | Feed::WalPoll | Feed::Bus => "application_name = 'bloomgate-wal-feed'",
             Feed::Notify => "application_name = 'bloomgate-notify-feed'",
             Feed::Queue => "application_name = 'bloomgate-queue-feed'",
         };
@@ -391,6 +523,36 @@ impl World {
                     r.resume().await;
                     self.shared.note("replica-pause: replay resumed".into());
                 }
+            }
+            Action::RedisKill(with) => self.redis_kill(with).await,
+            Action::RedisBack(with) => {
+                if self.now() < self.redis_back_at {
+                    // Not down long enough yet: a few transactions more
+                    // (the pause: at the end, nothing else runs).
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    self.later(1, 3, Action::RedisBack(with));
+                    return;
+                }
+                let paths = self.warm(6, false).await;
+                self.redis.as_mut().unwrap().restart(with).await;
+                self.shared.note(format!(
+                    "restart-redis: redis-server back on its port, {}",
+                    with.name()
+                ));
+                let now = self.now();
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .window("restart-redis: back", now, FEED_GAP);
+                self.writes.focus(
+                    Focus::Update {
+                        paths,
+                        emails: false,
+                    },
+                    6,
+                );
+                self.open_redis = false;
             }
         }
     }

@@ -40,7 +40,22 @@ impl Answer {
     }
 }
 
-pub(super) async fn get(app: &App, url: &str) -> Answer {
+/// A GET on `g`: on a gateway with a runtime of its own (the bus feed's
+/// fleet), served there, as a process of its own would serve it; one
+/// killed meanwhile answers like a process that is gone: unavailable.
+pub(super) async fn get(g: &Gw, url: &str) -> Answer {
+    match &g.handle {
+        None => get_app(&g.app, url).await,
+        Some(h) => {
+            let (app, url) = (g.app.clone(), url.to_string());
+            h.spawn(async move { get_app(&app, &url).await })
+                .await
+                .unwrap_or(Answer::Unavailable)
+        }
+    }
+}
+
+async fn get_app(app: &App, url: &str) -> Answer {
     let req = Request::get(url).body(Body::empty()).unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
@@ -65,7 +80,7 @@ pub(super) async fn get(app: &App, url: &str) -> Answer {
 }
 
 pub(super) async fn is_ready(g: &Gw) -> bool {
-    matches!(get(&g.app, "/readyz").await, Answer::Row(..))
+    matches!(get(g, "/readyz").await, Answer::Row(..))
 }
 
 /// Reads random paths from random gateways until told to stop, judging
@@ -84,7 +99,7 @@ pub(super) async fn reader(shared: Arc<Shared>, mut rng: Rng) {
         let g = live[rng.below(live.len())].clone();
         let url = path.url();
         let t0 = shared.now();
-        let answer = get(&g.app, &url).await;
+        let answer = get(&g, &url).await;
         let t1 = shared.now();
         if g.retired.load(Ordering::SeqCst) {
             continue;
