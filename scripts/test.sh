@@ -56,7 +56,6 @@ if [ -z "$PROMTOOL" ]; then
   fi
 fi
 export BLOOMGATE_PROMTOOL="$PROMTOOL"
-<<<<<<< HEAD
 # The Kubernetes manifests are validated against the API's schemas with
 # kubernetes-validate (PyPI; the schemas ship inside it, no cluster).
 KUBE_VENV=target/deploy-venv
@@ -66,11 +65,8 @@ if ! "$KUBE_VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUB
   "$KUBE_VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE" >&2
 fi
 export BLOOMGATE_KUBERNETES_VALIDATE="$PWD/$KUBE_VENV/bin/kubernetes-validate"
-# tests/bus.rs starts a redis-server of its own per test (Debian's package).
-=======
 # tests/bus.rs starts a redis-server of its own per test, and the checker's
 # bus feed one per history (Debian's package); without it they fail.
->>>>>>> truthbus
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "test.sh: installing redis-server for the bus tests" >&2
   sudo=""
