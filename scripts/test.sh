@@ -40,7 +40,6 @@ fi
 # The alerting rules are checked and unit-tested with promtool, from
 # Debian's prometheus package: only the binary is taken out of it (into
 # target/promtool), so no Prometheus server is installed or started.
-KUBERNETES_VALIDATE=1.37.0
 PROMTOOL="$(command -v promtool || true)"
 if [ -z "$PROMTOOL" ]; then
   PROMTOOL="$PWD/target/promtool/usr/bin/promtool"
@@ -58,6 +57,7 @@ fi
 export BLOOMGATE_PROMTOOL="$PROMTOOL"
 # The Kubernetes manifests are validated against the API's schemas with
 # kubernetes-validate (PyPI; the schemas ship inside it, no cluster).
+KUBERNETES_VALIDATE=1.37.0
 KUBE_VENV=target/deploy-venv
 if ! "$KUBE_VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUBERNETES_VALIDATE"; then
   echo "test.sh: installing kubernetes-validate $KUBERNETES_VALIDATE for the manifest check" >&2

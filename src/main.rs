@@ -108,8 +108,18 @@ async fn main() -> ExitCode {
 }
 
 /// The configuration at `path` and the key files its `[auth]` names, read
-/// together so that every command refuses a file it could not read.
+/// together so that every command refuses a file it could not read. The
+/// deprecated keys it used are said on stderr (`serve` logs them instead,
+/// once its log is set up: [`load_quietly`]).
 fn load(path: &std::path::Path) -> Result<(Config, KeyFiles), ConfigError> {
+    let loaded = load_quietly(path)?;
+    for d in &loaded.0.deprecations {
+        eprintln!("warning: {d}");
+    }
+    Ok(loaded)
+}
+
+fn load_quietly(path: &std::path::Path) -> Result<(Config, KeyFiles), ConfigError> {
     let config = Config::load(path)?;
     let key_files = KeyFiles::read(&config.auth, &path.display().to_string())?;
     Ok((config, key_files))
@@ -118,7 +128,7 @@ fn load(path: &std::path::Path) -> Result<(Config, KeyFiles), ConfigError> {
 async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
     match command {
         Command::Serve { config: path } => {
-            let (config, key_files) = load(&path)?;
+            let (config, key_files) = load_quietly(&path)?;
             bloomgate::telemetry::init(&config.log);
             for d in &config.deprecations {
                 tracing::warn!("{d}");
@@ -145,9 +155,6 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             let (config, key_files) = load(&config)?;
             out(&config.to_redacted_toml());
             // On stderr, so stdout stays the TOML it always was.
-            for d in &config.deprecations {
-                eprintln!("warning: {d}");
-            }
             eprintln!(
                 "freshness: {}",
                 match config.database.freshness {

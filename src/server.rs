@@ -205,6 +205,9 @@ async fn reload_on_hangup(
                 continue;
             }
         };
+        for d in &new.deprecations {
+            tracing::warn!("SIGHUP: {d}");
+        }
         match crate::telemetry::reload(&new.log) {
             Ok(filter) => tracing::info!(filter, "SIGHUP: log filter reloaded"),
             Err(e) => tracing::error!(error = %e, "SIGHUP: log filter not reloaded"),

@@ -625,7 +625,6 @@ async fn purge_and_clear_paths_are_unambiguous_for_every_key() {
     }
 }
 
-/// Every sample of `name`, summed.
 /// Every database query is one resource's, counted by what it was for:
 /// a miss's load (`row`), a rejected key checked anyway (`verify`), the
 /// filter's scan (`scan`) and the start-up probe (`probe`).
@@ -675,6 +674,7 @@ async fn database_queries_are_counted_by_resource_and_kind() {
     );
 }
 
+/// Every sample of `name`, summed.
 fn sum(text: &str, name: &str) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))

@@ -58,6 +58,37 @@ fn check_config_prints_the_effective_config_with_secrets_redacted() {
     assert!(!out.contains("hunter2") && !err.contains("hunter2"));
 }
 
+/// The deprecated `database.listen` (from the file or the environment) is
+/// what it stands for in the effective config, and said on stderr by every
+/// command that reads the config, as the log says it at `serve`.
+#[test]
+fn a_deprecated_key_is_folded_and_said() {
+    let dir = tempdir();
+    let path = write_config(
+        &dir,
+        &format!("[database]\nurl = \"postgres://127.0.0.1:1/x\"\n{RESOURCE}"),
+    );
+    let (ok, out, err) = bloomgate(
+        &["check-config", "--config", &path],
+        &[("BLOOMGATE_DATABASE__LISTEN", "false")],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("freshness = \"off\""), "{out}");
+    assert!(!out.contains("listen = false"), "{out}");
+    assert!(
+        err.contains("warning: database.listen = false is deprecated"),
+        "{err}"
+    );
+    let (_, _, err) = bloomgate(
+        &["preflight", "--config", &path],
+        &[("BLOOMGATE_DATABASE__LISTEN", "false")],
+    );
+    assert!(
+        err.contains("database.listen = false is deprecated"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_shipped_config_is_valid() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/bloomgate.toml");

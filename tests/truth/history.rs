@@ -84,7 +84,9 @@ struct Gw {
     /// finishes a request after this ignores it).
     retired: AtomicBool,
     ready_at: Mutex<Option<Duration>>,
-    failed: Mutex<Option<String>>,
+    /// Why start-up failed, and whether the replica-identity fault
+    /// excused it (see [`Shared::identity_excuse`]).
+    failed: Mutex<Option<(String, bool)>>,
     start: Mutex<Option<JoinHandle<()>>>,
     /// The bus feed's gateways run on a runtime of their own, every task
     /// of theirs on it, so that `kill-relay` can end one as a crash does:
@@ -105,6 +107,11 @@ struct Shared {
     flagged: Mutex<HashSet<(usize, String)>>,
     checks: AtomicU64,
     unavailable: AtomicU64,
+    /// Until when a start-up refused for `users`' replica identity is the
+    /// documented refusal, not a violation: `Duration::MAX` while the
+    /// fault is open, `WATCHED` past its repair after (the gateway checks
+    /// what the feed depends on within that), `None` before the first.
+    identity_excuse: Mutex<Option<Duration>>,
     stop: AtomicBool,
     trace: bool,
 }
@@ -283,6 +290,7 @@ impl World {
             flagged: Mutex::new(HashSet::new()),
             checks: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
+            identity_excuse: Mutex::new(None),
             stop: AtomicBool::new(false),
             trace: opts.trace,
         });
@@ -366,7 +374,7 @@ impl World {
         let first = w.spawn_gateway("first");
         let began = Instant::now();
         while first.ready_at.lock().unwrap().is_none() {
-            if let Some(e) = first.failed.lock().unwrap().clone() {
+            if let Some((e, _)) = first.failed.lock().unwrap().clone() {
                 w.shared
                     .violation(format!("gw{} did not start: {e}", first.id));
                 return w;
@@ -466,7 +474,14 @@ impl World {
                 }
                 Err(e) => {
                     shared.note(format!("gw{} failed to start: {e}", g2.id));
-                    *g2.failed.lock().unwrap() = Some(e.to_string());
+                    let e = e.to_string();
+                    let excused = e.contains("a replica identity without it")
+                        && shared
+                            .identity_excuse
+                            .lock()
+                            .unwrap()
+                            .is_some_and(|until| shared.now() < until);
+                    *g2.failed.lock().unwrap() = Some((e, excused));
                 }
             }
         };
@@ -746,16 +761,15 @@ impl World {
             let mut ready = Vec::new();
             let mut refused = Vec::new();
             for g in &live {
-                if let Some(e) = g.failed.lock().unwrap().take() {
-                    if self.opts.faults.contains(&Fault::ReplicaIdentity)
-                        && e.contains("a replica identity without it")
-                    {
+                if let Some((e, excused)) = g.failed.lock().unwrap().take() {
+                    if excused {
                         // The documented refusal of a gateway started while
                         // the replica-identity fault has `users` without
                         // its old email or id (`install_feed` changes
-                        // nothing):
-                        // right, not a violation. Replaced, as a
-                        // supervisor would restart it.
+                        // nothing): right, not a violation. Replaced, as a
+                        // supervisor would restart it. The same refusal
+                        // once the identity is back (past `WATCHED`) is
+                        // one.
                         refused.push(g.clone());
                     } else {
                         self.shared

@@ -112,7 +112,7 @@
 //! failover takes one look of the candidates (every second) plus starting
 //! a session, and the new relay starts at the stream's newest entry; a
 //! consumer without proof for `bus.max_lag` (1 s in half the histories)
-//! starts its own WAL feed and resyncs once it streams; and meanwhile a
+//! starts its own WAL feed, which resyncs before its first heartbeat; and meanwhile a
 //! consumer that cannot prove itself current is not vouched for (the
 //! gateway's `freshness_bound`, 1.5 s, is inside the oracle's 2 s), so it
 //! answers 503, not stale rows, whatever `bus.max_lag` is. Redis back,

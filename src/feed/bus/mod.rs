@@ -71,8 +71,9 @@
 //!   while the WAL grows), so an idle stream proves itself without writes.
 //! - **The bus failing never makes a gateway wrong.** Unproven for
 //!   `bus.max_lag` (Redis unreachable, no relay, a relay behind), a
-//!   consumer starts a direct WAL feed on a temporary slot and resyncs
-//!   once it streams; it checks the bus every second and returns once the
+//!   consumer starts a direct WAL feed on a temporary slot, given the
+//!   position it had applied, so the feed's new slot is a gap it answers
+//!   with a resync before its first commit or heartbeat; it checks the bus every second and returns once the
 //!   stream reaches the primary's flush position, resyncing again. In
 //!   between it has either the bus or its own feed; while it has neither
 //!   it is not vouched for, and not ready.

@@ -170,6 +170,7 @@ impl World {
                         6,
                     );
                     self.open_identity = true;
+                    *self.shared.identity_excuse.lock().unwrap() = Some(Duration::MAX);
                     self.later(8, 30, Action::RepairIdentity);
                     true
                 }
@@ -492,6 +493,7 @@ impl World {
                 self.shared
                     .note("repair: users REPLICA IDENTITY FULL".into());
                 let now = self.now();
+                *self.shared.identity_excuse.lock().unwrap() = Some(now + WATCHED);
                 self.shared
                     .model
                     .lock()

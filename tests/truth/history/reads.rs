@@ -48,9 +48,14 @@ pub(super) async fn get(g: &Gw, url: &str) -> Answer {
         None => get_app(&g.app, url).await,
         Some(h) => {
             let (app, url) = (g.app.clone(), url.to_string());
-            h.spawn(async move { get_app(&app, &url).await })
-                .await
-                .unwrap_or(Answer::Unavailable)
+            match h.spawn(async move { get_app(&app, &url).await }).await {
+                Ok(answer) => answer,
+                // The runtime shut down under it: a gateway killed.
+                Err(e) if e.is_cancelled() => Answer::Unavailable,
+                // A panic in the request path is a defect, as on every
+                // other feed (where the test itself would panic).
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
         }
     }
 }
