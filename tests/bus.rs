@@ -349,6 +349,14 @@ impl Fleet {
         }
     }
 
+    /// Stops the fleet's gateways and drops its slot once it is free.
+    async fn stop(&self, gws: &[Arc<Gateway>], db: &TestDb) {
+        for g in gws {
+            g.stop();
+        }
+        self.drop_slot(db).await;
+    }
+
     /// Waits until the slot is free (its holder gone), then drops it.
     async fn drop_slot(&self, db: &TestDb) {
         eventually("the bus slot released", || async {
@@ -451,10 +459,7 @@ async fn a_fleet_on_the_bus_has_one_walsender_and_every_gateway_stays_fresh() {
     let stream = fleet.stream(&redis).await;
     let len = redis.xlen(&stream).await;
     assert!(len >= 4, "{len} entries");
-    for g in &gws {
-        g.stop();
-    }
-    fleet.drop_slot(&db).await;
+    fleet.stop(&gws, &db).await;
 }
 
 /// Commits appended again are refused, and the position rules hold, on the
@@ -707,10 +712,7 @@ async fn the_relay_killed_under_writes_loses_nothing() {
     );
     assert_eq!(walsenders(&db).await, 1);
     drop(relay);
-    for g in &gws {
-        g.stop();
-    }
-    fleet.drop_slot(&db).await;
+    fleet.stop(&gws, &db).await;
 }
 
 /// Redis killed: past `bus.max_lag` each gateway follows the WAL itself
@@ -896,10 +898,7 @@ async fn commit_to_servable_over_the_bus() {
         .collect();
     let took = commit_to_servable(&db.pool, 50_000..51_000, &users).await;
     println!("bus commit-to-servable on all of 3 gateways: {took}");
-    for g in &gws {
-        g.stop();
-    }
-    fleet.drop_slot(&db).await;
+    fleet.stop(&gws, &db).await;
 }
 
 // TLS (`rediss://`). The server is Debian's redis-server, built with TLS,
@@ -1032,10 +1031,7 @@ async fn a_fleet_on_a_tls_bus_has_one_walsender_and_stays_fresh() {
     let stream = fleet.stream(&redis).await;
     let len = redis.xlen(&stream).await;
     assert!(len >= 2, "{len} entries");
-    for g in &gws {
-        g.stop();
-    }
-    fleet.drop_slot(&db).await;
+    fleet.stop(&gws, &db).await;
 }
 
 /// A `rediss://` bus the gateway cannot trust (a CA that did not sign the
@@ -1080,10 +1076,7 @@ async fn a_tls_bus_that_cannot_be_trusted_or_reached_is_not_followed() {
     // nothing reached the TLS server.
     assert_eq!(walsenders(&db).await, 2);
     assert!(redis.keys(&format!("{}:*", fleet.prefix)).await.is_empty());
-    for g in &gws {
-        g.stop();
-    }
-    fleet.drop_slot(&db).await;
+    fleet.stop(&gws, &db).await;
 }
 
 /// The binary on a `rediss://` bus whose URL holds a password, with the
