@@ -47,7 +47,7 @@ if ! command -v wrk >/dev/null 2>&1; then
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >&2
 fi
-cargo build -q --release --bin bloomgate --example auth_tokens
+cargo build --locked -q --release --bin bloomgate --example auth_tokens
 bin=target/release/bloomgate
 db="$PG_BASE_URL/bloomgate_authbench"
 if ! psql "$PG_BASE_URL/postgres" -Atqc "SELECT 1 FROM pg_database WHERE datname = 'bloomgate_authbench'" | grep -q 1; then

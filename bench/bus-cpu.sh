@@ -18,7 +18,7 @@ RATE=${RATE:-1000}
 SECS=${SECS:-8}
 GW=${GW:-1}
 SLOT=bloomgate_bench_bus
-[ -x "$BIN" ] || cargo build -q --release --bin bloomgate
+[ -x "$BIN" ] || cargo build --locked -q --release --bin bloomgate
 work=$(mktemp -d)
 pids=()
 rpid=""

@@ -46,7 +46,7 @@ cleanup() {
 trap cleanup EXIT
 log() { echo "compression.sh: $*" >&2; }
 
-nice -n 10 cargo build -q --release --bin bloomgate --example compression_cost
+nice -n 10 cargo build --locked -q --release --bin bloomgate --example compression_cost
 BIN=$ROOT/target/release/bloomgate
 
 # The database: demo rows, and article 1 made 8 kB.
@@ -149,7 +149,7 @@ cost() {
   local base=$ROOT/target/compression-base ours=$WORK/compression_cost
   # Both packages build an example of this name into target/release/examples:
   # each copy is taken right after its own build.
-  nice -n 10 cargo build -q --release --example compression_cost
+  nice -n 10 cargo build --locked -q --release --example compression_cost
   cp "$ROOT/target/release/examples/compression_cost" "$ours"
   if [ ! -x "$base/target-bin" ] || [ "$(cat "$base/commit" 2>/dev/null)" != "$(git rev-parse "$BASE")" ]; then
     rm -rf "$base/src"
@@ -157,7 +157,7 @@ cost() {
     git archive "$BASE" | tar -x -C "$base/src"
     cp examples/compression_cost.rs "$base/src/examples/"
     log "building $BASE's compression_cost"
-    CARGO_TARGET_DIR=$ROOT/target nice -n 10 cargo build -q --release --example compression_cost \
+    CARGO_TARGET_DIR=$ROOT/target nice -n 10 cargo build --locked -q --release --example compression_cost \
       --manifest-path "$base/src/Cargo.toml"
     cp "$ROOT/target/release/examples/compression_cost" "$base/target-bin"
     git rev-parse "$BASE" >"$base/commit"

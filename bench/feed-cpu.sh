@@ -15,7 +15,7 @@ export PGHOST=127.0.0.1 PGPORT=54332 PGUSER=postgres
 DB=bloomgate_diag
 URL="postgres://postgres@127.0.0.1:54332/$DB"
 BIN=${BIN:-target/release/bloomgate}
-[ -x "$BIN" ] || cargo build -q --release --bin bloomgate
+[ -x "$BIN" ] || cargo build --locked -q --release --bin bloomgate
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 . bench/lib.sh

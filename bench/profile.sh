@@ -84,7 +84,7 @@ case $SYSTEM in
   bare) BIN=${BARE_BIN:-target/release/examples/bare_axum} ;;
   *) echo "SYSTEM must be bloomgate or bare" >&2; exit 2 ;;
 esac
-[ -x "$BIN" ] || cargo build --release --bin bloomgate --example bare_axum >&2
+[ -x "$BIN" ] || cargo build --locked --release --bin bloomgate --example bare_axum >&2
 URL=http://127.0.0.1:$PORT
 
 start() { # WRAPPER...

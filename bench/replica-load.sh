@@ -57,7 +57,7 @@ for port in "${PORTS[@]}"; do
   fi
 done
 command -v wrk >/dev/null || { echo "needs wrk (apt-get install wrk)" >&2; exit 1; }
-cargo build -q --release --bin bloomgate
+cargo build --locked -q --release --bin bloomgate
 BIN=$PWD/target/release/bloomgate
 work=$(mktemp -d)
 pids=()

@@ -36,7 +36,7 @@ host=${SERVER#*@}
 export PGHOST=${host%:*} PGPORT=${host##*:} PGUSER=postgres
 psql() { command psql -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-cargo build -q --release --bin bloomgate
+cargo build --locked -q --release --bin bloomgate
 BIN=$PWD/target/release/bloomgate
 work=$(mktemp -d)
 gw="" writer=""

@@ -156,7 +156,7 @@ ensure_db() {
 }
 
 log "building release binaries"
-cargo build --release --bin bloomgate --example bare_axum >&2
+cargo build --locked --release --bin bloomgate --example bare_axum >&2
 
 # Seeding is idempotent; triggers are off for the seeding session only (they
 # would queue a NOTIFY per inserted row for nobody).

@@ -50,7 +50,7 @@ host=${PG_BASE_URL#*@}
 export PGHOST=${host%:*} PGPORT=${host##*:} PGUSER=postgres
 psql() { command psql -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-cargo build -q --release --bin bloomgate
+cargo build --locked -q --release --bin bloomgate
 BIN=target/release/bloomgate
 work=$(mktemp -d)
 pids=()

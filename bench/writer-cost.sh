@@ -51,7 +51,7 @@ host=${SERVER#*@}
 export PGHOST=${host%:*} PGPORT=${host##*:} PGUSER=postgres
 psql() { command psql -X -q -v ON_ERROR_STOP=1 "$@"; }
 
-cargo build -q --release --bin bloomgate
+cargo build --locked -q --release --bin bloomgate
 PIN=${PIN:-}
 pm=$(head -1 "${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary}/postmaster.pid")
 # Command prefixes: empty, or taskset onto CPU 0 or 1.

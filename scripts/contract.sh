@@ -31,7 +31,7 @@ fi
 
 . scripts/pg.sh
 ensure_postgres
-cargo build -q --bin bloomgate
+cargo build --locked -q --bin bloomgate
 bin=target/debug/bloomgate
 
 db="bloomgate_contract_$$"

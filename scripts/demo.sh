@@ -13,6 +13,6 @@ if ! psql "$PG_BASE_URL/postgres" -Atqc "SELECT 1 FROM pg_database WHERE datname
 fi
 export DATABASE_URL="$PG_BASE_URL/$db"
 echo "demo.sh: database $DATABASE_URL (psql \"\$(scripts/pg.sh start)/$db\")" >&2
-cargo build --release --bin bloomgate
+cargo build --locked --release --bin bloomgate
 ./target/release/bloomgate seed --users "${USERS:-1000000}" --articles "${ARTICLES:-100000}"
 exec ./target/release/bloomgate serve "$@"

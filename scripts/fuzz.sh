@@ -73,6 +73,10 @@ mode=()
 if [ "$replay" = 1 ]; then
     mode=(--dev)
 fi
+# The lock file is part of the build: one that no longer matches the
+# manifests fails here (cargo fuzz has no --locked of its own) instead of
+# being rewritten, a tracked file changed by a build.
+(cd fuzz && cargo fetch --locked --quiet)
 echo "fuzz: building targets (sanitizer: $sanitizer${mode[*]:+, ${mode[*]}})"
 start=$(date +%s)
 if [ "$replay" = 1 ]; then

@@ -76,28 +76,40 @@ if ! command -v redis-server >/dev/null 2>&1; then
   # Only the binary is wanted: no service of its own.
   $sudo systemctl disable --now redis-server >/dev/null 2>&1 || $sudo service redis-server stop >/dev/null 2>&1 || true
 fi
+# phase NAME COMMAND...: runs COMMAND and, when BLOOMGATE_PHASES names a
+# file, appends "NAME SECONDS" to it (.ci/run prints the table at its end,
+# so the next decision on CI's budget has numbers).
+phase() {
+  local name=$1 began=$SECONDS status=0
+  shift
+  "$@" || status=$?
+  if [ -n "${BLOOMGATE_PHASES:-}" ]; then
+    echo "$name $((SECONDS - began))" >>"$BLOOMGATE_PHASES"
+  fi
+  return "$status"
+}
 export BLOOMGATE_TEST_DATABASE_URL="$PG_BASE_URL/postgres"
 echo "test.sh: using $BLOOMGATE_TEST_DATABASE_URL" >&2
 if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then
-  exec cargo test "$@"
+  exec cargo test --locked "$@"
 fi
 "$PROMTOOL" check rules deploy/prometheus/bloomgate.rules.yml
 (cd deploy/prometheus && "$PROMTOOL" test rules tests.yml)
-cargo test
+phase "cargo test" cargo test --locked
 # Every freshness test once more, on the WAL feed (tests/common: wal_mode).
-BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness
+phase "freshness wal" env BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness
 # And on the WAL feed polled (`database.wal_poll_interval`).
-BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --test freshness
+phase "freshness wal-poll" env BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --locked --test freshness
 # And on the triggers writing to the change table (`freshness = "queue"`).
-BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
+phase "freshness queue" env BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness
 # The WAL, notify and queue feeds once more with every gateway connecting as a
 # role of its own that holds only README's documented grants
 # (tests/common: least_privilege), not as the superuser.
-BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --test freshness
-BLOOMGATE_TEST_ROLE=least cargo test --test freshness
-BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --test freshness
+phase "freshness least wal" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness
+phase "freshness least notify" env BLOOMGATE_TEST_ROLE=least cargo test --locked --test freshness
+phase "freshness least queue" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness
 # The randomized checker (tests/truth, ignored in the run above): its CI
 # seeds on every feed (the bus's among them), about three minutes, with its
 # one-line summaries.
-cargo test --test truth -- --ignored --nocapture
-scripts/contract.sh
+phase "checker seeds" cargo test --locked --test truth -- --ignored --nocapture
+phase "contract" scripts/contract.sh

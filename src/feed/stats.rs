@@ -42,6 +42,12 @@ impl Progress {
         let ms = now_ms().saturating_sub(at.elapsed().as_millis() as u64);
         self.last_heartbeat_ms.fetch_max(ms, Ordering::Relaxed);
     }
+
+    /// The moment, in Unix milliseconds, before which every committed
+    /// change has been applied, as the latest heartbeat vouches (0: none).
+    pub fn heartbeat_ms(&self) -> u64 {
+        self.last_heartbeat_ms.load(Ordering::Relaxed)
+    }
 }
 
 /// The feed in force at one moment.

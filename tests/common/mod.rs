@@ -896,6 +896,43 @@ where
     }
 }
 
+/// Waits until `resource` answers from its filter and cache again, and the
+/// feed has proven that every change committed before this call has been
+/// applied (a heartbeat made after it: see "The principle" in
+/// `bloomgate::feed`). That is the state a "nothing lost after a fault"
+/// assertion is about; one key answering 200 is not (it may come from the
+/// database while the resource is not vouched for, within
+/// `filter.verify_budget`). Panics after 60 s, saying why not.
+pub async fn vouched(gw: &Gateway, resource: &str) {
+    let r = gw
+        .resource(resource)
+        .unwrap_or_else(|| panic!("no resource {resource}"));
+    let needs_heartbeat = gw
+        .freshness()
+        .is_some_and(|f| f != bloomgate::config::Freshness::Off);
+    // Strictly after this call, whatever the rounding to milliseconds.
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 1;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let heard = gw.stats.progress.heartbeat_ms();
+        if r.is_ready() && (!needs_heartbeat || heard > since) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{resource} never vouched for again: {:?}; latest heartbeat {} ms before the wait began; feed {:?}",
+            r.why_not_ready(),
+            since.saturating_sub(heard) as i64,
+            gw.readiness().feed,
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// A database on the throwaway `wal_level = logical` primary that
 /// `scripts/test.sh` starts (`TestDb` creates and drops it there), with
 /// `n` users.
