@@ -28,10 +28,14 @@
 //! [`Provenance::Announced`].
 //!
 //! # Applied up to
-//! Once every change of a commit with an LSN is applied, that LSN is
-//! published on a watch channel ([`Applied`]): the `wal` source
-//! acknowledges to the server only what it says, and read replicas may be
-//! used for a key once they have replayed past it. A [`Phase::Visible`]
+//! Once every change of a commit with a position is applied, that position
+//! (its LSN on its timeline) is published on a watch channel
+//! ([`Applied`]): the `wal` source acknowledges to the server only what it
+//! says, and read replicas may be used for a key once they have replayed
+//! past it. A position on a newer timeline replaces the published one even
+//! though its LSN is lower (see `db::position`): after a failover the feed
+//! waits for the new timeline's commits to be applied, never for a number
+//! the old timeline reached. A [`Phase::Visible`]
 //! re-delivery only invalidates again (its filter inserts and deletes were
 //! applied on receipt; see `feed`).
 //!
@@ -63,7 +67,8 @@ use tokio::sync::{mpsc, watch};
 use crate::db::replicas::Replicas;
 use crate::feed::stats::Progress;
 use crate::feed::{
-    Columns, Commit, Coverage, Event, Lsn, Op, Phase, Resync, RowChange, Scope, TableName, Value,
+    Columns, Commit, Coverage, Event, Op, Phase, Position, Resync, RowChange, Scope, TableName,
+    Value,
 };
 use crate::key::{self, Key};
 use crate::rebuild::Reason;
@@ -74,7 +79,7 @@ use crate::shutdown::Shutdown;
 const BATCH: usize = 1024;
 
 /// Who publishes how far the applier got, and who reads it.
-pub type Applied = watch::Receiver<Lsn>;
+pub type Applied = watch::Receiver<Position>;
 
 /// One resource following one table through one key column.
 #[derive(Clone)]
@@ -89,7 +94,7 @@ pub struct Follower {
 
 pub struct Applier {
     followers: Vec<Follower>,
-    applied: watch::Sender<Lsn>,
+    applied: watch::Sender<Position>,
     /// Told the LSN of each change before it is applied (read-your-writes
     /// on replicas; see `db::replicas`).
     replicas: Option<Arc<Replicas>>,
@@ -110,7 +115,7 @@ struct Freshness {
 }
 
 impl Applier {
-    pub fn new(followers: Vec<Follower>, applied: watch::Sender<Lsn>) -> Self {
+    pub fn new(followers: Vec<Follower>, applied: watch::Sender<Position>) -> Self {
         Self {
             followers,
             applied,
@@ -227,8 +232,8 @@ impl Applier {
         });
         let mut unknown = false;
         for c in commits {
-            match c.lsn {
-                Some(lsn) => reps.note_change(lsn.0),
+            match c.position {
+                Some(p) => reps.note_change(p),
                 None => unknown = true,
             }
         }
@@ -290,7 +295,7 @@ impl Applier {
     }
 
     async fn commit(&self, c: Commit) {
-        let from = if c.lsn.is_some() {
+        let from = if c.position.is_some() {
             Provenance::Trusted
         } else {
             Provenance::Announced
@@ -306,14 +311,8 @@ impl Applier {
                 follower.resource.request_rebuild(Reason::Truncate, false);
             }
         }
-        if let Some(lsn) = c.lsn {
-            self.applied.send_if_modified(|at| {
-                let newer = lsn > *at;
-                if newer {
-                    *at = lsn;
-                }
-                newer
-            });
+        if let Some(p) = c.position {
+            self.applied.send_if_modified(|at| at.advance(p));
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
 use crate::feed::supervisor::{self, Supervisor};
-use crate::feed::{self, Lsn, Watch, WatchedColumn, WatchedTable, notify};
+use crate::feed::{self, Position, Watch, WatchedColumn, WatchedTable, notify};
 use crate::metrics::Metrics;
 use crate::resource::{RebuildError, Resource};
 use crate::shutdown::{self, Shutdown};
@@ -59,7 +59,7 @@ pub struct Gateway {
     watch: OnceLock<Watch>,
     /// The commit LSN the applier has applied up to (see `apply`).
     applied: Applied,
-    applied_tx: watch::Sender<Lsn>,
+    applied_tx: watch::Sender<Position>,
     /// The change feed start-up chose and started.
     feed: OnceLock<Supervisor>,
     /// The `wal` feed's counters (zero in the other modes).
@@ -99,9 +99,19 @@ pub struct Readiness {
     pub auth: Option<String>,
     /// The process is shutting down (`server.shutdown_drain`).
     pub shutdown: Option<String>,
+    /// What is wrong but shared by every gateway of the fleet, so not a
+    /// reason to leave the load balancer (a load balancer that drops every
+    /// gateway at once answers nothing at all): the database unreachable,
+    /// and what it takes down with it (the feed, the vouching of
+    /// resources that answer from what was last vouched for, see
+    /// "Outages" in `resource`). Reported in `/readyz`'s body, metrics and
+    /// alerts, never as 503.
+    pub degraded: Vec<(String, String)>,
 }
 
 impl Readiness {
+    /// Nothing keeps the gateway out of the load balancer ([`Self::degraded`]
+    /// does not).
     pub fn is_empty(&self) -> bool {
         self.resources.is_empty()
             && self.feed.is_none()
@@ -124,6 +134,9 @@ impl std::fmt::Display for Readiness {
         }
         for (r, why) in &self.resources {
             parts.push(format!("{r}: {why}"));
+        }
+        for (r, why) in &self.degraded {
+            parts.push(format!("{r} (degraded): {why}"));
         }
         f.write_str(&parts.join("; "))
     }
@@ -168,7 +181,7 @@ impl Gateway {
             .into_iter()
             .map(|r| Arc::new(Resource::new(r, db.clone(), loads.clone())))
             .collect();
-        let (applied_tx, applied) = watch::channel(Lsn::ZERO);
+        let (applied_tx, applied) = watch::channel(Position::ZERO);
         let auth = Arc::new(crate::auth::Auth::new(&config, key_files));
         Arc::new(Self {
             config,
@@ -203,11 +216,49 @@ impl Gateway {
     /// Why the gateway is not ready, per resource and for the feed; empty
     /// when it is (see [`Readiness`]).
     pub fn readiness(&self) -> Readiness {
-        let resources = self
-            .resources
-            .iter()
-            .filter_map(|r| Some((r.name().to_string(), r.why_not_ready()?)))
-            .collect();
+        let outage = self.db.outage.down_for();
+        let mut degraded = Vec::new();
+        let mut resources = Vec::new();
+        for r in &self.resources {
+            let Some(why) = r.why_not_ready() else {
+                continue;
+            };
+            match (outage, r.vouch.stale_since()) {
+                (Some(_), Some(since)) if r.is_built() => {
+                    let window = r.config.cache.stale_if_error;
+                    let age = since.elapsed();
+                    let answers = if window.is_zero() {
+                        "cache.stale_if_error is off: 503 for every key".to_string()
+                    } else if age <= window {
+                        format!(
+                            "answering what was vouched for {}s ago (cache.stale_if_error {}s), labelled detail=stale",
+                            age.as_secs(),
+                            window.as_secs()
+                        )
+                    } else {
+                        format!(
+                            "vouched for {}s ago, past cache.stale_if_error ({}s): 503 for every key",
+                            age.as_secs(),
+                            window.as_secs()
+                        )
+                    };
+                    degraded.push((r.name().to_string(), format!("{why}; {answers}")));
+                }
+                _ => resources.push((r.name().to_string(), why)),
+            }
+        }
+        if let Some(down) = outage {
+            degraded.insert(
+                0,
+                (
+                    "database".to_string(),
+                    format!(
+                        "unreachable for {}s (connections refused or cut)",
+                        down.as_secs()
+                    ),
+                ),
+            );
+        }
         let health = self.feed.get().map(|f| f.health.get()).unwrap_or_default();
         let feed = match health.state {
             feed::FeedState::Streaming => None,
@@ -229,11 +280,20 @@ impl Gateway {
             .draining
             .load(std::sync::atomic::Ordering::Relaxed)
             .then(|| "the process is shutting down (server.shutdown_drain)".to_string());
+        // A feed down with the database is the outage's doing.
+        let feed = match (feed, outage) {
+            (Some(why), Some(_)) => {
+                degraded.push(("change_feed".to_string(), why));
+                None
+            }
+            (feed, _) => feed,
+        };
         Readiness {
             resources,
             feed,
             auth,
             shutdown,
+            degraded,
         }
     }
 
@@ -251,7 +311,7 @@ impl Gateway {
     }
 
     /// The commit LSN every change up to which has been applied (WAL
-    /// sources only; [`Lsn::ZERO`] until then).
+    /// sources only; [`Position::ZERO`] until then).
     pub fn applied(&self) -> Applied {
         self.applied.clone()
     }

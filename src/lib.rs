@@ -48,11 +48,16 @@
 //!   invalidation during one is never undone; [`cache::DetachOnDrop`]: a
 //!   load finishes when its caller goes away.
 //! - [`db`]: the pool, the row query, streaming keys with binary COPY,
+//!   [`db::position`]: a WAL position as (system identifier, timeline,
+//!   LSN), and the primary's identity ([`db::position::Server`]) whose
+//!   change is a gap for everything,
+//!   [`db::outage`]: whether the primary can be reached at all,
 //!   [`db::catalog`]: canonical table names, column types, replica identity,
 //!   [`db::triggers`]: the triggers' SQL (notifying, or writing the
 //!   queue feed's change table), and
 //!   [`db::replicas`]: streaming read replicas for loads and scans, used
-//!   only once they have replayed past every applied change (by LSN), and
+//!   only on the primary's timeline once they have replayed past every
+//!   applied change, and
 //!   [`db::tls`]: TLS for every connection (sqlx's, and the replication
 //!   client's, whose `SSLRequest` and handshake [`db::tls::negotiate`]
 //!   makes) as the URL's `sslmode` / `sslrootcert` say.

@@ -14,6 +14,23 @@
 //! - [`build`]: scanning the table into a new key set, the shrink guard,
 //!   rebuild reports and retries;
 //! - [`report`]: what the admin API shows of a resource's filter.
+//!
+//! # Outages
+//! Not vouched for, a lookup goes to the database. When the database
+//! cannot be reached at all (`db::outage`: connections refused or cut,
+//! not a slow query), and the resource lost its vouching for want of
+//! freshness alone within `cache.stale_if_error` (see
+//! [`Vouch::stale_since`]: the filter and cache still hold what was vouched
+//! for then), the lookup is answered from them instead, labelled: a cached
+//! row, a negative entry, or a key the filter rejects, as
+//! [`Lookup::Stale`]; a key held by neither asks the database, as before
+//! (503 while it is away). Keys the filter and cache hold try the database
+//! once per `db::outage::TRY_EVERY` while it is down (the others are
+//! answered at once), so the first answer it gives ends the ride-through;
+//! from then on lookups go to it until the feed vouches again. This is the
+//! one place the gateway answers from state it cannot show current, and
+//! it says so on every such answer (`Cache-Status: ...; detail=stale`,
+//! `Age`).
 
 mod build;
 mod live_filter;
@@ -22,6 +39,7 @@ mod stats;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -53,6 +71,14 @@ pub enum Lookup {
     /// Not vouched for ([`crate::vouch`]): loaded from the database past
     /// the caches, which were neither read nor written.
     Unvouched(Option<Arc<Row>>),
+    /// The database cannot be reached: what the filter and cache held when
+    /// they were last vouched for, `age` ago (see "Outages"): a row, or
+    /// "absent" from the cache (a negative entry: `cached`) or the filter.
+    Stale {
+        row: Option<Arc<Row>>,
+        cached: bool,
+        age: Duration,
+    },
 }
 
 /// A lookup after its part that needs no future ([`Resource::lookup_now`]).
@@ -221,6 +247,14 @@ impl Resource {
     pub fn lookup_now(&self, key: Key) -> Result<Now, Error> {
         // Before the filter is read (see `vouch`).
         let vouched = self.vouch.ok();
+        if !vouched
+            && self.db.outage.is_down()
+            && let Some(age) = self.stale_age()
+            && !self.db.outage.may_try()
+            && let Some(stale) = self.stale(&key, age)
+        {
+            return Ok(Now::Answered(stale));
+        }
         if self.config.filter.enabled {
             match self.live.contains(&key) {
                 Some(true) => {}
@@ -265,6 +299,38 @@ impl Resource {
 
     fn later(&self, key: Key, how: How) -> Now {
         Now::Load(Load { key, how })
+    }
+
+    /// How long ago the filter and cache were last vouched for, if they may
+    /// answer during an outage (see "Outages").
+    fn stale_age(&self) -> Option<Duration> {
+        let window = self.config.cache.stale_if_error;
+        if window.is_zero() {
+            return None;
+        }
+        let age = self.vouch.stale_since()?.elapsed();
+        (age <= window).then_some(age)
+    }
+
+    /// The answer of "Outages": what the filter and cache say of `key`;
+    /// `None` when they hold nothing of it (a cold key asks the database,
+    /// which may be back).
+    fn stale(&self, key: &Key, age: Duration) -> Option<Lookup> {
+        let rejected = self.config.filter.enabled && self.live.contains(key) == Some(false);
+        let row = match rejected {
+            true => None,
+            false => match self.cache.cached(key) {
+                Peek::Answered(Outcome::Hit(row)) => Some(row),
+                Peek::Answered(Outcome::NegativeHit) => None,
+                _ => return None,
+            },
+        };
+        self.stats.stale.fetch_add(1, Ordering::Relaxed);
+        Some(Lookup::Stale {
+            row,
+            cached: !rejected,
+            age,
+        })
     }
 
     /// The rest of a lookup [`Resource::lookup_now`] could not answer: the
@@ -336,6 +402,12 @@ impl Resource {
                 Ok(Lookup::Unvouched(row.map(|b| Arc::new(Row::new(b)))))
             }
             Err(e) => {
+                if self.db.outage.is_down()
+                    && let Some(age) = self.stale_age()
+                    && let Some(stale) = self.stale(key, age)
+                {
+                    return Ok(stale);
+                }
                 self.stats.unavailable.fetch_add(1, Ordering::Relaxed);
                 let detail = e.to_string();
                 if let Some(not_logged) = self.load_failure_log.permit() {

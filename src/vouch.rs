@@ -15,6 +15,13 @@
 //!   scan's snapshot is later than the gap's event), once that rebuild's
 //!   filter is in place ([`Vouch::rebuild_covered`]). A rebuild that began
 //!   before the gap closes only the gaps before it.
+//! - [`Vouch::stale_since`]: the moment `ok` last turned false, if it did
+//!   so for want of freshness alone (an interrupted feed, a silent one:
+//!   what the filter and cache hold is what was vouched for then, since
+//!   nothing is stored in the cache while not vouched), and no gap or
+//!   problem has been opened since (a gap empties the cache and makes the
+//!   filter untrustworthy). `None` while `ok`. It is what an outage may
+//!   answer from (`cache.stale_if_error`, see `resource`).
 //! - Memory order: `ok` is stored with `Release` after whatever made it
 //!   true (a filter swapped in), and the request path loads it with
 //!   `Acquire` *before* it reads the filter; so a request that sees it true
@@ -23,6 +30,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 #[derive(Debug)]
 pub struct Vouch {
@@ -39,6 +47,8 @@ struct State {
     /// Why the last gap was opened (for readiness).
     gap: Option<String>,
     problem: Option<String>,
+    /// See [`Vouch::stale_since`].
+    stale_since: Option<Instant>,
 }
 
 impl State {
@@ -68,8 +78,27 @@ impl Vouch {
 
     fn change(&self, f: impl FnOnce(&mut State)) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let was = s.ok();
         f(&mut s);
-        self.ok.store(s.ok(), Ordering::Release);
+        let ok = s.ok();
+        if ok {
+            s.stale_since = None;
+        } else if was {
+            // Lost for want of freshness only: what is held was vouched
+            // for until now.
+            let intact = s.closed >= s.opened && s.problem.is_none();
+            s.stale_since = intact.then(Instant::now);
+        }
+        self.ok.store(ok, Ordering::Release);
+    }
+
+    /// When the filter and cache were last vouched for, if they still hold
+    /// exactly what was vouched for then (see the module doc).
+    pub fn stale_since(&self) -> Option<Instant> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .stale_since
     }
 
     /// What [`Vouch::set_fresh`] last said.
@@ -88,6 +117,7 @@ impl Vouch {
         self.change(|s| {
             s.opened += 1;
             s.gap = Some(why.to_string());
+            s.stale_since = None;
         });
     }
 
@@ -109,7 +139,12 @@ impl Vouch {
 
     /// Whether the feed can follow the table, and if not why.
     pub fn set_problem(&self, problem: Option<String>) {
-        self.change(|s| s.problem = problem);
+        self.change(|s| {
+            if problem.is_some() {
+                s.stale_since = None;
+            }
+            s.problem = problem;
+        });
     }
 
     /// Why not vouched, for readiness; `None` when vouched.
@@ -171,6 +206,33 @@ mod tests {
         v.rebuild_covered(last);
         assert!(v.ok());
         assert_eq!(v.why_not(), None);
+    }
+
+    #[test]
+    fn what_was_vouched_for_is_kept_only_until_a_gap_or_a_problem() {
+        let v = Vouch::default();
+        assert_eq!(v.stale_since(), None, "never vouched for");
+        v.set_fresh(true);
+        assert_eq!(v.stale_since(), None, "vouched: nothing stale");
+        v.set_fresh(false);
+        let since = v.stale_since().expect("lost for want of freshness");
+        v.set_fresh(false);
+        assert_eq!(v.stale_since(), Some(since), "still the same moment");
+        v.open_gap("a new server");
+        assert_eq!(v.stale_since(), None, "a gap: the cache was emptied");
+        let began = v.rebuild_began();
+        v.rebuild_covered(began);
+        v.set_fresh(true);
+        assert!(v.ok());
+        v.open_gap("a resync while vouched");
+        assert_eq!(v.stale_since(), None, "lost to a gap: nothing to keep");
+        let began = v.rebuild_began();
+        v.rebuild_covered(began);
+        assert!(v.ok());
+        v.set_fresh(false);
+        assert!(v.stale_since().is_some());
+        v.set_problem(Some("not in the publication".into()));
+        assert_eq!(v.stale_since(), None, "a table the feed cannot follow");
     }
 
     proptest::proptest! {

@@ -15,9 +15,13 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use bloomgate::config::Config;
+use bloomgate::feed::Timeline;
 use bloomgate::feed::bus::Mode;
 use bloomgate::gateway::Gateway;
 use common::*;
+
+/// The timeline of the streams the tests make by hand.
+const TL: Timeline = Timeline { system: 1, id: 1 };
 
 /// Tests that count walsenders or kill servers run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -319,7 +323,11 @@ impl Fleet {
     }
 
     fn config(&self, db: &TestDb, redis: &Redis) -> Config {
-        wal_config(db, &format!("{BY_EMAIL}\n{}", self.bus_toml(redis)))
+        self.config_url(&db.url, redis)
+    }
+
+    fn config_url(&self, url: &str, redis: &Redis) -> Config {
+        wal_config_url(url, &format!("{BY_EMAIL}\n{}", self.bus_toml(redis)))
     }
 
     fn config_with(&self, db: &TestDb, url: &str, ca_file: Option<&str>) -> Config {
@@ -467,23 +475,29 @@ async fn a_fleet_on_the_bus_has_one_walsender_and_every_gateway_stays_fresh() {
 #[tokio::test]
 async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
     use bloomgate::feed::bus::redis::RedisBus;
-    use bloomgate::feed::bus::{Appended, Bus, Entry, Position};
+    use bloomgate::feed::bus::{Appended, Bus, Entry, EntryId};
     use bloomgate::feed::{Commit, Lsn, Phase, Resync};
     let redis = Redis::start().await;
-    let mut bus =
-        RedisBus::new(&redis.url(), &Default::default(), "t:stream".into(), 1000).unwrap();
-    assert_eq!(bus.head().await.unwrap(), Position::START);
+    let mut bus = RedisBus::new(
+        &redis.url(),
+        &Default::default(),
+        "t:stream".into(),
+        TL,
+        1000,
+    )
+    .unwrap();
+    assert_eq!(bus.head().await.unwrap(), EntryId::START);
     let commit = |lsn: u64| {
         Entry::Commit(Commit {
             xid: Some(1),
-            lsn: Some(Lsn(lsn)),
+            position: Some(bloomgate::feed::Position::new(TL, Lsn(lsn))),
             committed_at: None,
             phase: Phase::Visible,
             changes: Vec::new(),
             truncated: Vec::new(),
         })
     };
-    let at = |lsn, seq| Appended::At(Position { lsn, seq });
+    let at = |lsn, seq| Appended::At(EntryId { lsn, seq });
     assert_eq!(bus.append(&commit(100)).await.unwrap(), at(100, 0));
     assert_eq!(bus.append(&commit(100)).await.unwrap(), Appended::Already);
     assert_eq!(bus.append(&commit(90)).await.unwrap(), Appended::Already);
@@ -509,12 +523,12 @@ async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
         Appended::Already
     );
     let read = bus
-        .read(Position::START, Duration::from_millis(10), 100)
+        .read(EntryId::START, Duration::from_millis(10), 100)
         .await
         .unwrap();
-    let ids: Vec<Position> = read.iter().map(|r| r.at).collect();
+    let ids: Vec<EntryId> = read.iter().map(|r| r.at).collect();
     assert_eq!(ids.len(), 5);
-    let mut prev = Position::START;
+    let mut prev = EntryId::START;
     for r in &read {
         assert_eq!(r.prev, prev, "each entry names the one before it");
         assert!(r.entry.is_ok());
@@ -785,6 +799,86 @@ async fn redis_killed_and_restarted() {
     fleet.drop_slot(&db).await;
 }
 
+/// Defect 1 of issue 36: a fleet on the bus, the primary replaced by a
+/// standby that was behind (promoted, then moved onto the primary's
+/// address). The stream's entry IDs were the old timeline's LSNs, so the
+/// relay's appends of the new primary's commits (lower LSNs) were refused
+/// as duplicates and every consumer proved itself current by comparing
+/// the new primary's flush position with an old-timeline position: rows
+/// inserted on the new primary answered 404, updated rows stayed hits, and
+/// the fleet said ready. Now each timeline has its stream, and every
+/// consumer moves to the new one and resyncs.
+#[tokio::test]
+async fn a_fleet_after_a_failover_follows_the_new_timeline() {
+    use common::cluster::{self, Server};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db("bus_failover", 10).await;
+    cluster::exec(&primary_pool, "ALTER TABLE users REPLICA IDENTITY FULL").await;
+    let mut standby = primary.standby();
+    let fleet = Fleet::new();
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        gws.push(started(fleet.config_url(&primary.url("bus_failover"), &redis)).await);
+    }
+    wait_all_on_bus(&gws).await;
+    let standby_pool = standby.pool("bus_failover").await;
+    cluster::caught_up(&primary_pool, &standby_pool).await;
+    standby_pool.close().await;
+    cluster::fail_over_to_a_standby_that_was_behind(&primary_pool, &standby).await;
+    for g in &gws {
+        vouched(g, "users").await;
+        for path in ["/users/1", "/users/2050"] {
+            assert_eq!(status(g, path).await, StatusCode::OK, "{path}");
+            assert_eq!(get(g, path).await.header("cache-status"), "bloomgate; hit");
+        }
+    }
+    let old_stream = fleet.stream(&redis).await;
+    assert!(old_stream.ends_with(":tl1"), "{old_stream}");
+    primary_pool.close().await;
+    cluster::promote_onto_the_primary_address(&primary, &mut standby);
+    let new_primary = standby.pool("bus_failover").await;
+    cluster::exec(
+        &new_primary,
+        "INSERT INTO users (id, email, name) VALUES (5000, 'new@x.org', 'New')",
+    )
+    .await;
+    // Ready again; then the commits a relay that followed the old
+    // timeline's positions refused as duplicates.
+    for g in &gws {
+        vouched(g, "users").await;
+    }
+    cluster::exec(
+        &new_primary,
+        "INSERT INTO users (id, email, name) VALUES (5001, 'newer@x.org', 'Newer');
+         UPDATE users SET name = 'after the failover' WHERE id = 1;",
+    )
+    .await;
+    for g in &gws {
+        vouched(g, "users").await;
+        assert_eq!(status(g, "/users/5001").await, StatusCode::OK);
+        let r = get(g, "/users/5000").await;
+        assert_eq!(
+            r.status,
+            StatusCode::OK,
+            "a row of the new primary: {} (bus {:?})",
+            r.header("cache-status"),
+            g.bus_status().unwrap().get()
+        );
+        assert_eq!(
+            get(g, "/users/1").await.json()["name"],
+            "after the failover"
+        );
+        assert_eq!(status(g, "/users/2050").await, StatusCode::NOT_FOUND);
+        let st = g.bus_status().unwrap().get();
+        assert!(st.stream.ends_with(":tl2"), "{st:?}");
+    }
+    for g in &gws {
+        g.stop();
+    }
+}
+
 /// A consumer stopped (`SIGSTOP`) while the stream is trimmed past it and
 /// a row it cached changes: resumed, it finds the break and resyncs; the
 /// row is fresh.
@@ -922,7 +1016,7 @@ async fn the_bus_over_tls_checks_the_server_and_says_why_it_cannot_connect() {
         ca_file: Some(certs.path(ca).into()),
         ..TlsFiles::default()
     };
-    let mut good = RedisBus::new(&redis.url(), &files("ca.crt"), "t:tls".into(), 1000).unwrap();
+    let mut good = RedisBus::new(&redis.url(), &files("ca.crt"), "t:tls".into(), TL, 1000).unwrap();
     assert!(matches!(
         good.append(&Entry::Heartbeat(Lsn(100))).await.unwrap(),
         Appended::At(_)
@@ -930,14 +1024,21 @@ async fn the_bus_over_tls_checks_the_server_and_says_why_it_cannot_connect() {
     assert_eq!(good.head().await.unwrap().lsn, 100);
 
     // A CA that did not sign the server's certificate: no connection.
-    let mut wrong =
-        RedisBus::new(&redis.url(), &files("other-ca.crt"), "t:tls".into(), 1000).unwrap();
+    let mut wrong = RedisBus::new(
+        &redis.url(),
+        &files("other-ca.crt"),
+        "t:tls".into(),
+        TL,
+        1000,
+    )
+    .unwrap();
     let e = wrong.head().await.unwrap_err().0;
     eprintln!("the wrong CA: {e}");
     assert!(e.contains("TLS") && e.contains("certificate"), "{e}");
 
     // No CA file: the host's store, which does not hold the test CA.
-    let mut host = RedisBus::new(&redis.url(), &TlsFiles::default(), "t:tls".into(), 1000).unwrap();
+    let mut host =
+        RedisBus::new(&redis.url(), &TlsFiles::default(), "t:tls".into(), TL, 1000).unwrap();
     let e = host.head().await.unwrap_err().0;
     eprintln!("the host's store: {e}");
     assert!(e.contains("TLS"), "{e}");
@@ -945,14 +1046,14 @@ async fn the_bus_over_tls_checks_the_server_and_says_why_it_cannot_connect() {
     // A certificate that does not name the host the URL names (the chain
     // is good): refused too; `localhost` and 127.0.0.1 are its names.
     let other_host = format!("rediss://127.0.0.2:{}/0", redis.port);
-    let mut named = RedisBus::new(&other_host, &files("ca.crt"), "t:tls".into(), 1000).unwrap();
+    let mut named = RedisBus::new(&other_host, &files("ca.crt"), "t:tls".into(), TL, 1000).unwrap();
     let e = named.head().await.unwrap_err().0;
     eprintln!("another name: {e}");
     assert!(e.contains("TLS") && e.contains("certificate"), "{e}");
 
     // Plaintext to the TLS port: the server drops the connection.
     let plain = format!("redis://127.0.0.1:{}/0", redis.port);
-    let mut plain = RedisBus::new(&plain, &TlsFiles::default(), "t:tls".into(), 1000).unwrap();
+    let mut plain = RedisBus::new(&plain, &TlsFiles::default(), "t:tls".into(), TL, 1000).unwrap();
     let e = plain.head().await.unwrap_err().0;
     eprintln!("plaintext: {e}");
     assert!(e.contains("rediss://"), "{e}");
@@ -963,12 +1064,12 @@ async fn the_bus_over_tls_checks_the_server_and_says_why_it_cannot_connect() {
         ca_file: Some(certs.dir.join("absent.crt")),
         ..TlsFiles::default()
     };
-    let e = RedisBus::new(&redis.url(), &missing, "t".into(), 1000)
+    let e = RedisBus::new(&redis.url(), &missing, "t".into(), TL, 1000)
         .err()
         .unwrap()
         .0;
     assert!(e.starts_with("bus.ca_file"), "{e}");
-    let e = RedisBus::new(&redis.url(), &files("ca.key"), "t".into(), 1000)
+    let e = RedisBus::new(&redis.url(), &files("ca.key"), "t".into(), TL, 1000)
         .err()
         .unwrap()
         .0;
@@ -979,7 +1080,8 @@ async fn the_bus_over_tls_checks_the_server_and_says_why_it_cannot_connect() {
 
     // Mutual TLS: a server that asks for a client certificate.
     let mtls = Redis::start_tls(&certs, "yes").await;
-    let mut without = RedisBus::new(&mtls.url(), &files("ca.crt"), "t:tls".into(), 1000).unwrap();
+    let mut without =
+        RedisBus::new(&mtls.url(), &files("ca.crt"), "t:tls".into(), TL, 1000).unwrap();
     let e = without.head().await.unwrap_err().0;
     eprintln!("no client certificate: {e}");
     assert!(e.contains("TLS"), "{e}");
@@ -988,7 +1090,7 @@ async fn the_bus_over_tls_checks_the_server_and_says_why_it_cannot_connect() {
         key_file: Some(certs.path("client.key").into()),
         ..files("ca.crt")
     };
-    let mut with = RedisBus::new(&mtls.url(), &with, "t:tls".into(), 1000).unwrap();
+    let mut with = RedisBus::new(&mtls.url(), &with, "t:tls".into(), TL, 1000).unwrap();
     assert!(matches!(
         with.append(&Entry::Heartbeat(Lsn(7))).await.unwrap(),
         Appended::At(_)

@@ -960,7 +960,7 @@ async fn the_applier_keeps_the_feed_contract() {
     let users = gw.resource("users").unwrap().clone();
     let table: Arc<str> = Arc::from("public.users");
     let id: Arc<str> = Arc::from("id");
-    let (tx, applied) = tokio::sync::watch::channel(Lsn::ZERO);
+    let (tx, applied) = tokio::sync::watch::channel(bloomgate::feed::Position::ZERO);
     let applier = Applier::new(
         vec![Follower {
             table: table.clone(),
@@ -973,7 +973,10 @@ async fn the_applier_keeps_the_feed_contract() {
     let commit = |lsn: u64, phase, op, new, old| {
         Event::Commit(Commit {
             xid: Some(7),
-            lsn: Some(Lsn(lsn)),
+            position: Some(bloomgate::feed::Position::new(
+                bloomgate::feed::Timeline { system: 1, id: 1 },
+                Lsn(lsn),
+            )),
             committed_at: None,
             phase,
             changes: vec![RowChange {
@@ -999,7 +1002,7 @@ async fn the_applier_keeps_the_feed_contract() {
         .await;
     assert!(users.filter_contains(&Key::Int(5000)));
     assert_eq!(users.high_water(), Some(5000));
-    assert_eq!(*applied.borrow(), Lsn(100));
+    assert_eq!(applied.borrow().lsn, Lsn(100));
     let inserts = users.stats.live_inserts.load(Ordering::Relaxed);
     applier
         .apply(commit(
@@ -1025,7 +1028,7 @@ async fn the_applier_keeps_the_feed_contract() {
             row(text("9")),
         ))
         .await;
-    assert_eq!(*applied.borrow(), Lsn(100));
+    assert_eq!(applied.borrow().lsn, Lsn(100));
     assert_eq!(users.stats.deletes.load(Ordering::Relaxed), 1);
 
     // An update whose unchanged key was not carried: the cache is cleared.
@@ -1047,7 +1050,7 @@ async fn the_applier_keeps_the_feed_contract() {
         get(&gw, "/users/3").await.header("cache-status"),
         "bloomgate; fwd=miss; stored"
     );
-    assert_eq!(*applied.borrow(), Lsn(200));
+    assert_eq!(applied.borrow().lsn, Lsn(200));
     // An insert whose key was not carried: only a scan can find it.
     let gen0 = users.generation();
     applier

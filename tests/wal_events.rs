@@ -35,7 +35,7 @@ fn watch_of(tables: &[(&str, &str, ColumnType)]) -> Watch {
 /// commit it reads, as the gateway's applier would.
 struct Feed {
     rx: mpsc::Receiver<Event>,
-    applied: watch::Sender<Lsn>,
+    applied: watch::Sender<feed::Position>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -86,7 +86,7 @@ impl Feed {
                 .unwrap();
         }
         let (tx, rx) = mpsc::channel(1024);
-        let (applied, applied_rx) = watch::channel(Lsn::ZERO);
+        let (applied, applied_rx) = watch::channel(feed::Position::ZERO);
         let (ready_tx, ready) = oneshot::channel();
         let opts = feed::wal::Options {
             connect: url.parse::<PgConnectOptions>().unwrap(),
@@ -125,8 +125,10 @@ impl Feed {
             match ev {
                 Event::Commit(c) if c.phase == Phase::Received => return c,
                 Event::Commit(c) => {
-                    if let Some(lsn) = c.lsn {
-                        self.applied.send_modify(|a| *a = (*a).max(lsn));
+                    if let Some(p) = c.position {
+                        self.applied.send_modify(|a| {
+                            a.advance(p);
+                        });
                     }
                 }
                 Event::Heartbeat(_) => {}
@@ -183,7 +185,7 @@ async fn every_kind_of_change(poll: Option<Duration>) {
     db.exec("INSERT INTO things VALUES ('a', 'A'); INSERT INTO other VALUES (1)")
         .await;
     let c = feed.next_received().await;
-    assert!(c.xid.is_some() && c.lsn.is_some() && c.committed_at.is_some());
+    assert!(c.xid.is_some() && c.position.is_some() && c.committed_at.is_some());
     assert_eq!(
         c.changes.len(),
         1,
@@ -193,7 +195,7 @@ async fn every_kind_of_change(poll: Option<Duration>) {
     assert_eq!(c.changes[0].op, Op::Insert);
     assert_eq!(&*c.changes[0].table, "public.things");
     assert_eq!(key(&c.changes[0], "new", "code"), Some(text("a")));
-    let first_lsn = c.lsn.unwrap();
+    let first_lsn = c.position.unwrap().lsn;
 
     // Rolled back: nothing. The next commit the feed sends is the update.
     db.exec("BEGIN; INSERT INTO things VALUES ('ghost', 'G'); ROLLBACK")
@@ -201,7 +203,7 @@ async fn every_kind_of_change(poll: Option<Duration>) {
     db.exec("UPDATE things SET code = 'b' WHERE code = 'a'")
         .await;
     let c = feed.next_received().await;
-    assert!(c.lsn.unwrap() > first_lsn, "commit order");
+    assert!(c.position.unwrap().lsn > first_lsn, "commit order");
     assert_eq!(c.changes.len(), 1, "{:?}", c.changes);
     assert_eq!(c.changes[0].op, Op::Update);
     assert_eq!(key(&c.changes[0], "old", "code"), Some(text("a")));
@@ -523,13 +525,14 @@ async fn silent_server(poll: Option<Duration>, silence: Duration, gives_up: Dura
     // to waiting for the server when the freeze comes.
     loop {
         match feed.rx.recv().await.expect("the feed is running") {
-            Event::Commit(c) if c.phase == Phase::Visible && c.lsn == first.lsn => break,
+            Event::Commit(c) if c.phase == Phase::Visible && c.position == first.position => break,
             Event::Heartbeat(_) => {}
             other => panic!("unexpected {other:?}"),
         }
     }
-    feed.applied
-        .send_modify(|a| *a = (*a).max(first.lsn.unwrap()));
+    feed.applied.send_modify(|a| {
+        a.advance(first.position.unwrap());
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     proxy.freeze();
     let began = std::time::Instant::now();
@@ -552,8 +555,10 @@ async fn silent_server(poll: Option<Duration>, silence: Duration, gives_up: Dura
                     keys.is_empty() || keys == [Some(text("1"))],
                     "a frozen connection passed {keys:?}"
                 );
-                if let Some(lsn) = c.lsn {
-                    feed.applied.send_modify(|a| *a = (*a).max(lsn));
+                if let Some(p) = c.position {
+                    feed.applied.send_modify(|a| {
+                        a.advance(p);
+                    });
                 }
             }
             Event::Heartbeat(_) | Event::Interrupted(_) => {}

@@ -53,6 +53,18 @@ pub struct CacheConfig {
     /// How long "no such row" is remembered. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub negative_ttl: Duration,
+    /// While the database cannot be reached at all (connections refused
+    /// or cut: not merely slow), a resource answers from what its filter
+    /// and cache held when the change feed last vouched for them, for at
+    /// most this long after that moment: a cached row 200 and a key the
+    /// filter (or a negative entry) rejects 404, each with
+    /// `Cache-Status: bloomgate; ...; detail=stale` and `Age`; a key held
+    /// by neither 503 as before. As nginx's `proxy_cache_use_stale error`
+    /// and Varnish's grace do, and as `http_cache_control`'s
+    /// `stale-if-error` tells the caches in front. Who must never see a
+    /// row that may have changed sets `"0s"` (off). Default `300s`.
+    #[serde(with = "humantime_serde")]
+    pub stale_if_error: Duration,
     /// Negative entries kept at most, separate from rows so a flood of
     /// absent keys cannot evict real rows. Default 100000.
     pub negative_max_entries: u64,
@@ -90,6 +102,7 @@ impl Default for CacheConfig {
             max_bytes: None,
             ttl: Duration::from_secs(60),
             negative_ttl: Duration::from_secs(5),
+            stale_if_error: Duration::from_secs(300),
             negative_max_entries: 100_000,
             http_cache_control: "max-age=0, stale-if-error=300".into(),
             http_cache_control_not_found: "no-cache".into(),
@@ -123,6 +136,8 @@ pub struct CacheOverrides {
     pub ttl: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     pub negative_ttl: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub stale_if_error: Option<Duration>,
     pub negative_max_entries: Option<u64>,
     pub http_cache_control: Option<String>,
     pub http_cache_control_not_found: Option<String>,
@@ -148,6 +163,7 @@ impl CacheOverrides {
             },
             ttl: self.ttl.unwrap_or(base.ttl),
             negative_ttl: self.negative_ttl.unwrap_or(base.negative_ttl),
+            stale_if_error: self.stale_if_error.unwrap_or(base.stale_if_error),
             negative_max_entries: self
                 .negative_max_entries
                 .unwrap_or(base.negative_max_entries),

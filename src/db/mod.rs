@@ -15,9 +15,23 @@ pub const INSTALL_LOCK: &str = "SELECT pg_advisory_xact_lock(7092166037569233268
 /// [`INSTALL_LOCK`]'s key ("bloomgat" in ASCII), for a bound parameter.
 pub const INSTALL_LOCK_KEY: i64 = 7092166037569233268;
 
+/// The cluster's system identifier as text where the role may read it,
+/// else NULL: one SQL expression for every query that reads a position's
+/// system, so that positions read by different parts of the gateway
+/// compare (see `position`).
+macro_rules! system_identifier_sql {
+    () => {
+        "CASE WHEN has_function_privilege('pg_control_system()', 'execute') \
+         THEN (SELECT system_identifier::text FROM pg_control_system()) END"
+    };
+}
+pub(crate) use system_identifier_sql;
+
 pub mod catalog;
 pub mod copy;
 pub mod lsn;
+pub mod outage;
+pub mod position;
 pub mod publication;
 pub mod replicas;
 pub mod stats;
@@ -71,6 +85,9 @@ pub struct Db {
     pool: PgPool,
     pub stats: stats::DbStats,
     replicas: Option<Arc<replicas::Replicas>>,
+    /// Whether the primary can be reached, as the row loads and the checks
+    /// find it (see [`outage`]).
+    pub outage: outage::Outage,
 }
 
 /// The SQL for one resource, built from identifiers that config validation
@@ -153,6 +170,7 @@ impl Db {
             pool,
             stats: stats::DbStats::default(),
             replicas: None,
+            outage: outage::Outage::default(),
         }
     }
 
@@ -192,6 +210,16 @@ impl Db {
         self.stats.up.load(Ordering::Relaxed)
     }
 
+    /// Records what a query's result says of the primary's reachability
+    /// ([`Db::outage`]).
+    fn note_reach<T>(&self, r: &Result<T, sqlx::Error>) {
+        match r {
+            Ok(_) => self.outage.answered(),
+            Err(e) if outage::is_unreachable(e, self.pool.size()) => self.outage.failed(),
+            Err(_) => {}
+        }
+    }
+
     /// One round trip through the pool; records the verdict ([`Db::is_up`]).
     /// The error names the cause: the pool says only "pool timed out" when
     /// every connection attempt failed, so one connection is then opened
@@ -200,6 +228,7 @@ impl Db {
     pub async fn check_up(&self) -> Result<(), String> {
         let r = sqlx::query("SELECT 1").execute(&self.pool).await;
         self.stats.up.store(r.is_ok(), Ordering::Relaxed);
+        self.note_reach(&r);
         match r {
             Ok(_) => Ok(()),
             Err(sqlx::Error::PoolTimedOut) => {
@@ -378,6 +407,7 @@ impl Db {
                 r => {
                     self.stats.query(tally, Target::Primary);
                     self.stats.row_took(Target::Primary, began.elapsed());
+                    self.note_reach(&r);
                     return Ok(self.count(r)?.map(Bytes::from));
                 }
             }

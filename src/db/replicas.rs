@@ -46,10 +46,30 @@
 //!   twice, which is idempotent. A scan that cannot find such a replica in
 //!   time runs on the primary.
 //!
-//! The required LSN only rises, so a replica's cached replay position (which
-//! only rises too) that satisfies it once satisfies it for good; a stale
-//! health reading can only send a load to the primary, never to a replica
-//! that is behind.
+//! The required LSN only rises on its timeline, so a replica's cached
+//! replay position (which only rises too) that satisfies it once satisfies
+//! it for good; a stale health reading can only send a load to the
+//! primary, never to a replica that is behind.
+//!
+//! # Timelines
+//! Every position here carries its timeline (`db::position`): the required
+//! position, each replica's replay position, the primary's positions in the
+//! lag history. A replica serves a load only if its replay position
+//! [`Position::reaches`] the required one: the same system and timeline,
+//! and at or past it. After a failover the required position moves to the
+//! new primary's timeline (the feed's resync raises it to the new
+//! primary's position, and its commits carry the new timeline), and a
+//! replica is judged afresh: one that follows the new timeline is used
+//! again once it replays past the required position; one stranded on the
+//! old timeline (it replayed past the fork point, so it cannot follow:
+//! "new timeline N forked off current database system timeline M before
+//! current recovery point") is never used, whatever its LSN, and shows as
+//! unusable with its timeline and the primary's. A replica's timeline is
+//! the one its WAL receiver last received (`pg_stat_wal_receiver`, which
+//! a role needs `pg_read_all_stats` or `pg_monitor` to read), else that of
+//! its last restartpoint (`pg_control_checkpoint()`), which lags a
+//! replica that followed a promotion until its next restartpoint: without
+//! that privilege, replicas are used again only from then on.
 //!
 //! The required LSN starts at the primary's position read when the feed is
 //! in place, before the first scan: a row changed before start-up is named
@@ -61,7 +81,7 @@
 //! A background task reads, every `replica_check_interval`, the primary's
 //! WAL position and each replica's `pg_is_in_recovery()`, replay position
 //! and `pg_last_xact_replay_timestamp()`. A replica is used while it
-//! answers, is in recovery, and its lag (time since the primary first wrote
+//! answers, is in recovery, is on the primary's timeline, and its lag (time since the primary first wrote
 //! WAL the replica has not replayed; for a replica behind since before the
 //! oldest check remembered, at least that long and at least the time since
 //! it last replayed a commit) is within `max_replica_lag`. A query that fails on a replica
@@ -75,6 +95,8 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
+use super::lsn::Lsn;
+use super::position::{Position, Timeline, timeline_of_wal_file};
 use crate::config::DatabaseConfig;
 use crate::shutdown::Shutdown;
 
@@ -84,10 +106,14 @@ pub struct Replica {
     /// password).
     pub name: String,
     pool: PgPool,
-    /// Replay position (LSN as a number) at the last check or refresh.
-    replay: AtomicU64,
-    /// Up, in recovery and within `max_replica_lag` at the last check.
+    /// Replay position at the last check or refresh, on the timeline it
+    /// receives.
+    replay: Mutex<Position>,
+    /// Up, in recovery, on the primary's timeline and within
+    /// `max_replica_lag` at the last check.
     usable: AtomicBool,
+    /// Why not usable at the last check, for the admin API.
+    detail: Mutex<Option<String>>,
     /// Lag at the last check, in milliseconds.
     lag_ms: AtomicU64,
     pub queries: AtomicU64,
@@ -107,17 +133,35 @@ impl Replica {
         Duration::from_millis(self.lag_ms.load(Ordering::Relaxed))
     }
 
-    pub fn replay_lsn(&self) -> u64 {
-        self.replay.load(Ordering::Relaxed)
+    /// The replay position as last read.
+    pub fn replay_position(&self) -> Position {
+        *self.replay.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a replay position read: further on its timeline, or a
+    /// timeline of its own (a replica that followed a promotion, or one
+    /// rebuilt from another history: whatever it says now is what it is).
+    fn replayed(&self, at: Position) {
+        let mut r = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        if r.timeline != at.timeline || at.lsn > r.lsn {
+            *r = at;
+        }
     }
 
     /// Its state and counters as of now.
     pub fn snapshot(&self) -> ReplicaSnapshot {
+        let replay = self.replay_position();
         ReplicaSnapshot {
             name: self.name.clone(),
             usable: self.is_usable(),
             lag_ms: self.lag().as_millis() as u64,
-            replay_lsn: crate::db::lsn::Lsn(self.replay_lsn()).to_string(),
+            replay_lsn: replay.lsn.to_string(),
+            timeline: replay.timeline.id,
+            detail: self
+                .detail
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             queries: self.queries.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
         }
@@ -130,11 +174,12 @@ impl Replica {
     }
 
     /// Reads the replay position now; returns it.
-    async fn refresh(&self) -> Result<u64, sqlx::Error> {
-        let lsn: i64 = sqlx::query_scalar(REPLAY_LSN).fetch_one(&self.pool).await?;
-        let lsn = u64::try_from(lsn).unwrap_or(0);
-        self.replay.fetch_max(lsn, Ordering::Relaxed);
-        Ok(lsn)
+    async fn refresh(&self) -> Result<Position, sqlx::Error> {
+        let (system, timeline, lsn): (Option<String>, Option<i64>, i64) =
+            sqlx::query_as(REPLAY).fetch_one(&self.pool).await?;
+        let at = replica_position(system.as_deref(), timeline, lsn);
+        self.replayed(at);
+        Ok(at)
     }
 }
 
@@ -145,6 +190,10 @@ pub struct ReplicaSnapshot {
     pub usable: bool,
     pub lag_ms: u64,
     pub replay_lsn: String,
+    /// The timeline it replays (0: unknown).
+    pub timeline: u32,
+    /// Why it is not used, if it is not.
+    pub detail: Option<String>,
     pub queries: u64,
     pub errors: u64,
 }
@@ -179,14 +228,40 @@ impl crate::exposition::Expose for ReplicaSnapshot {
     }
 }
 
-const REPLAY_LSN: &str = "SELECT (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8";
+/// A replica's system identifier, timeline (see "Timelines" in the module
+/// doc) and replay position.
+const REPLAY: &str = concat!(
+    "SELECT ",
+    system_identifier_sql!(),
+    ", coalesce((SELECT received_tli FROM pg_stat_wal_receiver), \
+              (SELECT timeline_id FROM pg_control_checkpoint()))::int8, \
+     (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8"
+);
 /// The insert position (not the write position: see the module doc), with
-/// its offset in its segment and the WAL page size, for [`end_position`].
-const PRIMARY_LSN: &str = "SELECT (i.l - '0/0'::pg_lsn)::int8, o.file_offset, \
-     current_setting('wal_block_size')::int4 \
-     FROM (SELECT pg_current_wal_insert_lsn() AS l) i, pg_walfile_name_offset(i.l) o";
+/// its offset in its segment and the WAL page size, for [`end_position`],
+/// the WAL file's name (its timeline) and the system identifier.
+const PRIMARY_LSN: &str = concat!(
+    "SELECT (i.l - '0/0'::pg_lsn)::int8, o.file_offset, \
+     current_setting('wal_block_size')::int4, o.file_name, ",
+    system_identifier_sql!(),
+    " FROM (SELECT pg_current_wal_insert_lsn() AS l) i, pg_walfile_name_offset(i.l) o"
+);
 /// The write position: the WAL a replica could have; for lag only.
-const PRIMARY_WRITE_LSN: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8";
+const PRIMARY_WRITE_LSN: &str = concat!(
+    "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, pg_walfile_name(pg_current_wal_lsn()), ",
+    system_identifier_sql!()
+);
+
+/// A replica's position from [`REPLAY`]'s columns.
+fn replica_position(system: Option<&str>, timeline: Option<i64>, lsn: i64) -> Position {
+    Position::new(
+        Timeline {
+            system: system.and_then(|s| s.parse().ok()).unwrap_or(0),
+            id: timeline.and_then(|t| u32::try_from(t).ok()).unwrap_or(0),
+        },
+        Lsn(u64::try_from(lsn).unwrap_or(0)),
+    )
+}
 
 /// The insert position as the end of the last record inserted, the form a
 /// commit's end LSN and a replica's replay position take. They differ at
@@ -212,14 +287,23 @@ pub struct Replicas {
     next: AtomicUsize,
     max_lag: Duration,
     /// See the module doc.
-    required: AtomicU64,
+    required: Mutex<Position>,
     /// Changes applied whose LSN could not be read (the primary did not
     /// answer): until a check reads the primary's position after them,
     /// every read goes to the primary.
     unknown: AtomicU64,
     primary: PgPool,
-    /// The primary's WAL position at recent checks, oldest first, for lag.
-    history: Mutex<VecDeque<(Instant, u64)>>,
+    /// The primary's WAL position at recent checks, oldest first, for lag;
+    /// all on the timeline it was last seen on.
+    history: Mutex<History>,
+}
+
+#[derive(Default)]
+struct History {
+    /// The primary's timeline, and since when this gateway has seen it on
+    /// it.
+    timeline: Option<(Timeline, Instant)>,
+    positions: VecDeque<(Instant, u64)>,
 }
 
 impl Replicas {
@@ -244,8 +328,9 @@ impl Replicas {
             members.push(Arc::new(Replica {
                 name,
                 pool,
-                replay: AtomicU64::new(0),
+                replay: Mutex::new(Position::ZERO),
                 usable: AtomicBool::new(false),
+                detail: Mutex::new(Some("not checked yet".into())),
                 lag_ms: AtomicU64::new(0),
                 queries: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
@@ -255,10 +340,10 @@ impl Replicas {
             members,
             next: AtomicUsize::new(0),
             max_lag: cfg.max_replica_lag,
-            required: AtomicU64::new(0),
+            required: Mutex::new(Position::ZERO),
             unknown: AtomicU64::new(0),
             primary,
-            history: Mutex::new(VecDeque::new()),
+            history: Mutex::default(),
         }))
     }
 
@@ -266,10 +351,15 @@ impl Replicas {
         &self.members
     }
 
-    /// Raises the required LSN (see the module doc); call before applying a
-    /// change committed at or below `lsn`.
-    pub fn note_change(&self, lsn: u64) {
-        self.required.fetch_max(lsn, Ordering::SeqCst);
+    /// Raises the required position (see the module doc); call before
+    /// applying a change committed at or below `at`. A position on a
+    /// timeline that supersedes the required one replaces it (a failover);
+    /// one on an older timeline changes nothing.
+    pub fn note_change(&self, at: Position) {
+        self.required
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .advance(at);
     }
 
     /// A change is about to be applied whose LSN is not known.
@@ -277,26 +367,30 @@ impl Replicas {
         self.unknown.fetch_add(1, Ordering::SeqCst);
     }
 
-    pub fn required(&self) -> u64 {
-        self.required.load(Ordering::SeqCst)
+    pub fn required(&self) -> Position {
+        *self.required.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A position in the primary's WAL past every commit visible now (the
-    /// end of the last record inserted: see the module doc).
-    pub async fn primary_lsn(&self) -> Result<u64, sqlx::Error> {
-        let (lsn, offset, block): (i64, i32, i32) =
+    /// end of the last record inserted: see the module doc), on its
+    /// timeline.
+    pub async fn primary_lsn(&self) -> Result<Position, sqlx::Error> {
+        let (lsn, offset, block, file, system): (i64, i32, i32, String, Option<String>) =
             sqlx::query_as(PRIMARY_LSN).fetch_one(&self.primary).await?;
         let n = |v: i64| u64::try_from(v).unwrap_or(0);
-        Ok(end_position(n(lsn), n(offset.into()), n(block.into())))
+        Ok(Position::new(
+            primary_timeline(system.as_deref(), &file),
+            Lsn(end_position(n(lsn), n(offset.into()), n(block.into()))),
+        ))
     }
 
     /// A usable replica that has replayed at least `required`, round robin.
-    fn pick_cached(&self, required: u64) -> Option<&Arc<Replica>> {
+    fn pick_cached(&self, required: &Position) -> Option<&Arc<Replica>> {
         let n = self.members.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         (0..n)
             .map(|i| &self.members[(start + i) % n])
-            .find(|r| r.is_usable() && r.replay_lsn() >= required)
+            .find(|r| r.is_usable() && r.replay_position().reaches(required))
     }
 
     /// Where a row load for a key goes: a replica that is far enough along
@@ -307,15 +401,15 @@ impl Replicas {
             return None;
         }
         let required = self.required();
-        if let Some(r) = self.pick_cached(required) {
+        if let Some(r) = self.pick_cached(&required) {
             return Some(r.clone());
         }
         let behind = self
             .members
             .iter()
-            .find(|r| r.is_usable() && r.replay_lsn() < required)?;
+            .find(|r| r.is_usable() && !r.replay_position().reaches(&required))?;
         match behind.refresh().await {
-            Ok(lsn) if lsn >= required => Some(behind.clone()),
+            Ok(at) if at.reaches(&required) => Some(behind.clone()),
             Ok(_) => None,
             Err(_) => {
                 behind.failed();
@@ -335,15 +429,21 @@ impl Replicas {
         if self.unknown.load(Ordering::SeqCst) != 0 {
             return None;
         }
-        let required = primary.max(self.required());
+        let mut required = self.required();
+        required.advance(primary);
+        if required.timeline != primary.timeline {
+            // The primary is on an older timeline than a change applied:
+            // nothing to compare a replica with.
+            return None;
+        }
         let deadline = Instant::now() + self.max_lag;
         loop {
-            if let Some(r) = self.pick_cached(required) {
+            if let Some(r) = self.pick_cached(&required) {
                 return Some(r.clone());
             }
             for r in self.members.iter().filter(|r| r.is_usable()) {
                 match r.refresh().await {
-                    Ok(lsn) if lsn >= required => return Some(r.clone()),
+                    Ok(at) if at.reaches(&required) => return Some(r.clone()),
                     Ok(_) => {}
                     Err(_) => r.failed(),
                 }
@@ -360,64 +460,92 @@ impl Replicas {
         let now = Instant::now();
         let unknown = self.unknown.load(Ordering::SeqCst);
         if unknown != 0
-            && let Ok(lsn) = self.primary_lsn().await
+            && let Ok(at) = self.primary_lsn().await
         {
             // Those changes committed before this read: past them now.
-            self.note_change(lsn);
+            self.note_change(at);
             let _ = self
                 .unknown
                 .compare_exchange(unknown, 0, Ordering::SeqCst, Ordering::SeqCst);
         }
-        let written: Result<i64, _> = sqlx::query_scalar(PRIMARY_WRITE_LSN)
+        let written: Result<(i64, String, Option<String>), _> = sqlx::query_as(PRIMARY_WRITE_LSN)
             .fetch_one(&self.primary)
             .await;
-        if let Ok(lsn) = written {
-            let lsn = u64::try_from(lsn).unwrap_or(0);
-            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
-            if h.back().is_none_or(|&(_, last)| lsn > last) {
-                h.push_back((now, lsn));
+        let primary = match written {
+            Ok((lsn, file, system)) => {
+                let timeline = primary_timeline(system.as_deref(), &file);
+                let lsn = u64::try_from(lsn).unwrap_or(0);
+                let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+                if h.timeline.is_none_or(|(t, _)| t != timeline) {
+                    // A new history: positions of the old one mean nothing.
+                    if h.timeline.is_some() {
+                        tracing::warn!(
+                            timeline = timeline.id,
+                            "the primary is on a new timeline: every read replica is judged afresh"
+                        );
+                    }
+                    h.timeline = Some((timeline, now));
+                    h.positions.clear();
+                }
+                if h.positions.back().is_none_or(|&(_, last)| lsn > last) {
+                    h.positions.push_back((now, lsn));
+                }
+                // Enough history to tell a lag beyond the limit.
+                while h.positions.len() > 2
+                    && h.positions
+                        .get(1)
+                        .is_some_and(|&(t, _)| now.duration_since(t) > self.max_lag * 4)
+                {
+                    h.positions.pop_front();
+                }
+                Some(timeline)
             }
-            // Enough history to tell a lag beyond the limit.
-            while h.len() > 2
-                && h.get(1)
-                    .is_some_and(|&(t, _)| now.duration_since(t) > self.max_lag * 4)
-            {
-                h.pop_front();
-            }
-        }
+            Err(_) => None,
+        };
         for r in &self.members {
-            let state: Result<(bool, i64, Option<f64>), sqlx::Error> = sqlx::query_as(
-                "SELECT pg_is_in_recovery(), \
-                 (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8, \
-                 extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8",
-            )
-            .fetch_one(&r.pool)
-            .await;
-            let usable = match state {
-                Ok((in_recovery, replay, since_replayed)) => {
-                    let replay = u64::try_from(replay).unwrap_or(0);
-                    r.replay.fetch_max(replay, Ordering::Relaxed);
+            let state: Result<CheckRow, sqlx::Error> =
+                sqlx::query_as(CHECK).fetch_one(&r.pool).await;
+            let (usable, detail) = match (state, primary) {
+                (Err(e), _) => (false, Some(format!("not answering ({e})"))),
+                (Ok(_), None) => (false, Some("the primary's position cannot be read".into())),
+                (Ok((in_recovery, system, timeline, replay, since_replayed)), Some(primary)) => {
+                    let at = replica_position(system.as_deref(), timeline, replay);
+                    r.replayed(at);
                     let since = since_replayed
                         .filter(|s| s.is_finite() && *s >= 0.0)
                         .map(Duration::from_secs_f64);
-                    let lag = self.lag_of(r.replay_lsn(), since, now);
+                    let lag = self.lag_of(r.replay_position(), since, now);
                     r.lag_ms.store(
                         lag.as_millis().try_into().unwrap_or(u64::MAX),
                         Ordering::Relaxed,
                     );
-                    // A replica promoted to primary is a different server:
-                    // its positions are not the primary's.
-                    in_recovery && lag <= self.max_lag
+                    if !in_recovery {
+                        // A replica promoted to primary is a different
+                        // server: its positions are not the primary's.
+                        (false, Some("not in recovery (promoted?)".into()))
+                    } else if at.timeline != primary {
+                        (
+                            false,
+                            Some(format!(
+                                "on timeline {} of system {}; the primary is on timeline {} of system {} (stranded by a failover, or not following yet)",
+                                at.timeline.id, at.timeline.system, primary.id, primary.system
+                            )),
+                        )
+                    } else if lag > self.max_lag {
+                        (false, Some(format!("lagging {} ms", lag.as_millis())))
+                    } else {
+                        (true, None)
+                    }
                 }
-                Err(_) => false,
             };
             if usable != r.is_usable() {
                 if usable {
                     tracing::info!(replica = %r.name, "read replica in use");
                 } else {
-                    tracing::warn!(replica = %r.name, "read replica down, in no recovery, or lagging: using the primary");
+                    tracing::warn!(replica = %r.name, why = detail.as_deref().unwrap_or(""), "read replica not used: using the primary");
                 }
             }
+            *r.detail.lock().unwrap_or_else(|p| p.into_inner()) = detail;
             r.usable.store(usable, Ordering::Relaxed);
         }
     }
@@ -428,10 +556,22 @@ impl Replicas {
     /// behind since before the gateway started, or for longer than the
     /// history keeps), at least that long, and at least the time since the
     /// replica last replayed a commit (`since_replayed`, the replica's own
-    /// clock): a replica paused for hours is never "lag 0".
-    fn lag_of(&self, replay: u64, since_replayed: Option<Duration>, now: Instant) -> Duration {
+    /// clock): a replica paused for hours is never "lag 0". A replica on
+    /// another timeline than the primary has none of its WAL since the
+    /// timeline began: at least as long as this gateway has seen the
+    /// primary on it, and never zero.
+    fn lag_of(&self, replay: Position, since_replayed: Option<Duration>, now: Instant) -> Duration {
         let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
-        lag_in(&h, replay, since_replayed, now)
+        match h.timeline {
+            Some((t, _)) if t == replay.timeline => {
+                lag_in(&h.positions, replay.lsn.0, since_replayed, now)
+            }
+            Some((_, seen)) => now
+                .duration_since(seen)
+                .max(since_replayed.unwrap_or(Duration::ZERO))
+                .max(Duration::from_millis(1)),
+            None => Duration::ZERO,
+        }
     }
 
     /// Checks until `shutdown` fires (between two checks).
@@ -444,6 +584,30 @@ impl Replicas {
                 _ = tick.tick() => self.check().await,
             }
         }
+    }
+}
+
+/// [`CHECK`]'s row: in recovery, system identifier, timeline, replay
+/// position, seconds since the last commit replayed.
+type CheckRow = (bool, Option<String>, Option<i64>, i64, Option<f64>);
+
+/// A replica's state at a check: in recovery, its [`REPLAY`] columns, and
+/// the time since it last replayed a commit.
+const CHECK: &str = concat!(
+    "SELECT pg_is_in_recovery(), ",
+    system_identifier_sql!(),
+    ", coalesce((SELECT received_tli FROM pg_stat_wal_receiver), \
+              (SELECT timeline_id FROM pg_control_checkpoint()))::int8, \
+     (coalesce(pg_last_wal_replay_lsn(), '0/0') - '0/0'::pg_lsn)::int8, \
+     extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp())::float8"
+);
+
+/// The primary's timeline from its WAL file's name and the system
+/// identifier read with it.
+fn primary_timeline(system: Option<&str>, wal_file: &str) -> Timeline {
+    Timeline {
+        system: system.and_then(|s| s.parse().ok()).unwrap_or(0),
+        id: timeline_of_wal_file(wal_file).unwrap_or(0),
     }
 }
 

@@ -95,6 +95,7 @@ pub use crate::db::catalog::{
     ColumnType, TableName, Watch, WatchedColumn, WatchedTable, canonical_text,
 };
 pub use crate::db::lsn::Lsn;
+pub use crate::db::position::{Position, Server, Timeline};
 
 /// A watched column's value in one version of a row.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,9 +162,10 @@ pub enum Phase {
 pub struct Commit {
     /// Transaction id (32-bit, as pgoutput sends it); `None` from `notify`.
     pub xid: Option<u32>,
-    /// End of the commit record: once a standby has replayed this far, the
-    /// transaction is visible there. `None` from `notify`.
-    pub lsn: Option<Lsn>,
+    /// End of the commit record, on the primary's timeline: once a standby
+    /// has replayed this far on that timeline, the transaction is visible
+    /// there. `None` from `notify` and `queue`.
+    pub position: Option<Position>,
     /// When the transaction committed, if the source says.
     pub committed_at: Option<SystemTime>,
     pub phase: Phase,
@@ -283,6 +285,15 @@ impl Health {
         h.state = FeedState::Waiting;
         h.detail = Some(why.into());
         h.failures += 1;
+    }
+
+    /// Streaming, but unable to deliver what it received (transactions
+    /// held invisible): not up, not a failure; `why` says what it waits
+    /// for. [`Health::streaming`] ends it.
+    pub fn held(&self, why: impl Into<String>) {
+        let mut h = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        h.state = FeedState::Waiting;
+        h.detail = Some(why.into());
     }
 
     pub fn reconnected(&self) {

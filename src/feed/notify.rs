@@ -468,7 +468,7 @@ pub(super) fn parse(
 fn commit(ts: Option<f64>, changes: Vec<RowChange>, truncated: Vec<TableName>) -> Commit {
     Commit {
         xid: None,
-        lsn: None,
+        position: None,
         committed_at: ts.and_then(|t| UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(t).ok()?)),
         phase: Phase::Received,
         changes,
@@ -507,7 +507,7 @@ mod tests {
         .unwrap()
         .unwrap();
         let Event::Commit(c) = e else { panic!() };
-        assert_eq!((c.lsn, c.phase), (None, Phase::Received));
+        assert_eq!((c.position, c.phase), (None, Phase::Received));
         assert!(c.committed_at.is_some());
         let ch = &c.changes[0];
         assert_eq!((&*ch.table, ch.op), ("public.users", Op::Update));

@@ -58,12 +58,15 @@
 //!
 //! Snapshots compare only within one server's history. When the feed's
 //! connection is new (a different backend), it checks the server's
-//! identity (`system_identifier` and timeline): after a failover to a
-//! promoted standby or a restore, transaction ids below the old snapshot's
-//! `xmax` may have been handed out again, so the previous snapshot means
-//! nothing there. Then, as after a long outage (below), it starts from a
-//! new snapshot and has every table rescanned: caches cleared, filters
-//! rebuilt.
+//! identity (`system_identifier`, timeline and postmaster start time):
+//! after a failover to a promoted standby or a restore, transaction ids
+//! below the old snapshot's `xmax` may have been handed out again, so the
+//! previous snapshot means nothing there; after a restart in place, a
+//! commit made with `synchronous_commit = off` that was visible (and may
+//! have been loaded into a cache) may have been lost with its change row
+//! (see `db::position`). Then, as after a long outage (below), it starts
+//! from a new snapshot and has every table rescanned: caches cleared,
+//! filters rebuilt.
 //!
 //! # Pruning
 //! Every gateway deletes rows older than `database.queue_retention`: once
@@ -149,6 +152,7 @@ const BACKEND: &str = "pg_backend_pid()::text || '@' || pg_postmaster_start_time
 /// `system_identifier` and the current timeline.
 const IDENTITY: &str =
     "SELECT system_identifier::text || '/' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
+         || '/' || pg_postmaster_start_time()::text
   FROM pg_control_system()";
 
 pub struct Options {

@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{Event, Health, Lsn, Watch, bus, notify, queue, wal};
+use super::{Event, Health, Position, Watch, bus, notify, queue, wal};
 use crate::config::{BusConfig, DatabaseConfig, Freshness};
 use crate::db::triggers::Sink;
 use crate::db::{Db, DbError, publication};
@@ -97,14 +97,21 @@ impl Supervisor {
                 ));
             }
             Some(url) => {
-                let stream = bus::stream_key(pool, &bus_cfg.prefix, watch).await?;
+                let base = bus::stream_key(pool, &bus_cfg.prefix, watch).await?;
+                // The stream of the primary's timeline; relay and consumer
+                // each read it again before they use the bus.
+                let (server, _) = crate::db::position::Server::read_pool(pool)
+                    .await
+                    .map_err(|e| format!("reading the primary's timeline for the bus: {e}"))?;
+                let stream = bus::epoch_key(&base, server.timeline);
                 let tls = bus::redis::TlsFiles {
                     ca_file: bus_cfg.ca_file.clone(),
                     cert_file: bus_cfg.cert_file.clone(),
                     key_file: bus_cfg.key_file.clone(),
                 };
-                let redis = bus::redis::RedisBus::new(url, &tls, stream.clone(), bus_cfg.retention)
-                    .map_err(|e| e.to_string())?;
+                let redis =
+                    bus::redis::RedisBus::new(url, &tls, base, server.timeline, bus_cfg.retention)
+                        .map_err(|e| e.to_string())?;
                 let shown = bus_cfg.redacted_url().unwrap_or_default();
                 tracing::info!(url = %shown, stream = %stream, slot = %bus_cfg.slot, "change feed: the WAL through the bus (one relay decodes it for every gateway)");
                 Some(BusSetup {
@@ -156,7 +163,7 @@ impl Supervisor {
         cfg: &DatabaseConfig,
         watch: &Watch,
         tx: mpsc::Sender<Event>,
-        applied: watch::Receiver<Lsn>,
+        applied: watch::Receiver<Position>,
         shutdown: Shutdown,
     ) -> Option<(JoinHandle<()>, Ready)> {
         let (ready_tx, ready) = oneshot::channel();
@@ -228,7 +235,7 @@ impl Supervisor {
         direct: wal::Options,
         watch: Watch,
         tx: mpsc::Sender<Event>,
-        applied: watch::Receiver<Lsn>,
+        applied: watch::Receiver<Position>,
         ready: oneshot::Sender<Result<(), String>>,
         shutdown: Shutdown,
     ) -> JoinHandle<()> {

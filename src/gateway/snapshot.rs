@@ -24,6 +24,9 @@ pub struct GatewaySnapshot {
     /// Milliseconds since the Unix epoch.
     pub time_ms: u64,
     pub ready: bool,
+    /// How long the database has been unreachable (`db::outage`); 0: it
+    /// answers.
+    pub outage_seconds: f64,
     pub db: DbSnapshot,
     pub replicas: Vec<ReplicaSnapshot>,
     pub feed: FeedSnapshot,
@@ -153,7 +156,12 @@ impl Gateway {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_millis() as u64,
-            ready: self.is_ready(),
+            ready: self.readiness().is_empty(),
+            outage_seconds: self
+                .db
+                .outage
+                .down_for()
+                .map_or(0.0, |d| d.as_secs_f64().max(0.001)),
             db: self.db.snapshot(),
             replicas: self
                 .db
@@ -191,6 +199,12 @@ impl Expose for GatewaySnapshot {
             "1 while /readyz answers 200.",
             &[],
             f64::from(u8::from(self.ready)),
+        );
+        out.gauge(
+            "bloomgate_db_outage_seconds",
+            "How long the primary has been unreachable (connections refused or cut), as the row loads and checks find it; 0 while it answers. Meanwhile resources answer what was last vouched for, within cache.stale_if_error (outcome=\"stale\").",
+            &[],
+            self.outage_seconds,
         );
         for r in &self.resources {
             r.expose(&[], out);

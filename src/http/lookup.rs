@@ -287,7 +287,8 @@ fn row_of(lookup: &Lookup) -> Option<&Row> {
         Lookup::Cached(
             Outcome::Hit(row) | Outcome::Loaded { row, .. } | Outcome::Bypassed(Some(row)),
         )
-        | Lookup::Unvouched(Some(row)) => Some(row),
+        | Lookup::Unvouched(Some(row))
+        | Lookup::Stale { row: Some(row), .. } => Some(row),
         _ => None,
     }
 }
@@ -311,6 +312,18 @@ fn answer(
     }
     match lookup {
         Lookup::Filtered => filtered(route),
+        // An outage (see "Outages" in `resource`): labelled, with `Age`
+        // counted from the moment the feed last vouched for it.
+        Lookup::Stale { row, cached, age } => {
+            let mut resp = match (row, cached) {
+                (Some(row), _) => found(route, row, headers, "bloomgate; hit; detail=stale"),
+                (None, true) => not_found(route, "bloomgate; hit; detail=stale"),
+                (None, false) => not_found(route, "bloomgate; detail=stale"),
+            };
+            resp.headers_mut()
+                .insert(header::AGE, HeaderValue::from(age.as_secs()));
+            (resp, RequestOutcome::Stale)
+        }
         Lookup::Unvouched(Some(row)) => (
             found(
                 route,

@@ -257,8 +257,18 @@ async fn healthz() -> Response {
     ))]
 async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
     let readiness = gw.readiness();
-    if readiness.is_empty() {
+    if readiness.is_empty() && readiness.degraded.is_empty() {
         json_bytes(StatusCode::OK, Bytes::from_static(br#"{"status":"ready"}"#))
+    } else if readiness.is_empty() {
+        // Shared by the fleet (see `Readiness::degraded`): ready, and says
+        // what is wrong.
+        let degraded: serde_json::Map<String, serde_json::Value> = readiness
+            .degraded
+            .into_iter()
+            .map(|(r, why)| (r, why.into()))
+            .collect();
+        let body = serde_json::json!({ "status": "degraded", "degraded": degraded });
+        json_bytes(StatusCode::OK, Bytes::from(body.to_string()))
     } else {
         let loading: Vec<&str> = gw
             .resources
@@ -279,6 +289,9 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         }
         if let Some(shutdown) = readiness.shutdown {
             reasons.insert("shutdown".into(), shutdown.into());
+        }
+        for (r, why) in readiness.degraded {
+            reasons.entry(r).or_insert_with(|| why.into());
         }
         let status = if loading.is_empty() {
             "not_ready"

@@ -48,10 +48,13 @@ pub enum RequestOutcome {
     Shed,
     /// 504: past `request_timeout`.
     Timeout,
+    /// 200 or 404 from what was last vouched for while the database cannot
+    /// be reached (`cache.stale_if_error`).
+    Stale,
 }
 
 impl RequestOutcome {
-    pub const ALL: [RequestOutcome; 13] = [
+    pub const ALL: [RequestOutcome; 14] = [
         Self::Filtered,
         Self::Hit,
         Self::NegativeHit,
@@ -65,6 +68,7 @@ impl RequestOutcome {
         Self::RateLimited,
         Self::Shed,
         Self::Timeout,
+        Self::Stale,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,6 +86,7 @@ impl RequestOutcome {
             Self::RateLimited => "rate_limited",
             Self::Shed => "shed",
             Self::Timeout => "timeout",
+            Self::Stale => "stale",
         }
     }
 }
@@ -137,6 +142,9 @@ pub struct Stats {
     /// Keys the filter rejected while not vouched for, past the
     /// `verify_budget`: 503, as nothing could say they do not exist.
     pub unverified: AtomicU64,
+    /// Answered from what was last vouched for during an outage
+    /// (`cache.stale_if_error`).
+    pub stale: AtomicU64,
     /// Refused by the access checks: no valid credential (401), a scope or
     /// the owner missing or another owner's key or row (403, or the 404 of
     /// an absent key), past the caller's rate limit (429).
@@ -181,6 +189,7 @@ impl Default for Stats {
             timeouts: AtomicU64::default(),
             unvouched_loads: AtomicU64::default(),
             unverified: AtomicU64::default(),
+            stale: AtomicU64::default(),
             unauthorized: AtomicU64::default(),
             forbidden: AtomicU64::default(),
             rate_limited: AtomicU64::default(),
@@ -236,6 +245,7 @@ impl Stats {
             O::RateLimited => l(&self.rate_limited),
             O::Shed => l(&self.shed_loads) + l(&self.shed),
             O::Timeout => l(&self.timeouts),
+            O::Stale => l(&self.stale),
         }
     }
 

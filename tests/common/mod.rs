@@ -7,6 +7,8 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::net::SocketAddr;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -670,7 +672,12 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start() -> Self {
-        let (upstream, upstream_rx) = watch::channel(db_addr());
+        Self::start_to(db_addr()).await
+    }
+
+    /// A proxy to `upstream` (a server the test started).
+    pub async fn start_to(upstream: SocketAddr) -> Self {
+        let (upstream, upstream_rx) = watch::channel(upstream);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (cut, cut_rx) = watch::channel(false);
@@ -949,8 +956,13 @@ pub async fn logical_db(n: i64) -> TestDb {
 
 /// [`config`] on the WAL feed, the publication installed at start-up.
 pub fn wal_config(db: &TestDb, extra: &str) -> Config {
+    wal_config_url(&db.url, extra)
+}
+
+/// [`wal_config`] for the database at `url` (a server the test started).
+pub fn wal_config_url(url: &str, extra: &str) -> Config {
     config(
-        &db.url,
+        url,
         &format!("freshness = \"wal\"\ninstall_feed = true\n{extra}"),
     )
 }

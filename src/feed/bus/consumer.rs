@@ -4,13 +4,17 @@
 //!
 //! Two modes, one at a time, each feeding the applier's channel:
 //!
-//! - **bus**: read after the stream's newest position (read before the
-//!   first scan, or, coming back, followed by a resync); check each
-//!   entry's predecessor; commits, resyncs, coverage changes and
-//!   interruptions passed on as they come; the primary's flush position
-//!   read every [`HEARTBEAT_EVERY`], and a heartbeat sent for the moment
-//!   of each reading the stream has reached. A reading unproven for
-//!   `bus.max_lag` ends the mode.
+//! - **bus**: read after the newest position of the stream of the
+//!   primary's timeline (read before the first scan, or, coming back,
+//!   followed by a resync); check each entry's predecessor; commits,
+//!   resyncs, coverage changes and interruptions passed on as they come;
+//!   the primary's flush position and [`Server`] read every
+//!   [`HEARTBEAT_EVERY`], and a heartbeat sent for the moment of each
+//!   reading the stream has reached. A reading on another timeline moves
+//!   to that timeline's stream with a resync; one of a primary that
+//!   restarted resyncs (see "Epochs" in [`super`]). A reading unproven for
+//!   `bus.max_lag` ends the mode, and so does a bus that failed every read
+//!   for that long (a quiet primary leaves no reading unproven).
 //! - **direct**: a WAL feed of this gateway's own on a temporary slot
 //!   ([`crate::feed::wal::run`]), and a resync as it starts streaming,
 //!   sent by the feed before anything of its stream, so no heartbeat of it
@@ -26,8 +30,8 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Bus, Entry, Mode, Position, Status, flush_lsn};
-use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Watch, wal};
+use super::{Bus, Entry, EntryId, Mode, Status, primary};
+use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Position, Resync, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
 
@@ -62,7 +66,7 @@ pub async fn run<B: Bus>(
     opts: Options,
     watch: Watch,
     tx: mpsc::Sender<Event>,
-    applied: watch::Receiver<Lsn>,
+    applied: watch::Receiver<Position>,
     ready: oneshot::Sender<Result<(), String>>,
     mut shutdown: Shutdown,
 ) {
@@ -114,9 +118,19 @@ async fn follow<B: Bus>(
     shutdown: &mut Shutdown,
 ) -> Ended {
     let began = Instant::now();
-    let head = loop {
-        match bus.head().await {
-            Ok(h) => break h,
+    let (mut server, head) = loop {
+        let read = match primary(&opts.pool).await {
+            None => Err("the primary's position cannot be read".to_string()),
+            Some((server, _)) => {
+                bus.set_epoch(server.timeline);
+                bus.head()
+                    .await
+                    .map(|h| (server, h))
+                    .map_err(|e| e.to_string())
+            }
+        };
+        match read {
+            Ok(read) => break read,
             Err(e) if began.elapsed() >= opts.max_lag => {
                 return Ended::Unhealthy(format!("the bus is unreachable ({e})"));
             }
@@ -127,9 +141,11 @@ async fn follow<B: Bus>(
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     };
+    opts.status.set_stream(bus.stream());
     let mut last = head;
     // Every commit up to the head was visible before the head was read:
     // the scan that follows (start-up, or the resync below) covers it.
+    // Compared only with readings of the stream's timeline.
     let mut proven = Lsn(head.lsn);
     opts.health.streaming();
     opts.status.set_mode(Mode::Bus, None);
@@ -145,15 +161,53 @@ async fn follow<B: Bus>(
     let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
     let mut next_probe = Instant::now();
     let mut next_relay = Instant::now();
-    let mut failing = false;
+    // Since when the bus has failed every read: unreachable for
+    // `max_lag` ends the mode, whether or not the primary's WAL moved (on
+    // a quiet database no reading goes unproven, but nothing would tell
+    // this gateway of the next commit either).
+    let mut failing: Option<Instant> = None;
     loop {
         if shutdown.is_fired() || tx.is_closed() {
             return Ended::Shutdown;
         }
         if Instant::now() >= next_probe {
             next_probe = Instant::now() + HEARTBEAT_EVERY;
-            if let Some(p) = flush_lsn(&opts.pool).await {
-                probes.push_back((Instant::now(), p));
+            if let Some((now, p)) = primary(&opts.pool).await {
+                match now.change_from(&server) {
+                    None => probes.push_back((Instant::now(), p.lsn)),
+                    Some(change) => {
+                        let moved = now.timeline != bus.epoch();
+                        server = now;
+                        if moved {
+                            // A new epoch: its stream, after its newest
+                            // entry (a commit in it by then was visible
+                            // before the resync's scan); nothing of the
+                            // old timeline proves anything now.
+                            bus.set_epoch(now.timeline);
+                            opts.status.set_stream(bus.stream());
+                            match bus.head().await {
+                                Ok(h) => {
+                                    last = h;
+                                    proven = Lsn(h.lsn);
+                                }
+                                Err(e) => {
+                                    return Ended::Unhealthy(format!(
+                                        "the bus is unreachable after a new timeline ({e})"
+                                    ));
+                                }
+                            }
+                            probes.clear();
+                        }
+                        tracing::warn!(change = %change, stream = %bus.stream(), "bus: the primary changed; every cache is emptied and every filter rebuilt");
+                        let ev = Resync::all(format!("bus: {change}"));
+                        if tx.send(ev).await.is_err() {
+                            return Ended::Shutdown;
+                        }
+                        if !moved {
+                            probes.push_back((Instant::now(), p.lsn));
+                        }
+                    }
+                }
             }
         }
         if Instant::now() >= next_relay {
@@ -168,8 +222,7 @@ async fn follow<B: Bus>(
         };
         match read {
             Ok(entries) => {
-                if failing {
-                    failing = false;
+                if failing.take().is_some() {
                     opts.health.streaming();
                     opts.status.set_mode(Mode::Bus, None);
                 }
@@ -205,13 +258,19 @@ async fn follow<B: Bus>(
                 }
             }
             Err(e) => {
-                if !failing {
-                    failing = true;
-                    opts.health.waiting(format!("bus: {e}"));
-                    opts.status.set_mode(Mode::Bus, Some(e.to_string()));
-                    if tx.send(Event::Interrupted(e.to_string())).await.is_err() {
-                        return Ended::Shutdown;
+                let since = match failing {
+                    Some(since) => since,
+                    None => {
+                        opts.health.waiting(format!("bus: {e}"));
+                        opts.status.set_mode(Mode::Bus, Some(e.to_string()));
+                        if tx.send(Event::Interrupted(e.to_string())).await.is_err() {
+                            return Ended::Shutdown;
+                        }
+                        *failing.insert(Instant::now())
                     }
+                };
+                if since.elapsed() >= opts.max_lag {
+                    return Ended::Unhealthy(format!("the bus is unreachable ({e})"));
                 }
                 tokio::select! {
                     () = shutdown.fired() => return Ended::Shutdown,
@@ -244,8 +303,8 @@ async fn follow<B: Bus>(
         );
         if oldest.is_some_and(|d| d >= opts.max_lag) {
             return Ended::Unhealthy(match failing {
-                true => "the bus is unreachable".into(),
-                false => format!(
+                Some(_) => "the bus is unreachable".into(),
+                None => format!(
                     "the stream has not reached the primary's position of {} ago (no relay, or a relay behind)",
                     humantime::format_duration(opts.max_lag)
                 ),
@@ -261,7 +320,7 @@ async fn direct<B: Bus>(
     opts: &Options,
     watch: &Watch,
     tx: &mpsc::Sender<Event>,
-    applied: &watch::Receiver<Lsn>,
+    applied: &watch::Receiver<Position>,
     ready: &mut Option<oneshot::Sender<Result<(), String>>>,
     shutdown: &mut Shutdown,
 ) -> bool {
@@ -329,16 +388,17 @@ async fn direct<B: Bus>(
     healthy
 }
 
-/// Whether the stream reaches the primary's flush position read now,
-/// within a second.
+/// Whether the stream of the primary's timeline reaches the primary's
+/// flush position read now, within a second.
 async fn current<B: Bus>(bus: &mut B, pool: &PgPool) -> bool {
-    let Some(p) = flush_lsn(pool).await else {
+    let Some((server, p)) = primary(pool).await else {
         return false;
     };
+    bus.set_epoch(server.timeline);
     let began = Instant::now();
     while began.elapsed() < Duration::from_secs(1) {
         match bus.head().await {
-            Ok(Position { lsn, .. }) if lsn >= p.0 => return true,
+            Ok(EntryId { lsn, .. }) if lsn >= p.lsn.0 => return true,
             Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             Err(_) => return false,
         }

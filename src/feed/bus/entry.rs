@@ -11,7 +11,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde_json::{Value as Json, json};
 
-use crate::feed::{Columns, Commit, Coverage, Lsn, Op, Phase, Resync, RowChange, Scope, Value};
+use crate::feed::{
+    Columns, Commit, Coverage, Lsn, Op, Phase, Position, Resync, RowChange, Scope, Timeline, Value,
+};
 
 /// What the relay appends.
 #[derive(Debug)]
@@ -40,7 +42,7 @@ impl Entry {
     /// The LSN that places it (commits and heartbeats; 0 for the rest).
     pub fn lsn(&self) -> u64 {
         match self {
-            Entry::Commit(c) => c.lsn.map_or(0, |l| l.0),
+            Entry::Commit(c) => c.position.map_or(0, |p| p.lsn.0),
             Entry::Heartbeat(l) => l.0,
             _ => 0,
         }
@@ -71,8 +73,9 @@ impl Entry {
         v.to_string()
     }
 
-    /// The entry of kind `kind` at `lsn` with body `body`.
-    pub fn decode(kind: &str, lsn: u64, body: &str) -> Result<Entry, String> {
+    /// The entry of kind `kind` at `lsn` with body `body`, read from the
+    /// stream of `timeline` (a commit's position is on it).
+    pub fn decode(kind: &str, timeline: Timeline, lsn: u64, body: &str) -> Result<Entry, String> {
         let v: Json = serde_json::from_str(body).map_err(|e| format!("entry body: {e}"))?;
         let text = |v: &Json, field: &str| -> Result<String, String> {
             v.get(field)
@@ -96,7 +99,7 @@ impl Entry {
                     .unwrap_or_default();
                 Entry::Commit(Commit {
                     xid: v.get("x").and_then(Json::as_u64).map(|x| x as u32),
-                    lsn: Some(Lsn(lsn)),
+                    position: Some(Position::new(timeline, Lsn(lsn))),
                     committed_at: v
                         .get("t")
                         .and_then(Json::as_u64)
@@ -182,6 +185,8 @@ fn row(v: &Json) -> Result<RowChange, String> {
 mod tests {
     use super::*;
 
+    const TL: Timeline = Timeline { system: 7, id: 2 };
+
     #[test]
     fn a_commit_round_trips_with_null_unknown_and_text_values() {
         let cols = |v: Vec<(&str, Value)>| {
@@ -189,7 +194,7 @@ mod tests {
         };
         let c = Commit {
             xid: Some(7),
-            lsn: Some(Lsn(0x1_0000_0042)),
+            position: Some(Position::new(TL, Lsn(0x1_0000_0042))),
             committed_at: Some(UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456)),
             phase: Phase::Visible,
             changes: vec![
@@ -212,11 +217,11 @@ mod tests {
             truncated: vec![Arc::from("public.things")],
         };
         let e = Entry::Commit(c.clone());
-        let Entry::Commit(back) = Entry::decode("c", e.lsn(), &e.encode()).unwrap() else {
+        let Entry::Commit(back) = Entry::decode("c", TL, e.lsn(), &e.encode()).unwrap() else {
             panic!("not a commit")
         };
         assert_eq!(back.xid, c.xid);
-        assert_eq!(back.lsn, c.lsn);
+        assert_eq!(back.position, c.position);
         assert_eq!(back.committed_at, c.committed_at);
         assert_eq!(back.changes, c.changes);
         assert_eq!(back.truncated, c.truncated);
@@ -230,7 +235,7 @@ mod tests {
             reason: "x".into(),
             scope: Scope::Table(Arc::from("public.t")),
         });
-        match Entry::decode("r", 0, &r.encode()).unwrap() {
+        match Entry::decode("r", TL, 0, &r.encode()).unwrap() {
             Entry::Resync(r) => assert_eq!(r.scope, Scope::Table(Arc::from("public.t"))),
             e => panic!("{e:?}"),
         }
@@ -239,10 +244,10 @@ mod tests {
             problem: None,
         });
         assert!(
-            matches!(Entry::decode("v", 0, &v.encode()).unwrap(), Entry::Coverage(c) if c.problem.is_none())
+            matches!(Entry::decode("v", TL, 0, &v.encode()).unwrap(), Entry::Coverage(c) if c.problem.is_none())
         );
-        assert!(Entry::decode("c", 1, "{").is_err());
-        assert!(Entry::decode("z", 1, "null").is_err());
-        assert!(Entry::decode("c", 1, r#"{"ch":[["t","x",null,null]]}"#).is_err());
+        assert!(Entry::decode("c", TL, 1, "{").is_err());
+        assert!(Entry::decode("z", TL, 1, "null").is_err());
+        assert!(Entry::decode("c", TL, 1, r#"{"ch":[["t","x",null,null]]}"#).is_err());
     }
 }

@@ -23,10 +23,15 @@
 //! default: lower it on the primary where that matters).
 //!
 //! # The stream
-//! One stream per database and configuration, key
-//! `{bus.prefix}:{system identifier}:{database}:{watch fingerprint}`: two
-//! clusters, or two configurations watching different columns, never
-//! share one. Entry IDs are positions `lsn-seq`, chosen by [`Bus::append`]
+//! One stream per database, configuration and timeline, key
+//! `{bus.prefix}:{system identifier}:{database}:{watch fingerprint}:tl{timeline}`:
+//! two clusters, or two configurations watching different columns, never
+//! share one, and neither do two timelines of one cluster (its *epochs*):
+//! LSNs order one timeline only (`db::position`), so after a failover the
+//! new primary's commits, whose LSNs may be below what the old timeline's
+//! stream reached, go to a new stream instead of being refused as
+//! duplicates of entries that were something else. Entry IDs are positions
+//! `lsn-seq` on the stream's timeline, chosen by [`Bus::append`]
 //! atomically with the entry (a Lua script on Redis):
 //!
 //! - a commit at `L` (the end of its commit record) gets `L-0`, and is
@@ -41,6 +46,23 @@
 //! same atomic step. So the stream is the relay's sequence of commits in
 //! commit order, and an entry's LSN says every commit up to it is in the
 //! stream before it.
+//!
+//! # Epochs
+//! The relay reads the primary's timeline at the start of each term and
+//! appends to that timeline's stream; a commit or a reading of the primary
+//! on another timeline ends its term (the next one starts on the new
+//! stream). Every consumer reads the primary's [`Server`] with each reading
+//! of its flush position (every 100 ms): on a new timeline it moves to
+//! that timeline's stream, after its newest entry, and resyncs (every
+//! cache and negative entry emptied, every filter rebuilt: the old
+//! timeline may have had commits the new one lacks, and loads may have
+//! cached them); it proves itself current only with entries and readings
+//! of the new timeline. A primary restarted on its timeline (its
+//! postmaster start time changed) may have lost visible commits made with
+//! `synchronous_commit = off`, which no stream ever carried (logical
+//! decoding reads flushed WAL only): every consumer resyncs on it too, and
+//! the stream goes on. A stream of a timeline no relay appends to any
+//! more stays in Redis (at most `bus.retention` entries) until deleted.
 //!
 //! # Guarantees (tested in `tests/bus.rs`)
 //! - **Nothing lost at a failover.** The relay's WAL feed confirms the
@@ -93,29 +115,29 @@ use sqlx::PgPool;
 
 pub use entry::Entry;
 
-use super::{Lsn, Watch};
+use super::{Position, Server, Timeline, Watch};
 
 /// A place in the stream: `lsn-seq`, the entry ID.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Position {
+pub struct EntryId {
     pub lsn: u64,
     pub seq: u64,
 }
 
-impl Position {
+impl EntryId {
     /// Before every entry (the `p` of the first).
-    pub const START: Position = Position { lsn: 0, seq: 0 };
+    pub const START: EntryId = EntryId { lsn: 0, seq: 0 };
 
-    pub fn parse(text: &str) -> Option<Position> {
+    pub fn parse(text: &str) -> Option<EntryId> {
         let (lsn, seq) = text.split_once('-')?;
-        Some(Position {
+        Some(EntryId {
             lsn: lsn.parse().ok()?,
             seq: seq.parse().ok()?,
         })
     }
 }
 
-impl fmt::Display for Position {
+impl fmt::Display for EntryId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}-{}", self.lsn, self.seq)
     }
@@ -125,7 +147,7 @@ impl fmt::Display for Position {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Appended {
     /// Appended at this position.
-    At(Position),
+    At(EntryId),
     /// The stream already reaches this entry's LSN (a commit a relay
     /// decoded again; a heartbeat with nothing new).
     Already,
@@ -134,9 +156,9 @@ pub enum Appended {
 /// One entry read back.
 #[derive(Debug)]
 pub struct Read {
-    pub at: Position,
+    pub at: EntryId,
     /// The position of the entry before it when it was appended.
-    pub prev: Position,
+    pub prev: EntryId,
     /// What it says; `Err` when it does not decode (a resync).
     pub entry: Result<Entry, String>,
 }
@@ -150,16 +172,22 @@ pub struct BusError(pub String);
 /// feed and the transport. An implementation keeps the ordering and
 /// duplicate rules of "The stream" above.
 pub trait Bus: Send + 'static {
+    /// From now on, the stream of `timeline` (see "Epochs").
+    fn set_epoch(&mut self, timeline: Timeline);
+    /// The timeline of the stream in use.
+    fn epoch(&self) -> Timeline;
+    /// The name of the stream in use (the status page).
+    fn stream(&self) -> &str;
     /// Appends `entry` at the position the rules give it, atomically with
     /// reading the newest entry (its `p`).
     fn append(&mut self, entry: &Entry) -> impl Future<Output = Result<Appended, BusError>> + Send;
-    /// The newest entry's position ([`Position::START`] for an empty or
+    /// The newest entry's position ([`EntryId::START`] for an empty or
     /// absent stream).
-    fn head(&mut self) -> impl Future<Output = Result<Position, BusError>> + Send;
+    fn head(&mut self) -> impl Future<Output = Result<EntryId, BusError>> + Send;
     /// Up to `max` entries after `after`, waiting up to `wait` for one.
     fn read(
         &mut self,
-        after: Position,
+        after: EntryId,
         wait: Duration,
         max: usize,
     ) -> impl Future<Output = Result<Vec<Read>, BusError>> + Send;
@@ -261,6 +289,13 @@ impl Status {
         s.detail = detail;
     }
 
+    fn set_stream(&self, stream: &str) {
+        let mut s = self.lock();
+        if s.stream != stream {
+            s.stream = stream.to_string();
+        }
+    }
+
     fn set_relaying(&self, relaying: bool) {
         self.lock().relaying = relaying;
     }
@@ -274,20 +309,25 @@ impl Status {
     }
 }
 
-/// The primary's flush position: every commit a client saw complete ends
-/// at or before it.
-pub(crate) async fn flush_lsn(pool: &PgPool) -> Option<Lsn> {
-    let q =
-        sqlx::query_scalar::<_, String>("SELECT pg_current_wal_flush_lsn()::text").fetch_one(pool);
-    match tokio::time::timeout(Duration::from_secs(1), q).await {
-        Ok(Ok(text)) => Lsn::parse(&text),
+/// The primary as it answers now ([`Server`]: its timeline and start
+/// time) and its flush position, on that timeline: every commit a client
+/// saw complete ends at or before it.
+pub(crate) async fn primary(pool: &PgPool) -> Option<(Server, Position)> {
+    match tokio::time::timeout(Duration::from_secs(1), Server::read_pool(pool)).await {
+        Ok(Ok(read)) => Some(read),
         _ => None,
     }
 }
 
-/// The stream's key (see "The stream"): the cluster's system identifier
-/// (the server's address and port where the role may not read it), the
-/// database, and a fingerprint of the watched tables and columns.
+/// The key of `timeline`'s stream (see "The stream").
+pub fn epoch_key(base: &str, timeline: Timeline) -> String {
+    format!("{base}:tl{}", timeline.id)
+}
+
+/// The stream's key without its timeline (see "The stream"): the
+/// cluster's system identifier (the server's address and port where the
+/// role may not read it), the database, and a fingerprint of the watched
+/// tables and columns.
 pub async fn stream_key(pool: &PgPool, prefix: &str, watch: &Watch) -> Result<String, String> {
     let row: (Option<String>, String) = sqlx::query_as(
         "SELECT CASE WHEN has_function_privilege('pg_control_system()', 'execute')

@@ -33,7 +33,8 @@ use redis::{AsyncConnectionConfig, Client, ClientTlsConfig, Script, TlsCertifica
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::{Appended, Bus, BusError, Entry, Position, Read};
+use super::{Appended, Bus, BusError, Entry, EntryId, Read, epoch_key};
+use crate::feed::Timeline;
 
 /// Applies the position rules and appends; returns `{1, id}` or `{0, prev}`.
 /// LSNs travel as decimal strings (Lua's numbers are doubles) and are
@@ -169,6 +170,10 @@ pub struct RedisBus {
     client: Client,
     /// `Some` for `rediss://`: the files, read for every connection.
     tls: Option<TlsFiles>,
+    /// The key without the timeline (see "The stream" in [`super`]).
+    base: String,
+    epoch: Timeline,
+    /// `base` with `epoch`'s suffix: the stream in use.
     stream: String,
     relay_key: String,
     retention: u64,
@@ -178,14 +183,15 @@ pub struct RedisBus {
 }
 
 impl RedisBus {
-    /// A bus on the stream `stream` of the server at `url` (not connected
-    /// yet), with `tls`'s files for a `rediss://` URL, read and checked
-    /// now: a file that cannot work is a start-up error naming its key.
-    /// The error never repeats the URL (it may hold a password).
+    /// A bus on the streams `base` of the server at `url` (not connected
+    /// yet), on `epoch`'s, with `tls`'s files for a `rediss://` URL, read
+    /// and checked now: a file that cannot work is a start-up error naming
+    /// its key. The error never repeats the URL (it may hold a password).
     pub fn new(
         url: &str,
         tls: &TlsFiles,
-        stream: String,
+        base: String,
+        epoch: Timeline,
         retention: u64,
     ) -> Result<Self, BusError> {
         let client = Client::open(url)
@@ -208,8 +214,10 @@ impl RedisBus {
         Ok(Self {
             client,
             tls,
-            relay_key: format!("{stream}:relay"),
-            stream,
+            relay_key: format!("{base}:relay"),
+            stream: epoch_key(&base, epoch),
+            base,
+            epoch,
             retention,
             conn: None,
             append: Script::new(APPEND),
@@ -222,6 +230,8 @@ impl RedisBus {
         Self {
             client: self.client.clone(),
             tls: self.tls.clone(),
+            base: self.base.clone(),
+            epoch: self.epoch,
             stream: self.stream.clone(),
             relay_key: self.relay_key.clone(),
             retention: self.retention,
@@ -229,10 +239,6 @@ impl RedisBus {
             append: Script::new(APPEND),
             head: Script::new(HEAD),
         }
-    }
-
-    pub fn stream(&self) -> &str {
-        &self.stream
     }
 
     /// `client` with the TLS files read now.
@@ -360,10 +366,10 @@ fn items(v: &Value) -> Option<&[Value]> {
     }
 }
 
-/// One `[id, [field, value, ...]]` of a stream reply.
-fn parse_entry(v: &Value) -> Option<Read> {
+/// One `[id, [field, value, ...]]` of a stream reply, on `epoch`.
+fn parse_entry(v: &Value, epoch: Timeline) -> Option<Read> {
     let pair = items(v)?;
-    let at = Position::parse(&text(pair.first()?)?)?;
+    let at = EntryId::parse(&text(pair.first()?)?)?;
     let fields: Vec<String> = match pair.get(1)? {
         Value::Map(m) => m
             .iter()
@@ -378,15 +384,28 @@ fn parse_entry(v: &Value) -> Option<Read> {
             .and_then(|kv| kv.get(1))
             .cloned()
     };
-    let prev = get("p").and_then(|p| Position::parse(&p))?;
+    let prev = get("p").and_then(|p| EntryId::parse(&p))?;
     let entry = match (get("k"), get("d")) {
-        (Some(k), Some(d)) => Entry::decode(&k, at.lsn, &d),
+        (Some(k), Some(d)) => Entry::decode(&k, epoch, at.lsn, &d),
         _ => Err("entry without k or d".into()),
     };
     Some(Read { at, prev, entry })
 }
 
 impl Bus for RedisBus {
+    fn set_epoch(&mut self, timeline: Timeline) {
+        self.epoch = timeline;
+        self.stream = epoch_key(&self.base, timeline);
+    }
+
+    fn epoch(&self) -> Timeline {
+        self.epoch
+    }
+
+    fn stream(&self) -> &str {
+        &self.stream
+    }
+
     async fn append(&mut self, entry: &Entry) -> Result<Appended, BusError> {
         let mut conn = self.conn(Duration::ZERO).await?;
         let r: Result<(i64, String), _> = self
@@ -399,23 +418,23 @@ impl Bus for RedisBus {
             .invoke_async(&mut conn)
             .await;
         let (added, id) = self.forget_on_error(r)?;
-        match (added, Position::parse(&id)) {
+        match (added, EntryId::parse(&id)) {
             (1, Some(at)) => Ok(Appended::At(at)),
             (0, _) => Ok(Appended::Already),
             _ => Err(BusError(format!("Redis: unexpected answer {id:?}"))),
         }
     }
 
-    async fn head(&mut self) -> Result<Position, BusError> {
+    async fn head(&mut self) -> Result<EntryId, BusError> {
         let mut conn = self.conn(Duration::ZERO).await?;
         let r: Result<String, _> = self.head.key(&self.stream).invoke_async(&mut conn).await;
         let id = self.forget_on_error(r)?;
-        Position::parse(&id).ok_or_else(|| BusError(format!("Redis: unexpected answer {id:?}")))
+        EntryId::parse(&id).ok_or_else(|| BusError(format!("Redis: unexpected answer {id:?}")))
     }
 
     async fn read(
         &mut self,
-        after: Position,
+        after: EntryId,
         wait: Duration,
         max: usize,
     ) -> Result<Vec<Read>, BusError> {
@@ -444,7 +463,7 @@ impl Bus for RedisBus {
         for s in streams {
             for e in items(s).unwrap_or_default() {
                 out.push(
-                    parse_entry(e)
+                    parse_entry(e, self.epoch)
                         .ok_or_else(|| BusError("Redis: an entry not in the bus's form".into()))?,
                 );
             }

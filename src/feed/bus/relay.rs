@@ -3,10 +3,15 @@
 //! failover" in [`super`]).
 //!
 //! Each term as relay is one WAL feed ([`crate::feed::wal::run`]) on the
-//! permanent slot, started at the stream's newest position, and ended by
-//! its first interruption; then the candidate waits for the slot again and
-//! starts a new term at the stream's newest position, so a term never
-//! starts from a position another relay has moved past.
+//! permanent slot, started at the newest position of the stream of the
+//! primary's timeline (read as the term starts: see "Epochs" in
+//! [`super`]), and ended by its first interruption, or by a commit or a
+//! reading of the primary on another timeline; then the candidate waits
+//! for the slot again and starts a new term at the stream's newest
+//! position, so a term never starts from a position another relay has
+//! moved past. A slot whose confirmed position is on another timeline
+//! than that start (a slot that survived a failover) is a gap the feed
+//! answers with a resync, appended first.
 //!
 //! What the feed delivers becomes entries: a commit once it is visible
 //! (its `Received` delivery is skipped), resyncs, coverage changes, and an
@@ -25,8 +30,8 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Appended, Bus, Entry, Status, flush_lsn};
-use crate::feed::{Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Watch, wal};
+use super::{Appended, Bus, Entry, Status, primary};
+use crate::feed::{Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Position, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
 
@@ -62,6 +67,11 @@ pub async fn run<B: Bus>(mut bus: B, opts: Options, watch: Watch, mut shutdown: 
         if !slot_free(&opts.pool, &slot).await {
             continue;
         }
+        let Some((server, _)) = primary(&opts.pool).await else {
+            continue;
+        };
+        bus.set_epoch(server.timeline);
+        opts.status.set_stream(bus.stream());
         let head = match bus.head().await {
             Ok(h) => h,
             Err(e) => {
@@ -71,7 +81,8 @@ pub async fn run<B: Bus>(mut bus: B, opts: Options, watch: Watch, mut shutdown: 
                 continue;
             }
         };
-        term(&mut bus, &opts, &watch, Lsn(head.lsn), &mut shutdown).await;
+        let start = Position::new(server.timeline, Lsn(head.lsn));
+        term(&mut bus, &opts, &watch, start, &mut shutdown).await;
         opts.status.set_relaying(false);
         if shutdown.is_fired() {
             return;
@@ -98,9 +109,10 @@ async fn term<B: Bus>(
     bus: &mut B,
     opts: &Options,
     watch: &Watch,
-    head: Lsn,
+    head: Position,
     shutdown: &mut Shutdown,
 ) {
+    let epoch = head.timeline;
     let (tx, mut rx) = mpsc::channel(4096);
     let (applied_tx, applied_rx) = watch::channel(head);
     let (stop, signal) = shutdown::channel();
@@ -129,8 +141,11 @@ async fn term<B: Bus>(
         let ev = tokio::select! {
             () = shutdown.fired() => break "shutdown".into(),
             _ = tick.tick() => {
-                if let Some(p) = flush_lsn(&opts.pool).await {
-                    probes.push_back((Instant::now(), p));
+                if let Some((server, p)) = primary(&opts.pool).await {
+                    if server.timeline != epoch {
+                        break format!("the primary is on timeline {} now, the stream on {}", server.timeline.id, epoch.id);
+                    }
+                    probes.push_back((Instant::now(), p.lsn));
                     // A feed that proves nothing for a while: keep the
                     // newest few seconds.
                     while probes.len() > 100 {
@@ -162,8 +177,14 @@ async fn term<B: Bus>(
         let (entry, acknowledges) = match ev {
             Event::Commit(c) if c.phase == Phase::Received => continue,
             Event::Commit(c) => {
-                let lsn = c.lsn;
-                (Entry::Commit(c), lsn)
+                let Some(at) = c.position else { continue };
+                if at.timeline != epoch {
+                    break format!(
+                        "a commit on timeline {}, the stream on {}",
+                        at.timeline.id, epoch.id
+                    );
+                }
+                (Entry::Commit(c), Some(at.lsn))
             }
             Event::Heartbeat(at) => {
                 // The newest reading taken at or before the feed's moment.
@@ -191,11 +212,7 @@ async fn term<B: Bus>(
             Err(e) => break format!("appending to the bus: {e}"),
         }
         if let Some(l) = acknowledges {
-            applied_tx.send_if_modified(|a| {
-                let moved = l > *a;
-                *a = (*a).max(l);
-                moved
-            });
+            applied_tx.send_if_modified(|a| a.advance(Position::new(epoch, l)));
         }
     };
     if relaying {

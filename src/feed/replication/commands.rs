@@ -11,6 +11,7 @@ use tokio::io::AsyncReadExt;
 use super::frame::{Frame, data_row, frame, put_cstr, server_error};
 use super::{Connection, ReplError, protocol};
 use crate::db::lsn::Lsn;
+use crate::db::position::Timeline;
 
 impl Connection {
     /// Runs one command; returns its rows, every field as text (`None`:
@@ -40,6 +41,25 @@ impl Connection {
                     )));
                 }
             }
+        }
+    }
+
+    /// `IDENTIFY_SYSTEM`: the server's system identifier and the timeline
+    /// it is on, as this connection sees them.
+    pub async fn identify_system(&mut self) -> Result<Timeline, ReplError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let field = |i: usize| {
+            rows.first()
+                .and_then(|r| r.get(i))
+                .and_then(|v| v.as_deref())
+        };
+        let system = field(0).and_then(|v| v.parse().ok());
+        let id = field(1).and_then(|v| v.parse().ok());
+        match (system, id) {
+            (Some(system), Some(id)) => Ok(Timeline { system, id }),
+            _ => Err(protocol(
+                "IDENTIFY_SYSTEM returned no system identifier or timeline",
+            )),
         }
     }
 

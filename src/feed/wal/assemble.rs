@@ -29,7 +29,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::Stats;
 use crate::db::catalog::canonical_text;
 use crate::feed::pgoutput::{self, Datum, Message};
-use crate::feed::{Columns, Commit, Lsn, Op, Phase, RowChange, TableName, Value, Watch};
+use crate::feed::{
+    Columns, Commit, Lsn, Op, Phase, Position, RowChange, TableName, Timeline, Value, Watch,
+};
 
 /// A watched table as the feed knows it: its key columns' positions are
 /// resolved when its `Relation` message arrives.
@@ -62,7 +64,7 @@ impl Pending {
                 self.rescan.push(t);
             }
         }
-        self.last = self.last.max(done.commit.lsn);
+        self.last = self.last.max(done.commit.position.map(|p| p.lsn));
         self.commits.push(done.commit.clone());
         done.commit
     }
@@ -94,6 +96,9 @@ pub(super) struct Assembler<'a> {
     identity_warned: HashSet<TableName>,
     max_changes: usize,
     max_bytes: usize,
+    /// The timeline of the server the session streams from: every commit's
+    /// position is on it.
+    timeline: Timeline,
 }
 
 /// One transaction's watched changes until its commit.
@@ -154,8 +159,9 @@ pub(super) struct Assembled {
 }
 
 impl<'a> Assembler<'a> {
-    pub(super) fn new(watch: &'a Watch, stats: &'a Stats) -> Self {
+    pub(super) fn new(watch: &'a Watch, stats: &'a Stats, timeline: Timeline) -> Self {
         Self {
+            timeline,
             watch,
             stats,
             rels: HashMap::new(),
@@ -282,7 +288,7 @@ impl<'a> Assembler<'a> {
         Assembled {
             commit: Commit {
                 xid: Some(xid),
-                lsn: Some(Lsn(end_lsn)),
+                position: Some(Position::new(self.timeline, Lsn(end_lsn))),
                 committed_at,
                 phase: Phase::Received,
                 changes,
@@ -541,7 +547,7 @@ mod tests {
     #[test]
     fn streamed_transactions_keep_only_what_committed() {
         let (w, stats) = (watch(), Stats::default());
-        let mut asm = Assembler::new(&w, &stats);
+        let mut asm = Assembler::new(&w, &stats, Timeline { system: 1, id: 1 });
         let done = run(
             &mut asm,
             vec![
@@ -612,7 +618,7 @@ mod tests {
         assert_eq!(keys(&done[0]), ["3"]);
         assert_eq!(done[0].commit.xid, Some(20));
         assert_eq!(keys(&done[1]), ["1", "4"], "subtransaction 11 aborted");
-        assert_eq!(done[1].commit.lsn, Some(Lsn(9)));
+        assert_eq!(done[1].commit.position.map(|p| p.lsn), Some(Lsn(9)));
         assert!(asm.streams.is_empty(), "transaction 30 aborted");
         assert!(!asm.in_transaction());
     }
@@ -620,7 +626,7 @@ mod tests {
     #[test]
     fn a_whole_transaction_half_read_holds_back_acknowledgement() {
         let (w, stats) = (watch(), Stats::default());
-        let mut asm = Assembler::new(&w, &stats);
+        let mut asm = Assembler::new(&w, &stats, Timeline { system: 1, id: 1 });
         asm.push(
             None,
             Message::Begin {
@@ -654,7 +660,7 @@ mod tests {
     #[test]
     fn too_many_bytes_become_a_rescan() {
         let (w, stats) = (watch(), Stats::default());
-        let mut asm = Assembler::new(&w, &stats);
+        let mut asm = Assembler::new(&w, &stats, Timeline { system: 1, id: 1 });
         asm.max_changes = usize::MAX;
         asm.max_bytes = 500;
         let txn = |xid: u32, ids: std::ops::Range<i64>| {
@@ -695,7 +701,7 @@ mod tests {
     #[test]
     fn too_many_changes_become_a_rescan_and_memory_stays_bounded() {
         let (w, stats) = (watch(), Stats::default());
-        let mut asm = Assembler::new(&w, &stats);
+        let mut asm = Assembler::new(&w, &stats, Timeline { system: 1, id: 1 });
         asm.max_changes = 3;
         let mut msgs = vec![
             (None, relation()),
@@ -736,7 +742,7 @@ mod tests {
         assert!(done[0].commit.changes.is_empty());
         assert_eq!(done[0].rescan, [Arc::<str>::from("public.t")]);
         assert_eq!(
-            done[0].commit.lsn,
+            done[0].commit.position.map(|p| p.lsn),
             Some(Lsn(6)),
             "still acknowledged in order"
         );
@@ -747,7 +753,7 @@ mod tests {
     #[test]
     fn an_undecodable_message_rebuilds_after_its_transaction() {
         let (w, stats) = (watch(), Stats::default());
-        let mut asm = Assembler::new(&w, &stats);
+        let mut asm = Assembler::new(&w, &stats, Timeline { system: 1, id: 1 });
         asm.push(None, relation());
         asm.push(
             None,

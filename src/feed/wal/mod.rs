@@ -97,12 +97,32 @@
 //!   position: someone else consumed it meanwhile (another gateway with the
 //!   same `database.slot`).
 //!
-//! A permanent slot that resumes at or before the position replays what
-//! was applied already: no rebuild. A permanent slot another backend holds
+//! - the server is not the one the last stream came from (see below).
+//!
+//! A permanent slot that resumes at or before the position (on the same
+//! timeline) replays what was applied already: no rebuild. A permanent slot another backend holds
 //! is waited for (the feed is not streaming, so the gateway is not ready,
 //! and says which PID holds it); the polled feed takes a session advisory
 //! lock on the slot's name as well, since polling holds the slot only
 //! during each poll.
+//!
+//! # A new server
+//! Positions carry their timeline ([`Position`]): LSNs of two timelines
+//! are not comparable (see `db::position`). Every session reads the
+//! primary's [`Server`] (system identifier, timeline, postmaster start
+//! time) on its SQL connection before it opens the slot, and, streamed,
+//! checks with `IDENTIFY_SYSTEM` that the replication connection reaches
+//! the same system and timeline (during a failover the two connections
+//! may reach different servers behind one address: the session is then
+//! tried again). A server other than the last session's (a promoted
+//! standby on the primary's address, a restore, a restart that may have
+//! lost `synchronous_commit = off` commits other sessions had read) is a
+//! gap whatever the slot says: a permanent slot that survived the failover
+//! (PostgreSQL 17's failover slots, Patroni's permanent slots) confirms
+//! positions of the new timeline, and a temporary or new slot starts past
+//! what the old server had that the new one lacks. The heartbeat's read of
+//! the flush position reads the timeline too, so a side connection that
+//! was replaced mid-session and reached another server ends the session.
 //!
 //! # Heartbeats and checks
 //! Every [`HEARTBEAT_EVERY`] the feed reads the primary's flush position
@@ -160,7 +180,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::replication::ReplError;
 use super::watch::Tracker;
-use super::{Event, Health, Lsn, Watch};
+use super::{Event, Health, Lsn, Position, Server, Timeline, Watch};
 use crate::db::publication;
 use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
@@ -188,7 +208,8 @@ pub struct Options {
     /// gap"): a permanent slot found past it, or created, is a gap. `None`:
     /// nothing depends on the feed yet. The bus's relay passes the stream's
     /// newest position, so a slot someone else advanced is a gap of the bus.
-    pub start_position: Option<Lsn>,
+    /// A position on another timeline than the server's is a gap too.
+    pub start_position: Option<Position>,
     /// Confirm a position received while idle only as far as `applied`
     /// reaches, not as soon as every commit received is applied. The relay
     /// sets it: its `applied` is what the bus holds, heartbeats included,
@@ -386,7 +407,7 @@ pub async fn run(
     opts: Options,
     watch: Watch,
     tx: mpsc::Sender<Event>,
-    mut applied: watch::Receiver<Lsn>,
+    mut applied: watch::Receiver<Position>,
     stats: Arc<Stats>,
     health: Arc<Health>,
     ready: oneshot::Sender<Result<(), String>>,
@@ -400,6 +421,8 @@ pub async fn run(
         stats,
         health,
         position,
+        server: None,
+        changed: None,
         tracker: Tracker::default(),
         slot_broken: false,
         streamed: false,
@@ -463,7 +486,14 @@ struct Feed {
     health: Arc<Health>,
     /// How far this process has applied (see "No gap"); `None` until a
     /// stream has started: nothing depends on the feed yet.
-    position: Option<Lsn>,
+    position: Option<Position>,
+    /// The server the last session that started streamed from (see "A new
+    /// server" in the module doc).
+    server: Option<Server>,
+    /// A change of server found at a session's start and not yet answered
+    /// with a resync (a session that fails before streaming keeps it for
+    /// the next).
+    changed: Option<String>,
     tracker: Tracker,
     /// The last session ended on a missing publication (see `run`).
     slot_broken: bool,
@@ -565,12 +595,23 @@ async fn bounded<T, E: From<sqlx::Error>>(
         .unwrap_or_else(|_| Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()).into()))
 }
 
-/// The primary's flush position: what a walsender can have sent.
-async fn flush_lsn(conn: &mut PgConnection) -> Result<Lsn, sqlx::Error> {
-    let text: String = sqlx::query_scalar("SELECT pg_current_wal_flush_lsn()::text")
-        .fetch_one(conn)
-        .await?;
-    Ok(Lsn::parse(&text).unwrap_or(Lsn::ZERO))
+/// The primary's flush position (what a walsender can have sent) and the
+/// timeline it is on: the heartbeat's cheap check that the connection
+/// still reaches the server the session streams from.
+async fn flush_lsn(conn: &mut PgConnection) -> Result<Position, sqlx::Error> {
+    let (text, file): (String, String) = sqlx::query_as(
+        "SELECT f.l::text, pg_walfile_name(f.l) FROM (SELECT pg_current_wal_flush_lsn() AS l) f",
+    )
+    .fetch_one(conn)
+    .await?;
+    let timeline = Timeline {
+        system: 0,
+        id: crate::db::position::timeline_of_wal_file(&file).unwrap_or(0),
+    };
+    Ok(Position::new(
+        timeline,
+        Lsn::parse(&text).unwrap_or(Lsn::ZERO),
+    ))
 }
 
 /// Whether a snapshot taken now on the primary sees every transaction in

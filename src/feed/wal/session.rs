@@ -19,7 +19,7 @@ use super::assemble::{Assembler, Pending};
 use super::transport::{Item, Polled, Positions, Streamed, Transport};
 use super::{Feed, SessionError, bounded, deps, feed_connect, side_connection};
 use crate::feed::pgoutput;
-use crate::feed::{CHECK_EVERY, Event, Lsn, Phase, Resync};
+use crate::feed::{CHECK_EVERY, Event, Lsn, Phase, Position, Resync, Server};
 use crate::shutdown::Shutdown;
 
 /// How often the feed tells the server its position when nothing else
@@ -36,7 +36,7 @@ pub(super) const VISIBLE_EVERY: Duration = Duration::from_millis(5);
 /// wait), the gateway goes, or `shutdown` fires.
 pub(super) async fn run(
     feed: &mut Feed,
-    applied: &mut watch::Receiver<Lsn>,
+    applied: &mut watch::Receiver<Position>,
     temp_name: &str,
     shutdown: &mut Shutdown,
 ) -> Result<(), SessionError> {
@@ -45,16 +45,21 @@ pub(super) async fn run(
     // For slot bookkeeping, checks, heartbeats and visibility (streamed: a
     // walsender runs no SQL once it streams); polled, it holds the slot.
     let mut conn = side_connection(&connect).await?;
+    let (server, _) = bounded(limit, Server::read(&mut conn)).await?;
+    if let Some(change) = feed.server.and_then(|before| server.change_from(&before)) {
+        feed.changed = Some(change);
+    }
     bounded(limit, deps::check(feed, &mut conn)).await?;
+    let timeline = server.timeline;
     let (mut transport, start, gap) = match feed.opts.poll {
-        None => Streamed::open(feed, &mut conn, temp_name).await?,
-        Some(every) => Polled::open(feed, &mut conn, temp_name, every).await?,
+        None => Streamed::open(feed, &mut conn, temp_name, timeline).await?,
+        Some(every) => Polled::open(feed, &mut conn, temp_name, every, timeline).await?,
     };
-    if !started(feed, start, gap).await {
+    if !started(feed, server, Position::new(timeline, start), gap).await {
         return Ok(());
     }
     let (watch, stats, tx) = (feed.watch.clone(), feed.stats.clone(), feed.tx.clone());
-    let mut asm = Assembler::new(&watch, &stats);
+    let mut asm = Assembler::new(&watch, &stats, timeline);
     let mut pos = Positions {
         received: start,
         confirmed: start,
@@ -134,7 +139,16 @@ pub(super) async fn run(
             let last = p.last;
             if !p.commits.is_empty() {
                 let xids: Vec<u32> = p.commits.iter().filter_map(|c| c.xid).collect();
-                wait_visible(&mut conn, &connect, &xids, limit, &mut transport, &pos).await?;
+                wait_visible(
+                    &mut conn,
+                    &connect,
+                    &xids,
+                    limit,
+                    &mut transport,
+                    &pos,
+                    &feed.health,
+                )
+                .await?;
             }
             if !deliver_visible(p, &tx).await {
                 return Ok(());
@@ -143,7 +157,8 @@ pub(super) async fn run(
             // process and applies in order, so this is a short wait; the
             // server hears from us meanwhile.
             if let Some(target) = last {
-                while *applied.borrow() < target {
+                let target = Position::new(timeline, target);
+                while !applied.borrow().reaches(&target) {
                     match tokio::time::timeout(STATUS_EVERY, applied.changed()).await {
                         Ok(Ok(())) => {}
                         // The applier is gone: the gateway is stopping.
@@ -156,7 +171,15 @@ pub(super) async fn run(
             // received meanwhile is safe to confirm too, and a proven
             // moment to send.
             let idle = match feed.opts.idle_confirm_applied {
-                true => idle_upto.map(|u| u.min(*applied.borrow())),
+                // On another timeline `applied` covers nothing of this one.
+                true => idle_upto.map(|u| {
+                    let a = *applied.borrow();
+                    if a.timeline == timeline {
+                        u.min(a.lsn)
+                    } else {
+                        Lsn::ZERO
+                    }
+                }),
                 false => idle_upto,
             };
             upto = upto.max(idle);
@@ -170,7 +193,7 @@ pub(super) async fn run(
         if let Some(u) = moved {
             pos.confirmed = u;
             pos.received = pos.received.max(u);
-            feed.position = Some(u);
+            feed.position = Some(Position::new(timeline, u));
         }
         transport
             .confirm(&mut conn, &pos, moved.is_some(), &stats)
@@ -182,21 +205,35 @@ pub(super) async fn run(
     }
 }
 
-/// The stream has started at `start`: from here on every commit after it
-/// is delivered. Tells start-up, and the gateway of a gap. False once the
-/// gateway is gone.
-async fn started(feed: &mut Feed, start: Lsn, gap: bool) -> bool {
+/// The stream from `server` has started at `start`: from here on every
+/// commit after it is delivered. Tells start-up, and the gateway of a gap
+/// (the slot's, or a new server's). False once the gateway is gone.
+async fn started(feed: &mut Feed, server: Server, start: Position, gap: bool) -> bool {
     feed.health.streaming();
     feed.streamed = true;
+    feed.server = Some(server);
+    let changed = feed.changed.take();
+    let gap = gap || changed.is_some();
     let was = feed.position;
     feed.position = Some(match was {
-        Some(p) if !gap => p.max(start),
+        Some(mut p) if !gap => {
+            p.advance(start);
+            p
+        }
         _ => start,
     });
     if gap {
         feed.stats.gaps.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(start = %start, applied = ?was, "WAL feed: the new stream may start past changes never applied; every filter is rebuilt");
-        let ev = Resync::all("WAL feed: the stream started past what was applied");
+        let ev = match changed {
+            Some(change) => {
+                tracing::warn!(start = %start, applied = ?was, change = %change, "WAL feed: a new server; every cache is emptied and every filter rebuilt");
+                Resync::all(format!("WAL feed: {change}"))
+            }
+            None => {
+                tracing::warn!(start = %start, applied = ?was, "WAL feed: the new stream may start past changes never applied; every filter is rebuilt");
+                Resync::all("WAL feed: the stream started past what was applied")
+            }
+        };
         if feed.tx.send(ev).await.is_err() {
             return false;
         }
@@ -235,17 +272,25 @@ async fn deliver_visible(p: Pending, tx: &mpsc::Sender<Event>) -> bool {
     true
 }
 
-/// Waits (briefly) until no snapshot taken now would see any of `xids` as
-/// running (see "Visible twice" in [`super`]), telling the server the feed
-/// is alive meanwhile.
+/// Waits until no snapshot taken now would see any of `xids` as running
+/// (see "Visible twice" in [`super`]), telling the server the feed is alive
+/// meanwhile.
 ///
-/// Normally microseconds. It can take long when commits wait for a
-/// synchronous standby: delivering `Visible` early would reopen the window
-/// it closes, so it keeps waiting, and says so. Past a minute the feed
-/// moves on rather than stall every resource (logged as an error). The
-/// side connection may have been closed while idle (`idle_session_timeout`,
-/// a proxy): streamed, one new one is made, rather than a new slot and a
-/// rebuild of everything; polled, it holds the slot and the session ends.
+/// Normally microseconds. It can take as long as a synchronous standby
+/// holds the commits (`synchronous_standby_names` naming a standby that
+/// does not answer): the transactions are committed locally and decoded,
+/// but invisible to every other session until the standby confirms or the
+/// writer cancels. Delivering them `Visible` before that would reopen the
+/// window the second delivery closes (a load reading the old row after
+/// the last invalidation, cached until the TTL), so the feed never does:
+/// it waits, with no cap. Meanwhile no heartbeat is sent, so past
+/// `database.freshness_bound` no resource is vouched for and every lookup
+/// goes to the database (which answers what is visible), and the feed's
+/// health says why; once the transactions are visible they are delivered
+/// and the heartbeats resume. The side connection may have been closed
+/// while idle (`idle_session_timeout`, a proxy): streamed, one new one is
+/// made, rather than a new slot and a rebuild of everything; polled, it
+/// holds the slot and the session ends.
 async fn wait_visible(
     conn: &mut PgConnection,
     connect: &PgConnectOptions,
@@ -253,14 +298,21 @@ async fn wait_visible(
     limit: Duration,
     transport: &mut Transport,
     pos: &Positions,
+    health: &crate::feed::Health,
 ) -> Result<(), SessionError> {
     let began = Instant::now();
-    let mut warned = began;
+    let mut warned: Option<Instant> = None;
     let mut told = began;
     let mut replaced = false;
     loop {
         match bounded(limit, super::all_visible(conn, xids)).await {
-            Ok(true) => return Ok(()),
+            Ok(true) => {
+                if warned.is_some() {
+                    tracing::info!(waited = ?began.elapsed(), "the transactions the WAL feed waited for are visible: delivered");
+                    health.streaming();
+                }
+                return Ok(());
+            }
             Ok(false) => {}
             Err(e) if !replaced && matches!(transport, Transport::Streamed(_)) => {
                 tracing::warn!(error = %e, "WAL feed: visibility check failed; reconnecting its side connection");
@@ -274,16 +326,24 @@ async fn wait_visible(
             transport.keep_alive(pos).await?;
             told = Instant::now();
         }
-        if began.elapsed() > Duration::from_secs(60) {
-            tracing::error!(
-                ?xids,
-                "transactions decoded a minute ago are still not visible; delivering them as visible anyway"
+        let every = if began.elapsed() < Duration::from_secs(60) {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_secs(60)
+        };
+        if began.elapsed() >= Duration::from_secs(5) && warned.is_none_or(|w| w.elapsed() >= every)
+        {
+            let why = format!(
+                "transactions decoded {}s ago are not visible yet (a synchronous standby holding their commits?): waiting; the database answers meanwhile",
+                began.elapsed().as_secs()
             );
-            return Ok(());
-        }
-        if warned.elapsed() > Duration::from_secs(5) {
-            tracing::warn!(?xids, waited = ?began.elapsed(), "decoded transactions not yet visible (a synchronous standby?): waiting");
-            warned = Instant::now();
+            if began.elapsed() >= Duration::from_secs(60) {
+                tracing::error!(?xids, waited = ?began.elapsed(), "{why}");
+            } else {
+                tracing::warn!(?xids, waited = ?began.elapsed(), "{why}");
+            }
+            health.held(why);
+            warned = Some(Instant::now());
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

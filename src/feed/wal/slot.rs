@@ -9,17 +9,20 @@ use sqlx::PgConnection;
 
 use super::{Feed, SessionError};
 use crate::db::publication;
-use crate::feed::Lsn;
 use crate::feed::replication::ReplError;
+use crate::feed::{Lsn, Position, Timeline};
 
 /// Opens the permanent slot `name`: creates it if it does not exist, creates
 /// it again if it is lost (invalidated by `max_slot_wal_keep_size`) or stuck
 /// behind a dropped publication; returns where its stream starts and whether
-/// that is a gap. Err(Wait) while another backend holds it.
+/// that is a gap (its confirmed position past this process's, or on another
+/// timeline than `timeline`, the server's). Err(Wait) while another backend
+/// holds it.
 pub(super) async fn open_permanent(
     feed: &mut Feed,
     conn: &mut PgConnection,
     name: &str,
+    timeline: Timeline,
 ) -> Result<(Lsn, bool), SessionError> {
     let had = feed.position;
     let state = publication::slot(conn, name).await?;
@@ -52,8 +55,12 @@ pub(super) async fn open_permanent(
     match (&state, recreate) {
         (Some(s), None) => {
             let at = s.confirmed_flush.unwrap_or(Lsn::ZERO);
-            // Confirmed past what this process applied: someone else read it.
-            Ok((at, had.is_some_and(|p| at > p)))
+            // Confirmed past what this process applied (someone else read
+            // it), or a position of another history: a gap.
+            Ok((
+                at,
+                had.is_some_and(|p| !p.reaches(&Position::new(timeline, at))),
+            ))
         }
         _ => {
             let at = create(conn, name, false).await?;

@@ -14,7 +14,7 @@ use sqlx::Row;
 use super::session::STATUS_EVERY;
 use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, flush_lsn, slot};
 use crate::feed::replication::{self, Endpoint, Frame, ReplError, Stream};
-use crate::feed::{HEARTBEAT_EVERY, Lsn};
+use crate::feed::{HEARTBEAT_EVERY, Lsn, Timeline};
 
 /// Frames taken into one batch at most: one visibility check and one
 /// acknowledgement cover them all.
@@ -140,6 +140,8 @@ pub(super) struct Streamed {
     /// The server asked for a status.
     reply_owed: bool,
     silence_limit: Duration,
+    /// The timeline the session streams from (see "A new server").
+    timeline: Timeline,
 }
 
 impl Streamed {
@@ -147,6 +149,7 @@ impl Streamed {
         feed: &mut Feed,
         conn: &mut PgConnection,
         temp_name: &str,
+        timeline: Timeline,
     ) -> Result<(Transport, Lsn, bool), SessionError> {
         let opts = &feed.opts;
         let endpoint = Endpoint::new(&opts.connect, opts.password.clone(), "bloomgate-wal-feed");
@@ -159,6 +162,19 @@ impl Streamed {
         .await
         .map_err(|_| ReplError::Io(std::io::ErrorKind::TimedOut.into()))??;
         let limit = opts.silence_limit;
+        // The SQL connection read the server's identity; this one must
+        // reach the same history (a failover can put the two on different
+        // servers for a moment). The system identifier is compared only
+        // where the role could read it on the SQL connection.
+        let here = bounded(limit, async {
+            repl.identify_system().await.map_err(SessionError::from)
+        })
+        .await?;
+        if here.id != timeline.id || (timeline.system != 0 && here.system != timeline.system) {
+            return Err(SessionError::Wait(format!(
+                "the replication connection reaches {here}, the SQL connection {timeline} (a failover under way?): trying again"
+            )));
+        }
         let name = opts.slot.clone().unwrap_or_else(|| temp_name.to_string());
         let (start, gap) = match opts.slot.clone() {
             // On the replication connection: it lives as long as it does.
@@ -166,7 +182,13 @@ impl Streamed {
                 repl.create_slot(&name, true).await?,
                 feed.position.is_some(),
             ),
-            Some(permanent) => bounded(limit, slot::open_permanent(feed, conn, &permanent)).await?,
+            Some(permanent) => {
+                bounded(
+                    limit,
+                    slot::open_permanent(feed, conn, &permanent, timeline),
+                )
+                .await?
+            }
         };
         // Protocol 2 (Postgres 14+) with streaming: a large transaction
         // comes in blocks while it runs instead of spilling to disk on the
@@ -199,6 +221,7 @@ impl Streamed {
             probe: None,
             reply_owed: false,
             silence_limit: limit,
+            timeline,
         });
         Ok((transport, start, gap))
     }
@@ -215,7 +238,14 @@ impl Streamed {
             if self.probe.is_none() {
                 let at = Instant::now();
                 let flush = bounded(self.silence_limit, flush_lsn(conn)).await?;
-                self.probe = Some((at, flush));
+                if flush.timeline.id != self.timeline.id {
+                    return Err(ReplError::Protocol(format!(
+                        "the primary is on timeline {} now, the stream on {}",
+                        flush.timeline.id, self.timeline.id
+                    ))
+                    .into());
+                }
+                self.probe = Some((at, flush.lsn));
             }
             // Asked again while unanswered: a walsender catching up sends
             // no keepalive of its own once it has.
@@ -324,6 +354,7 @@ impl Polled {
         conn: &mut PgConnection,
         temp_name: &str,
         every: Duration,
+        timeline: Timeline,
     ) -> Result<(Transport, Lsn, bool), SessionError> {
         let limit = feed.opts.silence_limit;
         let (slot_name, start, gap) = match feed.opts.slot.clone() {
@@ -334,7 +365,8 @@ impl Polled {
             }
             Some(name) => {
                 slot::lock_for_polling(conn, &name).await?;
-                let (start, gap) = bounded(limit, slot::open_permanent(feed, conn, &name)).await?;
+                let (start, gap) =
+                    bounded(limit, slot::open_permanent(feed, conn, &name, timeline)).await?;
                 (name, start, gap)
             }
         };
