@@ -375,7 +375,7 @@ impl Resource {
     /// One load from the database for a lookup not vouched for: no cache
     /// read, nothing stored, no coalescing (each such request is one query,
     /// within the load slots and, for keys the filter rejected,
-    /// `verify_budget`).
+    /// `verify_budget`), on the primary (see `Db::fetch_json_on_primary`).
     async fn load_direct(&self, key: &Key, rejected: bool) -> Result<Lookup, Error> {
         self.stats.unvouched_loads.fetch_add(1, Ordering::Relaxed);
         let Ok(_slot) = self.loads.clone().try_acquire_owned() else {
@@ -392,9 +392,13 @@ impl Resource {
             },
         };
         let loaded = match key {
-            Key::Int(v) => self.db.fetch_json(sql, *v, tally).await,
-            Key::Uuid(u) => self.db.fetch_json(sql, *u, tally).await,
-            Key::Text(s) => self.db.fetch_json(sql, s.to_string(), tally).await,
+            Key::Int(v) => self.db.fetch_json_on_primary(sql, *v, tally).await,
+            Key::Uuid(u) => self.db.fetch_json_on_primary(sql, *u, tally).await,
+            Key::Text(s) => {
+                self.db
+                    .fetch_json_on_primary(sql, s.to_string(), tally)
+                    .await
+            }
         };
         match loaded {
             Ok(row) => {

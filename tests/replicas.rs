@@ -264,6 +264,51 @@ async fn a_load_goes_to_the_replica(gw: &Arc<Gateway>) {
     }
 }
 
+/// The gateway cut off from the primary while the replica is behind (its
+/// replay paused): a commit made meanwhile reaches no feed, so no applied
+/// position names it, and the replica passes the read-your-writes gate
+/// (which covers what the gateway applied). A lookup the feed does not
+/// vouch for must read the primary, which has the commit. Found by the
+/// checker's `outage` fault, where the replica is cut off with the feed.
+#[tokio::test]
+async fn a_lookup_the_feed_cannot_vouch_for_never_reads_a_replica() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (db, replica, extra) = setup_lag(30, "600s").await;
+    let proxy = Proxy::start().await;
+    let gw = started(config(&proxy.url(&db), &extra)).await;
+    vouched(&gw, "users").await;
+    a_load_goes_to_the_replica(&gw).await;
+    let _resume = Resume;
+    replica
+        .execute("SELECT pg_wal_replay_pause()")
+        .await
+        .unwrap();
+    proxy.cut();
+    let users = gw.resource("users").unwrap();
+    eventually("the feed's loss noticed", || async { !users.vouch.ok() }).await;
+    db.exec("UPDATE users SET name = 'changed while cut off' WHERE id = 1")
+        .await;
+    proxy.restore();
+    let mut answered = 0;
+    let began = Instant::now();
+    while answered < 20 && began.elapsed() < Duration::from_secs(10) {
+        let r = get(&gw, "/users/1").await;
+        if r.status == StatusCode::OK {
+            answered += 1;
+            assert_eq!(
+                r.json()["name"],
+                "changed while cut off",
+                "{} (replica {:?})",
+                r.header("cache-status"),
+                gw.db.replicas().unwrap().members()[0].snapshot()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(answered > 0, "never answered once the database was back");
+    gw.stop();
+}
+
 /// A transaction committed with `synchronous_commit = off` is visible, and
 /// announced, before the primary has written its WAL: the WAL writer writes
 /// it up to `wal_writer_delay` (200 ms) later. The primary's *write*

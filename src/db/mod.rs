@@ -361,9 +361,41 @@ impl Db {
     where
         K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Clone + Send + 'static,
     {
+        self.fetch_json_from(sql, key, tally, true).await
+    }
+
+    /// [`Db::fetch_json`] on the primary, whatever replicas there are: for
+    /// a lookup the feed does not vouch for. A replica is read only past
+    /// the changes the gateway has *applied* (`replicas`), and while the
+    /// feed cannot vouch, commits it has not applied may be missing from a
+    /// replica that looks current (cut off from the primary with the feed,
+    /// say): only the primary answers what is committed now.
+    pub async fn fetch_json_on_primary<K>(
+        &self,
+        sql: &str,
+        key: K,
+        tally: Tally<'_>,
+    ) -> Result<Option<Bytes>, DbError>
+    where
+        K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Clone + Send + 'static,
+    {
+        self.fetch_json_from(sql, key, tally, false).await
+    }
+
+    async fn fetch_json_from<K>(
+        &self,
+        sql: &str,
+        key: K,
+        tally: Tally<'_>,
+        replicas: bool,
+    ) -> Result<Option<Bytes>, DbError>
+    where
+        K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Clone + Send + 'static,
+    {
         // A replica far enough along for this load (see `replicas`); if its
         // query fails, the primary answers instead.
-        if let Some(reps) = &self.replicas
+        if replicas
+            && let Some(reps) = &self.replicas
             && let Some(replica) = reps.for_load().await
         {
             let began = Instant::now();
