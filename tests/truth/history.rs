@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use bloomgate::feed::Lsn;
+use bloomgate::feed::{Lsn, Position, Timeline};
 use bloomgate::gateway::Gateway;
 use bloomgate::http::App;
 use futures_util::StreamExt;
@@ -16,7 +16,10 @@ use sqlx::{Connection, Executor, PgConnection, PgPool};
 use tokio::task::JoinHandle;
 
 mod faults;
+mod life;
 mod reads;
+
+pub(crate) use life::private_cluster;
 
 use faults::{Action, Resume};
 use reads::{Answer, get, is_ready, reader};
@@ -28,6 +31,7 @@ use crate::redis::Redis;
 use crate::rng::Rng;
 use crate::schema::{self, BusSetup, Path, Res, Setup};
 use crate::{Fault, Feed};
+use life::Life;
 
 /// A feed's connection lost (walsender, listener, poller killed; slot
 /// dropped): how long the gateway may serve what it had before.
@@ -180,6 +184,8 @@ struct World {
     open_redis: bool,
     /// `restart-redis`: not started again before this.
     redis_back_at: Duration,
+    /// The database's lifecycle faults: the history's own cluster.
+    life: Option<Life>,
     report: Report,
     readers: Vec<JoinHandle<()>>,
 }
@@ -195,9 +201,26 @@ pub async fn run(opts: Opts) -> Report {
 impl World {
     async fn setup(opts: Opts) -> World {
         let mut rng = Rng::new(opts.seed);
-        let db = TestDb::new().await;
+        let (db, mut life) = if private_cluster(&opts) {
+            let name = format!("truth_life_{}_{}", std::process::id(), opts.seed);
+            let (life, pool) = Life::start(opts.seed, &name).await;
+            let url = life.gateway_url(&name);
+            (TestDb { name, url, pool }, Some(life))
+        } else {
+            (TestDb::new().await, None)
+        };
         db.exec(schema::SETUP).await;
-        let mut writer = PgConnection::connect(&db.url).await.unwrap();
+        let writer_url = match &life {
+            Some(l) => l.writer_url(&db.name),
+            None => db.url.clone(),
+        };
+        let mut writer = PgConnection::connect(&writer_url).await.unwrap();
+        if life.as_ref().is_some_and(|l| l.async_commits) {
+            writer
+                .execute("SET synchronous_commit = off")
+                .await
+                .unwrap();
+        }
         drop_stale_slots(&mut writer).await;
         let tag = db.name.trim_start_matches("bloomgate_test_").to_string();
         let mut writes = Gen::new(rng.fork(), format!("truth_{tag}"));
@@ -223,16 +246,22 @@ impl World {
         // On the bus: `bus.slot`, the relay's (the consumers' direct feeds
         // take temporary ones); `truth_` so a panicked history's is dropped.
         let slot = (permanent || on_bus).then(|| format!("truth_{tag}"));
-        let use_replica = !opts.replicas.is_empty()
+        let use_replica = (!opts.replicas.is_empty() || life.is_some())
             && (opts.faults.contains(&Fault::ReplicaPause) || rng.chance(50));
-        let replica_dbs: Vec<String> = if use_replica {
-            opts.replicas
-                .iter()
-                .map(|r| format!("{r}/{}", db.name))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        if let Some(l) = &mut life {
+            l.add_servers(use_replica);
+        }
+        let replica_dbs: Vec<String> =
+            if let Some(r) = life.as_ref().and_then(|l| l.replica.as_ref()) {
+                vec![r.url(&db.name)]
+            } else if use_replica && life.is_none() {
+                opts.replicas
+                    .iter()
+                    .map(|r| format!("{r}/{}", db.name))
+                    .collect()
+            } else {
+                Vec::new()
+            };
         // A fleet of two or three; `bus.max_lag` short (a consumer falls
         // back to its own feed before a failover completes) or the default
         // (it waits for the failover, not vouched for meanwhile).
@@ -252,7 +281,10 @@ impl World {
         };
         let report = Report {
             setup: format!(
-                "slot {}, {}, database {}{}",
+                "{}slot {}, {}, database {}{}",
+                life.as_ref()
+                    .map(|l| format!("{}; ", l.describe()))
+                    .unwrap_or_default(),
                 if let Some(b) = &bus {
                     format!(
                         "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, redis-server on port {}",
@@ -325,6 +357,7 @@ impl World {
             fleet,
             open_redis: false,
             redis_back_at: Duration::ZERO,
+            life,
             report,
             readers: Vec::new(),
         };
@@ -545,17 +578,40 @@ impl World {
         self.shared.now()
     }
 
+    /// Where the writer connects: the current primary, directly.
+    fn writer_url(&self) -> String {
+        match &self.life {
+            Some(l) => l.writer_url(&self.db.name),
+            None => self.db.url.clone(),
+        }
+    }
+
     fn violations(&self) -> usize {
         self.shared.violations.lock().unwrap().len()
     }
 
     async fn main(&mut self) {
-        let mut faults = self.opts.faults.clone();
+        // The lifecycle's faults are drawn from the cluster's own stream,
+        // so that the others are drawn as before they existed.
+        let mut faults: Vec<Fault> = self
+            .opts
+            .faults
+            .iter()
+            .copied()
+            .filter(|f| !f.is_lifecycle())
+            .collect();
         faults.sort_by_key(|f| f.name());
+        let lifecycle: Vec<Fault> = self
+            .opts
+            .faults
+            .iter()
+            .copied()
+            .filter(|f| f.is_lifecycle())
+            .collect();
         for round in 0..self.opts.rounds {
             let steps = self.writes.rng.range(15, 35);
             // Early in the round, so that writes follow the fault.
-            let fault = if !faults.is_empty() && self.writes.rng.chance(85) {
+            let mut fault = if !faults.is_empty() && self.writes.rng.chance(85) {
                 Some((
                     self.writes.rng.below(steps / 2 + 1),
                     *self.writes.rng.pick(&faults),
@@ -563,6 +619,12 @@ impl World {
             } else {
                 None
             };
+            if let Some(l) = &mut self.life
+                && !lifecycle.is_empty()
+                && (faults.is_empty() || l.rng.chance(60))
+            {
+                fault = Some((l.rng.below(steps / 2 + 1), *l.rng.pick(&lifecycle)));
+            }
             for s in 0..steps {
                 self.run_due(false).await;
                 if let Some((at, f)) = fault
@@ -588,6 +650,7 @@ impl World {
         }
         // Everything repairable repaired: the last comparison is strict.
         self.run_due(true).await;
+        self.end_lifecycle().await;
         self.quiesce("final").await;
     }
 
@@ -699,6 +762,19 @@ impl World {
     /// for (ready, applied past the marker), then the fault windows are
     /// let close, then every path is compared on every ready gateway.
     async fn quiesce(&mut self, label: &str) {
+        // An open failover or outage ends first: gateways that cannot
+        // reach the database cannot catch up.
+        let ends: Vec<Action> = self
+            .due
+            .iter()
+            .filter(|(_, a)| matches!(a, Action::Promote | Action::Restore))
+            .map(|(_, a)| *a)
+            .collect();
+        self.due
+            .retain(|(_, a)| !matches!(a, Action::Promote | Action::Restore));
+        for a in ends {
+            self.act(a).await;
+        }
         let (marker, lsn) = self.write_marker().await;
         self.shared
             .note(format!("{label}: quiescence, marker {marker} at {lsn}"));
@@ -720,7 +796,7 @@ impl World {
     /// COMMIT: the commit record ends past it, so a gateway whose applied
     /// LSN reaches it has applied the marker and (commit order) every
     /// write before it.
-    async fn write_marker(&mut self) -> (i64, Lsn) {
+    async fn write_marker(&mut self) -> (i64, Position) {
         self.marker += 1;
         for attempt in 0.. {
             match self.try_marker().await {
@@ -737,18 +813,27 @@ impl World {
         unreachable!()
     }
 
-    async fn try_marker(&mut self) -> Result<Lsn, sqlx::Error> {
+    async fn try_marker(&mut self) -> Result<Position, sqlx::Error> {
         let c = &mut self.writer;
         c.execute("BEGIN").await?;
         sqlx::query("INSERT INTO marker VALUES ($1)")
             .bind(self.marker)
             .execute(&mut *c)
             .await?;
-        let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
-            .fetch_one(&mut *c)
-            .await?;
+        // The position with its timeline, as the gateway publishes what it
+        // applied (`Gateway::applied`): comparable only on one timeline.
+        let (lsn, file, system): (String, String, String) = sqlx::query_as(
+            "SELECT l::text, pg_walfile_name(l), (SELECT system_identifier::text FROM pg_control_system())
+               FROM (SELECT pg_current_wal_insert_lsn() AS l) i",
+        )
+        .fetch_one(&mut *c)
+        .await?;
         c.execute("COMMIT").await?;
-        Ok(Lsn::parse(&lsn).unwrap())
+        let timeline = Timeline {
+            system: system.parse().unwrap(),
+            id: u32::from_str_radix(&file[..8], 16).unwrap(),
+        };
+        Ok(Position::new(timeline, Lsn::parse(&lsn).unwrap()))
     }
 
     /// The gateways to compare: those that say ready once one does. One
@@ -817,7 +902,7 @@ impl World {
         let (mut marker, mut lsn) = self.write_marker().await;
         let mut written = Instant::now();
         loop {
-            let lsn_reached = !self.opts.feed.is_wal() || *applied.borrow_and_update() >= lsn;
+            let lsn_reached = !self.opts.feed.is_wal() || applied.borrow_and_update().reaches(&lsn);
             let url = format!("/marker/{marker}");
             if lsn_reached && matches!(get(g, &url).await, Answer::Row(..)) {
                 return;
@@ -846,8 +931,9 @@ impl World {
 
     async fn compare(&mut self, gws: &[Arc<Gw>], label: &str) {
         let paths = self.shared.model.lock().unwrap().paths.clone();
-        let mut conn = self.db.pool.acquire().await.unwrap();
-        let truth = read_back(&mut conn, &paths).await.unwrap();
+        // The writer's connection: it is on the current primary, also after
+        // a failover.
+        let truth = read_back(&mut self.writer, &paths).await.unwrap();
         {
             let m = self.shared.model.lock().unwrap();
             for (p, body) in &truth {
@@ -890,7 +976,8 @@ impl World {
                     continue;
                 }
                 self.shared.checks.fetch_add(1, Ordering::Relaxed);
-                let ok = !matches!(a, Answer::Other(..)) && a.body() == want.as_ref();
+                // Every outage has ended by now: nothing may be stale.
+                let ok = !matches!(a, Answer::Other(..)) && a.body() == want.as_ref() && !a.stale();
                 if !ok {
                     wrong += 1;
                     let history = self.shared.model.lock().unwrap().describe(p);

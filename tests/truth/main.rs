@@ -102,6 +102,32 @@
 //! | `restart-redis` | bus | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later and no sooner than 0, 2 or 6 s after the kill (as the seed chooses: within either `bus.max_lag`, past 1 s, past 5 s; the writer goes on meanwhile), empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
 //! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
 //!
+//! | `failover` | all, on a cluster of the history's own | the standby stopped (it falls behind), 2-5 transactions later the primary crashed (`-m immediate`), the standby promoted (a new timeline) and every gateway's connections sent to it (the proxy in front of the cluster retargeted), the writer on it; the commits the standby never had are lost, and the read replica, which had them, is stranded on the old timeline; a new standby is made of the new primary | from the crash until `FEED_GAP` after the new primary answers; the crash to the promotion is an outage |
+//! | `crash` | all, on a cluster of its own | the primary stopped with `-m immediate` and started again (same timeline); with the seed's asynchronous commits (`synchronous_commit = off`, `wal_writer_delay` 1 s) the last ones are lost | as `failover` |
+//! | `sync-hold` | all, on a cluster of its own | `synchronous_standby_names = 'ghost'` for 3 s, 8 s or 62 s (past the minute a feed once gave up after): the writer's next commit waits, decoded but invisible to every other session | none: in flight, both versions are allowed; `BASE` after it returns |
+//! | `outage` | all, on a cluster of its own | every connection of every gateway cut (the proxy refuses and closes them; the writer, connected directly, goes on) for at least 1, 3 or 8 s and 2-8 transactions | `FEED_GAP` from the cut; an outage |
+//!
+//! # The database's lifecycle
+//! The last four faults run on a cluster of the history's own
+//! (`common::cluster`: a primary, a standby streaming from it directly,
+//! and, when the history has a replica, a read replica streaming through
+//! the proxy), with every gateway connecting through a proxy
+//! (`common::Proxy`); the writer connects to the primary directly. A
+//! history runs there when its faults are all of these, never when none
+//! is, else as a stream of the seed's own says (half the seeds; a stream
+//! apart, so that the other seeds, CI's among them, draw what they drew
+//! before these faults existed); there, each round's fault is one of
+//! these, drawn from that stream, 60 % of the time. After a failover or a
+//! crash the checker reads every path from the new primary and records it
+//! as committed then (`Model::reset`): a version the failover lost stays
+//! allowed within the fault's window, and is a violation after it.
+//! While the database cannot be reached (an outage; a crash or a failover
+//! until the new primary answers), and for [`model::STALE_AFTER`] (1 s)
+//! after, an answer labelled `detail=stale` is allowed if it is a version
+//! current after `BASE` before the outage began; outside one, and at
+//! every quiescence, a stale label is a violation. An unlabelled answer is
+//! judged as always.
+//!
 //! `FEED_GAP` is deliberately shorter than the WAL feed's reconnect
 //! back-off cap (5 s): a gateway blind for longer than that while it says
 //! ready is reported.
@@ -271,10 +297,14 @@ pub enum Fault {
     ReplicaPause,
     KillRelay,
     RestartRedis,
+    Failover,
+    Crash,
+    SyncHold,
+    Outage,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 16] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -287,7 +317,20 @@ impl Fault {
         Fault::ReplicaPause,
         Fault::KillRelay,
         Fault::RestartRedis,
+        Fault::Failover,
+        Fault::Crash,
+        Fault::SyncHold,
+        Fault::Outage,
     ];
+
+    /// The database's own lifecycle: played on a cluster of the history's
+    /// own (see "The database's lifecycle").
+    pub fn is_lifecycle(self) -> bool {
+        matches!(
+            self,
+            Fault::Failover | Fault::Crash | Fault::SyncHold | Fault::Outage
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -303,6 +346,10 @@ impl Fault {
             Fault::ReplicaPause => "replica-pause",
             Fault::KillRelay => "kill-relay",
             Fault::RestartRedis => "restart-redis",
+            Fault::Failover => "failover",
+            Fault::Crash => "crash",
+            Fault::SyncHold => "sync-hold",
+            Fault::Outage => "outage",
         }
     }
 

@@ -12,6 +12,11 @@ use crate::schema::Path;
 /// Any change may take this long to be served, fault or not.
 pub const BASE: Duration = Duration::from_secs(2);
 
+/// After an outage ends (the database answers again), how long a gateway
+/// may still answer labelled stale: it tries the database once per
+/// `db::outage::TRY_EVERY` (250 ms) while it believes it down.
+pub const STALE_AFTER: Duration = Duration::from_secs(1);
+
 /// One committed state of a path: `body` (`None`: no such row) from the
 /// moment its COMMIT was sent (it cannot be visible before) until the next
 /// version's COMMIT returned (it may be visible until then).
@@ -38,6 +43,12 @@ pub struct Model {
     /// Every path known, in the order first seen (readers pick from it).
     pub paths: Vec<Path>,
     pub windows: Vec<Window>,
+    /// When the database could not be reached (every connection cut, the
+    /// primary down): an answer labelled `detail=stale` is allowed only
+    /// for a read that began inside one (or within [`STALE_AFTER`] of its
+    /// end), and must be a version current after `BASE` before it began.
+    /// `until` is `Duration::MAX` while it lasts.
+    pub outages: Vec<Window>,
     /// Paths whose last version is in flight.
     staged: Vec<Path>,
 }
@@ -101,6 +112,44 @@ impl Model {
         }
     }
 
+    /// The database is unreachable from `from` on (see [`Model::outages`]).
+    pub fn outage_began(&mut self, what: impl Into<String>, from: Duration) {
+        self.outages.push(Window {
+            what: what.into(),
+            from,
+            until: Duration::MAX,
+        });
+    }
+
+    /// The open outage ended at `at`.
+    pub fn outage_ended(&mut self, at: Duration) {
+        if let Some(o) = self.outages.iter_mut().find(|o| o.until == Duration::MAX) {
+            o.until = at + STALE_AFTER;
+        }
+    }
+
+    /// What Postgres has now, read at `at` after a failover or a crash
+    /// lost commits the model recorded: each path whose body differs gets
+    /// a version committed at `at` (the lost ones stay allowed within the
+    /// fault's window, as any superseded version is).
+    pub fn reset(&mut self, at: Duration, truth: Vec<(Path, Option<Value>)>) {
+        assert!(self.staged.is_empty(), "no transaction in flight");
+        for (path, body) in truth {
+            if !self.versions.contains_key(&path) {
+                self.initial(path.clone(), None);
+            }
+            let versions = self.versions.get_mut(&path).unwrap();
+            if versions.last().unwrap().body == body {
+                continue;
+            }
+            versions.push(Version {
+                sent: at,
+                done: Some(at),
+                body,
+            });
+        }
+    }
+
     pub fn window(&mut self, what: impl Into<String>, from: Duration, bound: Duration) {
         self.windows.push(Window {
             what: what.into(),
@@ -113,6 +162,7 @@ impl Model {
     pub fn quiet_from(&self) -> Duration {
         self.windows
             .iter()
+            .chain(self.outages.iter().filter(|o| o.until != Duration::MAX))
             .map(|w| w.until)
             .max()
             .unwrap_or_default()
@@ -121,21 +171,42 @@ impl Model {
     /// Whether `got` (`None`: 404) may answer `path` for a read that began
     /// at `t0` and ended at `t1`: it must be a version that was committed
     /// by `t1` and was still current at the cutoff (`BASE` before `t0`, or
-    /// before the start of a fault window `t0` falls in). `Err` says what
-    /// Postgres had.
+    /// before the start of a fault window `t0` falls in). An answer
+    /// labelled `stale` is allowed only inside an outage (see
+    /// [`Model::outages`]), and then back to `BASE` before it began, and
+    /// no further whatever other window is open. `Err` says what Postgres
+    /// had.
     pub fn judge(
         &self,
         path: &Path,
         got: Option<&Value>,
         t0: Duration,
         t1: Duration,
+        stale: bool,
     ) -> Result<(), String> {
         let mut cutoff = t0.saturating_sub(BASE);
         let mut within = Vec::new();
-        for w in &self.windows {
-            if w.from <= t0 && t0 <= w.until {
-                cutoff = cutoff.min(w.from.saturating_sub(BASE));
-                within.push(w.what.as_str());
+        if stale {
+            let Some(o) = self.outages.iter().find(|o| o.from <= t0 && t0 <= o.until) else {
+                return Err(format!(
+                    "labelled stale outside any outage (read {}..{}); outages: {}",
+                    secs(t0),
+                    secs(t1),
+                    self.outages
+                        .iter()
+                        .map(|o| format!("{} {}..{}", o.what, secs(o.from), secs(o.until)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            };
+            cutoff = o.from.saturating_sub(BASE);
+            within.push(o.what.as_str());
+        } else {
+            for w in &self.windows {
+                if w.from <= t0 && t0 <= w.until {
+                    cutoff = cutoff.min(w.from.saturating_sub(BASE));
+                    within.push(w.what.as_str());
+                }
             }
         }
         let versions = &self.versions[path];
@@ -215,20 +286,41 @@ mod tests {
         // b committed between 10 s and 10.1 s.
         m.stage(ms(10_000), vec![(p.clone(), b.clone())]);
         // While in flight, both are fine.
-        assert!(m.judge(&p, a.as_ref(), ms(10_050), ms(10_060)).is_ok());
-        assert!(m.judge(&p, b.as_ref(), ms(10_050), ms(10_060)).is_ok());
+        assert!(
+            m.judge(&p, a.as_ref(), ms(10_050), ms(10_060), false)
+                .is_ok()
+        );
+        assert!(
+            m.judge(&p, b.as_ref(), ms(10_050), ms(10_060), false)
+                .is_ok()
+        );
         m.committed(ms(10_100));
         // b cannot be seen by a read that ended before its COMMIT was sent.
-        assert!(m.judge(&p, b.as_ref(), ms(9_000), ms(9_999)).is_err());
+        assert!(
+            m.judge(&p, b.as_ref(), ms(9_000), ms(9_999), false)
+                .is_err()
+        );
         // a within BASE of b's commit returning, then not.
-        assert!(m.judge(&p, a.as_ref(), ms(12_000), ms(12_001)).is_ok());
-        assert!(m.judge(&p, a.as_ref(), ms(12_200), ms(12_201)).is_err());
+        assert!(
+            m.judge(&p, a.as_ref(), ms(12_000), ms(12_001), false)
+                .is_ok()
+        );
+        assert!(
+            m.judge(&p, a.as_ref(), ms(12_200), ms(12_201), false)
+                .is_err()
+        );
         // Nothing else, ever; a 404 for a row that always existed neither.
-        assert!(m.judge(&p, None, ms(10_050), ms(10_060)).is_err());
+        assert!(m.judge(&p, None, ms(10_050), ms(10_060), false).is_err());
         // A fault window from 11 s to 16 s lets a stay until then.
         m.window("kill", ms(11_000), ms(5_000));
-        assert!(m.judge(&p, a.as_ref(), ms(15_000), ms(15_001)).is_ok());
-        assert!(m.judge(&p, a.as_ref(), ms(16_500), ms(16_501)).is_err());
+        assert!(
+            m.judge(&p, a.as_ref(), ms(15_000), ms(15_001), false)
+                .is_ok()
+        );
+        assert!(
+            m.judge(&p, a.as_ref(), ms(16_500), ms(16_501), false)
+                .is_err()
+        );
         assert_eq!(m.quiet_from(), ms(16_000));
         // An aborted transaction leaves no version; an unchanged body none.
         m.stage(ms(20_000), vec![(p.clone(), None)]);
@@ -240,7 +332,61 @@ mod tests {
         let q = Path::new(Res::Users, "2");
         m.stage(ms(30_000), vec![(q.clone(), a.clone())]);
         m.committed(ms(30_001));
-        assert!(m.judge(&q, None, ms(29_000), ms(29_500)).is_ok());
-        assert!(m.judge(&q, None, ms(32_100), ms(32_200)).is_err());
+        assert!(m.judge(&q, None, ms(29_000), ms(29_500), false).is_ok());
+        assert!(m.judge(&q, None, ms(32_100), ms(32_200), false).is_err());
+    }
+
+    /// Labelled stale answers: only inside an outage, and only versions
+    /// current after BASE before it began; a reset after a failover makes
+    /// the lost versions wrong once the fault's window has closed.
+    #[test]
+    fn stale_answers_belong_to_outages_and_lost_commits_to_their_window() {
+        let mut m = Model::default();
+        let p = Path::new(Res::Users, "1");
+        let a = Some(serde_json::json!({"id": 1, "name": "a"}));
+        let b = Some(serde_json::json!({"id": 1, "name": "b"}));
+        let c = Some(serde_json::json!({"id": 1, "name": "c"}));
+        m.initial(p.clone(), a.clone());
+        m.stage(ms(1_000), vec![(p.clone(), b.clone())]);
+        m.committed(ms(1_010));
+        // No outage: stale is never right, even the latest version.
+        assert!(m.judge(&p, b.as_ref(), ms(2_000), ms(2_001), true).is_err());
+        m.outage_began("outage", ms(10_000));
+        // Inside it, what was current when it began; not what was gone
+        // long before.
+        assert!(
+            m.judge(&p, b.as_ref(), ms(50_000), ms(50_001), true)
+                .is_ok()
+        );
+        assert!(
+            m.judge(&p, a.as_ref(), ms(50_000), ms(50_001), true)
+                .is_err()
+        );
+        m.outage_ended(ms(60_000));
+        assert!(
+            m.judge(&p, b.as_ref(), ms(60_500), ms(60_501), true)
+                .is_ok()
+        );
+        assert!(
+            m.judge(&p, b.as_ref(), ms(61_500), ms(61_501), true)
+                .is_err(),
+            "past STALE_AFTER"
+        );
+        // A failover lost b: c is what the new primary has.
+        m.window("failover", ms(70_000), ms(5_000));
+        m.reset(ms(72_000), vec![(p.clone(), c.clone())]);
+        assert!(
+            m.judge(&p, b.as_ref(), ms(74_000), ms(74_001), false)
+                .is_ok()
+        );
+        assert!(
+            m.judge(&p, b.as_ref(), ms(76_000), ms(76_001), false)
+                .is_err()
+        );
+        assert!(
+            m.judge(&p, c.as_ref(), ms(76_000), ms(76_001), false)
+                .is_ok()
+        );
+        assert_eq!(m.latest(&p), c.as_ref());
     }
 }

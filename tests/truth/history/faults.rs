@@ -24,6 +24,10 @@ pub(super) enum Action {
     /// `restart-redis`, with a copy of its data taken some steps before.
     RedisKill(Restart),
     RedisBack(Restart),
+    /// `failover`'s second half (see `life`).
+    Promote,
+    /// `outage`'s end.
+    Restore,
 }
 
 impl World {
@@ -49,7 +53,7 @@ impl World {
     /// Loads `n` random rows into every gateway's cache (GET once), and
     /// returns their paths: a fault followed by writes to them shows
     /// whether the gateway drops what it cached.
-    async fn warm(&mut self, n: usize, by_email: bool) -> Vec<Path> {
+    pub(super) async fn warm(&mut self, n: usize, by_email: bool) -> Vec<Path> {
         let mut paths = Vec::new();
         for _ in 0..n {
             let t = if by_email {
@@ -80,6 +84,9 @@ impl World {
 
     pub(super) async fn inject(&mut self, f: Fault) {
         let injected = match f {
+            Fault::Failover | Fault::Crash | Fault::SyncHold | Fault::Outage => {
+                self.inject_lifecycle(f).await
+            }
             Fault::KillWalsender | Fault::KillListener | Fault::DropSlot => {
                 if f == Fault::DropSlot && self.slot.is_none() {
                     false
@@ -466,6 +473,8 @@ impl World {
 
     pub(super) async fn act(&mut self, action: Action) {
         match action {
+            Action::Promote => self.promote().await,
+            Action::Restore => self.restore().await,
             Action::RepairPublication => {
                 let sql = format!(
                     "DO $$ BEGIN

@@ -30,6 +30,15 @@ impl Answer {
         }
     }
 
+    /// Labelled `detail=stale`: answered during an outage from what was
+    /// last vouched for.
+    pub(super) fn stale(&self) -> bool {
+        match self {
+            Answer::Row(_, cs) | Answer::Absent(cs) => cs.contains("detail=stale"),
+            _ => false,
+        }
+    }
+
     pub(super) fn show(&self) -> String {
         match self {
             Answer::Row(v, cs) => format!("200 {v} [{cs}]"),
@@ -122,11 +131,13 @@ pub(super) async fn reader(shared: Arc<Shared>, mut rng: Rng) {
             }
             Answer::Row(..) | Answer::Absent(_) => {
                 shared.checks.fetch_add(1, Ordering::Relaxed);
-                let verdict = shared
-                    .model
-                    .lock()
-                    .unwrap()
-                    .judge(&path, answer.body(), t0, t1);
+                let verdict = shared.model.lock().unwrap().judge(
+                    &path,
+                    answer.body(),
+                    t0,
+                    t1,
+                    answer.stale(),
+                );
                 if let Err(why) = verdict {
                     shared.violation_once(
                         g.id,

@@ -1,0 +1,352 @@
+//! The database's own lifecycle (see "The database's lifecycle" in the
+//! crate doc): a history on a cluster of its own, a primary, a standby that
+//! a failover promotes and a read replica that it strands, with every
+//! gateway connecting through a proxy that an outage cuts and a failover
+//! moves to the new primary; and the faults played on it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sqlx::{Connection, Executor, PgConnection};
+use tokio::task::JoinHandle;
+
+use super::{Action, FEED_GAP, World, read_back};
+use crate::common::Proxy;
+use crate::common::cluster::Server;
+use crate::ops::Focus;
+use crate::rng::Rng;
+use crate::{Fault, Opts};
+
+/// Whether the history runs on a cluster of its own: when its faults are
+/// all lifecycle faults, never when none is, else as the seed's own
+/// stream says (a stream apart, so that the other histories' choices are
+/// those of the seeds they had before these faults existed).
+pub(crate) fn private_cluster(opts: &Opts) -> bool {
+    let life = opts.faults.iter().filter(|f| f.is_lifecycle()).count();
+    match life {
+        0 => false,
+        n if n == opts.faults.len() => true,
+        _ => Rng::new(opts.seed ^ LIFE_SALT).chance(50),
+    }
+}
+
+/// Salts the lifecycle's own stream of random choices.
+const LIFE_SALT: u64 = 0x6c69_6665_6379_639e;
+
+/// The cluster and what the lifecycle faults keep between them.
+pub(super) struct Life {
+    pub primary: Server,
+    /// A standby streaming from the primary directly: a failover promotes
+    /// it (and makes a new one of the new primary).
+    pub standby: Option<Server>,
+    /// The gateways' read replica (when the history has one), streaming
+    /// through the proxy: a failover strands it on the old timeline, as a
+    /// replica that had replayed past the fork point is stranded.
+    pub replica: Option<Server>,
+    /// Every gateway's connections to the primary.
+    pub proxy: Proxy,
+    /// The writer commits with `synchronous_commit = off` (a crash loses
+    /// what it committed last).
+    pub async_commits: bool,
+    pub rng: Rng,
+    /// A lifecycle fault in progress: one at a time.
+    pub open: Option<(Fault, Duration)>,
+    /// A synchronous standby's hold, released by this task.
+    pub hold: Option<JoinHandle<()>>,
+    /// An outage is not restored before this.
+    pub back_at: Duration,
+}
+
+impl Life {
+    /// The primary, its proxy, and database `db` on it (empty).
+    pub async fn start(seed: u64, db: &str) -> (Life, sqlx::PgPool) {
+        let mut rng = Rng::new(seed ^ LIFE_SALT);
+        let _ = rng.chance(50);
+        let async_commits = rng.chance(50);
+        let mut settings = vec!["max_prepared_transactions=20"];
+        if async_commits {
+            // An asynchronous commit reaches the disk within three of
+            // these: a crash loses the last second or so.
+            settings.push("wal_writer_delay=1000ms");
+        }
+        let primary = Server::primary(&settings);
+        let pool = primary.create_empty_db(db).await;
+        // As `TestDb::new` leaves a database of the shared servers.
+        bloomgate::db::MIGRATOR.run(&pool).await.unwrap();
+        let proxy = Proxy::start_to(addr(&primary)).await;
+        (
+            Life {
+                primary,
+                standby: None,
+                replica: None,
+                proxy,
+                async_commits,
+                rng,
+                open: None,
+                hold: None,
+                back_at: Duration::ZERO,
+            },
+            pool,
+        )
+    }
+
+    /// The standby, and the replica when `replica`; after the database
+    /// holds what the history starts with.
+    pub fn add_servers(&mut self, replica: bool) {
+        self.standby = Some(self.primary.standby());
+        if replica {
+            self.replica = Some(self.primary.standby_through(self.proxy.addr.port()));
+        }
+    }
+
+    /// `db` on the primary, as the gateways reach it (through the proxy).
+    pub fn gateway_url(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{db}",
+            self.proxy.addr.port()
+        )
+    }
+
+    /// `db` on the primary directly (the writer: an outage does not cut it).
+    pub fn writer_url(&self, db: &str) -> String {
+        self.primary.url(db)
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "a cluster of its own (primary :{}, standby, {}, gateways through a proxy), {} commits",
+            self.primary.port,
+            if self.replica.is_some() {
+                "a replica through the proxy"
+            } else {
+                "no replica"
+            },
+            if self.async_commits {
+                "asynchronous"
+            } else {
+                "synchronous"
+            }
+        )
+    }
+}
+
+fn addr(s: &Server) -> SocketAddr {
+    format!("127.0.0.1:{}", s.port).parse().unwrap()
+}
+
+impl World {
+    /// Connects the writer to the current primary again (after a crash or
+    /// a failover), with the history's commit mode.
+    pub(super) async fn reconnect_writer(&mut self) {
+        let url = self.writer_url();
+        let mut tries = 0;
+        self.writer = loop {
+            match PgConnection::connect(&url).await {
+                Ok(c) => break c,
+                Err(e) if tries < 100 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("seed {}: the writer cannot reconnect: {e}", self.opts.seed),
+            }
+        };
+        if self.life.as_ref().is_some_and(|l| l.async_commits) {
+            self.writer
+                .execute("SET synchronous_commit = off")
+                .await
+                .unwrap();
+        }
+    }
+
+    /// What Postgres has now for every path, as the new truth (commits the
+    /// model recorded may have been lost).
+    async fn reset_model(&mut self) {
+        let paths = self.shared.model.lock().unwrap().paths.clone();
+        let truth = read_back(&mut self.writer, &paths).await.unwrap();
+        let now = self.now();
+        self.shared.model.lock().unwrap().reset(now, truth);
+    }
+
+    /// A lifecycle fault, if it applies now: on a cluster of the history's
+    /// own, none other in progress. `false`: not injected.
+    pub(super) async fn inject_lifecycle(&mut self, f: Fault) -> bool {
+        let Some(life) = &mut self.life else {
+            return false;
+        };
+        if let Some(h) = &life.hold
+            && !h.is_finished()
+        {
+            return false;
+        }
+        if life.open.is_some() || (f == Fault::Failover && life.standby.is_none()) {
+            return false;
+        }
+        let paths = self.warm(6, false).await;
+        let now = self.now();
+        let life = self.life.as_mut().unwrap();
+        match f {
+            Fault::Failover => {
+                // Stopped, the standby falls behind what is written next:
+                // those commits are lost when it is promoted.
+                life.standby.as_ref().unwrap().stop("fast");
+                life.open = Some((f, now));
+                self.shared.note(
+                    "fault failover: the standby stopped; the primary crashes in a few steps"
+                        .into(),
+                );
+                self.later(2, 5, Action::Promote);
+            }
+            Fault::Crash => {
+                self.crash().await;
+            }
+            Fault::SyncHold => {
+                let hold = match life.rng.below(10) {
+                    0..=1 => Duration::from_secs(62),
+                    2..=5 => Duration::from_secs(8),
+                    _ => Duration::from_secs(3),
+                };
+                let admin = life.primary.url("postgres");
+                let mut c = PgConnection::connect(&admin).await.unwrap();
+                c.execute("ALTER SYSTEM SET synchronous_standby_names = 'ghost'")
+                    .await
+                    .unwrap();
+                c.execute("SELECT pg_reload_conf()").await.unwrap();
+                life.hold = Some(tokio::spawn(async move {
+                    tokio::time::sleep(hold).await;
+                    c.execute("ALTER SYSTEM RESET synchronous_standby_names")
+                        .await
+                        .unwrap();
+                    c.execute("SELECT pg_reload_conf()").await.unwrap();
+                }));
+                self.shared.note(format!(
+                    "fault sync-hold: synchronous_standby_names = 'ghost' for {}s (the writer's next commit waits)",
+                    hold.as_secs()
+                ));
+            }
+            Fault::Outage => {
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .outage_began("outage", now);
+                let life = self.life.as_mut().unwrap();
+                life.proxy.cut();
+                let down = *life.rng.pick(&[
+                    Duration::from_secs(1),
+                    Duration::from_secs(3),
+                    Duration::from_secs(8),
+                ]);
+                life.back_at = now + down;
+                life.open = Some((f, now));
+                self.shared
+                    .model
+                    .lock()
+                    .unwrap()
+                    .window("outage", now, FEED_GAP);
+                self.shared.note(format!(
+                    "fault outage: every gateway connection cut, at least {}s",
+                    down.as_secs()
+                ));
+                self.later(2, 8, Action::Restore);
+            }
+            _ => unreachable!("not a lifecycle fault"),
+        }
+        self.writes.focus(
+            Focus::Update {
+                paths,
+                emails: false,
+            },
+            6,
+        );
+        true
+    }
+
+    /// `crash`: the primary stopped with `-m immediate` and started again
+    /// (same timeline; asynchronous commits not yet flushed are lost).
+    async fn crash(&mut self) {
+        // Recorded first: readers judge answers while the server stops.
+        let t = self.now();
+        self.shared.model.lock().unwrap().outage_began("crash", t);
+        let life = self.life.as_mut().unwrap();
+        life.primary.stop("immediate");
+        life.primary.start();
+        self.reconnect_writer().await;
+        self.reset_model().await;
+        let back = self.now();
+        let mut m = self.shared.model.lock().unwrap();
+        m.outage_ended(back);
+        m.window("crash", t, back - t + FEED_GAP);
+        drop(m);
+        self.shared.note(format!(
+            "fault crash: the primary crashed and restarted in {}ms",
+            (back - t).as_millis()
+        ));
+    }
+
+    /// The rest of `failover`: the primary crashes, the standby (behind
+    /// it) is promoted, and the proxy sends every new connection to it;
+    /// then a new standby of the new primary for the next failover.
+    pub(super) async fn promote(&mut self) {
+        let t = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .outage_began("failover", t);
+        let life = self.life.as_mut().unwrap();
+        life.primary.stop("immediate");
+        let standby = life.standby.take().unwrap();
+        standby.start();
+        standby.promote();
+        life.proxy.retarget(addr(&standby));
+        // The old primary's directory goes with it.
+        let _old = std::mem::replace(&mut life.primary, standby);
+        self.reconnect_writer().await;
+        self.reset_model().await;
+        let back = self.now();
+        {
+            let mut m = self.shared.model.lock().unwrap();
+            m.outage_ended(back);
+            m.window("failover", t, back - t + FEED_GAP);
+        }
+        let life = self.life.as_mut().unwrap();
+        life.standby = Some(life.primary.standby());
+        life.open = None;
+        self.shared.note(format!(
+            "failover: the primary crashed, the standby promoted and behind the proxy in {}ms{}",
+            (back - t).as_millis(),
+            if life.replica.is_some() {
+                "; the replica is stranded on the old timeline"
+            } else {
+                ""
+            }
+        ));
+    }
+
+    /// The end of `outage`: connections pass again.
+    pub(super) async fn restore(&mut self) {
+        let life = self.life.as_mut().unwrap();
+        let wait = life.back_at.saturating_sub(self.shared.now());
+        tokio::time::sleep(wait).await;
+        let life = self.life.as_mut().unwrap();
+        life.proxy.restore();
+        life.open = None;
+        let now = self.now();
+        self.shared.model.lock().unwrap().outage_ended(now);
+        self.shared
+            .note("outage over: connections pass again".into());
+    }
+
+    /// Every lifecycle fault in progress brought to its end (a history's
+    /// last comparison is strict): a failover promoted, an outage over,
+    /// a hold released.
+    pub(super) async fn end_lifecycle(&mut self) {
+        let Some(life) = &mut self.life else {
+            return;
+        };
+        if let Some(h) = life.hold.take() {
+            let _ = h.await;
+        }
+    }
+}
