@@ -623,7 +623,8 @@ async fn clock_skew_is_allowed_up_to_the_leeway_and_no_further() {
 /// A local JWKS endpoint whose document the test changes, counting fetches.
 struct JwksServer {
     url: String,
-    doc: Arc<Mutex<String>>,
+    /// `None`: answer 503 (the provider is down).
+    doc: Arc<Mutex<Option<String>>>,
     fetches: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -635,7 +636,7 @@ impl JwksServer {
             "http://{}/.well-known/jwks.json",
             listener.local_addr().unwrap()
         );
-        let doc = Arc::new(Mutex::new(doc.to_string()));
+        let doc = Arc::new(Mutex::new(Some(doc.to_string())));
         let fetches = Arc::new(AtomicU64::new(0));
         let (d, f) = (doc.clone(), fetches.clone());
         let task = tokio::spawn(async move {
@@ -651,9 +652,12 @@ impl JwksServer {
                         }
                     }
                     f.fetch_add(1, Ordering::SeqCst);
-                    let body = d.lock().unwrap().clone();
+                    let (status, body) = match d.lock().unwrap().clone() {
+                        Some(body) => ("200 OK", body),
+                        None => ("503 Service Unavailable", String::new()),
+                    };
                     let resp = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                         body.len()
                     );
                     let _ = s.write_all(resp.as_bytes()).await;
@@ -669,7 +673,11 @@ impl JwksServer {
     }
 
     fn set(&self, doc: &Value) {
-        *self.doc.lock().unwrap() = doc.to_string();
+        *self.doc.lock().unwrap() = Some(doc.to_string());
+    }
+
+    fn fail(&self) {
+        *self.doc.lock().unwrap() = None;
     }
 
     fn fetches(&self) -> u64 {
@@ -683,22 +691,34 @@ impl Drop for JwksServer {
     }
 }
 
-#[tokio::test]
-async fn a_rotated_key_set_refuses_the_removed_kid_and_takes_the_new_one() {
+/// A gateway served on the seeded database whose keys come from a local
+/// JWKS endpoint holding `keys`' ES256 key as `kid` (refetched at most once
+/// a second), with `auth` lines added.
+async fn with_jwks(
+    keys: &Signers,
+    kid: &str,
+    auth: &str,
+) -> (TestDb, JwksServer, Arc<bloomgate::gateway::Gateway>, Served) {
     let db = seeded().await;
-    let keys = Signers::new();
-    let jwks = JwksServer::start(&json!({"keys": [keys.jwk(Alg::ES256, "old")]})).await;
+    let jwks = JwksServer::start(&json!({"keys": [keys.jwk(Alg::ES256, kid)]})).await;
     let cfg = auth_config(
         &db,
         "",
         &format!(
-            "jwks_url = \"{}\"\njwks_refresh_interval = \"1h\"\njwks_min_refetch_interval = \"1s\"",
+            "jwks_url = \"{}\"\njwks_min_refetch_interval = \"1s\"\n{auth}",
             jwks.url
         ),
     );
     let gw = gateway(cfg);
-    // Ready only once the key set has been fetched.
     let served = serve_socket(&gw, None).await;
+    (db, jwks, gw, served)
+}
+
+#[tokio::test]
+async fn a_rotated_key_set_refuses_the_removed_kid_and_takes_the_new_one() {
+    let keys = Signers::new();
+    let (_db, jwks, gw, served) = with_jwks(&keys, "old", "jwks_refresh_interval = \"1h\"").await;
+    // Ready only once the key set has been fetched.
     assert!(gw.auth.is_ready());
     let c = Client::new(served.addr);
     let cl = claims("1", "users:read");
@@ -1015,11 +1035,7 @@ async fn refusals_are_counted_in_the_admin_api_and_metrics_and_no_secret_is_show
 /// and scopes, and the 401, 403 and 429 answers where they can happen.
 #[tokio::test]
 async fn the_openapi_document_declares_schemes_security_and_refusals() {
-    let db = seeded().await;
-    let cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
-    let gw = gateway(cfg);
-    let served = serve_socket(&gw, None).await;
-    let c = Client::new(served.addr);
+    let (_db, served, c) = with_secret().await;
     let doc: Value = c.get("/openapi.json", &[]).await.json().await.unwrap();
     let schemes = &doc["components"]["securitySchemes"];
     assert_eq!(schemes["bearerAuth"]["scheme"], "bearer");
@@ -1049,5 +1065,237 @@ async fn the_openapi_document_declares_schemes_security_and_refusals() {
     assert!(public.get("security").is_none());
     assert!(public["responses"].get("401").is_none());
     assert!(op("/open/users/{id}")["responses"]["429"].is_object());
+    served.shutdown().await.unwrap();
+}
+
+/// Asks until `done` holds for the answer, or panics after 15 s (which
+/// only catches "never"; no latency is asserted).
+async fn until(c: &Client, path: &str, token: &str, done: impl Fn(u16) -> bool, what: &str) {
+    let began = std::time::Instant::now();
+    loop {
+        let status = c.bearer(path, token).await.status().as_u16();
+        if done(status) {
+            return;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(15),
+            "{what}: still {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Finding 1: a fetched key set is the provider's word, an empty one too:
+/// the removed key's tokens, cached or new, are refused. A provider that
+/// stops answering keeps its keys trusted for `jwks_max_stale` only; then
+/// they are dropped, tokens signed by them are 503 and `/readyz` says why;
+/// a good fetch brings them back.
+#[tokio::test]
+async fn an_empty_key_set_revokes_and_keys_past_jwks_max_stale_are_dropped() {
+    let keys = Signers::new();
+    let (_db, jwks, _gw, served) = with_jwks(
+        &keys,
+        "k1",
+        "jwks_refresh_interval = \"1s\"\njwks_max_stale = \"3s\"",
+    )
+    .await;
+    let c = Client::new(served.addr);
+    let cl = claims("1", "users:read");
+    let cached = keys.sign(Alg::ES256, Some("k1"), &cl);
+    assert_eq!(c.bearer("/private/users/3", &cached).await.status(), 200);
+
+    jwks.set(&json!({"keys": []}));
+    until(
+        &c,
+        "/private/users/3",
+        &cached,
+        |s| s == 401,
+        "a token verified before the empty set",
+    )
+    .await;
+    let fresh = keys.sign(
+        Alg::ES256,
+        Some("k1"),
+        &json!({"sub": "2", "scope": "users:read", "exp": now() + 600}),
+    );
+    assert_eq!(
+        c.bearer("/private/users/3", &fresh).await.status(),
+        401,
+        "a token signed after"
+    );
+    let ready = c.get("/readyz", &[]).await;
+    assert_eq!(
+        ready.status(),
+        200,
+        "an empty set is the provider's word, not an outage"
+    );
+
+    // The key comes back, then the provider goes down.
+    jwks.set(&json!({"keys": [keys.jwk(Alg::ES256, "k1")]}));
+    until(
+        &c,
+        "/private/users/3",
+        &cached,
+        |s| s == 200,
+        "the key back",
+    )
+    .await;
+    jwks.fail();
+    until(
+        &c,
+        "/private/users/3",
+        &cached,
+        |s| s == 503,
+        "keys past jwks_max_stale",
+    )
+    .await;
+    let r = c.get("/readyz", &[]).await;
+    assert_eq!(r.status(), 503);
+    let why = r.text().await.unwrap();
+    assert!(why.contains("auth.jwks_max_stale"), "{why}");
+    jwks.set(&json!({"keys": [keys.jwk(Alg::ES256, "k1")]}));
+    until(
+        &c,
+        "/private/users/3",
+        &cached,
+        |s| s == 200,
+        "a good fetch again",
+    )
+    .await;
+    assert_eq!(c.get("/readyz", &[]).await.status(), 200);
+    served.shutdown().await.unwrap();
+}
+
+/// A gateway served on the seeded database with `jwt_secret`, and its
+/// client.
+async fn with_secret() -> (TestDb, Served, Client) {
+    let db = seeded().await;
+    let gw = gateway(auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\"")));
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    (db, served, c)
+}
+
+/// `claims` signed HS256 with the test secret.
+fn hs256(claims: &Value) -> String {
+    let s = jwt::Secret::new(SECRET.as_bytes());
+    jwt::encode(&json!({"alg": "HS256"}), claims, |m| {
+        s.sign(Alg::HS256, m).unwrap()
+    })
+}
+
+/// Finding 4: an integer owner has one spelling. A `sub` of `"03"` or
+/// `"+3"` owns neither key 3 nor the rows whose owner column is 3.
+#[tokio::test]
+async fn numeric_owner_claims_count_only_in_canonical_decimal() {
+    let (_db, served, c) = with_secret().await;
+    let hs = |sub: Value| hs256(&json!({"sub": sub, "exp": now() + 600}));
+    assert_eq!(c.bearer("/me/3", &hs(json!("3"))).await.status(), 200);
+    assert_eq!(c.bearer("/me/3", &hs(json!(3))).await.status(), 200);
+    let article = "/my/articles/00000000-0000-0000-0000-000000000007";
+    assert_eq!(c.bearer(article, &hs(json!("7"))).await.status(), 200);
+    for lenient in ["03", "+3", "3.0", " 3", "0x3"] {
+        assert_eq!(
+            c.bearer("/me/3", &hs(json!(lenient))).await.status(),
+            404,
+            "{lenient:?}"
+        );
+        let seven = lenient.replace('3', "7");
+        assert_eq!(
+            c.bearer(article, &hs(json!(seven))).await.status(),
+            404,
+            "{seven:?}"
+        );
+    }
+    served.shutdown().await.unwrap();
+}
+
+/// Convention: a rate-limited resource says its policy on every answer
+/// (so a client can pace itself before a 429) and, on every answer the
+/// limiter let through, what is left of it.
+#[tokio::test]
+async fn rate_limited_resources_send_their_policy_always_and_their_state_once_admitted() {
+    let (_db, served, c) = with_secret().await;
+    let token = hs256(&claims("5", ""));
+    let r = c.bearer("/limited/users/3", &token).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h(&r, "ratelimit-policy"), "\"limited_users\";q=3;w=3");
+    assert_eq!(h(&r, "ratelimit"), "\"limited_users\";r=2;t=1");
+    let r = c.bearer("/limited/users/999999", &token).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(h(&r, "ratelimit"), "\"limited_users\";r=1;t=2");
+    let r = c.get("/limited/users/3", &[]).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(h(&r, "ratelimit-policy"), "\"limited_users\";q=3;w=3");
+    assert_eq!(h(&r, "ratelimit"), "", "not counted: no state to tell");
+    // A public rate-limited resource too; a resource without a limit says
+    // nothing of one.
+    let r = c.get("/open/users/3", &[]).await;
+    assert_eq!(h(&r, "ratelimit-policy"), "\"open_users\";q=2;w=2");
+    assert!(h(&r, "ratelimit").starts_with("\"open_users\";r=1;t="));
+    let r = c.get("/users/3", &[]).await;
+    assert_eq!((h(&r, "ratelimit-policy"), h(&r, "ratelimit")), ("", ""));
+    served.shutdown().await.unwrap();
+}
+
+/// Finding 3, decided: on an `owner_column` resource a database that does
+/// not answer is 503 for a key the filter passes, whoever owns it, and an
+/// absent key stays the filter's 404. Answering 404 instead would tell the
+/// owner their row is gone (the false negative this gateway exists not to
+/// give); answering 503 for absent keys would make an outage of every key.
+/// What it leaves visible, that the filter passed the key, is what the
+/// timing already shows (README, "403 or 404 for another owner's row").
+#[tokio::test]
+async fn an_owner_column_resource_answers_503_never_404_when_the_database_does_not() {
+    let db = seeded().await;
+    db.add_slow_view().await;
+    let resource = r#"
+        [[resource]]
+        name = "slow_mine"
+        route = "/slow/mine/{id}"
+        table = "slow_users"
+        source_table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "name"]
+        auth = "jwt"
+        owner_claim = "sub"
+        owner_column = "name"
+    "#;
+    let mut cfg = auth_config(
+        &db,
+        "statement_timeout = \"300ms\"",
+        &format!("jwt_secret = \"{SECRET}\""),
+    );
+    let extra = bloomgate::config::Config::from_toml(&format!(
+        "[database]\nurl = \"{}\"\n[auth]\njwt_secret = \"{SECRET}\"\n{resource}",
+        db.url
+    ))
+    .unwrap();
+    cfg.resources.extend(extra.resources);
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let token = hs256(&claims("User 3", ""));
+    assert_eq!(c.bearer("/slow/mine/3", &token).await.status(), 200);
+    assert_eq!(
+        c.bearer("/slow/mine/4", &token).await.status(),
+        404,
+        "another owner's row"
+    );
+    db.exec("UPDATE test_delay SET seconds = 2").await;
+    for key in [5, 6] {
+        let r = c.bearer(&format!("/slow/mine/{key}"), &token).await;
+        assert_eq!(r.status(), 503, "another owner's row, not loaded yet");
+        assert!(
+            !r.text().await.unwrap().contains("User"),
+            "nothing of the row"
+        );
+    }
+    let r = c.bearer("/slow/mine/999999", &token).await;
+    assert_eq!(
+        (r.status().as_u16(), h(&r, "cache-status")),
+        (404, "bloomgate; detail=not-found")
+    );
     served.shutdown().await.unwrap();
 }

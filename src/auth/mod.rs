@@ -54,6 +54,7 @@ use crate::config::{AuthMode, Config};
 use crate::counter::Counter;
 use crate::error::Error;
 use crate::key::Key;
+use crate::key::compare::Comparison;
 use crate::telemetry::LogThrottle;
 use jwt::Invalid;
 use key_files::KeyFiles;
@@ -182,10 +183,33 @@ impl Policy {
         self.rate_policy.as_ref()
     }
 
+    /// The `RateLimit` field of a request the limiter let through.
+    pub fn rate_state(&self, a: Allowance) -> HeaderValue {
+        HeaderValue::from_str(&format!(
+            "\"{}\";r={};t={}",
+            self.resource, a.remaining, a.reset
+        ))
+        .unwrap_or(HeaderValue::from_static("r=0"))
+    }
+
     pub fn owner_column(&self) -> Option<&str> {
         self.owner.as_ref().and_then(|o| o.column.as_deref())
     }
 }
+
+/// What the rate limiter said of a request it let through: the
+/// `RateLimit` field of its answer (draft-ietf-httpapi-ratelimit-headers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allowance {
+    /// Requests that could be sent at once now.
+    pub remaining: u32,
+    /// Seconds until the whole burst is back (at least 1).
+    pub reset: u64,
+}
+
+/// `RateLimit-Policy` and `RateLimit`, as they are sent.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Who is asking, once [`Auth::check`] let the request through.
 pub enum Caller {
@@ -222,8 +246,15 @@ struct Remote {
     refresh: Duration,
     min_refetch: Duration,
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// `auth.jwks_max_stale`.
+    max_stale: Duration,
     keys: Mutex<Vec<jwt::PublicKey>>,
+    /// A key set is held and trusted: fetched, and not dropped as stale.
     loaded: AtomicBool,
+    /// When the last good fetch was, on the monotonic clock.
+    ok_at: Mutex<Option<Instant>>,
+    /// Why the keys were dropped (`jwks_max_stale` passed), for `/readyz`.
+    stale: Mutex<Option<String>>,
     started: AtomicBool,
     wanted: Arc<tokio::sync::Notify>,
     last_ok: Mutex<Option<SystemTime>>,
@@ -356,6 +387,7 @@ impl Auth {
             url: url.clone(),
             refresh: cfg.jwks_refresh_interval,
             min_refetch: cfg.jwks_min_refetch_interval,
+            max_stale: cfg.jwks_max_stale,
             tls: if url.starts_with("https:") {
                 match jwks::tls_config() {
                     Ok(t) => Some(t),
@@ -369,6 +401,8 @@ impl Auth {
             },
             keys: Mutex::new(Vec::new()),
             loaded: AtomicBool::new(false),
+            ok_at: Mutex::new(None),
+            stale: Mutex::new(None),
             started: AtomicBool::new(false),
             wanted: Arc::new(tokio::sync::Notify::new()),
             last_ok: Mutex::new(None),
@@ -377,10 +411,8 @@ impl Auth {
         Self {
             api_keys: api_key::Keys::new(&files.api_keys, &keyed),
             keyed,
-            secret: cfg
-                .jwt_secret
-                .as_ref()
-                .map(|s| jwt::Secret::new(s.as_bytes())),
+            // Validated at load (`AuthConfig::validate`).
+            secret: cfg.jwt_secret_bytes().map(|s| jwt::Secret::new(&s)),
             file_keys: files.jwks.clone(),
             keys: ArcSwap::from_pointee(files.jwks.clone()),
             remote,
@@ -414,11 +446,27 @@ impl Auth {
         self.policies.iter().any(|p| p.rate.is_some())
     }
 
-    /// False until a configured `jwks_url` has been fetched once.
+    /// False until a configured `jwks_url` has been fetched once, and
+    /// again once its keys are dropped as stale.
     pub fn is_ready(&self) -> bool {
         self.remote
             .as_ref()
             .is_none_or(|r| r.loaded.load(Ordering::Acquire))
+    }
+
+    /// Why [`is_ready`](Self::is_ready) is false, for `/readyz`.
+    pub fn why_not_ready(&self) -> Option<String> {
+        let r = self.remote.as_ref()?;
+        if r.loaded.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            r.stale
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_else(|| "the key set at auth.jwks_url has not been fetched yet".into()),
+        )
     }
 
     /// Decides whether the request may go on to the filter; see the module
@@ -429,10 +477,10 @@ impl Auth {
         headers: &HeaderMap,
         peer: Option<IpAddr>,
         now: Instant,
-    ) -> Result<Caller, Error> {
+    ) -> Result<(Caller, Option<Allowance>), Error> {
         if p.mode == AuthMode::None {
-            self.limit(p, 0, peer, now)?;
-            return Ok(Caller::Anonymous);
+            let allowance = self.limit(p, 0, peer, now)?;
+            return Ok((Caller::Anonymous, allowance));
         }
         let bearer = match p.mode.takes_jwt() {
             true => header_once(headers, &header::AUTHORIZATION).map_err(|_| self.two(p))?,
@@ -465,8 +513,8 @@ impl Auth {
         {
             return Err(self.refuse(p, Reason::NoOwnerClaim));
         }
-        self.limit(p, v.caller, peer, now)?;
-        Ok(caller)
+        let allowance = self.limit(p, v.caller, peer, now)?;
+        Ok((caller, allowance))
     }
 
     /// The cached or freshly verified credential `token` (`domain`: `j` a
@@ -581,9 +629,9 @@ impl Auth {
         caller: u64,
         peer: Option<IpAddr>,
         now: Instant,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Allowance>, Error> {
         let Some(rate) = &p.rate else {
-            return Ok(());
+            return Ok(None);
         };
         let who = match caller {
             0 => self.address(peer),
@@ -592,7 +640,10 @@ impl Auth {
         // Per resource: the caller's hash mixed with the resource's.
         let key = mix(who ^ p.salt).max(1);
         match self.limiter.check(key, rate, now) {
-            limit::Decision::Allowed { .. } => Ok(()),
+            limit::Decision::Allowed { remaining, reset } => Ok(Some(Allowance {
+                remaining,
+                reset: reset.as_nanos().div_ceil(1_000_000_000).max(1) as u64,
+            })),
             limit::Decision::Limited { retry_after } => {
                 self.stats.count(Reason::RateLimited);
                 let secs = retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
@@ -620,15 +671,19 @@ impl Auth {
         }
     }
 
-    /// Whether `v`'s owner claim names `key`. Counts a refusal.
-    pub fn owns_key(&self, p: &Policy, v: &Verified, key: &Key) -> bool {
+    /// Whether `v`'s owner claim names `key`, a key of a column compared
+    /// as `cmp` says (the claim is canonicalised as the key was: a citext
+    /// key owned by `Alice` is the key `alice`). An integer claim counts
+    /// only in its canonical decimal form: `"03"` and `"+3"` own nothing.
+    /// Counts a refusal.
+    pub fn owns_key(&self, p: &Policy, v: &Verified, key: &Key, cmp: &Comparison) -> bool {
         let Some(claim) = self.owner_value(p, v) else {
             return true;
         };
         let owns = match key {
-            Key::Int(k) => claim.parse::<i64>().is_ok_and(|c| c == *k),
+            Key::Int(k) => owner::canonical_int(claim) == Some(*k),
             Key::Uuid(k) => uuid::Uuid::parse_str(claim).is_ok_and(|c| c == *k),
-            Key::Text(k) => **k == *claim,
+            Key::Text(k) => *cmp.text(claim) == **k,
         };
         if !owns {
             self.stats.count(Reason::NotOwner);
@@ -636,13 +691,13 @@ impl Auth {
         owns
     }
 
-    /// Whether `v`'s owner claim equals the row's `owner_column`. Counts a
-    /// refusal.
-    pub fn owns_row(&self, p: &Policy, v: &Verified, row: &[u8]) -> bool {
+    /// Whether `v`'s owner claim equals the row's `owner_column`, a column
+    /// compared as `cmp` says. Counts a refusal.
+    pub fn owns_row(&self, p: &Policy, v: &Verified, row: &[u8], cmp: &Comparison) -> bool {
         let (Some(claim), Some(column)) = (self.owner_value(p, v), p.owner_column()) else {
             return true;
         };
-        let owns = owner::column(row, column).is_some_and(|value| owner::equals(value, claim));
+        let owns = owner::column(row, column).is_some_and(|value| owner::equals(value, claim, cmp));
         if !owns {
             self.stats.count(Reason::NotOwner);
         }
@@ -721,13 +776,20 @@ impl Auth {
         self.stats.jwks_fetches.fetch_add(1, Ordering::Relaxed);
         let body = jwks::fetch(&remote.url, remote.tls.as_ref()).await?;
         let (keys, skipped) = jwks::parse(&body)?;
+        // A set that parses is the provider's current word, an empty one
+        // too: keeping keys it no longer lists would keep accepting
+        // tokens it meant to revoke.
         if keys.is_empty() {
-            return Err(format!("no usable key ({})", skipped.join("; ")));
+            tracing::error!(
+                skipped = %skipped.join("; "),
+                "auth.jwks_url: the key set holds no usable key; every token signed by a key \
+                 it held is refused from now on"
+            );
         }
         let n = keys.len();
         let changed = {
             let mut held = remote.keys.lock().unwrap_or_else(|e| e.into_inner());
-            let changed = *held != keys;
+            let changed = *held != keys || !remote.loaded.load(Ordering::Acquire);
             if changed {
                 *held = keys;
                 let mut all = self.file_keys.clone();
@@ -754,8 +816,41 @@ impl Auth {
             }
         }
         *remote.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
+        *remote.ok_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        *remote.stale.lock().unwrap_or_else(|e| e.into_inner()) = None;
         remote.loaded.store(true, Ordering::Release);
         Ok(n)
+    }
+
+    /// How long the keys held stay trusted without a good fetch: `None`
+    /// if none are held (never fetched, or dropped already).
+    fn trusted_for(&self, remote: &Remote) -> Option<Duration> {
+        if !remote.loaded.load(Ordering::Acquire) {
+            return None;
+        }
+        let ok_at = (*remote.ok_at.lock().unwrap_or_else(|e| e.into_inner()))?;
+        Some(remote.max_stale.saturating_sub(ok_at.elapsed()))
+    }
+
+    /// `jwks_max_stale` has passed since the last good fetch: the URL's
+    /// keys are no longer trusted. Tokens signed by them are answered as
+    /// before the first fetch (503) until a fetch succeeds.
+    fn drop_stale(&self, remote: &Remote, last_error: &str) {
+        {
+            let mut held = remote.keys.lock().unwrap_or_else(|e| e.into_inner());
+            held.clear();
+            self.keys.store(Arc::new(self.file_keys.clone()));
+            let why = format!(
+                "the key set at auth.jwks_url could not be fetched for auth.jwks_max_stale ({}): \
+                 its keys are no longer trusted ({last_error})",
+                humantime::format_duration(remote.max_stale)
+            );
+            tracing::error!(reason = %why, "auth.jwks_url: keys dropped");
+            *remote.stale.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            remote.loaded.store(false, Ordering::Release);
+        }
+        self.verified.new_generation();
+        self.stats.jwks_changes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// For the admin API and the status page.
@@ -801,8 +896,8 @@ fn header_once<'h>(
 }
 
 /// The token of `Authorization: Bearer <token>` (the scheme in any case,
-/// RFC 9110 §11.1).
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+/// RFC 9110 §11.1): the public routes' and the admin API's.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     if value.len() < 7 || !value[..6].eq_ignore_ascii_case(b"bearer") || value[6] != b' ' {
         return None;
     }
@@ -848,11 +943,21 @@ async fn refresh(auth: Weak<Auth>, mut stop: tokio::sync::watch::Receiver<()>) {
                         failures,
                         not_logged,
                         "auth.jwks_url: fetching the key set failed; the keys held stay \
-                         (at most one such line per 10 s)"
+                         until auth.jwks_max_stale (at most one such line per 10 s)"
                     );
                 }
-                // 1 s, doubling, up to the refresh interval.
-                Duration::from_secs(1 << failures.min(16).saturating_sub(1)).min(remote.refresh)
+                // 1 s, doubling, up to the refresh interval; and no later
+                // than when the keys held stop being trusted.
+                let backoff = Duration::from_secs(1 << failures.min(16).saturating_sub(1))
+                    .min(remote.refresh);
+                match a.trusted_for(remote) {
+                    Some(left) if left.is_zero() => {
+                        a.drop_stale(remote, &e);
+                        backoff
+                    }
+                    Some(left) => backoff.min(left),
+                    None => backoff,
+                }
             }
         };
         let (wanted, min_refetch) = (remote.wanted.clone(), remote.min_refetch);

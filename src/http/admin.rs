@@ -222,7 +222,7 @@ async fn require_token(State(state): St, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        .and_then(|v| crate::auth::bearer_token(v.as_bytes()));
     let client = req
         .extensions()
         .get::<crate::auth::peer::PeerAddr>()
