@@ -1299,3 +1299,39 @@ async fn an_owner_column_resource_answers_503_never_404_when_the_database_does_n
     );
     served.shutdown().await.unwrap();
 }
+
+/// `auth.jwt_secret_base64`: a secret that is not text, given in base64,
+/// verifies tokens signed with its bytes, and not those signed with its
+/// base64 text.
+#[tokio::test]
+async fn a_base64_secret_verifies_tokens_signed_with_its_bytes() {
+    use base64::engine::general_purpose::STANDARD;
+    let db = seeded().await;
+    let bytes: Vec<u8> = (0u8..40).map(|i| i.wrapping_mul(151) ^ 0x80).collect();
+    assert!(std::str::from_utf8(&bytes).is_err(), "not text");
+    let encoded = STANDARD.encode(&bytes);
+    let gw = gateway(auth_config(
+        &db,
+        "",
+        &format!("jwt_secret = \"{encoded}\"\njwt_secret_base64 = true"),
+    ));
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let sign = |key: &[u8]| {
+        let s = jwt::Secret::new(key);
+        jwt::encode(&json!({"alg": "HS256"}), &claims("1", "users:read"), |m| {
+            s.sign(Alg::HS256, m).unwrap()
+        })
+    };
+    assert_eq!(
+        c.bearer("/private/users/3", &sign(&bytes)).await.status(),
+        200
+    );
+    assert_eq!(
+        c.bearer("/private/users/3", &sign(encoded.as_bytes()))
+            .await
+            .status(),
+        401
+    );
+    served.shutdown().await.unwrap();
+}

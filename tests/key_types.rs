@@ -412,12 +412,24 @@ async fn a_comparison_the_gateway_cannot_reproduce_is_a_start_up_error() {
             err.contains("\"k\"") && err.contains("public.k.key") && err.contains(said),
             "{column_type}: {err}"
         );
+        // `bloomgate preflight` says so before a start.
+        let report = bloomgate::preflight::run(&config(&db.url, &resource("text"))).await;
+        let shown = report.to_string();
+        assert!(
+            !report.passed() && shown.contains("public.k.key") && shown.contains(said),
+            "{column_type}: {shown}"
+        );
     }
     // A libc collation other than the database's is read, not refused.
     db.exec("DROP TABLE k; CREATE TABLE k (key citext COLLATE \"C\" PRIMARY KEY, label text); INSERT INTO k VALUES ('Ab', 'x')")
         .await;
     let gw = started(config(&db.url, &resource("text"))).await;
     assert_eq!(get(&gw, "/k/aB").await.status, StatusCode::OK);
+    assert_eq!(get(&gw, "/k/%C3%80b").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        gw.resource("k").unwrap().comparison().describe(),
+        "lower() under collation C"
+    );
     gw.stop();
 }
 

@@ -486,11 +486,70 @@ mod tests {
                 PRIVATE.into(),
                 "auth.max_token_bytes",
             ),
+            (
+                &format!("{s}\njwks_refresh_interval = \"1h\"\njwks_max_stale = \"10m\""),
+                PRIVATE.into(),
+                "auth.jwks_max_stale",
+            ),
+            (
+                &format!("{s}\nscope_claim = \"/realm_access/~2\""),
+                PRIVATE.into(),
+                "auth.scope_claim",
+            ),
+            (
+                &s,
+                PRIVATE.replace("owner_claim = \"sub\"", "owner_claim = \"/a~\""),
+                "resource[0].owner_claim",
+            ),
+            (
+                "jwt_secret_base64 = true",
+                PRIVATE.into(),
+                "auth.jwt_secret_base64",
+            ),
+            (
+                &format!("{s}\njwt_secret_base64 = true"),
+                PRIVATE.into(),
+                "auth.jwt_secret",
+            ),
         ] {
             let e = with(auth, &res);
             assert!(e.contains(key), "{key}: {e}");
             assert!(!e.contains(SECRET), "{e}");
         }
+    }
+
+    /// `jwt_secret_base64`: the secret's decoded bytes are the key, in
+    /// either alphabet, padded or not; too few of them, or not base64, is
+    /// an error naming the key and never quoting the secret; the printed
+    /// config loads again.
+    #[test]
+    fn a_base64_secret_is_decoded_checked_and_never_shown() {
+        use base64::Engine;
+        use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+        let key: Vec<u8> = (0u8..48).map(|i| i.wrapping_mul(37) ^ 0xfb).collect();
+        for encoded in [STANDARD.encode(&key), URL_SAFE_NO_PAD.encode(&key)] {
+            let c = Config::from_toml(&format!(
+                "[auth]\njwt_secret = \"{encoded}\"\njwt_secret_base64 = true\n{PRIVATE}"
+            ))
+            .unwrap();
+            assert_eq!(c.auth.jwt_secret_bytes(), Some(key.clone()));
+            let shown = c.to_redacted_toml();
+            assert!(!shown.contains(&encoded), "{shown}");
+            Config::from_toml(&shown).expect("the printed config loads");
+        }
+        let short = STANDARD.encode([7u8; 31]);
+        let e = err(&format!(
+            "[auth]\njwt_secret = \"{short}\"\njwt_secret_base64 = true\n{PRIVATE}"
+        ));
+        assert!(
+            e.contains("auth.jwt_secret") && e.contains("31 decoded bytes"),
+            "{e}"
+        );
+        assert!(!e.contains(&short), "{e}");
+        // Without the flag the text is the key, as before.
+        let c =
+            Config::from_toml(&format!("[auth]\njwt_secret = \"{SECRET}\"\n{PRIVATE}")).unwrap();
+        assert_eq!(c.auth.jwt_secret_bytes().unwrap(), SECRET.as_bytes());
     }
 
     /// The secret comes from the environment, is redacted in
