@@ -11,6 +11,11 @@
 #   bench/auth.sh                       # 3 rounds of 10 s cells (~8 min on 2 cores)
 #   ROUNDS=5 DURATION=20s bench/auth.sh
 #   CELLS="none hs256 es256" bench/auth.sh
+#   BASE_BIN=/tmp/bloomgate-base CELLS="apikey apikey-unknown-10k apikey@base apikey-unknown-10k@base" bench/auth.sh
+#
+# A cell named CELL@base runs CELL on the gateway binary BASE_BIN (another
+# build, for a before/after in one run); BIN overrides the binary of the
+# others (default: this tree's release build, built first).
 #
 # Every cell starts a fresh gateway (release build) on the database
 # `bloomgate_authbench` (1M users, seeded once and kept), warms it by
@@ -50,8 +55,10 @@ if ! command -v wrk >/dev/null 2>&1; then
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >&2
 fi
-cargo build --locked -q --release --bin bloomgate --example auth_tokens
-bin=target/release/bloomgate
+# With BIN set nothing is built (a copy of a build, to compare; the
+# auth_tokens example from an earlier build is used).
+[ -n "${BIN:-}" ] || cargo build --locked -q --release --bin bloomgate --example auth_tokens
+bin=${BIN:-target/release/bloomgate}
 db="$PG_BASE_URL/bloomgate_authbench"
 if ! psql "$PG_BASE_URL/postgres" -Atqc "SELECT 1 FROM pg_database WHERE datname = 'bloomgate_authbench'" | grep -q 1; then
   psql "$PG_BASE_URL/postgres" -qc "CREATE DATABASE bloomgate_authbench"
@@ -115,7 +122,10 @@ misses() {
 }
 
 cell() { # CELL -> "rps cpu_us_per_req misses_per_req other_cores"
-  local c=$1 prefix=/users/ header="" tokens="" entries=65536 keys=$work/api-keys-10000.toml
+  local c=$1 prefix=/users/ header="" tokens="" entries=65536 keys=$work/api-keys-10000.toml run=$bin
+  case "$c" in
+    *@base) run=${BASE_BIN:?BASE_BIN names the binary of @base cells} c=${c%@base} ;;
+  esac
   case "$c" in
     none) ;;
     apikey) prefix=/key/users/ header="X-API-Key: $(cat "$work/api-key")" ;;
@@ -130,7 +140,7 @@ cell() { # CELL -> "rps cpu_us_per_req misses_per_req other_cores"
     BLOOMGATE_AUTH__API_KEYS_FILE=$keys \
     BLOOMGATE_SERVER__LISTEN=127.0.0.1:$PORT BLOOMGATE_ADMIN__LISTEN=127.0.0.1:$ADMIN \
     BLOOMGATE_ADMIN_TOKEN=$admin_token RUST_LOG=warn \
-    $bin serve --config "$work/bench.toml" >"$work/gateway.log" 2>&1 &
+    $run serve --config "$work/bench.toml" >"$work/gateway.log" 2>&1 &
   pid=$!
   local i
   for i in $(seq 200); do
