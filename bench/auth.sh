@@ -3,11 +3,19 @@
 # per request, side by side in one run: a hit without auth, with an HS256
 # token, an ES256 token and an API key whose verification is cached (warm),
 # and with a token not seen before on every request (cold) for HS256,
-# RS256, ES256 and EdDSA.
+# RS256, ES256 and EdDSA; and an API key the file does not hold, with 10
+# and with 10,000 keys in the file (`apikey-unknown-10`,
+# `apikey-unknown-10k`: every request refused 401, which wrk's script
+# counts as `bad` and warns about; the cost is what is measured).
 #
 #   bench/auth.sh                       # 3 rounds of 10 s cells (~8 min on 2 cores)
 #   ROUNDS=5 DURATION=20s bench/auth.sh
 #   CELLS="none hs256 es256" bench/auth.sh
+#   BASE_BIN=/tmp/bloomgate-base CELLS="apikey apikey-unknown-10k apikey@base apikey-unknown-10k@base" bench/auth.sh
+#
+# A cell named CELL@base runs CELL on the gateway binary BASE_BIN (another
+# build, for a before/after in one run); BIN overrides the binary of the
+# others (default: this tree's release build, built first).
 #
 # Every cell starts a fresh gateway (release build) on the database
 # `bloomgate_authbench` (1M users, seeded once and kept), warms it by
@@ -35,7 +43,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3} DURATION=${DURATION:-10s} WARMUP=${WARMUP:-3s}
 COUNT=${COUNT:-20000}
-CELLS=${CELLS:-"none hs256 es256 apikey hs256-cold rs256-cold es256-cold eddsa-cold"}
+CELLS=${CELLS:-"none hs256 es256 apikey apikey-unknown-10 apikey-unknown-10k hs256-cold rs256-cold es256-cold eddsa-cold"}
 PORT=18090 ADMIN=18091
 TCK=$(getconf CLK_TCK)
 
@@ -47,8 +55,10 @@ if ! command -v wrk >/dev/null 2>&1; then
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk >&2
 fi
-cargo build --locked -q --release --bin bloomgate --example auth_tokens
-bin=target/release/bloomgate
+# With BIN set nothing is built (a copy of a build, to compare; the
+# auth_tokens example from an earlier build is used).
+[ -n "${BIN:-}" ] || cargo build --locked -q --release --bin bloomgate --example auth_tokens
+bin=${BIN:-target/release/bloomgate}
 db="$PG_BASE_URL/bloomgate_authbench"
 if ! psql "$PG_BASE_URL/postgres" -Atqc "SELECT 1 FROM pg_database WHERE datname = 'bloomgate_authbench'" | grep -q 1; then
   psql "$PG_BASE_URL/postgres" -qc "CREATE DATABASE bloomgate_authbench"
@@ -64,6 +74,18 @@ cleanup() {
 trap cleanup EXIT
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -outform DER -out "$work/rsa.der" 2>/dev/null
 target/release/examples/auth_tokens "$work" "$work/rsa.der" "$COUNT" 2>/dev/null
+# The keys file padded to 10 and to 10,000 keys (the most a file may hold),
+# by digest (the padding keys are never sent).
+for n in 10 10000; do
+  python3 - "$work/api-keys.toml" "$n" >"$work/api-keys-$n.toml" <<'PY'
+import hashlib, os, sys
+base = open(sys.argv[1]).read()
+have = base.count("[[key]]")
+print(base)
+for i in range(int(sys.argv[2]) - have):
+    print(f'[[key]]\nname = "pad{i}"\nsha256 = "{hashlib.sha256(os.urandom(16)).hexdigest()}"\n')
+PY
+done
 cat >"$work/bench.toml" <<EOF
 [database]
 url = "$db"
@@ -100,18 +122,25 @@ misses() {
 }
 
 cell() { # CELL -> "rps cpu_us_per_req misses_per_req other_cores"
-  local c=$1 prefix=/users/ header="" tokens="" entries=65536
+  local c=$1 prefix=/users/ header="" tokens="" entries=65536 keys=$work/api-keys-10000.toml run=$bin
+  case "$c" in
+    *@base) run=${BASE_BIN:?BASE_BIN names the binary of @base cells} c=${c%@base} ;;
+  esac
   case "$c" in
     none) ;;
     apikey) prefix=/key/users/ header="X-API-Key: $(cat "$work/api-key")" ;;
+    apikey-unknown-*) prefix=/key/users/ header="X-API-Key: unknown-key-0123456789abcdef"
+      keys=$work/api-keys-${c#apikey-unknown-}.toml
+      [ "$c" = apikey-unknown-10k ] && keys=$work/api-keys-10000.toml ;;
     *-cold) prefix=/jwt/users/ entries=16 tokens="$work/${c%-cold}.cold"
       header="Authorization: Bearer $(cat "$work/${c%-cold}.warm")" ;;
     *) prefix=/jwt/users/ header="Authorization: Bearer $(cat "$work/$c.warm")" ;;
   esac
   BLOOMGATE_AUTH__JWT_SECRET=$(cat "$work/secret") BLOOMGATE_AUTH__TOKEN_CACHE_ENTRIES=$entries \
+    BLOOMGATE_AUTH__API_KEYS_FILE=$keys \
     BLOOMGATE_SERVER__LISTEN=127.0.0.1:$PORT BLOOMGATE_ADMIN__LISTEN=127.0.0.1:$ADMIN \
     BLOOMGATE_ADMIN_TOKEN=$admin_token RUST_LOG=warn \
-    $bin serve --config "$work/bench.toml" >"$work/gateway.log" 2>&1 &
+    $run serve --config "$work/bench.toml" >"$work/gateway.log" 2>&1 &
   pid=$!
   local i
   for i in $(seq 200); do

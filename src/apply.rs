@@ -70,7 +70,7 @@ use crate::feed::{
     Columns, Commit, Coverage, Event, Op, Phase, Position, Resync, RowChange, Scope, TableName,
     Value,
 };
-use crate::key::{self, Key};
+use crate::key::Key;
 use crate::rebuild::Reason;
 use crate::resource::{Provenance, Resource};
 use crate::shutdown::Shutdown;
@@ -329,7 +329,7 @@ enum KeyInRow {
 
 fn key_in(follower: &Follower, row: Option<&Columns>) -> KeyInRow {
     match row.and_then(|r| r.get(&follower.column)) {
-        Some(Value::Text(t)) => match key::from_db_text(t, follower.resource.key_type()) {
+        Some(Value::Text(t)) => match follower.resource.key_from_db(t) {
             Some(k) => KeyInRow::Key(k),
             None => KeyInRow::None,
         },

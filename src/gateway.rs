@@ -32,6 +32,7 @@ use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
 use crate::feed::supervisor::{self, Supervisor};
 use crate::feed::{self, Position, Watch, WatchedColumn, WatchedTable, notify};
+use crate::key::compare::Comparison;
 use crate::metrics::Metrics;
 use crate::resource::{RebuildError, Resource};
 use crate::shutdown::{self, Shutdown};
@@ -274,8 +275,7 @@ impl Gateway {
                     .unwrap_or_else(|| "the change feed is not streaming".into()),
             ),
         };
-        let auth = (!self.auth.is_ready())
-            .then(|| "the key set at auth.jwks_url has not been fetched yet".to_string());
+        let auth = self.auth.why_not_ready();
         let shutdown = self
             .draining
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -450,6 +450,34 @@ impl Gateway {
                     c.key_type.accepted()
                 )));
             }
+            // How the key and owner columns compare (`key::compare`):
+            // a column the gateway cannot reproduce is refused here.
+            let compared = |col: &catalog::ColumnInfo| {
+                let table = served.name.clone();
+                let col = col.clone();
+                async move {
+                    catalog::comparison(pool, &table, &col)
+                        .await
+                        .map_err(|e| match e {
+                            catalog::ComparisonError::Db(e) => StartError::Catalog(e),
+                            catalog::ComparisonError::Refused(problem) => StartError::Schema {
+                                resource: c.name.clone(),
+                                problem,
+                            },
+                        })
+                }
+            };
+            let key_cmp = compared(column).await?;
+            let owner_cmp = match c
+                .access
+                .owner_column
+                .as_deref()
+                .and_then(|o| served.column(o))
+            {
+                Some(owner) => compared(owner).await?,
+                None => Comparison::Bytes,
+            };
+            r.set_columns(key_cmp, owner_cmp, &column.base_sql);
             let source = if c.source_table == c.table {
                 served
             } else {

@@ -5,6 +5,8 @@
 //! does not parse cannot exist in the table, so it is answered 400 without
 //! touching the filter, the cache or the database.
 
+pub mod compare;
+
 use std::fmt;
 use std::sync::Arc;
 
@@ -233,10 +235,12 @@ pub enum ColumnType {
     Text,
     Varchar,
     /// `char(n)` (`bpchar`): blank-padded; canonical text has the trailing
-    /// blanks stripped (what `::text` does).
+    /// blanks stripped (what `::text` does, and what `bpchareq` ignores:
+    /// see [`compare`]).
     Bpchar,
-    /// The `citext` extension type: compared as text by the gateway's
-    /// queries (`col = $1::text`), so case-sensitively, like the filter.
+    /// The `citext` extension type: compared by `lower()`, which
+    /// [`compare::Comparison::Lower`] reproduces; the feeds announce its
+    /// values as stored, and the applier canonicalises them.
     Citext,
     /// Any other type: not a valid key column type.
     Other,

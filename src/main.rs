@@ -222,10 +222,11 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             ttl,
         } => {
             let (config, _) = load(&config)?;
+            // Its bytes, or with auth.jwt_secret_base64 what they decode to
+            // (checked when the config was loaded).
             let secret = config
                 .auth
-                .jwt_secret
-                .as_deref()
+                .jwt_secret_bytes()
                 .ok_or("auth.jwt_secret is not set (BLOOMGATE_AUTH__JWT_SECRET)")?;
             let exp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)?
@@ -233,7 +234,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 + ttl.as_secs();
             let mut claims = serde_json::json!({ "sub": sub, "exp": exp });
             if !scope.is_empty() {
-                claims[&config.auth.scope_claim] = scope.into();
+                set_claim(&mut claims, &config.auth.scope_claim, scope.into());
             }
             if let Some(iss) = &config.auth.issuer {
                 claims["iss"] = iss.as_str().into();
@@ -242,7 +243,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 claims["aud"] = aud.as_str().into();
             }
             use bloomgate::auth::jwt;
-            let key = jwt::Secret::new(secret.as_bytes());
+            let key = jwt::Secret::new(&secret);
             let token = jwt::encode(
                 &serde_json::json!({"alg": "HS256", "typ": "JWT"}),
                 &claims,
@@ -354,4 +355,27 @@ async fn describe_database(config: Config, key_files: &KeyFiles) -> String {
         }
     }
     out
+}
+
+/// Sets the claim `name` names in `claims`: a top-level member, or where a
+/// JSON Pointer (`/realm_access/roles`) leads, making the objects on the
+/// way (as `auth::jwt` reads it).
+fn set_claim(claims: &mut serde_json::Value, name: &str, value: serde_json::Value) {
+    let Some(pointer) = name.strip_prefix('/') else {
+        claims[name] = value;
+        return;
+    };
+    let mut at = claims;
+    let tokens: Vec<String> = pointer
+        .split('/')
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let (last, path) = tokens.split_last().expect("split gives at least one");
+    for t in path {
+        if !at[t.as_str()].is_object() {
+            at[t.as_str()] = serde_json::json!({});
+        }
+        at = &mut at[t.as_str()];
+    }
+    at[last.as_str()] = value;
 }

@@ -290,6 +290,20 @@ async fn resources(
                 res.key_type.accepted()
             ));
         }
+        // A key or owner column the gateway could not compare as
+        // Postgres does (`key::compare`): start-up would refuse it.
+        let compared = std::iter::once(res.key_column.as_str())
+            .chain(res.access.owner_column.as_deref())
+            .filter_map(|c| info.column(c));
+        for column in compared {
+            match catalog::comparison_on(&mut *conn, &info.name, column).await {
+                Ok(_) => {}
+                Err(catalog::ComparisonError::Refused(why)) => {
+                    r.missing(format!("resource {}: {why}", res.name));
+                }
+                Err(catalog::ComparisonError::Db(e)) => return Err(e),
+            }
+        }
         let table = quote_table(&info.name);
         let mut denied = Vec::new();
         for c in read.iter().filter(|c| info.column(c).is_some()) {

@@ -33,6 +33,7 @@
 //! `Age`).
 
 mod build;
+mod column;
 mod live_filter;
 mod report;
 mod stats;
@@ -134,6 +135,9 @@ const CONFIRM_QUEUE: usize = 256;
 pub struct Resource {
     pub config: Resolved,
     queries: Queries,
+    /// How its key and owner columns compare, and the row query for them
+    /// (see `column`): read from the catalog at start-up.
+    column: std::sync::OnceLock<column::KeyColumn>,
     db: Arc<Db>,
     live: LiveFilter,
     cache: RowCache<Key>,
@@ -171,6 +175,7 @@ impl Resource {
         let (to_confirm, rx) = mpsc::channel(CONFIRM_QUEUE);
         Self {
             queries,
+            column: std::sync::OnceLock::new(),
             cache: RowCache::new(&config.cache),
             live: LiveFilter::new(config.filter.clone(), config.key_type),
             config,
@@ -233,10 +238,11 @@ impl Resource {
 
     /// Parses a raw path segment for this resource's key type.
     pub fn parse_key(&self, raw: &str, max_len: usize) -> Result<Key, Error> {
-        key::parse(raw, self.config.key_type, max_len).map_err(|e| {
+        let key = key::parse(raw, self.config.key_type, max_len).map_err(|e| {
             self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
             Error::BadKey(e)
-        })
+        })?;
+        self.canonical(key)
     }
 
     /// The request path up to the first await: the filter, then the cache
@@ -382,7 +388,7 @@ impl Resource {
             self.stats.shed_loads.fetch_add(1, Ordering::Relaxed);
             return Err(Error::Overloaded);
         };
-        let sql = &self.queries.row;
+        let sql = self.row_sql();
         let tally = Tally {
             counts: &self.stats.db_queries,
             kind: if rejected {
@@ -432,7 +438,7 @@ impl Resource {
         let make_load = |key: &Key| {
             let db = self.db.clone();
             let counts = self.stats.db_queries.clone();
-            let sql = self.queries.row.clone();
+            let sql = self.row_sql().clone();
             let k = key.clone();
             let loads = self.loads.clone();
             move || async move {

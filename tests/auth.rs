@@ -1,307 +1,22 @@
 //! Access control over real sockets and a real database: bearer JWTs
-//! (HS256, RS256, ES256, EdDSA, keys made here), a JWKS URL served by a
-//! small local HTTP server and rotated, API keys, scopes, row ownership on
-//! the key and on another column, per-caller rate limits, hostile tokens,
-//! and what refused requests cost Postgres (nothing).
+//! (HS256, RS256, ES256, EdDSA, keys made here), API keys, scopes, row
+//! ownership on the key and on another column, per-caller rate limits and
+//! their fields, hostile tokens, and what refused requests cost Postgres
+//! (nothing). The key sets themselves (a JWKS URL rotated, emptied, taken
+//! down; a base64 secret): `tests/auth_keys.rs`.
 
 mod common;
+#[path = "common/auth.rs"]
+mod support;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use bloomgate::auth::jwt::{self, Alg};
-use common::*;
-use ring::rand::SystemRandom;
-use ring::signature::{self, EcdsaKeyPair, Ed25519KeyPair, KeyPair, RsaKeyPair};
-use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-const SECRET: &str = "test-secret-of-at-least-32-bytes-0123456789";
-const API_KEY: &str = "reporting-key-0123456789abcdef";
-const WEAK_KEY: &str = "weak-key-0123456789abcdef";
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-fn b64(b: &[u8]) -> String {
-    URL_SAFE_NO_PAD.encode(b)
-}
-
-/// Signing keys made for this test run.
-struct Signers {
-    rsa: RsaKeyPair,
-    ec: EcdsaKeyPair,
-    ed: Ed25519KeyPair,
-    rng: SystemRandom,
-}
-
-/// An RSA key from the openssl CLI (ring cannot make one): `-outform DER`
-/// writes the PKCS#1 `RSAPrivateKey`.
-fn rsa_key() -> RsaKeyPair {
-    let path = std::env::temp_dir().join(format!("bloomgate-rsa-{:x}.der", rand::random::<u64>()));
-    let status = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-outform",
-            "DER",
-            "-out",
-        ])
-        .arg(&path)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("the openssl CLI makes the RSA test key (scripts/test.sh installs it)");
-    assert!(status.success());
-    let der = std::fs::read(&path).unwrap();
-    let _ = std::fs::remove_file(&path);
-    RsaKeyPair::from_der(&der).unwrap()
-}
-
-impl Signers {
-    fn new() -> Self {
-        let rng = SystemRandom::new();
-        let ec_doc =
-            EcdsaKeyPair::generate_pkcs8(&signature::ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
-                .unwrap();
-        let ed_doc = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
-        Self {
-            rsa: rsa_key(),
-            ec: EcdsaKeyPair::from_pkcs8(
-                &signature::ECDSA_P256_SHA256_FIXED_SIGNING,
-                ec_doc.as_ref(),
-                &rng,
-            )
-            .unwrap(),
-            ed: Ed25519KeyPair::from_pkcs8(ed_doc.as_ref()).unwrap(),
-            rng,
-        }
-    }
-
-    fn sign(&self, alg: Alg, kid: Option<&str>, claims: &Value) -> String {
-        let mut header = json!({"alg": alg.name(), "typ": "JWT"});
-        if let Some(k) = kid {
-            header["kid"] = json!(k);
-        }
-        jwt::encode(&header, claims, |m| match alg {
-            Alg::HS256 => jwt::Secret::new(SECRET.as_bytes()).sign(alg, m).unwrap(),
-            Alg::RS256 => {
-                let mut sig = vec![0; self.rsa.public().modulus_len()];
-                self.rsa
-                    .sign(&signature::RSA_PKCS1_SHA256, &self.rng, m, &mut sig)
-                    .unwrap();
-                sig
-            }
-            Alg::ES256 => self.ec.sign(&self.rng, m).unwrap().as_ref().to_vec(),
-            Alg::EdDSA => self.ed.sign(m).as_ref().to_vec(),
-            other => panic!("no test signer for {other:?}"),
-        })
-    }
-
-    fn jwk(&self, alg: Alg, kid: &str) -> Value {
-        match alg {
-            Alg::RS256 => {
-                let c = signature::RsaPublicKeyComponents::<Vec<u8>>::from(self.rsa.public());
-                json!({"kty": "RSA", "kid": kid, "alg": "RS256", "use": "sig", "n": b64(&c.n), "e": b64(&c.e)})
-            }
-            Alg::ES256 => {
-                let p = self.ec.public_key().as_ref();
-                json!({"kty": "EC", "kid": kid, "crv": "P-256", "x": b64(&p[1..33]), "y": b64(&p[33..65])})
-            }
-            Alg::EdDSA => {
-                json!({"kty": "OKP", "kid": kid, "crv": "Ed25519", "x": b64(self.ed.public_key().as_ref())})
-            }
-            other => panic!("no JWK for {other:?}"),
-        }
-    }
-}
-
-fn claims(sub: &str, scope: &str) -> Value {
-    json!({"sub": sub, "scope": scope, "exp": now() + 600})
-}
-
-/// Extra resources on the demo tables, each with its own rules.
-const RESOURCES: &str = r#"
-    [[resource]]
-    name = "private_users"
-    route = "/private/users/{id}"
-    table = "users"
-    key_column = "id"
-    key_type = "bigint"
-    columns = ["id", "email", "name"]
-    auth = "jwt"
-    scopes = ["users:read"]
-
-    [[resource]]
-    name = "me"
-    route = "/me/{id}"
-    table = "users"
-    key_column = "id"
-    key_type = "bigint"
-    columns = ["id", "email", "name"]
-    auth = "jwt"
-    owner_claim = "sub"
-
-    [[resource]]
-    name = "my_articles"
-    route = "/my/articles/{id}"
-    table = "articles"
-    key_column = "id"
-    key_type = "uuid"
-    columns = ["id", "author_id", "title"]
-    auth = "jwt"
-    owner_claim = "sub"
-    owner_column = "author_id"
-
-    [[resource]]
-    name = "keyed_users"
-    route = "/keyed/users/{id}"
-    table = "users"
-    key_column = "id"
-    key_type = "bigint"
-    columns = ["id", "name"]
-    auth = "api_key"
-    scopes = ["users:read"]
-
-    [[resource]]
-    name = "any_users"
-    route = "/any/users/{id}"
-    table = "users"
-    key_column = "id"
-    key_type = "bigint"
-    columns = ["id", "name"]
-    auth = "any"
-
-    [[resource]]
-    name = "limited_users"
-    route = "/limited/users/{id}"
-    table = "users"
-    key_column = "id"
-    key_type = "bigint"
-    columns = ["id", "name"]
-    auth = "jwt"
-    rate_limit = "1/s"
-    rate_limit_burst = 3
-
-    [[resource]]
-    name = "open_users"
-    route = "/open/users/{id}"
-    table = "users"
-    key_column = "id"
-    key_type = "bigint"
-    columns = ["id", "name"]
-    rate_limit = "1/s"
-    rate_limit_burst = 2
-"#;
-
-/// A keys file with the reporting key (scope users:read) and a weak one
-/// (no scope), written for this test.
-fn api_keys_file() -> std::path::PathBuf {
-    let path =
-        std::env::temp_dir().join(format!("bloomgate-keys-{:x}.toml", rand::random::<u64>()));
-    std::fs::write(
-        &path,
-        format!(
-            "[[key]]\nname = \"reporting\"\nkey = \"{API_KEY}\"\nscopes = [\"users:read\"]\n\
-             [[key]]\nname = \"weak\"\nkey = \"{WEAK_KEY}\"\n"
-        ),
-    )
-    .unwrap();
-    path
-}
-
-fn jwks_file(doc: &Value) -> std::path::PathBuf {
-    let path =
-        std::env::temp_dir().join(format!("bloomgate-jwks-{:x}.json", rand::random::<u64>()));
-    std::fs::write(&path, doc.to_string()).unwrap();
-    path
-}
-
-/// The test config: `database` lines, the `[auth]` table (plus the keys
-/// file when it names none: `keyed_users` needs one), the resources.
-fn auth_config(db: &TestDb, database: &str, auth: &str) -> bloomgate::config::Config {
-    let keys = match auth.contains("api_keys_file") {
-        true => String::new(),
-        false => format!("api_keys_file = \"{}\"", api_keys_file().display()),
-    };
-    config(
-        &db.url,
-        &format!(
-            "{database}\n[auth]\n{auth}\n{keys}\n[server]\nmax_header_bytes = 262144\n{RESOURCES}"
-        ),
-    )
-}
-
-async fn seeded() -> TestDb {
-    let db = TestDb::new().await;
-    db.seed_users(50).await;
-    db.exec(
-        "INSERT INTO articles (id, author_id, title, body) VALUES
-         ('00000000-0000-0000-0000-000000000007', 7, 'by seven', 'x'),
-         ('00000000-0000-0000-0000-000000000008', 8, 'by eight', 'y')",
-    )
-    .await;
-    db
-}
-
-struct Client {
-    http: reqwest::Client,
-    base: String,
-}
-
-impl Client {
-    fn new(addr: SocketAddr) -> Self {
-        Self {
-            http: reqwest::Client::new(),
-            base: format!("http://{addr}"),
-        }
-    }
-
-    async fn get(&self, path: &str, headers: &[(&str, &str)]) -> reqwest::Response {
-        let mut req = self.http.get(format!("{}{path}", self.base));
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        req.send().await.unwrap()
-    }
-
-    async fn bearer(&self, path: &str, token: &str) -> reqwest::Response {
-        self.get(path, &[("authorization", &format!("Bearer {token}"))])
-            .await
-    }
-}
-
-fn h<'a>(r: &'a reqwest::Response, name: &str) -> &'a str {
-    r.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap())
-        .unwrap_or_default()
-}
-
-/// Status, the headers that describe the response (not the request id or
-/// the date), and the body.
-async fn described(r: reqwest::Response) -> (u16, Vec<(String, String)>, String) {
-    let status = r.status().as_u16();
-    let mut headers: Vec<_> = r
-        .headers()
-        .iter()
-        .filter(|(n, _)| !matches!(n.as_str(), "x-request-id" | "date"))
-        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string()))
-        .collect();
-    headers.sort();
-    (status, headers, r.text().await.unwrap())
-}
+use bloomgate::auth::jwt::{self, Alg};
+use common::*;
+use serde_json::{Value, json};
+use support::*;
 
 #[tokio::test]
 async fn every_algorithm_verifies_and_authenticated_rows_are_private_with_etags() {
@@ -620,134 +335,6 @@ async fn clock_skew_is_allowed_up_to_the_leeway_and_no_further() {
     served.shutdown().await.unwrap();
 }
 
-/// A local JWKS endpoint whose document the test changes, counting fetches.
-struct JwksServer {
-    url: String,
-    doc: Arc<Mutex<String>>,
-    fetches: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl JwksServer {
-    async fn start(doc: &Value) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!(
-            "http://{}/.well-known/jwks.json",
-            listener.local_addr().unwrap()
-        );
-        let doc = Arc::new(Mutex::new(doc.to_string()));
-        let fetches = Arc::new(AtomicU64::new(0));
-        let (d, f) = (doc.clone(), fetches.clone());
-        let task = tokio::spawn(async move {
-            while let Ok((mut s, _)) = listener.accept().await {
-                let (d, f) = (d.clone(), f.clone());
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    let mut got = 0;
-                    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
-                        match s.read(&mut buf[got..]).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got += n,
-                        }
-                    }
-                    f.fetch_add(1, Ordering::SeqCst);
-                    let body = d.lock().unwrap().clone();
-                    let resp = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = s.write_all(resp.as_bytes()).await;
-                });
-            }
-        });
-        Self {
-            url,
-            doc,
-            fetches,
-            task,
-        }
-    }
-
-    fn set(&self, doc: &Value) {
-        *self.doc.lock().unwrap() = doc.to_string();
-    }
-
-    fn fetches(&self) -> u64 {
-        self.fetches.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for JwksServer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-#[tokio::test]
-async fn a_rotated_key_set_refuses_the_removed_kid_and_takes_the_new_one() {
-    let db = seeded().await;
-    let keys = Signers::new();
-    let jwks = JwksServer::start(&json!({"keys": [keys.jwk(Alg::ES256, "old")]})).await;
-    let cfg = auth_config(
-        &db,
-        "",
-        &format!(
-            "jwks_url = \"{}\"\njwks_refresh_interval = \"1h\"\njwks_min_refetch_interval = \"1s\"",
-            jwks.url
-        ),
-    );
-    let gw = gateway(cfg);
-    // Ready only once the key set has been fetched.
-    let served = serve_socket(&gw, None).await;
-    assert!(gw.auth.is_ready());
-    let c = Client::new(served.addr);
-    let cl = claims("1", "users:read");
-    let old = keys.sign(Alg::ES256, Some("old"), &cl);
-    assert_eq!(c.bearer("/private/users/3", &old).await.status(), 200);
-
-    // The provider rotates: the old key goes, a new one (EdDSA) comes.
-    jwks.set(&json!({"keys": [keys.jwk(Alg::EdDSA, "new")]}));
-    let new = keys.sign(Alg::EdDSA, Some("new"), &cl);
-    // Its first token names an unknown kid: a refetch, at most one a
-    // second, whoever asks; retried until the new set is in.
-    let fetched = jwks.fetches();
-    let began = std::time::Instant::now();
-    loop {
-        let status = c.bearer("/private/users/3", &new).await.status();
-        if status == 200 {
-            break;
-        }
-        assert_eq!(status, 401);
-        assert!(
-            began.elapsed() < Duration::from_secs(10),
-            "the new key never arrived"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // The old kid is refused at once, though its token was verified and
-    // cached before the rotation and has not expired.
-    let r = c.bearer("/private/users/3", &old).await;
-    assert_eq!(r.status(), 401);
-    assert_eq!(
-        r.json::<Value>().await.unwrap()["message"],
-        "the token's signing key is not known"
-    );
-    // A burst of unknown kids cannot make the gateway fetch at will.
-    let before = jwks.fetches();
-    for i in 0..50 {
-        let t = keys.sign(Alg::EdDSA, Some(&format!("k{i}")), &cl);
-        assert_eq!(c.bearer("/private/users/3", &t).await.status(), 401);
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        jwks.fetches() - before <= 2,
-        "{} fetches",
-        jwks.fetches() - before
-    );
-    assert!(jwks.fetches() - fetched <= 3 + began.elapsed().as_secs());
-    served.shutdown().await.unwrap();
-}
-
 /// What a refused request costs Postgres: nothing. Every gateway backend's
 /// last state change (`pg_stat_activity`, live) and the pool's query count
 /// stay as they were through 1,000 requests for absent keys without a
@@ -1015,11 +602,7 @@ async fn refusals_are_counted_in_the_admin_api_and_metrics_and_no_secret_is_show
 /// and scopes, and the 401, 403 and 429 answers where they can happen.
 #[tokio::test]
 async fn the_openapi_document_declares_schemes_security_and_refusals() {
-    let db = seeded().await;
-    let cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
-    let gw = gateway(cfg);
-    let served = serve_socket(&gw, None).await;
-    let c = Client::new(served.addr);
+    let (_db, served, c) = with_secret().await;
     let doc: Value = c.get("/openapi.json", &[]).await.json().await.unwrap();
     let schemes = &doc["components"]["securitySchemes"];
     assert_eq!(schemes["bearerAuth"]["scheme"], "bearer");
@@ -1049,5 +632,121 @@ async fn the_openapi_document_declares_schemes_security_and_refusals() {
     assert!(public.get("security").is_none());
     assert!(public["responses"].get("401").is_none());
     assert!(op("/open/users/{id}")["responses"]["429"].is_object());
+    served.shutdown().await.unwrap();
+}
+
+/// Finding 4: an integer owner has one spelling. A `sub` of `"03"` or
+/// `"+3"` owns neither key 3 nor the rows whose owner column is 3.
+#[tokio::test]
+async fn numeric_owner_claims_count_only_in_canonical_decimal() {
+    let (_db, served, c) = with_secret().await;
+    let hs = |sub: Value| hs256(&json!({"sub": sub, "exp": now() + 600}));
+    assert_eq!(c.bearer("/me/3", &hs(json!("3"))).await.status(), 200);
+    assert_eq!(c.bearer("/me/3", &hs(json!(3))).await.status(), 200);
+    let article = "/my/articles/00000000-0000-0000-0000-000000000007";
+    assert_eq!(c.bearer(article, &hs(json!("7"))).await.status(), 200);
+    for lenient in ["03", "+3", "3.0", " 3", "0x3"] {
+        assert_eq!(
+            c.bearer("/me/3", &hs(json!(lenient))).await.status(),
+            404,
+            "{lenient:?}"
+        );
+        let seven = lenient.replace('3', "7");
+        assert_eq!(
+            c.bearer(article, &hs(json!(seven))).await.status(),
+            404,
+            "{seven:?}"
+        );
+    }
+    served.shutdown().await.unwrap();
+}
+
+/// Convention: a rate-limited resource says its policy on every answer
+/// (so a client can pace itself before a 429) and, on every answer the
+/// limiter let through, what is left of it.
+#[tokio::test]
+async fn rate_limited_resources_send_their_policy_always_and_their_state_once_admitted() {
+    let (_db, served, c) = with_secret().await;
+    let token = hs256(&claims("5", ""));
+    let r = c.bearer("/limited/users/3", &token).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h(&r, "ratelimit-policy"), "\"limited_users\";q=3;w=3");
+    assert_eq!(h(&r, "ratelimit"), "\"limited_users\";r=2;t=1");
+    let r = c.bearer("/limited/users/999999", &token).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(h(&r, "ratelimit"), "\"limited_users\";r=1;t=2");
+    let r = c.get("/limited/users/3", &[]).await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(h(&r, "ratelimit-policy"), "\"limited_users\";q=3;w=3");
+    assert_eq!(h(&r, "ratelimit"), "", "not counted: no state to tell");
+    // A public rate-limited resource too; a resource without a limit says
+    // nothing of one.
+    let r = c.get("/open/users/3", &[]).await;
+    assert_eq!(h(&r, "ratelimit-policy"), "\"open_users\";q=2;w=2");
+    assert!(h(&r, "ratelimit").starts_with("\"open_users\";r=1;t="));
+    let r = c.get("/users/3", &[]).await;
+    assert_eq!((h(&r, "ratelimit-policy"), h(&r, "ratelimit")), ("", ""));
+    served.shutdown().await.unwrap();
+}
+
+/// Finding 3, decided: on an `owner_column` resource a database that does
+/// not answer is 503 for a key the filter passes, whoever owns it, and an
+/// absent key stays the filter's 404. Answering 404 instead would tell the
+/// owner their row is gone (the false negative this gateway exists not to
+/// give); answering 503 for absent keys would make an outage of every key.
+/// What it leaves visible, that the filter passed the key, is what the
+/// timing already shows (README, "403 or 404 for another owner's row").
+#[tokio::test]
+async fn an_owner_column_resource_answers_503_never_404_when_the_database_does_not() {
+    let db = seeded().await;
+    db.add_slow_view().await;
+    let resource = r#"
+        [[resource]]
+        name = "slow_mine"
+        route = "/slow/mine/{id}"
+        table = "slow_users"
+        source_table = "users"
+        key_column = "id"
+        key_type = "bigint"
+        columns = ["id", "name"]
+        auth = "jwt"
+        owner_claim = "sub"
+        owner_column = "name"
+    "#;
+    let mut cfg = auth_config(
+        &db,
+        "statement_timeout = \"300ms\"",
+        &format!("jwt_secret = \"{SECRET}\""),
+    );
+    let extra = bloomgate::config::Config::from_toml(&format!(
+        "[database]\nurl = \"{}\"\n[auth]\njwt_secret = \"{SECRET}\"\n{resource}",
+        db.url
+    ))
+    .unwrap();
+    cfg.resources.extend(extra.resources);
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let token = hs256(&claims("User 3", ""));
+    assert_eq!(c.bearer("/slow/mine/3", &token).await.status(), 200);
+    assert_eq!(
+        c.bearer("/slow/mine/4", &token).await.status(),
+        404,
+        "another owner's row"
+    );
+    db.exec("UPDATE test_delay SET seconds = 2").await;
+    for key in [5, 6] {
+        let r = c.bearer(&format!("/slow/mine/{key}"), &token).await;
+        assert_eq!(r.status(), 503, "another owner's row, not loaded yet");
+        assert!(
+            !r.text().await.unwrap().contains("User"),
+            "nothing of the row"
+        );
+    }
+    let r = c.bearer("/slow/mine/999999", &token).await;
+    assert_eq!(
+        (r.status().as_u16(), h(&r, "cache-status")),
+        (404, "bloomgate; detail=not-found")
+    );
     served.shutdown().await.unwrap();
 }

@@ -10,6 +10,7 @@ use bloomgate::auth::jwt::{self, Alg};
 use bloomgate::auth::{Auth, Caller};
 use bloomgate::config::Config;
 use bloomgate::key::Key;
+use bloomgate::key::compare::Comparison;
 
 #[path = "common/counting.rs"]
 mod counting;
@@ -85,16 +86,16 @@ fn a_warm_check_allocates_nothing() {
     for (p, headers) in [(&auth.policies[0], &bearer), (&auth.policies[1], &api)] {
         // The first check verifies and stores the credential.
         let first = auth.check(p, headers, None, Instant::now());
-        assert!(matches!(first, Ok(Caller::Fresh(_))));
+        assert!(matches!(first, Ok((Caller::Fresh(_), _))));
         drop(first);
         let before = allocations();
         for _ in 0..1000 {
-            let caller = auth.check(p, headers, None, Instant::now()).unwrap();
+            let (caller, _) = auth.check(p, headers, None, Instant::now()).unwrap();
             assert!(matches!(caller, Caller::Held(_)));
             if let Some(v) = caller.verified()
                 && headers.contains_key("authorization")
             {
-                assert!(auth.owns_key(p, v, &key));
+                assert!(auth.owns_key(p, v, &key, &Comparison::Bytes));
             }
         }
         assert_eq!(

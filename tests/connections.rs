@@ -544,3 +544,68 @@ async fn out_of_file_descriptors_accept_backs_off_logs_once_and_recovers() {
         "no start-up warning that max_connections exceeds the descriptor limit:\n{log}"
     );
 }
+
+/// Sends `request` raw on a new connection; the status and the head.
+async fn raw(addr: SocketAddr, request: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before a response to {request:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    let status = head[9..12].parse().unwrap();
+    (status, head)
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request without exactly one `Host` is 400
+/// (HTTP/1.0 may omit it); `CONNECT` and `OPTIONS *` are methods the
+/// gateway does not take: 405 with `Allow`, as the README's table says;
+/// the admin API takes its auth-scheme in any case (RFC 9110 §11.1).
+#[tokio::test]
+async fn hosts_methods_and_schemes_are_read_as_the_rfcs_say() {
+    let (_db, served, admin) = serve("", true).await;
+    let addr = served.addr;
+    for (request, want) in [
+        ("GET /users/3 HTTP/1.1\r\n\r\n", 400),
+        ("GET /users/3 HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+        ("GET /users/3 HTTP/1.1\r\nHost: a\r\n\r\n", 200),
+        ("GET /users/3 HTTP/1.0\r\n\r\n", 200),
+        (
+            "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+            405,
+        ),
+        ("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", 405),
+        ("DELETE /users/3 HTTP/1.1\r\nHost: a\r\n\r\n", 405),
+    ] {
+        let (status, head) = raw(addr, request).await;
+        assert_eq!(status, want, "{request:?}: {head}");
+        if want == 405 {
+            assert!(head.contains("\r\nallow: get,head"), "{request:?}: {head}");
+        }
+        if want == 400 {
+            assert!(head.contains("application/json"), "{head}");
+        }
+    }
+    let admin = admin.unwrap();
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let (status, _) = raw(
+            admin,
+            &format!(
+                "GET /admin/stats HTTP/1.1\r\nHost: a\r\nAuthorization: {scheme} {TOKEN}\r\n\r\n"
+            ),
+        )
+        .await;
+        assert_eq!(status, 200, "{scheme}");
+    }
+    let (status, _) = raw(
+        admin,
+        &format!("GET /admin/stats HTTP/1.1\r\nHost: a\r\nAuthorization: Basic {TOKEN}\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(status, 401);
+    served.shutdown().await.unwrap();
+}

@@ -162,18 +162,28 @@ async fn varchar() {
 }
 
 /// `char(n)`: the value is stored blank-padded; its key is the text without
-/// the padding (`::text`), in the scan, the trigger and the request.
+/// the padding (`::text`), in the scan, the trigger and the request; a
+/// request with trailing spaces names the same row (`bpchareq` ignores
+/// them), and is served and invalidated as that key.
 #[tokio::test]
 async fn char_n() {
     exercise(
         "",
         "char(5)",
         "text",
-        [("'ab'", "ab"), ("'cd'", "cd"), ("'e f'", "e%20f")],
+        [
+            ("'ab'", "ab%20%20"),
+            ("'cd'", "cd%20"),
+            ("'e f'", "e%20f%20%20%20"),
+        ],
     )
     .await;
 }
 
+/// `citext`: compared by `lower()`. Each row is asked for in another case
+/// than it is stored in, so the scan's, the trigger's and the request's
+/// keys meet only through the canonical (lower-cased) key, and a change
+/// announced as stored invalidates what a request cached in its spelling.
 #[tokio::test]
 async fn citext() {
     exercise(
@@ -181,12 +191,246 @@ async fn citext() {
         "citext",
         "text",
         [
-            ("'MixedCase'", "MixedCase"),
-            ("'two'", "two"),
-            ("'Renamed'", "Renamed"),
+            ("'MixedCase'", "mIXEDcASE"),
+            ("'Two'", "TWO"),
+            ("'Renamed'", "rEnAmEd"),
         ],
     )
     .await;
+}
+
+/// The rule, with Postgres as the oracle: for random spellings (case,
+/// padding, Unicode normalization forms, leading zeros, UUID forms) of
+/// rows and of absent keys, against every key column type, the gateway
+/// answers what `SELECT … WHERE key = '<spelling>'` finds: the same row
+/// (status and body), or 404 when it finds none.
+#[tokio::test]
+async fn every_spelling_gets_the_answer_postgres_gives() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("KEY_TYPES_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let db = TestDb::new().await;
+    db.exec("CREATE EXTENSION IF NOT EXISTS citext").await;
+    let text_rows = [
+        "Alice",
+        "bob",
+        "Straße",
+        "ÀÉÎ õ",
+        "Σίσυφος",
+        "caf\u{e9}",
+        "cafe\u{301}",
+        "\u{212a}elvin",
+        "İstanbul",
+        "ǅemal",
+        "\u{23a}x",
+        "a b",
+        "o'brien",
+        "100%",
+    ];
+    let tables: [(&str, &str, &str); 6] = [
+        ("t_text", "text", "text"),
+        ("t_varchar", "varchar(40)", "text"),
+        ("t_char", "char(24)", "text"),
+        ("t_citext", "citext", "text"),
+        ("t_int", "int8", "bigint"),
+        ("t_uuid", "uuid", "uuid"),
+    ];
+    let uuids: Vec<uuid::Uuid> = (0..6)
+        .map(|_| uuid::Uuid::from_u128(rng.random()))
+        .collect();
+    let mut extra = String::from("[server]\nmax_key_length = 256\n");
+    for (table, column_type, key_type) in tables {
+        db.exec(&format!(
+            "CREATE TABLE {table} (key {column_type} PRIMARY KEY, label text NOT NULL)"
+        ))
+        .await;
+        let values: Vec<String> = match key_type {
+            "text" => text_rows.iter().map(|s| s.to_string()).collect(),
+            "bigint" => ["0", "7", "-12", "4500000000"].map(String::from).to_vec(),
+            _ => uuids.iter().map(|u| u.to_string()).collect(),
+        };
+        for (i, v) in values.iter().enumerate() {
+            sqlx::query(&format!(
+                "INSERT INTO {table} VALUES ($1::text::{column_type}, $2)"
+            ))
+            .bind(v)
+            .bind(format!("row {i}"))
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        }
+        extra.push_str(&format!(
+            "[[resource]]\nname = \"{table}\"\nroute = \"/{table}/{{key}}\"\ntable = \"{table}\"\n\
+             key_column = \"key\"\nkey_type = \"{key_type}\"\ncolumns = [\"key\", \"label\"]\n"
+        ));
+    }
+    let gw = started(config(&db.url, &extra)).await;
+    let literal = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    for round in 0..150 {
+        for (table, _, key_type) in tables {
+            let spelling = match key_type {
+                "text" => {
+                    let base = match rng.random_bool(0.7) {
+                        true => text_rows[rng.random_range(0..text_rows.len())].to_string(),
+                        false => random_text(&mut rng),
+                    };
+                    respell(&base, &mut rng)
+                }
+                "bigint" => {
+                    let v: i64 = [0, 7, -12, 4500000000, 8, rng.random_range(-50..50)]
+                        [rng.random_range(0..6)];
+                    let zeros = "0".repeat(rng.random_range(0..3));
+                    match v < 0 {
+                        true => format!("-{zeros}{}", v.unsigned_abs()),
+                        false => format!("{zeros}{v}"),
+                    }
+                }
+                _ => {
+                    let u = match rng.random_bool(0.8) {
+                        true => uuids[rng.random_range(0..uuids.len())],
+                        false => uuid::Uuid::from_u128(rng.random()),
+                    };
+                    let s = match rng.random_bool(0.5) {
+                        true => u.hyphenated().to_string(),
+                        false => u.simple().to_string(),
+                    };
+                    match rng.random_bool(0.5) {
+                        true => s.to_uppercase(),
+                        false => s,
+                    }
+                }
+            };
+            let oracle: Option<String> = sqlx::query_scalar(&format!(
+                "SELECT row_to_json(t)::text FROM (SELECT key, label FROM {table} WHERE key = {}) t",
+                literal(&spelling)
+            ))
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap();
+            let path = format!(
+                "/{table}/{}",
+                percent_encoding::utf8_percent_encode(
+                    &spelling,
+                    percent_encoding::NON_ALPHANUMERIC
+                )
+            );
+            let r = get(&gw, &path).await;
+            let said = format!("seed {seed}, round {round}: {table} {spelling:?}");
+            match oracle {
+                Some(row) => {
+                    assert_eq!(r.status, StatusCode::OK, "{said}: Postgres finds {row}");
+                    assert_eq!(
+                        r.json(),
+                        serde_json::from_str::<serde_json::Value>(&row).unwrap(),
+                        "{said}"
+                    );
+                }
+                None => assert_eq!(
+                    r.status,
+                    StatusCode::NOT_FOUND,
+                    "{said}: Postgres finds nothing, the gateway {:?}",
+                    r.body
+                ),
+            }
+        }
+    }
+}
+
+/// Characters whose case or form Postgres and Rust may treat apart.
+const ALPHABET: &[char] = &[
+    'a', 'B', 'z', 'Q', ' ', '-', 'ß', 'é', 'É', 'Σ', 'σ', 'ς', '\u{212a}', 'K', 'İ', 'ı', 'i',
+    '\u{23a}', '\u{2c65}', 'ǅ', '\u{301}', 'Å', '\u{212b}', 'ﬀ', '7', '%', '/', '"',
+];
+
+fn random_text(rng: &mut impl rand::Rng) -> String {
+    (0..rng.random_range(1..8))
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
+        .collect()
+}
+
+/// A spelling of `base`: each character in its own case or Rust's other
+/// case, NFC or NFD for the few composed ones, trailing or leading spaces.
+fn respell(base: &str, rng: &mut impl rand::Rng) -> String {
+    const FORMS: [(&str, &str); 4] = [
+        ("\u{e9}", "e\u{301}"),
+        ("\u{c5}", "A\u{30a}"),
+        ("\u{f5}", "o\u{303}"),
+        ("\u{c9}", "E\u{301}"),
+    ];
+    let mut out = String::new();
+    for c in base.chars() {
+        match rng.random_range(0..4) {
+            0 => out.extend(c.to_uppercase()),
+            1 => out.extend(c.to_lowercase()),
+            _ => out.push(c),
+        }
+    }
+    for (composed, decomposed) in FORMS {
+        if rng.random_bool(0.5) {
+            out = out.replace(composed, decomposed);
+        } else {
+            out = out.replace(decomposed, composed);
+        }
+    }
+    if rng.random_bool(0.3) {
+        out.push_str(&" ".repeat(rng.random_range(1..4)));
+    }
+    if rng.random_bool(0.1) {
+        out.insert(0, ' ');
+    }
+    out
+}
+
+/// A key column whose comparison the gateway cannot reproduce is refused
+/// at start-up, naming it: citext under an ICU collation (`lower()` of a
+/// final sigma depends on its neighbours), and a non-deterministic
+/// collation on any text column.
+#[tokio::test]
+async fn a_comparison_the_gateway_cannot_reproduce_is_a_start_up_error() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE EXTENSION IF NOT EXISTS citext;
+         CREATE COLLATION IF NOT EXISTS ci_level2 (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+    )
+    .await;
+    for (column_type, said) in [
+        (
+            "citext COLLATE \"und-x-icu\"",
+            "its lower() maps some characters by their context",
+        ),
+        ("text COLLATE ci_level2", "non-deterministic collation"),
+        (
+            "varchar(9) COLLATE ci_level2",
+            "non-deterministic collation",
+        ),
+    ] {
+        let err = start_error(&db, column_type, "text").await;
+        assert!(
+            err.contains("\"k\"") && err.contains("public.k.key") && err.contains(said),
+            "{column_type}: {err}"
+        );
+        // `bloomgate preflight` says so before a start.
+        let report = bloomgate::preflight::run(&config(&db.url, &resource("text"))).await;
+        let shown = report.to_string();
+        assert!(
+            !report.passed() && shown.contains("public.k.key") && shown.contains(said),
+            "{column_type}: {shown}"
+        );
+    }
+    // A libc collation other than the database's is read, not refused.
+    db.exec("DROP TABLE k; CREATE TABLE k (key citext COLLATE \"C\" PRIMARY KEY, label text); INSERT INTO k VALUES ('Ab', 'x')")
+        .await;
+    let gw = started(config(&db.url, &resource("text"))).await;
+    assert_eq!(get(&gw, "/k/aB").await.status, StatusCode::OK);
+    assert_eq!(get(&gw, "/k/%C3%80b").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        gw.resource("k").unwrap().comparison().describe(),
+        "lower() under collation C"
+    );
+    gw.stop();
 }
 
 #[tokio::test]
@@ -222,20 +466,27 @@ async fn a_key_column_the_key_type_does_not_accept_is_a_start_up_error() {
         ("text", "text", "uuid"),
         ("bytea", "bytea", "text"),
     ] {
-        db.exec(&format!(
-            "DROP TABLE IF EXISTS k; CREATE TABLE k (key {column_type} PRIMARY KEY, label text)"
-        ))
-        .await;
-        let gw = gateway(config(&db.url, &resource(key_type)));
-        let err = tokio::time::timeout(Duration::from_secs(20), gw.start())
-            .await
-            .expect("a permanent error")
-            .unwrap_err()
-            .to_string();
+        let err = start_error(&db, column_type, key_type).await;
         assert!(
             err.contains("\"k\"") && err.contains("public.k.key is") && err.contains(declared),
             "{column_type} for {key_type}: {err}"
         );
-        gw.stop();
     }
+}
+
+/// The table `k` made anew with a key column of `column_type`: the error a
+/// gateway serving it as `key_type` stops with.
+async fn start_error(db: &TestDb, column_type: &str, key_type: &str) -> String {
+    db.exec(&format!(
+        "DROP TABLE IF EXISTS k; CREATE TABLE k (key {column_type} PRIMARY KEY, label text)"
+    ))
+    .await;
+    let gw = gateway(config(&db.url, &resource(key_type)));
+    let err = tokio::time::timeout(Duration::from_secs(20), gw.start())
+        .await
+        .expect("a permanent error")
+        .unwrap_err()
+        .to_string();
+    gw.stop();
+    err
 }

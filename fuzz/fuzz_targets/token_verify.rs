@@ -16,8 +16,11 @@
 //! a column found is a slice of the row.
 #![no_main]
 
+use std::sync::Arc;
+
 use bloomgate::auth::jwt::{self, Alg, PublicKey, Rules, Secret};
 use bloomgate::auth::{jwks, owner};
+use bloomgate::key::compare::{Comparison, Lowering};
 use libfuzzer_sys::fuzz_target;
 
 const SECRET: &[u8] = b"fuzz-secret-0123456789abcdef0123";
@@ -92,7 +95,8 @@ fuzz_target!(|data: &[u8]| {
                 let (start, end) = (row.as_ptr() as usize, row.as_ptr() as usize + row.len());
                 assert!(v.as_ptr() as usize >= start && v.as_ptr() as usize + v.len() <= end);
                 assert!(!v.is_empty());
-                let _ = owner::equals(v, "42");
+                let _ = owner::equals(v, "42", &Comparison::Bytes);
+                let _ = owner::equals(v, "Ab", &Comparison::Lower(Arc::new(Lowering::ascii())));
             }
         }
         _ => {

@@ -13,15 +13,22 @@
 //!
 //! The gateway holds each key only as the admin token is held: a keyed
 //! HighwayHash digest (of the key's SHA-256) under a per-process secret
-//! key. A presented key is hashed the same way and compared with every
-//! digest in constant time, so neither the comparison's timing nor which
-//! entry matched leaks anything about the keys.
+//! key. A presented key is hashed the same way and its digest is the
+//! lookup: a hash table from digest to entry, then one comparison in
+//! constant time with the entry found. So a key costs the same however
+//! many keys the file holds, known or not (a scan of every entry made an
+//! unknown key at 10,000 keys cost 16 times a valid one: a denial of
+//! service). What the table's probing may leak in time is about digests,
+//! and a digest is unpredictable without the process's secret key: a
+//! caller can neither aim at an entry nor learn how close a guess came.
 
 use std::path::Path;
 
+use std::collections::HashMap;
+
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use subtle::{ConditionallySelectable, ConstantTimeEq};
+use subtle::ConstantTimeEq;
 
 use super::keyed::KeyedHash;
 
@@ -137,31 +144,73 @@ fn decode_hex(s: &str) -> Option<[u8; 32]> {
     Some(out)
 }
 
-/// The keys as the request path holds them: keyed digests only.
+/// The keys as the request path holds them: keyed digests only, indexed
+/// by their first 8 bytes (see the module doc).
 pub struct Keys {
     digests: Vec<[u8; 32]>,
+    by_prefix: HashMap<u64, usize, BuildNoHash>,
 }
 
 impl Keys {
     pub fn new(entries: &[Entry], keyed: &KeyedHash) -> Self {
-        Self {
-            digests: entries.iter().map(|e| keyed.digest(&e.sha256)).collect(),
+        let digests: Vec<[u8; 32]> = entries.iter().map(|e| keyed.digest(&e.sha256)).collect();
+        // Two digests sharing 64 bits is a 2^-50 event at 10,000 keys;
+        // should it happen, the later entry is found by neither lookup
+        // (refused, never taken for the other).
+        let mut by_prefix = HashMap::with_capacity_and_hasher(digests.len(), BuildNoHash);
+        for (i, d) in digests.iter().enumerate() {
+            by_prefix.insert(prefix(d), i);
         }
+        Self { digests, by_prefix }
     }
 
-    /// The index of the entry `presented` is, comparing with every entry
-    /// whatever matched (constant time in the key and in which one).
+    /// The index of the entry `presented` is: found by its digest, then
+    /// compared in full in constant time.
     pub fn find(&self, presented: &[u8], keyed: &KeyedHash) -> Option<usize> {
         let sha: [u8; 32] = Sha256::digest(presented).into();
         let digest = keyed.digest(&sha);
-        let mut found = subtle::Choice::from(0);
-        let mut index = 0u64;
-        for (i, d) in self.digests.iter().enumerate() {
-            let hit = d.ct_eq(&digest);
-            index.conditional_assign(&(i as u64), hit);
-            found |= hit;
+        let &i = self.by_prefix.get(&prefix(&digest))?;
+        bool::from(self.digests[i].ct_eq(&digest)).then_some(i)
+    }
+
+    pub fn len(&self) -> usize {
+        self.digests.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.digests.is_empty()
+    }
+}
+
+fn prefix(digest: &[u8; 32]) -> u64 {
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+}
+
+/// The table's keys are keyed digests already, uniformly spread and
+/// unknown to callers: hashing them again would only cost time.
+#[derive(Clone, Copy, Default)]
+struct BuildNoHash;
+
+impl std::hash::BuildHasher for BuildNoHash {
+    type Hasher = NoHash;
+    fn build_hasher(&self) -> NoHash {
+        NoHash(0)
+    }
+}
+
+struct NoHash(u64);
+
+impl std::hash::Hasher for NoHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
         }
-        bool::from(found).then_some(index as usize)
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
     }
 }
 
@@ -186,6 +235,30 @@ mod tests {
         assert_eq!(keys.find(b"first-key-012345678", &keyed), None);
         assert_eq!(keys.find(b"", &keyed), None);
         assert!(!format!("{entries:?}").contains("first-key"));
+    }
+
+    /// Every one of many keys is found as itself, and keys never given
+    /// are found as none (the table answers exactly what the scan did).
+    #[test]
+    fn at_ten_thousand_keys_each_is_found_and_no_other() {
+        let entries: Vec<Entry> = (0..MAX_KEYS)
+            .map(|i| Entry {
+                name: format!("k{i}"),
+                sha256: Sha256::digest(format!("key-number-{i}-0123456789")).into(),
+                scopes: vec![],
+            })
+            .collect();
+        let keyed = KeyedHash::random();
+        let keys = Keys::new(&entries, &keyed);
+        assert_eq!(keys.len(), MAX_KEYS);
+        for i in (0..MAX_KEYS).step_by(97) {
+            let k = format!("key-number-{i}-0123456789");
+            assert_eq!(keys.find(k.as_bytes(), &keyed), Some(i));
+        }
+        for i in 0..1000 {
+            let k = format!("key-number-{}-0123456789", MAX_KEYS + i);
+            assert_eq!(keys.find(k.as_bytes(), &keyed), None);
+        }
     }
 
     #[test]

@@ -482,8 +482,26 @@ fn identity(v: &Value) -> Option<String> {
     }
 }
 
+/// The claim `name` names: a top-level member, or, for a name starting
+/// with `/`, the value a JSON Pointer (RFC 6901) leads to
+/// (`/realm_access/roles`, `/https:~1~1example.com~1tenant`).
+fn claim<'m>(map: &'m Map<String, Value>, name: &str) -> Option<&'m Value> {
+    let Some(pointer) = name.strip_prefix('/') else {
+        return map.get(name);
+    };
+    let (first, rest) = match pointer.find('/') {
+        Some(i) => (&pointer[..i], &pointer[i..]),
+        None => (pointer, ""),
+    };
+    let first = first.replace("~1", "/").replace("~0", "~");
+    map.get(&first)?.pointer(rest)
+}
+
 /// Reads and checks the claims of a token whose signature verified, at
-/// `now` (seconds since the epoch).
+/// `now` (seconds since the epoch). A claim given twice in the payload
+/// counts as its last value (`serde_json`'s map keeps the last), as most
+/// JWT libraries read it; RFC 7519 §4 lets a parser refuse or take the
+/// last.
 pub fn claims(parsed: &Parsed<'_>, rules: &Rules, now: u64) -> Result<Claims, Invalid> {
     let payload = b64(parsed.payload)?;
     let map: Map<String, Value> = serde_json::from_slice(&payload).map_err(|_| Invalid::Claims)?;
@@ -522,9 +540,16 @@ pub fn claims(parsed: &Parsed<'_>, rules: &Rules, now: u64) -> Result<Claims, In
         None => None,
         Some(v) => Some(identity(v).ok_or(Invalid::Claims)?),
     };
-    let scopes = match map.get(&rules.scope_claim) {
+    let scopes = match claim(&map, &rules.scope_claim) {
         None => Vec::new(),
-        Some(Value::String(s)) => s.split_ascii_whitespace().map(String::from).collect(),
+        // RFC 6749 §3.3: scope tokens are separated by spaces, and only
+        // by spaces (a tab is part of a token, which no scope then
+        // matches).
+        Some(Value::String(s)) => s
+            .split(' ')
+            .filter(|t| !t.is_empty())
+            .map(String::from)
+            .collect(),
         Some(Value::Array(a)) => a
             .iter()
             .map(|v| v.as_str().map(String::from).ok_or(Invalid::Claims))
@@ -534,7 +559,7 @@ pub fn claims(parsed: &Parsed<'_>, rules: &Rules, now: u64) -> Result<Claims, In
     let owners = rules
         .owner_claims
         .iter()
-        .map(|c| map.get(c).and_then(identity))
+        .map(|c| claim(&map, c).and_then(identity))
         .collect();
     Ok(Claims {
         valid_from,
@@ -584,6 +609,65 @@ mod tests {
         let p = parse(token.as_bytes(), 8192)?;
         verify_signature(&p, None, Some(&Secret::new(SECRET)))?;
         claims(&p, rules, now)
+    }
+
+    /// Claims where identity providers put them: a JSON Pointer reaches
+    /// nested (Keycloak) and namespaced (Auth0) claims; a plain name is a
+    /// top-level claim, slashes and all.
+    #[test]
+    fn json_pointer_claims_reach_nested_and_namespaced_values() {
+        let t = hs256(json!({
+            "exp": 2000,
+            "realm_access": {"roles": ["users:read", "admin"]},
+            "https://example.com/tenant": "t-9",
+            "org": {"ids": [17, 18]},
+        }));
+        let mut r = rules();
+        r.scope_claim = "/realm_access/roles".into();
+        r.owner_claims = vec![
+            "/https:~1~1example.com~1tenant".into(),
+            "https://example.com/tenant".into(),
+            "/org/ids/1".into(),
+            "/org/missing".into(),
+            "/realm_access".into(),
+        ];
+        let c = check(&t, &r, 1000).unwrap();
+        assert_eq!(c.scopes, ["users:read", "admin"]);
+        assert_eq!(
+            c.owners,
+            [
+                Some("t-9".into()),
+                Some("t-9".into()),
+                Some("18".into()),
+                None,
+                None
+            ]
+        );
+    }
+
+    /// RFC 6749 §3.3: scopes are separated by spaces only; a tab or a
+    /// newline is part of a token.
+    #[test]
+    fn scopes_split_on_spaces_only() {
+        let t = hs256(json!({"exp": 2000, "scope": "a  b\tc\nd "}));
+        let c = check(&t, &rules(), 1000).unwrap();
+        assert_eq!(c.scopes, ["a", "b\tc\nd"]);
+    }
+
+    /// A claim twice in the payload: the last one counts (as the README
+    /// says), for the owner and the expiry alike.
+    #[test]
+    fn a_duplicate_claim_counts_as_its_last_value() {
+        let s = Secret::new(SECRET);
+        let mut token = URL_SAFE_NO_PAD.encode(r#"{"alg":"HS256"}"#);
+        token.push('.');
+        token.push_str(&URL_SAFE_NO_PAD.encode(r#"{"sub":"1","exp":500,"sub":"2","exp":2000}"#));
+        let sig = s.sign(Alg::HS256, token.as_bytes()).unwrap();
+        token.push('.');
+        token.push_str(&URL_SAFE_NO_PAD.encode(sig));
+        let c = check(&token, &rules(), 1000).unwrap();
+        assert_eq!(c.sub.as_deref(), Some("2"));
+        assert_eq!(c.valid_until, 2030);
     }
 
     #[test]

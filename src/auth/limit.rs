@@ -45,8 +45,9 @@ impl Rate {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Served; this many more could be sent at once.
-    Allowed { remaining: u32 },
+    /// Served; this many more could be sent at once, and the whole burst
+    /// is back after `reset`.
+    Allowed { remaining: u32, reset: Duration },
     /// Refused: the next request may come after this long.
     Limited { retry_after: Duration },
 }
@@ -109,6 +110,7 @@ impl Limiter {
         let used = (next - t).div_ceil(rate.interval_ns);
         Decision::Allowed {
             remaining: u64::from(rate.burst).saturating_sub(used) as u32,
+            reset: Duration::from_nanos(next - t),
         }
     }
 }
@@ -123,9 +125,13 @@ mod tests {
         let r = Rate::new(10.0, 3);
         let t0 = Instant::now();
         let at = |ms| t0 + Duration::from_millis(ms);
-        assert_eq!(l.check(7, &r, at(0)), Decision::Allowed { remaining: 2 });
-        assert_eq!(l.check(7, &r, at(0)), Decision::Allowed { remaining: 1 });
-        assert_eq!(l.check(7, &r, at(0)), Decision::Allowed { remaining: 0 });
+        let allowed = |remaining, reset_ms| Decision::Allowed {
+            remaining,
+            reset: Duration::from_millis(reset_ms),
+        };
+        assert_eq!(l.check(7, &r, at(0)), allowed(2, 100));
+        assert_eq!(l.check(7, &r, at(0)), allowed(1, 200));
+        assert_eq!(l.check(7, &r, at(0)), allowed(0, 300));
         let Decision::Limited { retry_after } = l.check(7, &r, at(0)) else {
             panic!("a fourth at once is over the burst");
         };

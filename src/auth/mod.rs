@@ -39,12 +39,13 @@ pub mod keyed;
 pub mod limit;
 pub mod owner;
 pub mod peer;
+mod remote;
 pub mod verified;
 
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
@@ -54,7 +55,7 @@ use crate::config::{AuthMode, Config};
 use crate::counter::Counter;
 use crate::error::Error;
 use crate::key::Key;
-use crate::telemetry::LogThrottle;
+use crate::key::compare::Comparison;
 use jwt::Invalid;
 use key_files::KeyFiles;
 use verified::{Held, Verified};
@@ -182,10 +183,33 @@ impl Policy {
         self.rate_policy.as_ref()
     }
 
+    /// The `RateLimit` field of a request the limiter let through.
+    pub fn rate_state(&self, a: Allowance) -> HeaderValue {
+        HeaderValue::from_str(&format!(
+            "\"{}\";r={};t={}",
+            self.resource, a.remaining, a.reset
+        ))
+        .unwrap_or(HeaderValue::from_static("r=0"))
+    }
+
     pub fn owner_column(&self) -> Option<&str> {
         self.owner.as_ref().and_then(|o| o.column.as_deref())
     }
 }
+
+/// What the rate limiter said of a request it let through: the
+/// `RateLimit` field of its answer (draft-ietf-httpapi-ratelimit-headers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allowance {
+    /// Requests that could be sent at once now.
+    pub remaining: u32,
+    /// Seconds until the whole burst is back (at least 1).
+    pub reset: u64,
+}
+
+/// `RateLimit-Policy` and `RateLimit`, as they are sent.
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Who is asking, once [`Auth::check`] let the request through.
 pub enum Caller {
@@ -216,20 +240,6 @@ impl Caller {
     }
 }
 
-/// `auth.jwks_url` and its refresher's state.
-struct Remote {
-    url: String,
-    refresh: Duration,
-    min_refetch: Duration,
-    tls: Option<Arc<rustls::ClientConfig>>,
-    keys: Mutex<Vec<jwt::PublicKey>>,
-    loaded: AtomicBool,
-    started: AtomicBool,
-    wanted: Arc<tokio::sync::Notify>,
-    last_ok: Mutex<Option<SystemTime>>,
-    failure_log: LogThrottle,
-}
-
 /// The access checks of one gateway; see the module doc.
 pub struct Auth {
     keyed: keyed::KeyedHash,
@@ -237,7 +247,7 @@ pub struct Auth {
     file_keys: Vec<jwt::PublicKey>,
     /// The file's keys and the URL's, together.
     keys: ArcSwap<Vec<jwt::PublicKey>>,
-    remote: Option<Remote>,
+    remote: Option<remote::Remote>,
     api_keys: api_key::Keys,
     /// Per API key: its scope bits and its caller hash.
     api_callers: Vec<(u64, u64)>,
@@ -352,35 +362,15 @@ impl Auth {
         for s in &files.jwks_skipped {
             tracing::warn!(skipped = %s, "auth.jwks_file: a key was skipped");
         }
-        let remote = cfg.jwks_url.as_ref().map(|url| Remote {
-            url: url.clone(),
-            refresh: cfg.jwks_refresh_interval,
-            min_refetch: cfg.jwks_min_refetch_interval,
-            tls: if url.starts_with("https:") {
-                match jwks::tls_config() {
-                    Ok(t) => Some(t),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "auth.jwks_url: no TLS configuration; fetches will fail");
-                        None
-                    }
-                }
-            } else {
-                None
-            },
-            keys: Mutex::new(Vec::new()),
-            loaded: AtomicBool::new(false),
-            started: AtomicBool::new(false),
-            wanted: Arc::new(tokio::sync::Notify::new()),
-            last_ok: Mutex::new(None),
-            failure_log: LogThrottle::default(),
-        });
+        let remote = cfg
+            .jwks_url
+            .as_ref()
+            .map(|url| remote::Remote::new(url, cfg));
         Self {
             api_keys: api_key::Keys::new(&files.api_keys, &keyed),
             keyed,
-            secret: cfg
-                .jwt_secret
-                .as_ref()
-                .map(|s| jwt::Secret::new(s.as_bytes())),
+            // Validated at load (`AuthConfig::validate`).
+            secret: cfg.jwt_secret_bytes().map(|s| jwt::Secret::new(&s)),
             file_keys: files.jwks.clone(),
             keys: ArcSwap::from_pointee(files.jwks.clone()),
             remote,
@@ -414,11 +404,27 @@ impl Auth {
         self.policies.iter().any(|p| p.rate.is_some())
     }
 
-    /// False until a configured `jwks_url` has been fetched once.
+    /// False until a configured `jwks_url` has been fetched once, and
+    /// again once its keys are dropped as stale.
     pub fn is_ready(&self) -> bool {
         self.remote
             .as_ref()
             .is_none_or(|r| r.loaded.load(Ordering::Acquire))
+    }
+
+    /// Why [`is_ready`](Self::is_ready) is false, for `/readyz`.
+    pub fn why_not_ready(&self) -> Option<String> {
+        let r = self.remote.as_ref()?;
+        if r.loaded.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            r.stale
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .unwrap_or_else(|| "the key set at auth.jwks_url has not been fetched yet".into()),
+        )
     }
 
     /// Decides whether the request may go on to the filter; see the module
@@ -429,10 +435,10 @@ impl Auth {
         headers: &HeaderMap,
         peer: Option<IpAddr>,
         now: Instant,
-    ) -> Result<Caller, Error> {
+    ) -> Result<(Caller, Option<Allowance>), Error> {
         if p.mode == AuthMode::None {
-            self.limit(p, 0, peer, now)?;
-            return Ok(Caller::Anonymous);
+            let allowance = self.limit(p, 0, peer, now)?;
+            return Ok((Caller::Anonymous, allowance));
         }
         let bearer = match p.mode.takes_jwt() {
             true => header_once(headers, &header::AUTHORIZATION).map_err(|_| self.two(p))?,
@@ -465,8 +471,8 @@ impl Auth {
         {
             return Err(self.refuse(p, Reason::NoOwnerClaim));
         }
-        self.limit(p, v.caller, peer, now)?;
-        Ok(caller)
+        let allowance = self.limit(p, v.caller, peer, now)?;
+        Ok((caller, allowance))
     }
 
     /// The cached or freshly verified credential `token` (`domain`: `j` a
@@ -581,9 +587,9 @@ impl Auth {
         caller: u64,
         peer: Option<IpAddr>,
         now: Instant,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<Allowance>, Error> {
         let Some(rate) = &p.rate else {
-            return Ok(());
+            return Ok(None);
         };
         let who = match caller {
             0 => self.address(peer),
@@ -592,7 +598,10 @@ impl Auth {
         // Per resource: the caller's hash mixed with the resource's.
         let key = mix(who ^ p.salt).max(1);
         match self.limiter.check(key, rate, now) {
-            limit::Decision::Allowed { .. } => Ok(()),
+            limit::Decision::Allowed { remaining, reset } => Ok(Some(Allowance {
+                remaining,
+                reset: reset.as_nanos().div_ceil(1_000_000_000).max(1) as u64,
+            })),
             limit::Decision::Limited { retry_after } => {
                 self.stats.count(Reason::RateLimited);
                 let secs = retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
@@ -620,15 +629,19 @@ impl Auth {
         }
     }
 
-    /// Whether `v`'s owner claim names `key`. Counts a refusal.
-    pub fn owns_key(&self, p: &Policy, v: &Verified, key: &Key) -> bool {
+    /// Whether `v`'s owner claim names `key`, a key of a column compared
+    /// as `cmp` says (the claim is canonicalised as the key was: a citext
+    /// key owned by `Alice` is the key `alice`). An integer claim counts
+    /// only in its canonical decimal form: `"03"` and `"+3"` own nothing.
+    /// Counts a refusal.
+    pub fn owns_key(&self, p: &Policy, v: &Verified, key: &Key, cmp: &Comparison) -> bool {
         let Some(claim) = self.owner_value(p, v) else {
             return true;
         };
         let owns = match key {
-            Key::Int(k) => claim.parse::<i64>().is_ok_and(|c| c == *k),
+            Key::Int(k) => owner::canonical_int(claim) == Some(*k),
             Key::Uuid(k) => uuid::Uuid::parse_str(claim).is_ok_and(|c| c == *k),
-            Key::Text(k) => **k == *claim,
+            Key::Text(k) => *cmp.text(claim) == **k,
         };
         if !owns {
             self.stats.count(Reason::NotOwner);
@@ -636,13 +649,13 @@ impl Auth {
         owns
     }
 
-    /// Whether `v`'s owner claim equals the row's `owner_column`. Counts a
-    /// refusal.
-    pub fn owns_row(&self, p: &Policy, v: &Verified, row: &[u8]) -> bool {
+    /// Whether `v`'s owner claim equals the row's `owner_column`, a column
+    /// compared as `cmp` says. Counts a refusal.
+    pub fn owns_row(&self, p: &Policy, v: &Verified, row: &[u8], cmp: &Comparison) -> bool {
         let (Some(claim), Some(column)) = (self.owner_value(p, v), p.owner_column()) else {
             return true;
         };
-        let owns = owner::column(row, column).is_some_and(|value| owner::equals(value, claim));
+        let owns = owner::column(row, column).is_some_and(|value| owner::equals(value, claim, cmp));
         if !owns {
             self.stats.count(Reason::NotOwner);
         }
@@ -700,64 +713,6 @@ impl Auth {
         self.refuse(p, Reason::TwoCredentials)
     }
 
-    /// Starts the `jwks_url` refresher, once; nothing without a URL or
-    /// outside a runtime. It ends when the gateway is dropped.
-    pub fn start(self: &Arc<Self>) {
-        let Some(remote) = &self.remote else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if remote.started.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        runtime.spawn(refresh(Arc::downgrade(self), self.stop.subscribe()));
-    }
-
-    /// Fetches `jwks_url` once and installs what it holds.
-    async fn fetch_once(&self) -> Result<usize, String> {
-        let remote = self.remote.as_ref().ok_or("no jwks_url")?;
-        self.stats.jwks_fetches.fetch_add(1, Ordering::Relaxed);
-        let body = jwks::fetch(&remote.url, remote.tls.as_ref()).await?;
-        let (keys, skipped) = jwks::parse(&body)?;
-        if keys.is_empty() {
-            return Err(format!("no usable key ({})", skipped.join("; ")));
-        }
-        let n = keys.len();
-        let changed = {
-            let mut held = remote.keys.lock().unwrap_or_else(|e| e.into_inner());
-            let changed = *held != keys;
-            if changed {
-                *held = keys;
-                let mut all = self.file_keys.clone();
-                all.extend(held.iter().cloned());
-                self.keys.store(Arc::new(all));
-            }
-            changed
-        };
-        if changed {
-            // After the new keys are in: nothing verified against the old
-            // set is served from here on (a removed key's tokens included).
-            self.verified.new_generation();
-            self.stats.jwks_changes.fetch_add(1, Ordering::Relaxed);
-            let held = self.keys.load();
-            let kids: Vec<&str> = held.iter().filter_map(|k| k.kid.as_deref()).collect();
-            tracing::info!(
-                keys = n,
-                ?kids,
-                skipped = skipped.len(),
-                "auth.jwks_url: key set loaded"
-            );
-            for s in &skipped {
-                tracing::warn!(skipped = %s, "auth.jwks_url: a key was skipped");
-            }
-        }
-        *remote.last_ok.lock().unwrap_or_else(|e| e.into_inner()) = Some(SystemTime::now());
-        remote.loaded.store(true, Ordering::Release);
-        Ok(n)
-    }
-
     /// For the admin API and the status page.
     pub fn view(&self) -> AuthView {
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -801,8 +756,8 @@ fn header_once<'h>(
 }
 
 /// The token of `Authorization: Bearer <token>` (the scheme in any case,
-/// RFC 9110 §11.1).
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+/// RFC 9110 §11.1): the public routes' and the admin API's.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     if value.len() < 7 || !value[..6].eq_ignore_ascii_case(b"bearer") || value[6] != b' ' {
         return None;
     }
@@ -824,55 +779,6 @@ fn mix(mut x: u64) -> u64 {
     x ^= x >> 27;
     x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
-}
-
-async fn refresh(auth: Weak<Auth>, mut stop: tokio::sync::watch::Receiver<()>) {
-    let mut failures: u32 = 0;
-    loop {
-        let Some(a) = auth.upgrade() else { return };
-        let Some(remote) = a.remote.as_ref() else {
-            return;
-        };
-        let began = Instant::now();
-        let next = match a.fetch_once().await {
-            Ok(_) => {
-                failures = 0;
-                remote.refresh
-            }
-            Err(e) => {
-                failures = failures.saturating_add(1);
-                a.stats.jwks_fetch_failures.fetch_add(1, Ordering::Relaxed);
-                if let Some(not_logged) = remote.failure_log.permit() {
-                    tracing::warn!(
-                        error = %e,
-                        failures,
-                        not_logged,
-                        "auth.jwks_url: fetching the key set failed; the keys held stay \
-                         (at most one such line per 10 s)"
-                    );
-                }
-                // 1 s, doubling, up to the refresh interval.
-                Duration::from_secs(1 << failures.min(16).saturating_sub(1)).min(remote.refresh)
-            }
-        };
-        let (wanted, min_refetch) = (remote.wanted.clone(), remote.min_refetch);
-        drop(a);
-        tokio::select! {
-            () = tokio::time::sleep(next) => {}
-            () = wanted.notified() => {
-                // An unknown `kid` asked: not sooner than the minimum
-                // interval after the last fetch, whoever asks how often.
-                let since = began.elapsed();
-                if since < min_refetch {
-                    tokio::select! {
-                        () = tokio::time::sleep(min_refetch - since) => {}
-                        _ = stop.changed() => return,
-                    }
-                }
-            }
-            _ = stop.changed() => return,
-        }
-    }
 }
 
 #[derive(Serialize)]

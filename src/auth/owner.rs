@@ -8,6 +8,8 @@
 //! bounded by [`MAX_DEPTH`]; anything that is not well-formed JSON finds
 //! nothing, which refuses the row.
 
+use crate::key::compare::Comparison;
+
 /// Deepest nesting skipped (Postgres' own JSON nests far less in a row).
 pub const MAX_DEPTH: usize = 128;
 
@@ -40,31 +42,37 @@ pub fn column<'a>(row: &'a [u8], column: &str) -> Option<&'a [u8]> {
     }
 }
 
-/// Whether the raw JSON `value` (a string, or an integer) equals `claim`.
-pub fn equals(value: &[u8], claim: &str) -> bool {
+/// Whether the raw JSON `value` (a string, or a number) equals `claim`,
+/// for a column compared as `cmp` says: a string by its text as the
+/// column compares it (a citext owner `Alice` is the claim `alice`), a
+/// number by its canonical text only. `row_to_json` writes an integer in
+/// its one decimal form, so a claim of `"03"` or `"+3"` is nobody's: an
+/// identity has one spelling, and a lenient reading would let a token
+/// minted for one string own another's rows.
+pub fn equals(value: &[u8], claim: &str, cmp: &Comparison) -> bool {
     match value.first() {
         Some(b'"') => {
             let inner = &value[1..value.len() - 1];
             if !inner.contains(&b'\\') {
-                return inner == claim.as_bytes();
+                return std::str::from_utf8(inner).is_ok_and(|v| cmp.text(v) == cmp.text(claim));
             }
-            serde_json::from_slice::<String>(value).is_ok_and(|s| s == claim)
+            serde_json::from_slice::<String>(value).is_ok_and(|s| cmp.text(&s) == cmp.text(claim))
         }
-        Some(b'-' | b'0'..=b'9') => {
-            // An integer column: compare numerically ("042" is not 42's
-            // spelling in JSON, but a claim may carry it as a string).
-            match (
-                std::str::from_utf8(value)
-                    .ok()
-                    .and_then(|v| v.parse::<i64>().ok()),
-                claim.parse::<i64>().ok(),
-            ) {
-                (Some(a), Some(b)) => a == b,
-                _ => value == claim.as_bytes(),
-            }
-        }
+        Some(b'-' | b'0'..=b'9') => value == claim.as_bytes(),
         _ => false,
     }
+}
+
+/// `claim` as an integer if it is one in canonical decimal form: an
+/// optional `-`, then digits without a leading zero (`0` itself aside),
+/// no `-0`, within `i64`.
+pub fn canonical_int(claim: &str) -> Option<i64> {
+    let digits = claim.strip_prefix('-').unwrap_or(claim);
+    let canonical = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'))
+        && claim != "-0";
+    canonical.then(|| claim.parse().ok()).flatten()
 }
 
 fn name_is(name: &[u8], escaped: bool, want: &str) -> bool {
@@ -179,17 +187,59 @@ mod tests {
         assert_eq!(column(row, "email"), Some(&br#""u@x""#[..]));
         assert_eq!(column(row, "id"), Some(&b"1"[..]));
         assert_eq!(column(row, "missing"), None);
-        assert!(equals(column(row, "owner_id").unwrap(), "42"));
-        assert!(!equals(column(row, "owner_id").unwrap(), "4"));
-        assert!(equals(column(row, "email").unwrap(), "u@x"));
-        assert!(!equals(column(row, "x").unwrap(), "null"));
+        let b = Comparison::Bytes;
+        assert!(equals(column(row, "owner_id").unwrap(), "42", &b));
+        assert!(!equals(column(row, "owner_id").unwrap(), "4", &b));
+        assert!(equals(column(row, "email").unwrap(), "u@x", &b));
+        assert!(!equals(column(row, "x").unwrap(), "null", &b));
     }
 
     #[test]
     fn escaped_names_and_values_compare_by_their_text() {
         let row = br#"{"a\u0062":"x\u0079","c":"\"q\""}"#;
-        assert!(equals(column(row, "ab").unwrap(), "xy"));
-        assert!(equals(column(row, "c").unwrap(), "\"q\""));
+        assert!(equals(column(row, "ab").unwrap(), "xy", &Comparison::Bytes));
+        assert!(equals(
+            column(row, "c").unwrap(),
+            "\"q\"",
+            &Comparison::Bytes
+        ));
+    }
+
+    /// An integer owner has one spelling (issue: `"03"` and `"+3"` owned
+    /// key 3).
+    #[test]
+    fn an_integer_owner_is_named_by_its_canonical_decimal_only() {
+        let row = br#"{"owner_id":3,"neg":-12,"zero":0}"#;
+        let b = Comparison::Bytes;
+        let owner = column(row, "owner_id").unwrap();
+        assert!(equals(owner, "3", &b));
+        for lenient in ["03", "+3", " 3", "3 ", "3.0", "0x3", "3e0"] {
+            assert!(!equals(owner, lenient, &b), "{lenient:?}");
+            assert_eq!(canonical_int(lenient), None, "{lenient:?}");
+        }
+        assert!(equals(column(row, "neg").unwrap(), "-12", &b));
+        assert!(!equals(column(row, "neg").unwrap(), "-012", &b));
+        assert!(equals(column(row, "zero").unwrap(), "0", &b));
+        assert_eq!(canonical_int("3"), Some(3));
+        assert_eq!(canonical_int("-12"), Some(-12));
+        assert_eq!(canonical_int("0"), Some(0));
+        assert_eq!(canonical_int("-0"), None);
+        assert_eq!(canonical_int("9223372036854775808"), None);
+    }
+
+    proptest::proptest! {
+        /// Every i64 is owned by its own decimal text, and by no other
+        /// spelling of it.
+        #[test]
+        fn canonical_int_is_exactly_to_string(v: i64, pad in 1usize..3) {
+            proptest::prop_assert_eq!(canonical_int(&v.to_string()), Some(v));
+            let padded = match v < 0 {
+                true => format!("-{}{}", "0".repeat(pad), v.unsigned_abs()),
+                false => format!("{}{v}", "0".repeat(pad)),
+            };
+            proptest::prop_assert_eq!(canonical_int(&padded), None);
+            proptest::prop_assert_eq!(canonical_int(&format!("+{v}")), None);
+        }
     }
 
     #[test]
@@ -217,7 +267,7 @@ mod tests {
             let row = serde_json::to_vec(&v).unwrap();
             for (k, n) in &v {
                 let raw = column(&row, k).unwrap();
-                proptest::prop_assert!(equals(raw, &n.to_string()));
+                proptest::prop_assert!(equals(raw, &n.to_string(), &Comparison::Bytes));
             }
         }
     }

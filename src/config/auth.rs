@@ -100,6 +100,11 @@ pub struct AuthConfig {
     /// in `check-config`. `BLOOMGATE_AUTH__JWT_SECRET` sets it from the
     /// environment. Default none.
     pub jwt_secret: Option<String>,
+    /// `jwt_secret` is base64 (standard or URL-safe alphabet, padding
+    /// optional), for a secret that is not text (PostgREST's
+    /// `jwt-secret-is-base64`); the decoded bytes are the key and must
+    /// be at least 32. Default false.
+    pub jwt_secret_base64: bool,
     /// A JWK Set (RFC 7517) of RS*, PS*, ES256, ES384 or EdDSA (Ed25519)
     /// public keys, read at start-up. Default none.
     pub jwks_file: Option<PathBuf>,
@@ -115,6 +120,14 @@ pub struct AuthConfig {
     /// Default `30s`.
     #[serde(with = "humantime_serde")]
     pub jwks_min_refetch_interval: Duration,
+    /// How long the keys of the last good fetch of `jwks_url` stay
+    /// trusted while fetches fail (unreachable, an HTTP error, not a key
+    /// set): past it they are dropped, tokens signed by them are answered
+    /// 503 and `/readyz` says why. A fetched key set always replaces the
+    /// keys held, even an empty one. At least `jwks_refresh_interval`.
+    /// Default `24h`.
+    #[serde(with = "humantime_serde")]
+    pub jwks_max_stale: Duration,
     /// When set, a token's `iss` must equal it. Default none.
     pub issuer: Option<String>,
     /// When set, a token's `aud` (a string or an array) must hold it; when
@@ -125,8 +138,10 @@ pub struct AuthConfig {
     #[serde(with = "humantime_serde")]
     pub leeway: Duration,
     /// The claim holding a token's scopes: a space-separated string
-    /// (`scope`, RFC 8693) or an array of strings (`scp`, `roles`).
-    /// Default `scope`.
+    /// (`scope`, RFC 8693; split on spaces only, RFC 6749 §3.3) or an
+    /// array of strings (`scp`, `roles`). A name is a top-level claim;
+    /// one starting with `/` is a JSON Pointer (RFC 6901) into the
+    /// claims, e.g. `/realm_access/roles` (Keycloak). Default `scope`.
     pub scope_claim: String,
     /// A TOML file of named API keys (`[[key]]` with `name`, `key` or
     /// `sha256`, `scopes`), read at start-up. Default none.
@@ -148,10 +163,12 @@ impl Default for AuthConfig {
     fn default() -> Self {
         Self {
             jwt_secret: None,
+            jwt_secret_base64: false,
             jwks_file: None,
             jwks_url: None,
             jwks_refresh_interval: Duration::from_secs(300),
             jwks_min_refetch_interval: Duration::from_secs(30),
+            jwks_max_stale: Duration::from_secs(86_400),
             issuer: None,
             audience: None,
             leeway: Duration::from_secs(30),
@@ -168,10 +185,12 @@ impl fmt::Debug for AuthConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AuthConfig")
             .field("jwt_secret", &self.jwt_secret.as_ref().map(|_| REDACTED))
+            .field("jwt_secret_base64", &self.jwt_secret_base64)
             .field("jwks_file", &self.jwks_file)
             .field("jwks_url", &self.jwks_url)
             .field("jwks_refresh_interval", &self.jwks_refresh_interval)
             .field("jwks_min_refetch_interval", &self.jwks_min_refetch_interval)
+            .field("jwks_max_stale", &self.jwks_max_stale)
             .field("issuer", &self.issuer)
             .field("audience", &self.audience)
             .field("leeway", &self.leeway)
@@ -207,18 +226,44 @@ impl AuthConfig {
         self.api_keys_file.is_some()
     }
 
+    /// The HMAC key `jwt_secret` gives: its bytes, or with
+    /// `jwt_secret_base64` what they decode to (`None` if they do not).
+    pub fn jwt_secret_bytes(&self) -> Option<Vec<u8>> {
+        let s = self.jwt_secret.as_ref()?;
+        if !self.jwt_secret_base64 {
+            return Some(s.as_bytes().to_vec());
+        }
+        decode_base64(s.trim())
+    }
+
     pub(super) fn validate(&self) -> Result<(), KeyProblem> {
         let bad = |key: &str, problem: String| Err(KeyProblem::new(format!("auth.{key}"), problem));
-        if let Some(s) = &self.jwt_secret
-            && s.len() < MIN_JWT_SECRET
-        {
-            return bad(
-                "jwt_secret",
-                format!(
-                    "must be at least {MIN_JWT_SECRET} bytes (HS256 needs 256 bits); it has {}",
-                    s.len()
-                ),
-            );
+        if self.jwt_secret_base64 && self.jwt_secret.is_none() {
+            return bad("jwt_secret_base64", "needs auth.jwt_secret".into());
+        }
+        if self.jwt_secret.is_some() {
+            // Never quoted: the message says what is wrong, not what it is.
+            let Some(key) = self.jwt_secret_bytes() else {
+                return bad(
+                    "jwt_secret",
+                    "is not base64 (auth.jwt_secret_base64 = true): the standard or URL-safe \
+                     alphabet, padding optional"
+                        .into(),
+                );
+            };
+            if key.len() < MIN_JWT_SECRET {
+                let what = match self.jwt_secret_base64 {
+                    true => "decoded bytes",
+                    false => "bytes",
+                };
+                return bad(
+                    "jwt_secret",
+                    format!(
+                        "must be at least {MIN_JWT_SECRET} bytes (HS256 needs 256 bits); it has {} {what}",
+                        key.len()
+                    ),
+                );
+            }
         }
         if let Some(u) = &self.jwks_url {
             check_jwks_url(u).map_err(|p| KeyProblem::new("auth.jwks_url", p))?;
@@ -236,12 +281,16 @@ impl AuthConfig {
                 "must be at least 1s and at most jwks_refresh_interval".into(),
             );
         }
+        if self.jwks_max_stale < self.jwks_refresh_interval {
+            return bad(
+                "jwks_max_stale",
+                "must be at least jwks_refresh_interval (the keys would expire between two good fetches)".into(),
+            );
+        }
         if self.leeway > Duration::from_secs(300) {
             return bad("leeway", "must be at most 5m".into());
         }
-        if self.scope_claim.is_empty() {
-            return bad("scope_claim", "must name a claim".into());
-        }
+        check_claim(&self.scope_claim).map_err(|p| KeyProblem::new("auth.scope_claim", p))?;
         if !(512..=65_536).contains(&self.max_token_bytes) {
             return bad("max_token_bytes", "must be between 512 and 65536".into());
         }
@@ -259,6 +308,37 @@ impl AuthConfig {
         }
         Ok(())
     }
+}
+
+/// Base64 in the standard or the URL-safe alphabet, padded or not.
+fn decode_base64(s: &str) -> Option<Vec<u8>> {
+    use base64::Engine;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    let config =
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent);
+    let standard = GeneralPurpose::new(&base64::alphabet::STANDARD, config);
+    let url_safe = GeneralPurpose::new(&base64::alphabet::URL_SAFE, config);
+    standard.decode(s).or_else(|_| url_safe.decode(s)).ok()
+}
+
+/// A claim as `scope_claim` and `owner_claim` name it: a top-level name,
+/// or a JSON Pointer (RFC 6901: `/` then reference tokens, `~0` for `~`
+/// and `~1` for `/`, no other `~`).
+pub fn check_claim(c: &str) -> Result<(), String> {
+    if c.is_empty() || c.len() > 256 {
+        return Err("must name a claim (1 to 256 bytes)".into());
+    }
+    if let Some(pointer) = c.strip_prefix('/') {
+        let mut chars = pointer.chars();
+        while let Some(ch) = chars.next() {
+            if ch == '~' && !matches!(chars.next(), Some('0' | '1')) {
+                return Err(format!(
+                    "{c:?} is not a JSON Pointer (RFC 6901): '~' must be followed by 0 or 1"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A scope token (RFC 6749 §3.3): printable ASCII, no space, `"` or `\`,
@@ -406,11 +486,70 @@ mod tests {
                 PRIVATE.into(),
                 "auth.max_token_bytes",
             ),
+            (
+                &format!("{s}\njwks_refresh_interval = \"1h\"\njwks_max_stale = \"10m\""),
+                PRIVATE.into(),
+                "auth.jwks_max_stale",
+            ),
+            (
+                &format!("{s}\nscope_claim = \"/realm_access/~2\""),
+                PRIVATE.into(),
+                "auth.scope_claim",
+            ),
+            (
+                &s,
+                PRIVATE.replace("owner_claim = \"sub\"", "owner_claim = \"/a~\""),
+                "resource[0].owner_claim",
+            ),
+            (
+                "jwt_secret_base64 = true",
+                PRIVATE.into(),
+                "auth.jwt_secret_base64",
+            ),
+            (
+                &format!("{s}\njwt_secret_base64 = true"),
+                PRIVATE.into(),
+                "auth.jwt_secret",
+            ),
         ] {
             let e = with(auth, &res);
             assert!(e.contains(key), "{key}: {e}");
             assert!(!e.contains(SECRET), "{e}");
         }
+    }
+
+    /// `jwt_secret_base64`: the secret's decoded bytes are the key, in
+    /// either alphabet, padded or not; too few of them, or not base64, is
+    /// an error naming the key and never quoting the secret; the printed
+    /// config loads again.
+    #[test]
+    fn a_base64_secret_is_decoded_checked_and_never_shown() {
+        use base64::Engine;
+        use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+        let key: Vec<u8> = (0u8..48).map(|i| i.wrapping_mul(37) ^ 0xfb).collect();
+        for encoded in [STANDARD.encode(&key), URL_SAFE_NO_PAD.encode(&key)] {
+            let c = Config::from_toml(&format!(
+                "[auth]\njwt_secret = \"{encoded}\"\njwt_secret_base64 = true\n{PRIVATE}"
+            ))
+            .unwrap();
+            assert_eq!(c.auth.jwt_secret_bytes(), Some(key.clone()));
+            let shown = c.to_redacted_toml();
+            assert!(!shown.contains(&encoded), "{shown}");
+            Config::from_toml(&shown).expect("the printed config loads");
+        }
+        let short = STANDARD.encode([7u8; 31]);
+        let e = err(&format!(
+            "[auth]\njwt_secret = \"{short}\"\njwt_secret_base64 = true\n{PRIVATE}"
+        ));
+        assert!(
+            e.contains("auth.jwt_secret") && e.contains("31 decoded bytes"),
+            "{e}"
+        );
+        assert!(!e.contains(&short), "{e}");
+        // Without the flag the text is the key, as before.
+        let c =
+            Config::from_toml(&format!("[auth]\njwt_secret = \"{SECRET}\"\n{PRIVATE}")).unwrap();
+        assert_eq!(c.auth.jwt_secret_bytes().unwrap(), SECRET.as_bytes());
     }
 
     /// The secret comes from the environment, is redacted in

@@ -213,7 +213,15 @@ impl Config {
             *u = redact_url(u);
         }
         if c.auth.jwt_secret.is_some() {
-            c.auth.jwt_secret = Some(REDACTED_SECRET.into());
+            // Still a valid secret of the same form, so the printed config
+            // loads (`fuzz/config_parse`).
+            c.auth.jwt_secret = Some(match c.auth.jwt_secret_base64 {
+                true => {
+                    use base64::Engine;
+                    base64::engine::general_purpose::STANDARD.encode(REDACTED_SECRET)
+                }
+                false => REDACTED_SECRET.into(),
+            });
         }
         // The budget that will be used, not its absence.
         if let CacheBound::Bytes(b) = c.cache.bound() {

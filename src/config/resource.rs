@@ -318,9 +318,7 @@ impl ResourceConfig {
                     "API keys carry no claims: use auth = \"jwt\" or \"any\"".into(),
                 ));
             }
-            if c.is_empty() || c.len() > 128 {
-                return Err(("owner_claim", "must name a claim".into()));
-            }
+            auth::check_claim(c).map_err(|p| ("owner_claim", p))?;
         }
         if let Some(c) = &self.owner_column {
             if self.owner_claim.is_none() {

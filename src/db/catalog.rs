@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use sqlx::{PgConnection, PgPool, Row};
 
+use crate::key::compare::{Comparison, Lowering};
 pub use crate::key::{ColumnType, canonical_text};
 
 /// A table as Postgres names it, schema-qualified and unquoted
@@ -98,6 +99,11 @@ pub struct ColumnInfo {
     pub element: Option<String>,
     /// `NOT NULL` on the column or on any domain on the way to the base.
     pub not_null: bool,
+    /// `pg_attribute.attcollation` (0: not collatable).
+    pub collation: i64,
+    /// The base type as SQL names it, schema-qualified and quoted
+    /// (`public.citext`): what the row query casts a key to.
+    pub base_sql: String,
 }
 
 impl ColumnInfo {
@@ -197,10 +203,13 @@ pub async fn table_info_on(
                 bt.typname::text AS base,
                 (SELECT et.typname::text FROM pg_type et WHERE et.oid = bt.typelem
                     AND bt.typcategory = 'A') AS element,
-                b.nn AS not_null
+                b.nn AS not_null,
+                a.attcollation::int8 AS collation,
+                quote_ident(btn.nspname) || '.' || quote_ident(bt.typname) AS base_sql
            FROM base b
            JOIN pg_attribute a ON a.attrelid = $1::oid AND a.attnum = b.attnum
            JOIN pg_type bt ON bt.oid = b.typid
+           JOIN pg_namespace btn ON btn.oid = bt.typnamespace
           ORDER BY a.attnum",
     )
     .bind(oid)
@@ -213,6 +222,8 @@ pub async fn table_info_on(
         base: r.get("base"),
         element: r.get("element"),
         not_null: r.get("not_null"),
+        collation: r.get("collation"),
+        base_sql: r.get("base_sql"),
     })
     .collect();
 
@@ -292,3 +303,155 @@ mod tests {
         assert!(!ReplicaIdentity::Default(vec![]).carries("id"));
     }
 }
+
+/// Why a column's comparison was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ComparisonError {
+    /// The database did not answer.
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+    /// It compares in a way the gateway cannot reproduce: the message
+    /// names the column and says why.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// How `column` (of `table`, for messages) compares its values, read from
+/// the database (see `key::compare`, which holds the argument).
+pub async fn comparison(
+    pool: &PgPool,
+    table: &str,
+    column: &ColumnInfo,
+) -> Result<Comparison, ComparisonError> {
+    let mut conn = pool.acquire().await?;
+    comparison_on(&mut conn, table, column).await
+}
+
+/// [`comparison`] on a connection.
+pub async fn comparison_on(
+    conn: &mut PgConnection,
+    table: &str,
+    column: &ColumnInfo,
+) -> Result<Comparison, ComparisonError> {
+    use ComparisonError::Refused;
+    let ty = column.column_type();
+    if column.collation == 0
+        || !matches!(
+            ty,
+            ColumnType::Text | ColumnType::Varchar | ColumnType::Bpchar | ColumnType::Citext
+        )
+    {
+        return Ok(Comparison::Bytes);
+    }
+    let name = format!("{table}.{}", column.name);
+    // `to_jsonb` of the catalog rows: the provider columns differ between
+    // Postgres versions (datlocprovider from 15, colllocale from 17).
+    let row = sqlx::query(
+        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.collname) AS sql_name,
+                c.collname::text AS name,
+                c.collisdeterministic AS deterministic,
+                CASE c.collprovider WHEN 'd' THEN coalesce(to_jsonb(d) ->> 'datlocprovider', 'c')
+                     ELSE c.collprovider::text END AS provider,
+                CASE c.collprovider WHEN 'd' THEN coalesce(to_jsonb(d) ->> 'datlocale', d.datctype)
+                     ELSE coalesce(to_jsonb(c) ->> 'colllocale', c.collctype) END AS ctype,
+                current_setting('server_encoding') AS encoding
+           FROM pg_collation c
+           JOIN pg_namespace n ON n.oid = c.collnamespace
+           JOIN pg_database d ON d.datname = current_database()
+          WHERE c.oid = $1::oid",
+    )
+    .bind(column.collation)
+    .fetch_optional(&mut *conn)
+    .await?
+    .ok_or_else(|| {
+        Refused(format!(
+            "{name}: its collation (oid {}) is not in pg_collation",
+            column.collation
+        ))
+    })?;
+    let coll_name: String = row.get("name");
+    let sql_name: String = row.get("sql_name");
+    if !row.get::<bool, _>("deterministic") {
+        return Err(Refused(format!(
+            "key or owner column {name} has the non-deterministic collation {coll_name:?}: \
+             Postgres compares its values by that collation (case, accents, ignorable \
+             characters), which the filter and cache cannot reproduce; give the column a \
+             deterministic collation"
+        )));
+    }
+    match ty {
+        ColumnType::Bpchar => return Ok(Comparison::Blank),
+        ColumnType::Citext => {}
+        _ => return Ok(Comparison::Bytes),
+    }
+    let provider: String = row.get("provider");
+    let ctype: Option<String> = row.get("ctype");
+    let ctype = ctype.unwrap_or_default();
+    let encoding: String = row.get("encoding");
+    let described = format!("collation {coll_name:?} (provider {provider}, ctype {ctype:?})");
+    let refuse = |why: &str| {
+        Refused(format!(
+            "citext key or owner column {name} under {described}: {why}; the gateway cannot \
+             reproduce its lower(), so it would answer 404 for rows that exist. Use a libc \
+             collation (or the builtin C.UTF-8), or a text column holding lower(value)"
+        ))
+    };
+    if encoding != "UTF8" {
+        return Err(refuse(&format!(
+            "the database's encoding is {encoding}, not UTF8"
+        )));
+    }
+    let per_code_point = match provider.as_str() {
+        "c" => true,
+        "b" => matches!(ctype.as_str(), "C" | "C.UTF-8"),
+        _ => false,
+    };
+    if !per_code_point {
+        return Err(refuse(
+            "its lower() maps some characters by their context (the final sigma) or by language rules",
+        ));
+    }
+    let pairs: Vec<(i32, String)> = sqlx::query_as(&format!(
+        "SELECT cp, lower(chr(cp) COLLATE {sql_name})
+           FROM generate_series(1, 1114111) AS cp
+          WHERE cp NOT BETWEEN 55296 AND 57343
+            AND lower(chr(cp) COLLATE {sql_name}) COLLATE \"C\" <> chr(cp) COLLATE \"C\""
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    let lowering = Lowering::new(
+        pairs
+            .into_iter()
+            .filter_map(|(cp, image)| Some((char::from_u32(cp as u32)?, image))),
+        &coll_name,
+    )
+    .map_err(|why| refuse(&why))?;
+    // Where a context-sensitive lower() would differ from the table.
+    let probes: Vec<String> = CONTEXT_PROBES.iter().map(|p| p.to_string()).collect();
+    let lowered: Vec<(String, String)> = sqlx::query_as(&format!(
+        "SELECT p, lower(p COLLATE {sql_name}) FROM unnest($1::text[]) AS p"
+    ))
+    .bind(&probes)
+    .fetch_all(&mut *conn)
+    .await?;
+    for (probe, db_lower) in lowered {
+        if *lowering.lower(&probe) != *db_lower {
+            return Err(refuse(&format!(
+                "lower({probe:?}) is {db_lower:?}, not what its characters give one by one"
+            )));
+        }
+    }
+    Ok(Comparison::Lower(Arc::new(lowering)))
+}
+
+/// Strings whose `lower()` depends on context under some provider: the
+/// final sigma, the Turkish and Lithuanian dotted and dotless i.
+const CONTEXT_PROBES: [&str; 7] = [
+    "ΑΣ",
+    "ΑΣ Α",
+    "AΣB",
+    "ΣΑΣ.",
+    "I\u{0307}",
+    "\u{0130}",
+    "I\u{0300}",
+];

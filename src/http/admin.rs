@@ -222,7 +222,7 @@ async fn require_token(State(state): St, req: Request, next: Next) -> Response {
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+        .and_then(|v| crate::auth::bearer_token(v.as_bytes()));
     let client = req
         .extensions()
         .get::<crate::auth::peer::PeerAddr>()
@@ -315,6 +315,10 @@ pub struct ResourceView {
     route: String,
     table: String,
     key_type: String,
+    /// How its keys compare, as the key column's type and collation say
+    /// (`bytes`, `trailing spaces ignored (char(n))`, `lower() under
+    /// collation …`): see README, key types.
+    key_comparison: String,
     /// The change feed keeping this resource fresh: `wal`, `notify` or
     /// `off` (`database.freshness`; `auto` is resolved at start-up).
     /// `null` before start-up has chosen.
@@ -389,6 +393,7 @@ fn view(gw: &Gateway, r: &Resource, snap: ResourceSnapshot) -> ResourceView {
         route: r.config.route.clone(),
         table: r.config.table.clone(),
         key_type: r.config.key_type.sql_type().into(),
+        key_comparison: r.comparison().describe(),
         freshness: gw.freshness().map(crate::feed::supervisor::name),
         ready: r.is_ready(),
         not_ready_because: r.why_not_ready(),

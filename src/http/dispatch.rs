@@ -139,7 +139,7 @@ where
         };
         match lookup::begin(route, req.uri().path(), req.headers(), peer, began) {
             Begun::Answered(answered) => DispatchFuture::Ready(Some(answered)),
-            Begun::Load(load, caller) => {
+            Begun::Load(load, caller, allowance) => {
                 let route = route.clone();
                 // The body is never read (every route is a GET): only the
                 // headers go on, for the validators and the coding.
@@ -150,7 +150,8 @@ where
                         began,
                         armed: true,
                     };
-                    let resp = lookup::finish(&route, load, caller, &headers, began).await;
+                    let resp =
+                        lookup::finish(&route, load, caller, allowance, &headers, began).await;
                     deadline.armed = false;
                     resp
                 }))

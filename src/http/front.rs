@@ -340,7 +340,11 @@ fn start<B, F>(
         )
     };
     let began = (access.is_none() && !span.is_disabled()).then(std::time::Instant::now);
-    let state = if declared_body(&req).is_some_and(|n| n > shared.max_body) {
+    let state = if let Some(response) = refused_target(&req, &shared.counters.traffic) {
+        State::Ready {
+            response: Some(response),
+        }
+    } else if declared_body(&req).is_some_and(|n| n > shared.max_body) {
         shared
             .counters
             .traffic
@@ -389,6 +393,43 @@ fn start<B, F>(
         timeout: shared.timeout,
         access,
     }
+}
+
+/// What no route may see: an HTTP/1.1 request without exactly one `Host`
+/// (RFC 9112 §3.2: 400; HTTP/1.0 may omit it, HTTP/2 and 3 carry
+/// `:authority`), and the two request forms no route can match, `CONNECT`
+/// (authority-form) and `OPTIONS *` (asterisk-form), which are methods
+/// the gateway does not take (405 with `Allow`, as for any other).
+fn refused_target<B>(req: &Request<B>, traffic: &crate::traffic::Traffic) -> Option<Response> {
+    // Only what came over a connection (its client address is set, see
+    // `auth::peer`): a request made in the process has no Host to check.
+    if req.version() == axum::http::Version::HTTP_11 && crate::auth::peer::current().is_some() {
+        let mut hosts = req.headers().get_all(axum::http::header::HOST).iter();
+        if hosts.next().is_none() || hosts.next().is_some() {
+            return Some(super::response::json_error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "an HTTP/1.1 request carries exactly one Host header (RFC 9112 section 3.2)",
+            ));
+        }
+    }
+    let method = req.method();
+    if method == axum::http::Method::CONNECT
+        || (method == axum::http::Method::OPTIONS && req.uri() == "*")
+    {
+        traffic.method_not_allowed.fetch_add(1, Ordering::Relaxed);
+        let mut resp = super::response::json_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this route does not take that method; see Allow",
+        );
+        resp.headers_mut().insert(
+            axum::http::header::ALLOW,
+            HeaderValue::from_static("GET,HEAD"),
+        );
+        return Some(resp);
+    }
+    None
 }
 
 /// The access line of a request answered with `response`.

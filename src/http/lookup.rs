@@ -18,7 +18,7 @@ use bytes::Bytes;
 
 use super::response::{CACHE_STATUS, json_bytes, static_bytes, static_header};
 use crate::auth::verified::Verified;
-use crate::auth::{Auth, Caller, Policy, peer::PeerAddr};
+use crate::auth::{Allowance, Auth, Caller, Policy, RATELIMIT, RATELIMIT_POLICY, peer::PeerAddr};
 use crate::cache::{Outcome, Row};
 use crate::encoding::{self, Coding, Parts};
 use crate::error::Error;
@@ -135,7 +135,9 @@ pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
     let began = Instant::now();
     let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
     match begin(&route, req.uri().path(), req.headers(), peer, began) {
-        Begun::Load(load, caller) => finish(&route, load, caller, req.headers(), began).await,
+        Begun::Load(load, caller, allowance) => {
+            finish(&route, load, caller, allowance, req.headers(), began).await
+        }
         Begun::Answered(answered) => answered,
     }
 }
@@ -147,8 +149,9 @@ pub enum Begun {
     /// already counted.
     Answered(Response),
     /// A key the filter and cache could not answer at once ([`finish`]),
-    /// with the caller when its row must be checked for its owner.
-    Load(Load, Option<Arc<Verified>>),
+    /// with the caller when its row must be checked for its owner, and
+    /// what the rate limiter said.
+    Load(Load, Option<Arc<Verified>>, Option<Allowance>),
 }
 
 /// Parse, then the access checks, then filter, then the cache if it can
@@ -164,38 +167,58 @@ pub fn begin(
 ) -> Begun {
     let key = match key_of(route, path) {
         Ok(key) => key,
-        Err(e) => return Begun::Answered(failed(route, began, e)),
+        Err(e) => return Begun::Answered(rated(route, failed(route, began, e), None)),
     };
-    let caller = match route.guarded {
-        false => Caller::Anonymous,
+    let (caller, allowance) = match route.guarded {
+        false => (Caller::Anonymous, None),
         true => match route.auth.check(route.policy(), headers, peer, began) {
-            Ok(caller) => caller,
-            Err(e) => return Begun::Answered(failed(route, began, e)),
+            Ok(admitted) => admitted,
+            Err(e) => return Begun::Answered(rated(route, failed(route, began, e), None)),
         },
     };
     if route.owner_on_key
         && let Some(v) = caller.verified()
-        && !route.auth.owns_key(route.policy(), v, &key)
+        && !route
+            .auth
+            .owns_key(route.policy(), v, &key, route.resource.comparison())
     {
         // Exactly a key the filter rejects: the caller learns nothing of
         // other owners' keys, and nothing past this point is asked.
         let (resp, _) = filtered(route);
-        return Begun::Answered(refused_as_absent(route, began, resp));
+        let resp = refused_as_absent(route, began, resp);
+        return Begun::Answered(rated(route, resp, allowance));
     }
     match route.resource.lookup_now(key) {
         Ok(Now::Answered(lookup)) => {
             let (resp, outcome) = answer(route, lookup, headers, caller.verified());
-            Begun::Answered(done(route, began, resp, outcome))
+            Begun::Answered(rated(route, done(route, began, resp, outcome), allowance))
         }
         Ok(Now::Load(load)) => {
             let caller = match route.owner_on_row {
                 true => caller.into_arc(),
                 false => None,
             };
-            Begun::Load(load, caller)
+            Begun::Load(load, caller, allowance)
         }
-        Err(e) => Begun::Answered(failed(route, began, e)),
+        Err(e) => Begun::Answered(rated(route, failed(route, began, e), allowance)),
     }
+}
+
+/// A rate-limited resource's fields (draft-ietf-httpapi-ratelimit-headers):
+/// `RateLimit-Policy` on every answer, so a client can pace itself before
+/// its first 429, and `RateLimit` on every answer the limiter let through
+/// (a 429 carries its own).
+fn rated(route: &Route, mut resp: Response, allowance: Option<Allowance>) -> Response {
+    let p = route.policy();
+    let Some(policy) = p.rate_policy() else {
+        return resp;
+    };
+    let h = resp.headers_mut();
+    h.insert(&RATELIMIT_POLICY, policy.clone());
+    if let Some(a) = allowance {
+        h.insert(&RATELIMIT, p.rate_state(a));
+    }
+    resp
 }
 
 /// The cache (and through it the database) for a key [`begin`] let through.
@@ -203,16 +226,18 @@ pub async fn finish(
     route: &Route,
     load: Load,
     caller: Option<Arc<Verified>>,
+    allowance: Option<Allowance>,
     headers: &HeaderMap,
     began: Instant,
 ) -> Response {
-    match route.resource.load(load).await {
+    let resp = match route.resource.load(load).await {
         Ok(lookup) => {
             let (resp, outcome) = answer(route, lookup, headers, caller.as_deref());
             done(route, began, resp, outcome)
         }
         Err(e) => failed(route, began, e),
-    }
+    };
+    rated(route, resp, allowance)
 }
 
 /// Another owner's key or row: answered as absent, counted as forbidden.
@@ -301,7 +326,12 @@ fn answer(
 ) -> (Response, RequestOutcome) {
     if route.owner_on_row
         && let (Some(v), Some(row)) = (caller, row_of(&lookup))
-        && !route.auth.owns_row(route.policy(), v, row.body())
+        && !route.auth.owns_row(
+            route.policy(),
+            v,
+            row.body(),
+            route.resource.owner_comparison(),
+        )
     {
         route
             .resource

@@ -590,6 +590,8 @@ mod tests {
             base: base.into(),
             element: element.map(Into::into),
             not_null,
+            collation: 0,
+            base_sql: base.into(),
         }
     }
 

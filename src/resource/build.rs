@@ -336,13 +336,15 @@ impl Resource {
     /// scan, see `live_filter`). Returns how many it lacked.
     async fn merge_into_live(&self, mut merge: Merge<'_>) -> Result<u64, RebuildError> {
         let key_type = self.config.key_type;
+        let cmp = self.comparison();
         self.db
             .scan_keys(
                 &self.queries,
                 &self.stats.db_queries,
                 |_| (),
                 |_, raw| {
-                    if let Some(item) = key::item_from_column(key_type, raw) {
+                    let raw = cmp.bytes(raw);
+                    if let Some(item) = key::item_from_column(key_type, &raw) {
                         merge.offer(item);
                     }
                 },
@@ -448,6 +450,7 @@ impl Resource {
     async fn scan(&self) -> Result<Scanned, RebuildError> {
         let f = &self.config.filter;
         let key_type = self.config.key_type;
+        let cmp = self.comparison();
         let mut bad = 0u64;
         let mut rows = 0;
         let mut max_int = i64::MIN;
@@ -469,7 +472,7 @@ impl Resource {
                         FilterKey::random(),
                     )
                 },
-                |builder, raw| match (builder, key::item_from_column(key_type, raw)) {
+                |builder, raw| match (builder, key::item_from_column(key_type, &cmp.bytes(raw))) {
                     (Ok(b), Some(item)) => {
                         if let Item::Int(v) = item {
                             max_int = max_int.max(v);
