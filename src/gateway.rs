@@ -334,33 +334,39 @@ impl Gateway {
         for r in &self.resources {
             self.keep(tokio::spawn(r.clone().run_background(self.signal())));
         }
-        self.db.wait_until_reachable().await;
-        // Before the migrations: on a standby they fail less clearly.
-        supervisor::refuse_standby(self.db.pool(), &self.config.database)
-            .await
-            .map_err(StartError::Feed)?;
-        if self.config.database.migrate {
-            self.db.migrate().await?;
-        }
         if let Some(replicas) = self.db.replicas() {
-            // Known before the first scan, which may then run on one.
-            replicas.check().await;
             let every = self.config.database.replica_check_interval;
             self.keep(tokio::spawn(
                 replicas.clone().run_checks(every, self.signal()),
             ));
         }
-        let (followers, watch) = self.resolve().await?;
-        let feed = Supervisor::prepare(
-            &self.db,
-            &self.config.database,
-            &self.config.bus,
-            &watch,
-            self.wal_stats.clone(),
-            self.stats.feed.clone(),
-        )
-        .await
-        .map_err(StartError::Feed)?;
+        let (followers, watch, feed) = loop {
+            self.db.wait_until_reachable().await;
+            let before = crate::db::position::Server::read_pool(self.db.pool())
+                .await
+                .ok();
+            let e = match self.prepare().await {
+                Ok(done) => break done,
+                Err(e) => e,
+            };
+            // A step that failed because the database went away, or came
+            // back as another server (a failover or a restart during
+            // start-up), is tried again; one the database gave while it
+            // answered (a missing table, a refused privilege) is the
+            // answer.
+            let after = crate::db::position::Server::read_pool(self.db.pool())
+                .await
+                .ok();
+            let transient = match (before.map(|(s, _)| s), after.map(|(s, _)| s)) {
+                (Some(b), Some(a)) => b != a,
+                _ => self.db.check_up().await.is_err() || before.is_none(),
+            };
+            if !transient {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "start-up interrupted by the database going away or changing; trying again");
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        };
         // Resources whose changes no feed follows (a view without
         // `source_table`) change only at rebuilds: nothing to prove.
         for r in &self.resources {
@@ -399,6 +405,35 @@ impl Gateway {
         );
         *started = true;
         Ok(())
+    }
+
+    /// Start-up's steps before the feed starts: refuses a standby, migrates
+    /// if configured, reads the catalog, has the supervisor choose and
+    /// prepare the change feed. Each may be run again (see `start`).
+    async fn prepare(&self) -> Result<(Vec<Follower>, Watch, Supervisor), StartError> {
+        // Before the migrations: on a standby they fail less clearly.
+        supervisor::refuse_standby(self.db.pool(), &self.config.database)
+            .await
+            .map_err(StartError::Feed)?;
+        if self.config.database.migrate {
+            self.db.migrate().await?;
+        }
+        if let Some(replicas) = self.db.replicas() {
+            // Known before the first scan, which may then run on one.
+            replicas.check().await;
+        }
+        let (followers, watch) = self.resolve().await?;
+        let feed = Supervisor::prepare(
+            &self.db,
+            &self.config.database,
+            &self.config.bus,
+            &watch,
+            self.wal_stats.clone(),
+            self.stats.feed.clone(),
+        )
+        .await
+        .map_err(StartError::Feed)?;
+        Ok((followers, watch, feed))
     }
 
     /// A shutdown signal for a task of this gateway.

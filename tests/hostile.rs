@@ -127,6 +127,35 @@ async fn start_up_waits_for_a_database_that_is_down() {
     assert_eq!(get(&gw, "/users/1").await.status, StatusCode::OK);
 }
 
+/// The database going away in the middle of start-up (here while the
+/// catalog is read, as a failover or a restart would): start-up tries its
+/// steps again once the database answers, instead of failing.
+#[tokio::test]
+async fn start_up_interrupted_by_an_outage_tries_again() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let proxy = Proxy::start().await;
+    // The catalog's first query waits on the wire; the outage comes then.
+    proxy.slow_down("to_regclass($1)", Duration::from_millis(1500));
+    // In plaintext, so that the proxy reads the statement.
+    let gw = gateway(config(&format!("{}?sslmode=disable", proxy.url(&db)), ""));
+    let starting = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.start().await }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.restore();
+    tokio::time::timeout(Duration::from_secs(30), starting)
+        .await
+        .expect("start-up did not finish once the database was back")
+        .unwrap()
+        .expect("start-up gave up on a database that came back");
+    assert_eq!(get(&gw, "/users/1").await.status, StatusCode::OK);
+    gw.stop();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_database_gets_504s_bounded_loads_and_leaves_hits_fast() {
     let db = TestDb::new().await;

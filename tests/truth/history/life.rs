@@ -160,12 +160,55 @@ impl World {
     }
 
     /// What Postgres has now for every path, as the new truth (commits the
-    /// model recorded may have been lost).
+    /// model recorded may have been lost), and the writer's idea of which
+    /// rows and partitions exist read again: its next statements are
+    /// about the rows the new primary has (a row the failover brought
+    /// back must be in a `TRUNCATE`'s paths, a partition it lost must not
+    /// be detached).
     async fn reset_model(&mut self) {
         let paths = self.shared.model.lock().unwrap().paths.clone();
         let truth = read_back(&mut self.writer, &paths).await.unwrap();
         let now = self.now();
         self.shared.model.lock().unwrap().reset(now, truth);
+        let w = &mut self.writer;
+        let users: Vec<(i64, String)> = sqlx::query_as("SELECT id, email FROM users")
+            .fetch_all(&mut *w)
+            .await
+            .unwrap();
+        let docs: Vec<String> = sqlx::query_scalar("SELECT id::text FROM docs")
+            .fetch_all(&mut *w)
+            .await
+            .unwrap();
+        let tags: Vec<String> = sqlx::query_scalar("SELECT code FROM tags")
+            .fetch_all(&mut *w)
+            .await
+            .unwrap();
+        let events: Vec<i64> = sqlx::query_scalar("SELECT id FROM events")
+            .fetch_all(&mut *w)
+            .await
+            .unwrap();
+        let attached: Vec<String> = sqlx::query_scalar(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+              WHERE i.inhparent = 'events'::regclass",
+        )
+        .fetch_all(&mut *w)
+        .await
+        .unwrap();
+        let shadow = &mut self.writes.shadow;
+        shadow.users = users.into_iter().collect();
+        shadow.docs = docs.into_iter().collect();
+        shadow.tags = tags.into_iter().collect();
+        shadow.events = events.into_iter().collect();
+        shadow.attached = attached
+            .iter()
+            .filter_map(|n| n.strip_prefix("events_p")?.parse().ok())
+            .filter(|n| *n != 0)
+            .collect();
+        let (users, tags) = (&shadow.users, &shadow.tags);
+        shadow
+            .dead_users
+            .retain(|(id, email)| !users.contains_key(id) && !users.values().any(|e| e == email));
+        shadow.dead_tags.retain(|t| !tags.contains(t));
     }
 
     /// A lifecycle fault, if it applies now: on a cluster of the history's
