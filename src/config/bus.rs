@@ -51,6 +51,15 @@ pub struct BusConfig {
     /// Prefix of the Redis keys (the stream and the relay's name). Default
     /// `bloomgate`.
     pub prefix: String,
+    /// How long the relay waits for more commits to put in the entry the
+    /// first one opens (every commit queued already goes in at once):
+    /// Redis pays per entry and per consumer, so a fleet's Redis CPU per
+    /// commit falls as batches grow, and every commit may wait this long
+    /// more. `0s`: only what is queued. At most `100ms`. Default `2ms`.
+    #[serde(with = "humantime_serde")]
+    pub batch_window: Duration,
+    /// Commits one entry holds at most. Default 500.
+    pub batch_max_commits: usize,
 }
 
 impl Default for BusConfig {
@@ -64,6 +73,8 @@ impl Default for BusConfig {
             retention: 100_000,
             max_lag: Duration::from_secs(5),
             prefix: "bloomgate".into(),
+            batch_window: Duration::from_millis(2),
+            batch_max_commits: 500,
         }
     }
 }
@@ -79,6 +90,8 @@ impl std::fmt::Debug for BusConfig {
             .field("retention", &self.retention)
             .field("max_lag", &self.max_lag)
             .field("prefix", &self.prefix)
+            .field("batch_window", &self.batch_window)
+            .field("batch_max_commits", &self.batch_max_commits)
             .finish()
     }
 }
@@ -202,6 +215,15 @@ pub fn validate(b: &BusConfig, database_slot: Option<&str>) -> Result<(), (Strin
     if b.prefix.is_empty() || b.prefix.len() > 64 || b.prefix.chars().any(|c| c.is_whitespace()) {
         return bad("prefix", "must be 1 to 64 characters without whitespace");
     }
+    if b.batch_window > Duration::from_millis(100) {
+        return bad(
+            "batch_window",
+            "must be at most 100ms (every commit may wait this long)",
+        );
+    }
+    if !(1..=100_000).contains(&b.batch_max_commits) {
+        return bad("batch_max_commits", "must be 1 to 100000");
+    }
     Ok(())
 }
 
@@ -245,6 +267,20 @@ mod tests {
                     ..ok.clone()
                 },
                 "bus.max_lag",
+            ),
+            (
+                BusConfig {
+                    batch_window: Duration::from_secs(1),
+                    ..ok.clone()
+                },
+                "bus.batch_window",
+            ),
+            (
+                BusConfig {
+                    batch_max_commits: 0,
+                    ..ok.clone()
+                },
+                "bus.batch_max_commits",
             ),
         ];
         for (cfg, key) in cases {

@@ -244,6 +244,8 @@ impl Supervisor {
                 slot: Some(b.config.slot.clone()),
                 ..direct.clone()
             },
+            batch_window: b.config.batch_window,
+            batch_max: b.config.batch_max_commits,
             pool: db.pool().clone(),
             name: bus::whoami(),
             status: b.status.clone(),

@@ -236,10 +236,26 @@ async fn follow<B: Bus>(
                             return Ended::Shutdown;
                         }
                     }
+                    let before = r.prev.lsn;
                     last = r.at;
                     proven = proven.max(Lsn(r.at.lsn));
                     let ev = match r.entry {
                         Ok(Entry::Commit(c)) => Event::Commit(c),
+                        Ok(Entry::Batch(commits)) => {
+                            // A relay that took over decodes again from
+                            // the slot's confirmed position: what its batch
+                            // holds at or below the entry before it was in
+                            // the stream already.
+                            for c in commits {
+                                if c.position.is_some_and(|p| p.lsn.0 <= before) {
+                                    continue;
+                                }
+                                if tx.send(Event::Commit(c)).await.is_err() {
+                                    return Ended::Shutdown;
+                                }
+                            }
+                            continue;
+                        }
                         Ok(Entry::Heartbeat(_)) => continue,
                         Ok(Entry::Resync(r)) => Event::Resync(r),
                         Ok(Entry::Coverage(c)) => Event::Coverage(c),

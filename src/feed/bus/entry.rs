@@ -1,10 +1,14 @@
-//! One entry of the bus, and its encoding: a kind (`k`: `c` commit, `h`
-//! heartbeat, `r` resync, `v` coverage, `i` interruption) and a JSON body
-//! (`d`). A commit carries what the applier reads and nothing else: its
-//! xid, LSN, commit time, and per changed row the table, the operation and
-//! the watched columns of the new and old row (a value is `null`, its
-//! canonical text, or `0` for "not carried", [`Value::Unknown`]), and the
-//! tables it truncated.
+//! One entry of the bus, and its encoding: a kind (`k`: `b` a batch of
+//! commits, `c` one commit, `h` heartbeat, `r` resync, `v` coverage, `i`
+//! interruption) and a JSON body (`d`). A commit carries what the applier
+//! reads and nothing else: its xid, LSN, commit time, and per changed row
+//! the table, the operation and the watched columns of the new and old row
+//! (a value is `null`, its canonical text, or `0` for "not carried",
+//! [`Value::Unknown`]), and the tables it truncated. A batch is an array of
+//! commits in commit order, each with its LSN (`l`); the entry is placed at
+//! the last one's. Batches are what the relay appends: every consumer's
+//! read, and every wake-up of a blocked read, costs Redis the same whether
+//! the entry holds one commit or hundreds (see `relay`).
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -19,6 +23,8 @@ use crate::feed::{
 #[derive(Debug)]
 pub enum Entry {
     Commit(Commit),
+    /// Commits in commit order, each with its position; never empty.
+    Batch(Vec<Commit>),
     /// Every commit ending at or before this LSN is in the stream.
     Heartbeat(Lsn),
     Resync(Resync),
@@ -32,6 +38,7 @@ impl Entry {
     pub fn kind(&self) -> &'static str {
         match self {
             Entry::Commit(_) => "c",
+            Entry::Batch(_) => "b",
             Entry::Heartbeat(_) => "h",
             Entry::Resync(_) => "r",
             Entry::Coverage(_) => "v",
@@ -43,6 +50,7 @@ impl Entry {
     pub fn lsn(&self) -> u64 {
         match self {
             Entry::Commit(c) => c.position.map_or(0, |p| p.lsn.0),
+            Entry::Batch(b) => b.last().and_then(|c| c.position).map_or(0, |p| p.lsn.0),
             Entry::Heartbeat(l) => l.0,
             _ => 0,
         }
@@ -51,17 +59,16 @@ impl Entry {
     /// The body, `d`.
     pub fn encode(&self) -> String {
         let v = match self {
-            Entry::Commit(c) => json!({
-                "x": c.xid,
-                "t": c.committed_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_micros() as u64),
-                "ch": c.changes.iter().map(|r| json!([
-                    &*r.table,
-                    match r.op { Op::Insert => "i", Op::Update => "u", Op::Delete => "d" },
-                    r.new.as_ref().map(columns),
-                    r.old.as_ref().map(columns),
-                ])).collect::<Vec<_>>(),
-                "tr": c.truncated.iter().map(|t| &**t).collect::<Vec<_>>(),
-            }),
+            Entry::Commit(c) => commit_body(c),
+            Entry::Batch(b) => Json::Array(
+                b.iter()
+                    .map(|c| {
+                        let mut body = commit_body(c);
+                        body["l"] = json!(c.position.map_or(0, |p| p.lsn.0));
+                        body
+                    })
+                    .collect(),
+            ),
             Entry::Heartbeat(_) => Json::Null,
             Entry::Resync(r) => json!({
                 "why": r.reason,
@@ -84,30 +91,21 @@ impl Entry {
                 .ok_or_else(|| format!("entry field {field} missing"))
         };
         Ok(match kind {
-            "c" => {
-                let changes = v
-                    .get("ch")
-                    .and_then(Json::as_array)
-                    .ok_or("entry field ch missing")?
-                    .iter()
-                    .map(row)
-                    .collect::<Result<Vec<_>, String>>()?;
-                let truncated = v
-                    .get("tr")
-                    .and_then(Json::as_array)
-                    .map(|a| a.iter().filter_map(Json::as_str).map(Arc::from).collect())
-                    .unwrap_or_default();
-                Entry::Commit(Commit {
-                    xid: v.get("x").and_then(Json::as_u64).map(|x| x as u32),
-                    position: Some(Position::new(timeline, Lsn(lsn))),
-                    committed_at: v
-                        .get("t")
+            "c" => Entry::Commit(commit(&v, Position::new(timeline, Lsn(lsn)))?),
+            "b" => {
+                let items = v.as_array().ok_or("batch: not an array")?;
+                let mut commits = Vec::with_capacity(items.len());
+                for item in items {
+                    let l = item
+                        .get("l")
                         .and_then(Json::as_u64)
-                        .map(|us| UNIX_EPOCH + Duration::from_micros(us)),
-                    phase: Phase::Received,
-                    changes,
-                    truncated,
-                })
+                        .ok_or("batch: a commit without its LSN")?;
+                    commits.push(commit(item, Position::new(timeline, Lsn(l)))?);
+                }
+                if commits.is_empty() {
+                    return Err("batch: empty".into());
+                }
+                Entry::Batch(commits)
             }
             "h" => Entry::Heartbeat(Lsn(lsn)),
             "r" => Entry::Resync(Resync {
@@ -125,6 +123,47 @@ impl Entry {
             other => return Err(format!("unknown entry kind {other:?}")),
         })
     }
+}
+
+fn commit_body(c: &Commit) -> Json {
+    json!({
+        "x": c.xid,
+        "t": c.committed_at.and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_micros() as u64),
+        "ch": c.changes.iter().map(|r| json!([
+            &*r.table,
+            match r.op { Op::Insert => "i", Op::Update => "u", Op::Delete => "d" },
+            r.new.as_ref().map(columns),
+            r.old.as_ref().map(columns),
+        ])).collect::<Vec<_>>(),
+        "tr": c.truncated.iter().map(|t| &**t).collect::<Vec<_>>(),
+    })
+}
+
+/// A commit's body at `position`.
+fn commit(v: &Json, position: Position) -> Result<Commit, String> {
+    let changes = v
+        .get("ch")
+        .and_then(Json::as_array)
+        .ok_or("entry field ch missing")?
+        .iter()
+        .map(row)
+        .collect::<Result<Vec<_>, String>>()?;
+    let truncated = v
+        .get("tr")
+        .and_then(Json::as_array)
+        .map(|a| a.iter().filter_map(Json::as_str).map(Arc::from).collect())
+        .unwrap_or_default();
+    Ok(Commit {
+        xid: v.get("x").and_then(Json::as_u64).map(|x| x as u32),
+        position: Some(position),
+        committed_at: v
+            .get("t")
+            .and_then(Json::as_u64)
+            .map(|us| UNIX_EPOCH + Duration::from_micros(us)),
+        phase: Phase::Received,
+        changes,
+        truncated,
+    })
 }
 
 fn columns(c: &Columns) -> Json {
@@ -227,6 +266,40 @@ mod tests {
         assert_eq!(back.truncated, c.truncated);
         // Applied once, at receipt: the relay appends visible commits only.
         assert_eq!(back.phase, Phase::Received);
+    }
+
+    #[test]
+    fn a_batch_round_trips_each_commit_at_its_own_position() {
+        let c = |lsn: u64, id: &str| Commit {
+            xid: Some(lsn as u32),
+            position: Some(Position::new(TL, Lsn(lsn))),
+            committed_at: None,
+            phase: Phase::Visible,
+            changes: vec![RowChange {
+                table: Arc::from("public.users"),
+                op: Op::Insert,
+                new: Some(Columns(vec![(Arc::from("id"), Value::Text(id.into()))])),
+                old: None,
+            }],
+            truncated: vec![],
+        };
+        let e = Entry::Batch(vec![c(10, "1"), c(20, "2"), c(35, "3")]);
+        assert_eq!((e.kind(), e.lsn()), ("b", 35));
+        let Entry::Batch(back) = Entry::decode("b", TL, e.lsn(), &e.encode()).unwrap() else {
+            panic!("not a batch")
+        };
+        let at: Vec<u64> = back.iter().map(|c| c.position.unwrap().lsn.0).collect();
+        assert_eq!(at, [10, 20, 35]);
+        assert!(
+            back.iter()
+                .all(|c| c.phase == Phase::Received && c.position.unwrap().timeline == TL)
+        );
+        assert_eq!(back[1].changes, c(20, "2").changes);
+        assert!(Entry::decode("b", TL, 1, "[]").is_err());
+        assert!(
+            Entry::decode("b", TL, 1, r#"[{"ch":[]}]"#).is_err(),
+            "no LSN"
+        );
     }
 
     #[test]

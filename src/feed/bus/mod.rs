@@ -35,7 +35,11 @@
 //! atomically with the entry (a Lua script on Redis):
 //!
 //! - a commit at `L` (the end of its commit record) gets `L-0`, and is
-//!   refused as a duplicate unless `L` is past the newest entry's LSN;
+//!   refused as a duplicate unless `L` is past the newest entry's LSN; a
+//!   batch of commits (what the relay appends: see `relay`, "Batches")
+//!   is placed, and refused, by its last commit's `L`, and a consumer
+//!   skips the commits in it at or below the entry before it (a relay that
+//!   took over decodes again from the slot's confirmed position);
 //! - a heartbeat at `P` (the primary's flush position: every commit that
 //!   ends at or before it is in the stream before it) gets `P-1`, and is
 //!   left out unless `P` is past the newest entry's LSN;

@@ -56,9 +56,9 @@ local tl = string.sub(prev, 1, d - 1)
 local ts = tonumber(string.sub(prev, d + 1))
 local kind, lsn = ARGV[1], ARGV[2]
 local id
-if kind == 'c' or kind == 'h' then
+if kind == 'c' or kind == 'b' or kind == 'h' then
   if not after(lsn, tl) then return {0, prev} end
-  if kind == 'c' then id = lsn .. '-0' else id = lsn .. '-1' end
+  if kind == 'h' then id = lsn .. '-1' else id = lsn .. '-0' end
 else
   id = tl .. '-' .. string.format('%d', ts + 1)
 end
