@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::apply::{Applied, Applier, Follower};
 use crate::auth::key_files::KeyFiles;
-use crate::config::{Config, Freshness};
+use crate::config::{Config, Freshness, ReadinessPolicy};
 use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
 use crate::feed::supervisor::{self, Supervisor};
@@ -56,6 +56,8 @@ pub struct Gateway {
     shutdown: shutdown::Trigger,
     /// Set once start-up has succeeded: starting twice is a no-op.
     started: tokio::sync::Mutex<bool>,
+    /// The same, readable without waiting (readiness).
+    running: std::sync::atomic::AtomicBool,
     /// What the feeds watch, resolved from the catalog at start-up.
     watch: OnceLock<Watch>,
     /// The commit LSN the applier has applied up to (see `apply`).
@@ -102,11 +104,12 @@ pub struct Readiness {
     pub shutdown: Option<String>,
     /// What is wrong but shared by every gateway of the fleet, so not a
     /// reason to leave the load balancer (a load balancer that drops every
-    /// gateway at once answers nothing at all): the database unreachable,
-    /// and what it takes down with it (the feed, the vouching of
-    /// resources that answer from what was last vouched for, see
-    /// "Outages" in `resource`). Reported in `/readyz`'s body, metrics and
-    /// alerts, never as 503.
+    /// gateway at once answers nothing at all; `server.readiness`): the
+    /// database unreachable, a resource not vouched for (answered from the
+    /// database, or during an outage from what was last vouched for: see
+    /// "Outages" in `resource`), the feed or the bus not streaming.
+    /// Reported in `/readyz`'s body, `bloomgate_degraded` and alerts,
+    /// never as 503.
     pub degraded: Vec<(String, String)>,
 }
 
@@ -192,6 +195,7 @@ impl Gateway {
             metrics: Metrics::default(),
             tasks: Mutex::new(Vec::new()),
             started: tokio::sync::Mutex::new(false),
+            running: std::sync::atomic::AtomicBool::new(false),
             watch: OnceLock::new(),
             applied,
             applied_tx,
@@ -214,9 +218,15 @@ impl Gateway {
         self.resources.iter().all(|r| r.is_ready()) && self.auth.is_ready()
     }
 
-    /// Why the gateway is not ready, per resource and for the feed; empty
-    /// when it is (see [`Readiness`]).
+    /// Why the gateway is not ready, per resource and for the feed, and
+    /// what is degraded (see [`Readiness`]). Under `server.readiness =
+    /// "local"`, once start-up has finished, a resource not vouched for and
+    /// a feed not streaming are degraded, not reasons: every gateway of a
+    /// fleet shares their causes (the database, the bus, a failover's
+    /// resync), and each still answers correctly, from the database.
     pub fn readiness(&self) -> Readiness {
+        let settled = self.config.server.readiness == ReadinessPolicy::Local
+            && self.running.load(std::sync::atomic::Ordering::Relaxed);
         let outage = self.db.outage.down_for();
         let mut degraded = Vec::new();
         let mut resources = Vec::new();
@@ -224,29 +234,37 @@ impl Gateway {
             let Some(why) = r.why_not_ready() else {
                 continue;
             };
-            match (outage, r.vouch.stale_since()) {
-                (Some(_), Some(since)) if r.is_built() => {
+            if !settled || !r.is_built() {
+                resources.push((r.name().to_string(), why));
+                continue;
+            }
+            let answers = match (outage, r.vouch.stale_since()) {
+                (Some(_), Some(since)) => {
                     let window = r.config.cache.stale_if_error;
                     let age = since.elapsed();
-                    let answers = if window.is_zero() {
-                        "cache.stale_if_error is off: 503 for every key".to_string()
+                    if window.is_zero() {
+                        "the database is unreachable and cache.stale_if_error is off: 503 for every key".to_string()
                     } else if age <= window {
                         format!(
-                            "answering what was vouched for {}s ago (cache.stale_if_error {}s), labelled detail=stale",
+                            "the database is unreachable: answering what was vouched for {}s ago (cache.stale_if_error {}s), labelled detail=stale",
                             age.as_secs(),
                             window.as_secs()
                         )
                     } else {
                         format!(
-                            "vouched for {}s ago, past cache.stale_if_error ({}s): 503 for every key",
+                            "the database is unreachable, and what was vouched for {}s ago is past cache.stale_if_error ({}s): 503 for every key",
                             age.as_secs(),
                             window.as_secs()
                         )
-                    };
-                    degraded.push((r.name().to_string(), format!("{why}; {answers}")));
+                    }
                 }
-                _ => resources.push((r.name().to_string(), why)),
-            }
+                (Some(_), None) => "the database is unreachable: 503 for every key".to_string(),
+                (None, _) => {
+                    "answered from the database (filter.verify_budget for keys the filter rejects)"
+                        .to_string()
+                }
+            };
+            degraded.push((r.name().to_string(), format!("{why}; {answers}")));
         }
         if let Some(down) = outage {
             degraded.insert(
@@ -275,19 +293,18 @@ impl Gateway {
                     .unwrap_or_else(|| "the change feed is not streaming".into()),
             ),
         };
+        let feed = match feed {
+            Some(why) if settled => {
+                degraded.push(("change_feed".to_string(), why));
+                None
+            }
+            feed => feed,
+        };
         let auth = self.auth.why_not_ready();
         let shutdown = self
             .draining
             .load(std::sync::atomic::Ordering::Relaxed)
             .then(|| "the process is shutting down (server.shutdown_drain)".to_string());
-        // A feed down with the database is the outage's doing.
-        let feed = match (feed, outage) {
-            (Some(why), Some(_)) => {
-                degraded.push(("change_feed".to_string(), why));
-                None
-            }
-            (feed, _) => feed,
-        };
         Readiness {
             resources,
             feed,
@@ -404,6 +421,8 @@ impl Gateway {
             "ready"
         );
         *started = true;
+        self.running
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -53,7 +53,7 @@ pub use database::{DatabaseConfig, Freshness, redact_url};
 pub use filter::{FilterConfig, FilterOverrides};
 pub use log::{LogConfig, LogFormat};
 pub use resource::{KeyType, Resolved, ResourceConfig};
-pub use server::{DEFAULT_MAX_HEADERS, ServerConfig};
+pub use server::{DEFAULT_MAX_HEADERS, ReadinessPolicy, ServerConfig};
 
 /// The path used when `--config` is not given.
 pub const DEFAULT_PATH: &str = "config/bloomgate.toml";

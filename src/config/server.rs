@@ -72,6 +72,29 @@ pub struct ServerConfig {
     /// slots free up. Must fit the file-descriptor limit (checked at
     /// start-up). Default 10000.
     pub max_connections: usize,
+    /// What keeps `/readyz` at 503. `"local"` (the default): only what is
+    /// this gateway's own: starting (filters loading, the feed not yet
+    /// current once), shutting down, the key set at `auth.jwks_url`
+    /// missing. What every gateway of a fleet shares (the database
+    /// unreachable, the change feed or the bus unable to prove the filters
+    /// current, a resync after a failover) is reported in the body
+    /// (`"status": "degraded"`), in `bloomgate_degraded` and by the
+    /// `BloomgateDegraded` alert, with a 200: such a gateway still answers
+    /// correctly, from the database, and a probe that failed on every
+    /// gateway at once would leave the load balancer nothing (Kubernetes'
+    /// guidance: readiness checks what is local to the pod). `"strict"`:
+    /// 503 whenever any resource's filter and cache are not vouched for,
+    /// for a single gateway whose load balancer has somewhere else to go.
+    pub readiness: ReadinessPolicy,
+}
+
+/// `server.readiness`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadinessPolicy {
+    #[default]
+    Local,
+    Strict,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +112,7 @@ impl Default for ServerConfig {
             max_body_bytes: 64 * 1024,
             idle_timeout: Duration::from_secs(75),
             max_connections: 10_000,
+            readiness: ReadinessPolicy::Local,
         }
     }
 }

@@ -24,6 +24,8 @@ pub struct GatewaySnapshot {
     /// Milliseconds since the Unix epoch.
     pub time_ms: u64,
     pub ready: bool,
+    /// Something shared by the fleet is wrong (see `Readiness::degraded`).
+    pub degraded: bool,
     /// How long the database has been unreachable (`db::outage`); 0: it
     /// answers.
     pub outage_seconds: f64,
@@ -151,12 +153,14 @@ impl Gateway {
                 wal,
             ),
         };
+        let readiness = self.readiness();
         GatewaySnapshot {
             time_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_millis() as u64,
-            ready: self.readiness().is_empty(),
+            ready: readiness.is_empty(),
+            degraded: !readiness.degraded.is_empty(),
             outage_seconds: self
                 .db
                 .outage
@@ -199,6 +203,12 @@ impl Expose for GatewaySnapshot {
             "1 while /readyz answers 200.",
             &[],
             f64::from(u8::from(self.ready)),
+        );
+        out.gauge(
+            "bloomgate_degraded",
+            "1 while something every gateway of a fleet shares is wrong (the database unreachable, a resource not vouched for and answered from the database, the feed or the bus down): /readyz says so in its body and, under server.readiness = \"local\", still answers 200.",
+            &[],
+            f64::from(u8::from(self.degraded)),
         );
         out.gauge(
             "bloomgate_db_outage_seconds",
