@@ -879,6 +879,55 @@ async fn a_fleet_after_a_failover_follows_the_new_timeline() {
     }
 }
 
+/// Redis stopped under three gateways, on a quiet database: the bus is a
+/// dependency every gateway shares, so none leaves the load balancer for
+/// it (`server.readiness = "local"`): `/readyz` stays 200, saying
+/// `degraded` while a gateway cannot vouch, for as long as a probe would
+/// look (the shipped probe: every 2 s, one failure pulls the pod). A
+/// gateway with `server.readiness = "strict"` says 503 then.
+#[tokio::test]
+async fn redis_stopped_under_a_fleet_never_empties_the_load_balancer() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let mut gws = Vec::new();
+    for _ in 0..3 {
+        gws.push(started(fleet.config(&db, &redis)).await);
+    }
+    let mut strict_cfg = fleet.config(&db, &redis);
+    strict_cfg.server.readiness = bloomgate::config::ReadinessPolicy::Strict;
+    let strict = started(strict_cfg).await;
+    wait_all_on_bus(&gws).await;
+    redis.kill();
+    let began = Instant::now();
+    let (mut degraded_seen, mut strict_503) = (false, false);
+    while began.elapsed() < Duration::from_secs(12) {
+        let mut ready = 0;
+        for g in &gws {
+            let r = get(g, "/readyz").await;
+            if r.status == StatusCode::OK {
+                ready += 1;
+                degraded_seen |= r.json()["status"] == "degraded";
+            }
+        }
+        assert!(
+            ready == gws.len(),
+            "{ready} of {} gateways ready {:?} after Redis stopped",
+            gws.len(),
+            began.elapsed()
+        );
+        strict_503 |= get(&strict, "/readyz").await.status == StatusCode::SERVICE_UNAVAILABLE;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(degraded_seen, "never said degraded");
+    assert!(strict_503, "the strict gateway never said 503");
+    for g in gws.iter().chain([&strict]) {
+        g.stop();
+    }
+    fleet.drop_slot(&db).await;
+}
+
 /// A consumer stopped (`SIGSTOP`) while the stream is trimmed past it and
 /// a row it cached changes: resumed, it finds the break and resyncs; the
 /// row is fresh.
