@@ -879,6 +879,43 @@ async fn a_fleet_after_a_failover_follows_the_new_timeline() {
     }
 }
 
+/// A fleet's first start on an empty stream: the relay's new slot is no
+/// gap (no consumer read anything before it: each waits for the stream's
+/// first entry before it scans), so no resync is appended and every filter
+/// is built once, at start-up.
+#[tokio::test]
+async fn a_first_start_builds_every_filter_once() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        gws.push(started(fleet.config(&db, &redis)).await);
+    }
+    wait_all_on_bus(&gws).await;
+    db.exec("INSERT INTO users (id, email, name) VALUES (600, 'six@x.org', 'Six')")
+        .await;
+    for g in &gws {
+        vouched(g, "users").await;
+        assert_eq!(status(g, "/users/600").await, StatusCode::OK);
+        for r in ["users", "users_by_email"] {
+            let rebuilds = g
+                .resource(r)
+                .unwrap()
+                .stats
+                .rebuilds
+                .load(Ordering::Relaxed);
+            assert_eq!(
+                rebuilds, 1,
+                "{r}: built at start-up, and again for a gap that was none"
+            );
+        }
+        assert_eq!(g.bus_status().unwrap().breaks.load(Ordering::Relaxed), 0);
+    }
+    fleet.stop(&gws, &db).await;
+}
+
 /// Redis stopped under three gateways, on a quiet database: the bus is a
 /// dependency every gateway shares, so none leaves the load balancer for
 /// it (`server.readiness = "local"`): `/readyz` stays 200, saying

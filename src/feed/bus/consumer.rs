@@ -123,10 +123,14 @@ async fn follow<B: Bus>(
             None => Err("the primary's position cannot be read".to_string()),
             Some((server, _)) => {
                 bus.set_epoch(server.timeline);
-                bus.head()
-                    .await
-                    .map(|h| (server, h))
-                    .map_err(|e| e.to_string())
+                match bus.head().await {
+                    // Nothing relayed yet: the relay's slot may not exist,
+                    // and a scan before it would miss what commits until
+                    // it does (see "No gap" in `relay`).
+                    Ok(EntryId::START) => Err("waiting for a relay to start the stream".into()),
+                    Ok(h) => Ok((server, h)),
+                    Err(e) => Err(e.to_string()),
+                }
             }
         };
         match read {
@@ -181,21 +185,34 @@ async fn follow<B: Bus>(
                         if moved {
                             // A new epoch: its stream, after its newest
                             // entry (a commit in it by then was visible
-                            // before the resync's scan); nothing of the
-                            // old timeline proves anything now.
+                            // before the resync's scan), once a relay has
+                            // started it; nothing of the old timeline
+                            // proves anything now.
                             bus.set_epoch(now.timeline);
                             opts.status.set_stream(bus.stream());
-                            match bus.head().await {
-                                Ok(h) => {
-                                    last = h;
-                                    proven = Lsn(h.lsn);
+                            let waited = Instant::now();
+                            let head = loop {
+                                match bus.head().await {
+                                    Ok(EntryId::START) if waited.elapsed() < opts.max_lag => {}
+                                    Ok(EntryId::START) => {
+                                        return Ended::Unhealthy(
+                                            "no relay has started the new timeline's stream".into(),
+                                        );
+                                    }
+                                    Ok(h) => break h,
+                                    Err(e) => {
+                                        return Ended::Unhealthy(format!(
+                                            "the bus is unreachable after a new timeline ({e})"
+                                        ));
+                                    }
                                 }
-                                Err(e) => {
-                                    return Ended::Unhealthy(format!(
-                                        "the bus is unreachable after a new timeline ({e})"
-                                    ));
+                                tokio::select! {
+                                    () = shutdown.fired() => return Ended::Shutdown,
+                                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
                                 }
-                            }
+                            };
+                            last = head;
+                            proven = Lsn(head.lsn);
                             probes.clear();
                         }
                         tracing::warn!(change = %change, stream = %bus.stream(), "bus: the primary changed; every cache is emptied and every filter rebuilt");

@@ -88,7 +88,12 @@
 //! - **No gap at start-up.** The relay appends a commit only once it is
 //!   visible on the primary. A consumer starts reading after the stream's
 //!   newest entry, read before the first scan: a commit in the stream by
-//!   then is visible to the scan's snapshot, one after it is read.
+//!   then is visible to the scan's snapshot, one after it is read. A
+//!   stream with no entry yet is waited for (up to `bus.max_lag`, then the
+//!   consumer follows the WAL itself): its relay's slot may not exist, and
+//!   a scan before the slot's consistent point would miss what commits in
+//!   between. So a relay that finds the stream empty owes nobody a resync,
+//!   and a fleet's start-up (or a new timeline's stream) rebuilds once.
 //! - **Current, or not vouched for.** Every 100 ms a consumer reads the
 //!   primary's flush position `P`; once it has read an entry at `P` or
 //!   past it, every change committed before that moment is applied

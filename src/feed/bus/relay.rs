@@ -11,7 +11,11 @@
 //! position, so a term never starts from a position another relay has
 //! moved past. A slot whose confirmed position is on another timeline
 //! than that start (a slot that survived a failover) is a gap the feed
-//! answers with a resync, appended first.
+//! answers with a resync, appended first. A stream with no entry at all
+//! (a fleet's first relay, a new timeline's stream, a Redis that lost
+//! everything) has nobody relying on it: its consumers scan only once
+//! they have seen its first entry, so a slot created for it is no gap,
+//! and the fleet does not rebuild a second time at start-up.
 //!
 //! What the feed delivers becomes entries: commits once they are visible
 //! (their `Received` delivery is skipped), in batches, resyncs, coverage
@@ -96,7 +100,8 @@ pub async fn run<B: Bus>(mut bus: B, opts: Options, watch: Watch, mut shutdown: 
             }
         };
         let start = Position::new(server.timeline, Lsn(head.lsn));
-        term(&mut bus, &opts, &watch, start, &mut shutdown).await;
+        let fresh = head == super::EntryId::START;
+        term(&mut bus, &opts, &watch, start, fresh, &mut shutdown).await;
         opts.status.set_relaying(false);
         if shutdown.is_fired() {
             return;
@@ -163,6 +168,7 @@ async fn term<B: Bus>(
     opts: &Options,
     watch: &Watch,
     head: Position,
+    fresh: bool,
     shutdown: &mut Shutdown,
 ) {
     let epoch = head.timeline;
@@ -172,7 +178,10 @@ async fn term<B: Bus>(
     let health = Arc::new(Health::default());
     let (ready, _) = oneshot::channel();
     let mut wal_opts = opts.wal.clone();
-    wal_opts.start_position = Some(head);
+    // A stream that holds nothing yet has no reader to owe a gap to: its
+    // consumers wait for its first entry before they scan (`consumer`).
+    // Any other is a position the new slot must not start past.
+    wal_opts.start_position = (!fresh).then_some(head);
     wal_opts.idle_confirm_applied = true;
     let feed = tokio::spawn(wal::run(
         wal_opts,
