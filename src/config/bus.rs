@@ -60,6 +60,14 @@ pub struct BusConfig {
     pub batch_window: Duration,
     /// Commits one entry holds at most. Default 500.
     pub batch_max_commits: usize,
+    /// While the bus is not current, how many gateways of the fleet may
+    /// follow the WAL with a feed of their own (a walsender each on the
+    /// primary, decoding the whole WAL): arbitrated by advisory locks on
+    /// the primary. The others follow nothing meanwhile: their resources
+    /// are not vouched for and answer from the database (keys the filter
+    /// rejects within `filter.verify_budget`). `0`: none falls back.
+    /// Default 2.
+    pub max_direct_fallback: u32,
 }
 
 impl Default for BusConfig {
@@ -75,6 +83,7 @@ impl Default for BusConfig {
             prefix: "bloomgate".into(),
             batch_window: Duration::from_millis(2),
             batch_max_commits: 500,
+            max_direct_fallback: 2,
         }
     }
 }
@@ -92,6 +101,7 @@ impl std::fmt::Debug for BusConfig {
             .field("prefix", &self.prefix)
             .field("batch_window", &self.batch_window)
             .field("batch_max_commits", &self.batch_max_commits)
+            .field("max_direct_fallback", &self.max_direct_fallback)
             .finish()
     }
 }
@@ -223,6 +233,12 @@ pub fn validate(b: &BusConfig, database_slot: Option<&str>) -> Result<(), (Strin
     }
     if !(1..=100_000).contains(&b.batch_max_commits) {
         return bad("batch_max_commits", "must be 1 to 100000");
+    }
+    if b.max_direct_fallback > 1000 {
+        return bad(
+            "max_direct_fallback",
+            "must be at most 1000 (each is a walsender on the primary)",
+        );
     }
     Ok(())
 }

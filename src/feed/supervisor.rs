@@ -263,6 +263,7 @@ impl Supervisor {
             status: b.status.clone(),
             health: self.health.clone(),
             wal_stats: self.wal_stats.clone(),
+            max_direct: b.config.max_direct_fallback,
         };
         let relay = bus::relay::run(b.redis.another(), relay, watch.clone(), shutdown.clone());
         let consumer = bus::consumer::run(

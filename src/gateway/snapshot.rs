@@ -45,6 +45,9 @@ pub struct BusSnapshot {
     pub relaying: bool,
     /// Following a direct WAL feed of its own while the bus is not current.
     pub direct: bool,
+    /// Following nothing: the bus is not current and no direct-feed
+    /// ticket is free (`bus.max_direct_fallback`).
+    pub lost: bool,
     pub lag_bytes: u64,
     pub lag_ms: u64,
     pub fallbacks: u64,
@@ -69,6 +72,12 @@ impl Expose for BusSnapshot {
             "1 while this gateway follows a direct WAL feed because the bus is not current.",
             &[],
             b(self.direct),
+        );
+        out.gauge(
+            "bloomgate_bus_lost",
+            "1 while this gateway follows nothing: the bus is not current and bus.max_direct_fallback gateways follow the WAL themselves (its resources answer from the database).",
+            &[],
+            b(self.lost),
         );
         out.gauge(
             "bloomgate_bus_lag_bytes",
@@ -182,6 +191,7 @@ impl Gateway {
                 BusSnapshot {
                     relaying: st.relaying,
                     direct: st.mode == crate::feed::bus::Mode::Direct,
+                    lost: st.mode == crate::feed::bus::Mode::Lost,
                     lag_bytes: l(&b.lag_bytes),
                     lag_ms: l(&b.lag_ms),
                     fallbacks: l(&b.fallbacks),

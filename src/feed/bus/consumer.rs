@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::fallback::Ticket;
 use super::{Bus, Entry, EntryId, Mode, Status, primary};
 use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Position, Resync, Watch, wal};
 use crate::shutdown::{self, Shutdown};
@@ -51,6 +52,8 @@ pub struct Options {
     pub status: Arc<Status>,
     pub health: Arc<Health>,
     pub wal_stats: Arc<wal::Stats>,
+    /// `bus.max_direct_fallback` (see `fallback`).
+    pub max_direct: u32,
 }
 
 enum Ended {
@@ -83,15 +86,16 @@ pub async fn run<B: Bus>(
         }
         Status::count(&opts.status.fallbacks);
         if let Some(not_logged) = throttle.permit() {
-            tracing::warn!(why = %why, not_logged, "bus: not current; following the WAL with a direct feed of this gateway's own until it is");
+            tracing::warn!(why = %why, not_logged, "bus: not current; following the WAL with a direct feed of this gateway's own (within bus.max_direct_fallback) until it is");
         }
         opts.status.set_mode(Mode::Direct, Some(why.clone()));
-        if tx.send(Event::Interrupted(why)).await.is_err() {
+        if tx.send(Event::Interrupted(why.clone())).await.is_err() {
             return;
         }
         let direct = direct(
             &mut bus,
             &opts,
+            &why,
             &watch,
             &tx,
             &applied,
@@ -347,39 +351,62 @@ async fn follow<B: Bus>(
 }
 
 /// The direct mode, until the bus is current again (true) or the gateway
-/// stops (false).
+/// stops (false): a WAL feed of this gateway's own while it holds one of
+/// the `bus.max_direct_fallback` tickets ([`Ticket`]); without one, no
+/// feed at all (nothing vouched for: the database answers), asking for a
+/// ticket again every [`CHECK_EVERY`].
+#[allow(clippy::too_many_arguments)]
 async fn direct<B: Bus>(
     bus: &mut B,
     opts: &Options,
+    why: &str,
     watch: &Watch,
     tx: &mpsc::Sender<Event>,
     applied: &watch::Receiver<Position>,
     ready: &mut Option<oneshot::Sender<Result<(), String>>>,
     shutdown: &mut Shutdown,
 ) -> bool {
-    let (stop, signal) = shutdown::channel();
-    let (streams_tx, mut streams) = oneshot::channel();
-    // Past start-up, what the bus had not delivered is unknown: a gap. A
-    // feed given a position sends the resync itself as its stream starts,
-    // before any commit or heartbeat of it; a resync sent from here once
-    // it streams would come after its first heartbeats, which vouch for
-    // the caches the bus left stale (found by tests/truth's bus feed).
-    let mut direct = opts.direct.clone();
-    if ready.is_none() {
-        direct.start_position = Some(*applied.borrow());
-    }
-    let feed = tokio::spawn(wal::run(
-        direct,
-        watch.clone(),
-        tx.clone(),
-        applied.clone(),
-        opts.wal_stats.clone(),
-        opts.health.clone(),
-        streams_tx,
-        signal,
-    ));
-    let mut streaming = false;
+    let mut feed: Option<Direct> = None;
+    let mut ticket: Option<Ticket> = None;
     let healthy = loop {
+        if let Some(t) = &mut ticket
+            && !t.held().await
+        {
+            // Its session is gone, and its lock with it: another gateway
+            // may hold the ticket now.
+            tracing::warn!(
+                "bus: lost the direct-feed ticket's connection; stopping the direct feed"
+            );
+            if let Some(f) = feed.take() {
+                f.stop().await;
+            }
+            ticket = None;
+            let why = "bus: the direct feed's ticket was lost".to_string();
+            if tx.send(Event::Interrupted(why)).await.is_err() {
+                break false;
+            }
+        }
+        if ticket.is_none() {
+            match Ticket::take(&opts.direct.connect, opts.max_direct).await {
+                Some(t) => {
+                    tracing::info!(
+                        ticket = t.number,
+                        "bus: following the WAL with a direct feed of this gateway's own"
+                    );
+                    opts.status.set_mode(Mode::Direct, Some(why.to_string()));
+                    feed = Some(Direct::start(opts, watch, tx, applied, ready.is_none()));
+                    ticket = Some(t);
+                }
+                None => {
+                    let lost = format!(
+                        "{why}; bus.max_direct_fallback ({}) gateways follow the WAL themselves: answering from the database",
+                        opts.max_direct
+                    );
+                    opts.status.set_mode(Mode::Lost, Some(lost.clone()));
+                    opts.health.waiting(format!("bus: {lost}"));
+                }
+            }
+        }
         tokio::select! {
             () = shutdown.fired() => break false,
             () = tokio::time::sleep(CHECK_EVERY) => {}
@@ -387,38 +414,107 @@ async fn direct<B: Bus>(
         if tx.is_closed() {
             break false;
         }
-        if !streaming {
-            match streams.try_recv() {
-                Ok(Ok(())) => {
-                    streaming = true;
+        if let Some(f) = &mut feed {
+            match f.started() {
+                Some(Ok(())) => {
                     // Start-up: the first scan comes after this. Later,
-                    // the feed has sent the resync (above).
+                    // the feed has sent the resync (see `Direct::start`).
                     if let Some(r) = ready.take() {
                         let _ = r.send(Ok(()));
                     }
                 }
-                Ok(Err(e)) => {
+                Some(Err(e)) => {
                     if let Some(r) = ready.take() {
                         let _ = r.send(Err(e));
                     }
                     break false;
                 }
-                Err(_) => {}
+                None => {}
             }
         }
         if current(bus, &opts.pool).await {
             break true;
         }
     };
-    stop.fire();
-    let abort = feed.abort_handle();
-    if tokio::time::timeout(Duration::from_secs(5), feed)
-        .await
-        .is_err()
-    {
-        abort.abort();
+    if let Some(f) = feed {
+        f.stop().await;
+    }
+    if let Some(t) = ticket {
+        t.release().await;
     }
     healthy
+}
+
+/// A direct WAL feed of this gateway's own.
+struct Direct {
+    task: tokio::task::JoinHandle<()>,
+    stop: shutdown::Trigger,
+    streams: oneshot::Receiver<Result<(), String>>,
+    streaming: bool,
+}
+
+impl Direct {
+    /// Past start-up (`resync`), what the bus had not delivered is unknown:
+    /// a gap. A feed given a position sends the resync itself as its
+    /// stream starts, before any commit or heartbeat of it; a resync sent
+    /// from here once it streams would come after its first heartbeats,
+    /// which vouch for the caches the bus left stale (found by
+    /// tests/truth's bus feed).
+    fn start(
+        opts: &Options,
+        watch: &Watch,
+        tx: &mpsc::Sender<Event>,
+        applied: &watch::Receiver<Position>,
+        resync: bool,
+    ) -> Direct {
+        let (stop, signal) = shutdown::channel();
+        let (streams_tx, streams) = oneshot::channel();
+        let mut direct = opts.direct.clone();
+        if resync {
+            direct.start_position = Some(*applied.borrow());
+        }
+        let task = tokio::spawn(wal::run(
+            direct,
+            watch.clone(),
+            tx.clone(),
+            applied.clone(),
+            opts.wal_stats.clone(),
+            opts.health.clone(),
+            streams_tx,
+            signal,
+        ));
+        Direct {
+            task,
+            stop,
+            streams,
+            streaming: false,
+        }
+    }
+
+    /// Whether its stream started, once (`None`: not yet, or told already).
+    fn started(&mut self) -> Option<Result<(), String>> {
+        if self.streaming {
+            return None;
+        }
+        match self.streams.try_recv() {
+            Ok(r) => {
+                self.streaming = true;
+                Some(r)
+            }
+            Err(_) => None,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.fire();
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(5), self.task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
 }
 
 /// Whether the stream of the primary's timeline reaches the primary's

@@ -104,13 +104,17 @@
 //!   `bus.max_lag` (Redis unreachable, no relay, a relay behind), a
 //!   consumer starts a direct WAL feed on a temporary slot, given the
 //!   position it had applied, so the feed's new slot is a gap it answers
-//!   with a resync before its first commit or heartbeat; it checks the bus every second and returns once the
-//!   stream reaches the primary's flush position, resyncing again. In
-//!   between it has either the bus or its own feed; while it has neither
-//!   it is not vouched for, and not ready.
+//!   with a resync before its first commit or heartbeat; it checks the bus
+//!   every second and returns once the stream reaches the primary's flush
+//!   position, resyncing again. At most `bus.max_direct_fallback`
+//!   gateways do so at once ([`fallback`]): the others follow nothing
+//!   until the bus is back or a ticket is free. While a gateway has
+//!   neither the bus nor its own feed, it is not vouched for: the
+//!   database answers.
 
 pub mod consumer;
 pub mod entry;
+pub mod fallback;
 pub mod redis;
 pub mod relay;
 
@@ -219,6 +223,9 @@ pub enum Mode {
     Bus,
     /// Its own WAL feed, the bus being unhealthy.
     Direct,
+    /// Neither: the bus is unhealthy and `bus.max_direct_fallback`
+    /// gateways follow the WAL themselves already (see `fallback`).
+    Lost,
 }
 
 impl Mode {
@@ -227,6 +234,7 @@ impl Mode {
             Mode::Starting => "starting",
             Mode::Bus => "bus",
             Mode::Direct => "direct",
+            Mode::Lost => "lost",
         }
     }
 }
