@@ -7,17 +7,15 @@
 
 mod common;
 
-use std::net::TcpListener as StdListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use bloomgate::config::Config;
 use bloomgate::feed::Timeline;
 use bloomgate::feed::bus::Mode;
 use bloomgate::gateway::Gateway;
+use common::redis_server::*;
 use common::*;
 
 /// The timeline of the streams the tests make by hand.
@@ -25,395 +23,6 @@ const TL: Timeline = Timeline { system: 1, id: 1 };
 
 /// Tests that count walsenders or kill servers run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Ten users; the by-email route needs the old email on UPDATE and DELETE.
-async fn bus_db() -> TestDb {
-    let db = logical_db(10).await;
-    db.exec("ALTER TABLE users REPLICA IDENTITY FULL").await;
-    db
-}
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A `redis-server` of this test's own, without persistence; with `tls`,
-/// TLS only (no plaintext port).
-struct Redis {
-    child: Option<Child>,
-    port: u16,
-    tls: Option<Arc<Certs>>,
-}
-
-impl Redis {
-    async fn start() -> Self {
-        Self::start_on(free_port()).await
-    }
-
-    async fn start_on(port: u16) -> Self {
-        Self::spawn(port, None, &[]).await
-    }
-
-    /// TLS only, the server's certificate signed by `certs.ca`; `auth`
-    /// the `--tls-auth-clients` setting (`no`: no client certificate).
-    async fn start_tls(certs: &Arc<Certs>, auth: &str) -> Self {
-        let p = |f: &str| certs.dir.join(f).to_str().unwrap().to_string();
-        let args = [
-            "--tls-port".to_string(),
-            "PORT".into(),
-            "--port".into(),
-            "0".into(),
-            "--tls-cert-file".into(),
-            p("server.crt"),
-            "--tls-key-file".into(),
-            p("server.key"),
-            "--tls-ca-cert-file".into(),
-            p("ca.crt"),
-            "--tls-auth-clients".into(),
-            auth.into(),
-            // 127.0.0.2 too, an address the certificate does not name.
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "127.0.0.2".into(),
-        ];
-        Self::spawn(free_port(), Some(certs.clone()), &args).await
-    }
-
-    async fn spawn(port: u16, tls: Option<Arc<Certs>>, tls_args: &[String]) -> Self {
-        let bin = std::env::var("BLOOMGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let mut cmd = Command::new(bin);
-        if tls_args.is_empty() {
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
-        } else {
-            cmd.args(tls_args.iter().map(|a| match a.as_str() {
-                "PORT" => port.to_string(),
-                _ => a.clone(),
-            }));
-        }
-        let child = cmd
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server: run with scripts/test.sh, which installs it");
-        let r = Redis {
-            child: Some(child),
-            port,
-            tls,
-        };
-        eventually("redis-server answers", || async {
-            r.conn().await.is_some()
-        })
-        .await;
-        r
-    }
-
-    fn url(&self) -> String {
-        let scheme = if self.tls.is_some() {
-            "rediss"
-        } else {
-            "redis"
-        };
-        format!("{scheme}://127.0.0.1:{}/0", self.port)
-    }
-
-    /// The stream's length now.
-    async fn xlen(&self, stream: &str) -> u64 {
-        let mut c = self.conn().await.unwrap();
-        redis::cmd("XLEN")
-            .arg(stream)
-            .query_async(&mut c)
-            .await
-            .unwrap()
-    }
-
-    /// A connection of the test's own (TLS with the right CA, and the
-    /// client certificate, for a TLS server).
-    async fn conn(&self) -> Option<redis::aio::MultiplexedConnection> {
-        let client = match &self.tls {
-            None => redis::Client::open(self.url()).ok()?,
-            Some(certs) => redis::Client::build_with_tls(
-                self.url(),
-                redis::TlsCertificates {
-                    client_tls: Some(redis::ClientTlsConfig {
-                        client_cert: std::fs::read(certs.dir.join("client.crt")).ok()?,
-                        client_key: std::fs::read(certs.dir.join("client.key")).ok()?,
-                    }),
-                    root_cert: Some(std::fs::read(certs.dir.join("ca.crt")).ok()?),
-                },
-            )
-            .ok()?,
-        };
-        let mut c = client.get_multiplexed_async_connection().await.ok()?;
-        let pong: String = redis::cmd("PING").query_async(&mut c).await.ok()?;
-        (pong == "PONG").then_some(c)
-    }
-
-    /// `SIGKILL`: everything it held is gone.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// The keys matching `pattern`.
-    async fn keys(&self, pattern: &str) -> Vec<String> {
-        let mut c = self.conn().await.unwrap();
-        redis::cmd("KEYS")
-            .arg(pattern)
-            .query_async(&mut c)
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Throwaway certificates made with `openssl`, as `ensure_tls_server` in
-/// `scripts/pg.sh` makes the Postgres TLS test's: a CA (`ca.crt`), another
-/// CA that signed nothing here (`other-ca.crt`), the server's certificate
-/// (`CA:FALSE`, for 127.0.0.1 and localhost: rustls checks the URL's host
-/// against it, and refuses a CA certificate as a server's) and a client
-/// certificate (for `--tls-auth-clients yes`), both signed by `ca.crt`.
-struct Certs {
-    dir: std::path::PathBuf,
-}
-
-impl Certs {
-    fn make() -> Arc<Self> {
-        let dir = std::env::temp_dir().join(unique("bloomgate-redis-tls"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .output()
-                .expect("openssl: the TLS tests make their certificates with it");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        for ca in ["ca", "other-ca"] {
-            openssl(&[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN=bloomgate bus test {ca}"),
-                "-addext",
-                "basicConstraints=critical,CA:TRUE",
-                "-addext",
-                "keyUsage=critical,keyCertSign,cRLSign",
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.crt"),
-            ]);
-        }
-        for (who, cn, usage, san) in [
-            (
-                "server",
-                "localhost",
-                "serverAuth",
-                "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
-            ),
-            ("client", "bloomgate", "clientAuth", ""),
-        ] {
-            std::fs::write(
-                dir.join(format!("{who}.ext")),
-                format!(
-                    "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage={usage}\n{san}"
-                ),
-            )
-            .unwrap();
-            openssl(&[
-                "req",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-nodes",
-                "-subj",
-                &format!("/CN={cn}"),
-                "-keyout",
-                &format!("{who}.key"),
-                "-out",
-                &format!("{who}.csr"),
-            ]);
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{who}.csr"),
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{who}.ext"),
-                "-out",
-                &format!("{who}.crt"),
-            ]);
-        }
-        Arc::new(Certs { dir })
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.join(file).to_str().unwrap().to_string()
-    }
-}
-
-impl Drop for Certs {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A fresh name for this test's slot and key prefix.
-fn unique(what: &str) -> String {
-    format!("{what}_{:x}", rand::random::<u32>())
-}
-
-struct Fleet {
-    slot: String,
-    prefix: String,
-}
-
-impl Fleet {
-    fn new() -> Self {
-        Fleet {
-            slot: unique("bg_bus"),
-            prefix: unique("bgtest"),
-        }
-    }
-
-    /// The `[bus]` section for `redis`: its URL, and for a TLS server the
-    /// CA that signed its certificate as `bus.ca_file`.
-    fn bus_toml(&self, redis: &Redis) -> String {
-        let ca = redis.tls.as_ref().map(|c| c.path("ca.crt"));
-        self.bus_toml_with(&redis.url(), ca.as_deref())
-    }
-
-    fn bus_toml_with(&self, url: &str, ca_file: Option<&str>) -> String {
-        let ca = ca_file.map_or(String::new(), |f| format!("ca_file = \"{f}\"\n"));
-        format!(
-            "[bus]\nurl = \"{url}\"\n{ca}slot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"1s\"\n",
-            self.slot, self.prefix
-        )
-    }
-
-    fn config(&self, db: &TestDb, redis: &Redis) -> Config {
-        self.config_url(&db.url, redis)
-    }
-
-    fn config_url(&self, url: &str, redis: &Redis) -> Config {
-        wal_config_url(url, &format!("{BY_EMAIL}\n{}", self.bus_toml(redis)))
-    }
-
-    fn config_with(&self, db: &TestDb, url: &str, ca_file: Option<&str>) -> Config {
-        wal_config(
-            db,
-            &format!("{BY_EMAIL}\n{}", self.bus_toml_with(url, ca_file)),
-        )
-    }
-
-    async fn stream(&self, redis: &Redis) -> String {
-        let began = Instant::now();
-        loop {
-            let keys: Vec<String> = redis
-                .keys(&format!("{}:*", self.prefix))
-                .await
-                .into_iter()
-                .filter(|k| !k.ends_with(":relay"))
-                .collect();
-            if let Some(k) = keys.into_iter().next() {
-                return k;
-            }
-            assert!(
-                began.elapsed() < Duration::from_secs(15),
-                "never: the stream"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Stops the fleet's gateways and drops its slot once it is free.
-    async fn stop(&self, gws: &[Arc<Gateway>], db: &TestDb) {
-        for g in gws {
-            g.stop();
-        }
-        self.drop_slot(db).await;
-    }
-
-    /// Waits until the slot is free (its holder gone), then drops it.
-    async fn drop_slot(&self, db: &TestDb) {
-        eventually("the bus slot released", || async {
-            let active: Option<bool> =
-                sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
-                    .bind(&self.slot)
-                    .fetch_optional(&db.pool)
-                    .await
-                    .unwrap();
-            active != Some(true)
-        })
-        .await;
-        let _ = sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(&self.slot)
-            .execute(&db.pool)
-            .await;
-    }
-}
-
-/// Walsenders serving this database (the bus's and any direct feed's).
-async fn walsenders(db: &TestDb) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_replication r JOIN pg_stat_activity a USING (pid)
-         WHERE a.datname = $1",
-    )
-    .bind(&db.name)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap()
-}
-
-fn mode(gw: &Gateway) -> Mode {
-    gw.bus_status().unwrap().get().mode
-}
-
-fn relaying(gw: &Gateway) -> bool {
-    gw.bus_status().unwrap().get().relaying
-}
-
-async fn status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
-    get(gw, path).await.status
-}
-
-async fn wait_all_on_bus(gws: &[Arc<Gateway>]) {
-    eventually("every gateway on the bus, one of them relaying", || async {
-        gws.iter().all(|g| mode(g) == Mode::Bus) && gws.iter().filter(|g| relaying(g)).count() == 1
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn a_fleet_on_the_bus_has_one_walsender_and_every_gateway_stays_fresh() {
@@ -537,6 +146,79 @@ async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
     assert_eq!(bus.head().await.unwrap(), prev);
 }
 
+/// A Redis that lost the stream's newest entries (a replica promoted by
+/// Sentinel before it had them; a restart from an older snapshot): a
+/// consumer that had not read them would take the next entry as
+/// continuing from its position. So a handle never appends below the
+/// newest position it has seen; the relay's next term starts at the head
+/// and resyncs.
+#[tokio::test]
+async fn a_relay_never_appends_to_a_stream_that_lost_entries() {
+    use bloomgate::feed::bus::redis::RedisBus;
+    use bloomgate::feed::bus::{Appended, Bus, Entry, EntryId};
+    use bloomgate::feed::{Commit, Lsn, Phase};
+    let redis = Redis::start().await;
+    let key = "t:lost";
+    let mut bus = RedisBus::new(&redis.url(), &Default::default(), key.into(), TL, 1000).unwrap();
+    let stream = bus.stream().to_string();
+    let commit = |lsn: u64| {
+        Entry::Commit(Commit {
+            xid: Some(1),
+            position: Some(bloomgate::feed::Position::new(TL, Lsn(lsn))),
+            committed_at: None,
+            phase: Phase::Visible,
+            changes: Vec::new(),
+            truncated: Vec::new(),
+        })
+    };
+    assert_eq!(bus.head().await.unwrap(), EntryId::START);
+    for lsn in [100, 200, 300] {
+        assert!(matches!(
+            bus.append(&commit(lsn)).await.unwrap(),
+            Appended::At(_)
+        ));
+    }
+    // The stream as a replica that had only the first entry holds it: the
+    // same entry, and Redis' last ID back at it.
+    let mut c = redis.conn().await.unwrap();
+    let first: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut xadd = redis::cmd("XADD");
+    xadd.arg(&stream).arg(&first[0].0).arg(&first[0].1);
+    let _: String = xadd.query_async(&mut c).await.unwrap();
+    // A consumer that read only the first entry is at 100-0. Appended
+    // now, the next commit would name 100-0 as the entry before it, and
+    // that consumer would skip 200 and 300 without a break.
+    let e = bus.append(&commit(400)).await.unwrap_err();
+    assert!(e.to_string().contains("went back"), "{e}");
+    assert_eq!(redis.xlen(&stream).await, 1, "nothing appended");
+    let read = bus
+        .read(EntryId { lsn: 100, seq: 0 }, Duration::from_millis(10), 10)
+        .await
+        .unwrap();
+    assert!(read.is_empty(), "{read:?}");
+    // The next term starts at the stream's head, and may append (its slot,
+    // confirmed past it, makes the gap a resync first).
+    let mut next = RedisBus::new(&redis.url(), &Default::default(), key.into(), TL, 1000).unwrap();
+    assert_eq!(next.head().await.unwrap(), EntryId { lsn: 100, seq: 0 });
+    assert!(matches!(
+        next.append(&commit(400)).await.unwrap(),
+        Appended::At(_)
+    ));
+}
+
 trait IntoEntry {
     fn into_entry(self) -> bloomgate::feed::bus::Entry;
 }
@@ -548,116 +230,6 @@ impl IntoEntry for bloomgate::feed::Event {
             _ => unreachable!(),
         }
     }
-}
-
-/// The release (or debug) binary, serving on a port of its own, with an
-/// admin listener.
-struct Binary {
-    child: Child,
-    public: u16,
-    admin: u16,
-    _dir: std::path::PathBuf,
-}
-
-const TOKEN: &str = "bus-test-admin-token-0123456789";
-
-impl Binary {
-    fn spawn(db: &TestDb, fleet: &Fleet, redis: &Redis) -> Self {
-        Self::spawn_with(db, &fleet.bus_toml(redis), None)
-    }
-
-    /// With `bus` as its `[bus]` section, its output (the log) into `log`.
-    fn spawn_with(db: &TestDb, bus: &str, log: Option<&std::path::Path>) -> Self {
-        let (public, admin) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(unique("bloomgate-bus"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("bloomgate.toml");
-        let text = format!(
-            r#"
-            [server]
-            listen = "127.0.0.1:{public}"
-            [admin]
-            listen = "127.0.0.1:{admin}"
-            [database]
-            url = "{url}"
-            pool_size = 4
-            freshness = "wal"
-            install_feed = true
-            {BY_EMAIL}
-            {bus}
-            {RESOURCES}
-            "#,
-            url = db.url,
-        );
-        std::fs::write(&path, text).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
-            .args(["serve", "--config", path.to_str().unwrap()])
-            .env_remove("DATABASE_URL")
-            .env("BLOOMGATE_ADMIN_TOKEN", TOKEN)
-            // Every line a log would have, where it is read.
-            .env("RUST_LOG", if log.is_some() { "info" } else { "warn" })
-            .stdout(log.map_or(Stdio::null(), |p| std::fs::File::create(p).unwrap().into()))
-            .stderr(log.map_or(Stdio::null(), |p| {
-                std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(p)
-                    .unwrap()
-                    .into()
-            }))
-            .spawn()
-            .unwrap();
-        Binary {
-            child,
-            public,
-            admin,
-            _dir: dir,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let r = reqwest::get(format!("http://127.0.0.1:{}{path}", self.public))
-            .await
-            .ok()?;
-        let code = r.status().as_u16();
-        Some((code, r.text().await.ok()?))
-    }
-
-    async fn stats(&self) -> Option<serde_json::Value> {
-        let r = reqwest::Client::new()
-            .get(format!("http://127.0.0.1:{}/admin/stats", self.admin))
-            .bearer_auth(TOKEN)
-            .send()
-            .await
-            .ok()?;
-        r.json().await.ok()
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([sig, &self.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig}");
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn ready(b: &Binary) {
-    eventually("the binary is ready", || async {
-        matches!(b.get("/readyz").await, Some((200, _)))
-    })
-    .await;
 }
 
 /// Whether the relay announced on the bus is process `pid`.

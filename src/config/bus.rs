@@ -68,6 +68,20 @@ pub struct BusConfig {
     /// rejects within `filter.verify_budget`). `0`: none falls back.
     /// Default 2.
     pub max_direct_fallback: u32,
+    /// Redis Sentinel: the sentinels' URLs, `redis://[user:password@]host:port`
+    /// (the sentinels' own credentials, if they ask for any: all the same),
+    /// `rediss://` when `url` is. Set, the gateway asks them for the
+    /// primary named `sentinel_master` at every connection, so it follows
+    /// a failover; `url` then gives the data nodes' scheme, user, password
+    /// and database, and its host and port are not used. Entries lost to
+    /// Redis' asynchronous replication at a failover cost a resync, never
+    /// a wrong answer. Default none. `BLOOMGATE_BUS__SENTINELS`: a TOML
+    /// array or comma-separated URLs.
+    #[serde(deserialize_with = "super::database::url_list")]
+    pub sentinels: Vec<String>,
+    /// The name the sentinels know the primary by (`sentinel monitor
+    /// <name> …`); set with `sentinels`. Default none.
+    pub sentinel_master: Option<String>,
 }
 
 impl Default for BusConfig {
@@ -84,6 +98,8 @@ impl Default for BusConfig {
             batch_window: Duration::from_millis(2),
             batch_max_commits: 500,
             max_direct_fallback: 2,
+            sentinels: Vec::new(),
+            sentinel_master: None,
         }
     }
 }
@@ -102,6 +118,8 @@ impl std::fmt::Debug for BusConfig {
             .field("batch_window", &self.batch_window)
             .field("batch_max_commits", &self.batch_max_commits)
             .field("max_direct_fallback", &self.max_direct_fallback)
+            .field("sentinels", &self.redacted_sentinels())
+            .field("sentinel_master", &self.sentinel_master)
             .finish()
     }
 }
@@ -110,6 +128,27 @@ impl BusConfig {
     /// The URL with its password replaced, for logs and the status page.
     pub fn redacted_url(&self) -> Option<String> {
         self.url.as_deref().map(super::redact_url)
+    }
+
+    /// `sentinels` with their passwords replaced.
+    pub fn redacted_sentinels(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|u| super::redact_url(u))
+            .collect()
+    }
+
+    /// Where the gateway finds Redis, for logs and the status page: the
+    /// URL, or the master's name and the sentinels, without passwords.
+    pub fn shown(&self) -> Option<String> {
+        let url = self.redacted_url()?;
+        Some(match &self.sentinel_master {
+            Some(master) if !self.sentinels.is_empty() => format!(
+                "{url} (the primary `{master}` as sentinels {} name it)",
+                self.redacted_sentinels().join(", ")
+            ),
+            _ => url,
+        })
     }
 }
 
@@ -159,6 +198,7 @@ pub fn validate(b: &BusConfig, database_slot: Option<&str>) -> Result<(), (Strin
             tls
         }
     };
+    sentinels(b, tls)?;
     let files = [
         ("ca_file", &b.ca_file),
         ("cert_file", &b.cert_file),
@@ -239,6 +279,84 @@ pub fn validate(b: &BusConfig, database_slot: Option<&str>) -> Result<(), (Strin
             "max_direct_fallback",
             "must be at most 1000 (each is a walsender on the primary)",
         );
+    }
+    Ok(())
+}
+
+/// Checks `sentinels` and `sentinel_master` (`tls`: `url` is `rediss://`).
+fn sentinels(b: &BusConfig, tls: bool) -> Result<(), (String, String)> {
+    let bad = |key: &str, problem: String| Err((format!("bus.{key}"), problem));
+    match (&b.sentinel_master, b.sentinels.is_empty()) {
+        (None, true) => return Ok(()),
+        (Some(_), true) => {
+            return bad(
+                "sentinels",
+                "must list the sentinels when bus.sentinel_master is set".into(),
+            );
+        }
+        (None, false) => {
+            return bad(
+                "sentinel_master",
+                "must name the primary (sentinel monitor <name> …) when bus.sentinels is set"
+                    .into(),
+            );
+        }
+        (Some(m), false) if m.is_empty() || m.chars().any(|c| c.is_whitespace()) => {
+            return bad(
+                "sentinel_master",
+                "must be the master's name as the sentinels know it, without whitespace".into(),
+            );
+        }
+        (Some(_), false) => {}
+    }
+    if b.url.is_none() {
+        return bad(
+            "url",
+            "must be set with bus.sentinels: its scheme, user, password and database are the data nodes'"
+                .into(),
+        );
+    }
+    let scheme = if tls { "rediss" } else { "redis" };
+    let mut credentials = None;
+    for (i, s) in b.sentinels.iter().enumerate() {
+        // The problems never repeat the URL: it may hold a password.
+        let which = format!("entry {} of {}", i + 1, b.sentinels.len());
+        let Ok(u) = url::Url::parse(s) else {
+            return bad("sentinels", format!("{which} is not a valid URL"));
+        };
+        if u.scheme() != scheme {
+            return bad(
+                "sentinels",
+                format!(
+                    "{which} must be a {scheme}:// URL, as bus.url is (TLS to both or to neither)"
+                ),
+            );
+        }
+        if u.host_str().is_none_or(str::is_empty) || u.port().is_none() {
+            return bad(
+                "sentinels",
+                format!("{which} must name a host and a port (a sentinel listens on 26379)"),
+            );
+        }
+        if !matches!(u.path(), "" | "/") || u.query().is_some() || u.fragment().is_some() {
+            return bad(
+                "sentinels",
+                format!("{which} must be host and port alone (a sentinel has no database)"),
+            );
+        }
+        let these = (u.username().to_string(), u.password().map(String::from));
+        match &credentials {
+            None => credentials = Some(these),
+            Some(first) if *first != these => {
+                return bad(
+                    "sentinels",
+                    format!(
+                        "{which} has other credentials than the first: all sentinels share one"
+                    ),
+                );
+            }
+            Some(_) => {}
+        }
     }
     Ok(())
 }
@@ -429,6 +547,103 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(e.contains("bus.url") && !e.contains("s3cret"), "{e}");
+            Ok(())
+        });
+    }
+
+    /// Sentinel: the master's name and the sentinels go together, with
+    /// `url` for the data nodes; every sentinel a host and a port, of
+    /// `url`'s scheme, sharing one set of credentials; never shown with a
+    /// password.
+    #[test]
+    fn sentinels_are_checked_and_never_shown_with_their_password() {
+        let ok = BusConfig {
+            url: Some("redis://bg:s3cret@primary/0".into()),
+            sentinels: vec![
+                "redis://:sentpass@10.0.0.1:26379".into(),
+                "redis://:sentpass@10.0.0.2:26379".into(),
+            ],
+            sentinel_master: Some("bloomgate".into()),
+            ..BusConfig::default()
+        };
+        assert!(validate(&ok, None).is_ok());
+        let shown = format!("{ok:?} {}", ok.shown().unwrap());
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("sentpass"),
+            "{shown}"
+        );
+        assert!(ok.shown().unwrap().contains("bloomgate"));
+        let refused = |cfg: BusConfig| {
+            let (key, problem) = validate(&cfg, None).unwrap_err();
+            assert!(!problem.contains("sentpass"), "{problem}");
+            key
+        };
+        let with = |sentinels: &[&str]| BusConfig {
+            sentinels: sentinels.iter().map(|s| s.to_string()).collect(),
+            ..ok.clone()
+        };
+        assert_eq!(
+            refused(BusConfig {
+                sentinel_master: None,
+                ..ok.clone()
+            }),
+            "bus.sentinel_master"
+        );
+        assert_eq!(
+            refused(BusConfig {
+                sentinel_master: Some("my master".into()),
+                ..ok.clone()
+            }),
+            "bus.sentinel_master"
+        );
+        assert_eq!(refused(with(&[])), "bus.sentinels");
+        assert_eq!(
+            refused(BusConfig {
+                url: None,
+                ..ok.clone()
+            }),
+            "bus.url"
+        );
+        for bad in [
+            &["redis://10.0.0.1"][..],
+            &["rediss://:sentpass@10.0.0.1:26379"],
+            &["redis://10.0.0.1:26379/1"],
+            &["http://10.0.0.1:26379"],
+            &[
+                "redis://:sentpass@10.0.0.1:26379",
+                "redis://:other@10.0.0.2:26379",
+            ],
+        ] {
+            assert_eq!(refused(with(bad)), "bus.sentinels", "{bad:?}");
+        }
+        let tls = BusConfig {
+            url: Some("rediss://bg:s3cret@primary/0".into()),
+            sentinels: vec!["rediss://10.0.0.1:26379".into()],
+            ..ok.clone()
+        };
+        assert!(validate(&tls, None).is_ok());
+    }
+
+    /// `BLOOMGATE_BUS__SENTINELS` as comma-separated URLs.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error
+    fn sentinels_load_from_the_environment() {
+        use std::path::Path;
+        figment::Jail::expect_with(|jail| {
+            let file = format!(
+                "{}\n[bus]\nurl = \"redis://bg:pw@bloomgate/0\"\nsentinel_master = \"bloomgate\"\n",
+                crate::config::tests::MINIMAL
+            );
+            jail.create_file("bg.toml", &file)?;
+            jail.set_env(
+                "BLOOMGATE_BUS__SENTINELS",
+                "redis://s1:26379, redis://s2:26379,redis://s3:26379",
+            );
+            let c = crate::config::Config::load(Path::new("bg.toml")).map_err(|e| e.to_string())?;
+            assert_eq!(
+                c.bus.sentinels,
+                ["redis://s1:26379", "redis://s2:26379", "redis://s3:26379"]
+            );
             Ok(())
         });
     }

@@ -128,7 +128,7 @@ pub struct DatabaseConfig {
 /// A list of URLs, or one text of comma-separated URLs: what an
 /// environment variable holding plain text gives (`postgres://h/db` alone is
 /// not a TOML array).
-fn url_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+pub(super) fn url_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum OneOrMany {

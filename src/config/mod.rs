@@ -209,6 +209,7 @@ impl Config {
         let mut c = self.clone();
         c.database.url = redact_url(&c.database.url);
         c.bus.url = c.bus.redacted_url();
+        c.bus.sentinels = c.bus.redacted_sentinels();
         for u in &mut c.database.replica_urls {
             *u = redact_url(u);
         }

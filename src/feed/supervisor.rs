@@ -109,10 +109,23 @@ impl Supervisor {
                     cert_file: bus_cfg.cert_file.clone(),
                     key_file: bus_cfg.key_file.clone(),
                 };
-                let redis =
-                    bus::redis::RedisBus::new(url, &tls, base, server.timeline, bus_cfg.retention)
-                        .map_err(|e| e.to_string())?;
-                let shown = bus_cfg.redacted_url().unwrap_or_default();
+                let sentinels = bus_cfg
+                    .sentinel_master
+                    .as_ref()
+                    .map(|m| bus::redis::Sentinels {
+                        urls: bus_cfg.sentinels.clone(),
+                        master: m.clone(),
+                    });
+                let redis = bus::redis::RedisBus::with_sentinels(
+                    url,
+                    sentinels.as_ref(),
+                    &tls,
+                    base,
+                    server.timeline,
+                    bus_cfg.retention,
+                )
+                .map_err(|e| e.to_string())?;
+                let shown = bus_cfg.shown().unwrap_or_default();
                 tracing::info!(url = %shown, stream = %stream, slot = %bus_cfg.slot, "change feed: the WAL through the bus (one relay decodes it for every gateway)");
                 Some(BusSetup {
                     redis,

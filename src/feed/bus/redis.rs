@@ -7,6 +7,31 @@
 //! still counts as the one before the next, and Redis refuses any ID at or
 //! below it anyway.
 //!
+//! # A stream that went back
+//! A Redis that restarted from an older snapshot, or a replica promoted by
+//! Sentinel before it had every entry (replication is asynchronous), holds
+//! the stream without its newest entries. A consumer that read them sees
+//! the next entry's `p` miss its position: a continuity break, a resync. A
+//! consumer that had not read them yet would not: the next entry continues
+//! from the position it holds, and the commits of the lost entries would
+//! be skipped without a word. So the relay must never append to such a
+//! stream as if nothing happened: each handle remembers the newest
+//! position it has seen on its stream (its `head`, every append's answer),
+//! and the append script refuses, atomically, to append below it
+//! ([`BusError`]). The relay's term ends there; the next one starts at the
+//! stream's head, which its slot has been confirmed past, and that gap is
+//! a resync appended before anything else ("Nothing lost at a failover"
+//! in [`super`]).
+//!
+//! # Sentinel
+//! With `bus.sentinels`, every new connection asks the sentinels for the
+//! primary named `bus.sentinel_master` (redis-rs checks that the server
+//! says it is a master), so after a failover the next connection reaches
+//! the new primary. A demoted primary refuses writes (`READONLY`), which
+//! drops the connection like any error. The sentinels are asked in a
+//! handle of their own, built for each connection (so a rotated TLS file
+//! is read again), bounded by the connection timeout.
+//!
 //! # TLS (`rediss://`)
 //! redis-rs's rustls (`tokio-rustls-comp`), on the gateway's one TLS stack
 //! (rustls, `ring`; see `Cargo.toml`). The server's certificate is checked
@@ -25,20 +50,26 @@
 //! the gateway wrong.
 
 use std::path::{Path, PathBuf};
-use std::sync::Once;
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ClientTlsConfig, Script, TlsCertificates, Value};
+use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo, Script,
+    TlsCertificates, TlsMode, Value,
+};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::{Appended, Bus, BusError, Entry, EntryId, Read, epoch_key};
 use crate::feed::Timeline;
 
-/// Applies the position rules and appends; returns `{1, id}` or `{0, prev}`.
-/// LSNs travel as decimal strings (Lua's numbers are doubles) and are
-/// compared as such.
+/// Applies the position rules and appends; returns `{1, id}`, `{0, prev}`
+/// (already there), or `{2, prev}` when the stream's newest position is
+/// below `ARGV[5]`, the newest this handle saw (see "A stream that went
+/// back"). LSNs travel as decimal strings (Lua's numbers are doubles) and
+/// are compared as such.
 const APPEND: &str = r#"
 local function after(a, b)
   if #a ~= #b then return #a > #b end
@@ -55,6 +86,12 @@ local d = string.find(prev, '-', 1, true)
 local tl = string.sub(prev, 1, d - 1)
 local ts = tonumber(string.sub(prev, d + 1))
 local kind, lsn = ARGV[1], ARGV[2]
+local f = ARGV[5]
+local fd = string.find(f, '-', 1, true)
+local ftl = string.sub(f, 1, fd - 1)
+if after(ftl, tl) or (ftl == tl and tonumber(string.sub(f, fd + 1)) > ts) then
+  return {2, prev}
+end
 local id
 if kind == 'c' or kind == 'b' or kind == 'h' then
   if not after(lsn, tl) then return {0, prev} end
@@ -79,6 +116,119 @@ return '0-0'
 /// How long a command may take before the connection is given up (a
 /// blocking read adds its own wait).
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long opening a connection may take; with Sentinel, asking the
+/// sentinels too.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// `bus.sentinels` and `bus.sentinel_master`, as [`RedisBus::new`] takes them.
+#[derive(Clone, Debug, Default)]
+pub struct Sentinels {
+    pub urls: Vec<String>,
+    pub master: String,
+}
+
+/// Where connections go.
+#[derive(Clone)]
+enum Target {
+    /// `bus.url`'s server.
+    Server(Box<Client>),
+    /// The primary the sentinels name, asked at every connection.
+    Sentinel(Arc<SentinelTarget>),
+}
+
+struct SentinelTarget {
+    sentinels: Vec<ConnectionAddr>,
+    /// The sentinels' own user and password (the same for all).
+    user: Option<String>,
+    password: Option<String>,
+    master: String,
+    /// `bus.url`'s user, password and database: the data nodes'.
+    node: redis::RedisConnectionInfo,
+}
+
+impl SentinelTarget {
+    fn new(url: &str, sentinels: &Sentinels) -> Result<Self, BusError> {
+        let node = url
+            .into_connection_info()
+            .map_err(|e| BusError(format!("bus.url: not a Redis URL ({})", e.category())))?
+            .redis_settings()
+            .clone();
+        let mut addrs = Vec::new();
+        let (mut user, mut password) = (None, None);
+        for (i, s) in sentinels.urls.iter().enumerate() {
+            let info = s.as_str().into_connection_info().map_err(|e| {
+                BusError(format!(
+                    "bus.sentinels: entry {} is not a Redis URL ({})",
+                    i + 1,
+                    e.category()
+                ))
+            })?;
+            user = info.redis_settings().username().map(String::from);
+            password = info.redis_settings().password().map(String::from);
+            addrs.push(info.addr().clone());
+        }
+        Ok(Self {
+            sentinels: addrs,
+            user,
+            password,
+            master: sentinels.master.clone(),
+            node,
+        })
+    }
+
+    /// A client for the primary the sentinels name now, with `tls`'s
+    /// certificates for both the sentinels and the primary.
+    async fn primary(&self, tls: Option<&TlsFiles>) -> Result<Client, BusError> {
+        let mut b = SentinelClientBuilder::new(
+            self.sentinels.clone(),
+            &self.master,
+            SentinelServerType::Master,
+        )
+        .map_err(failed)?
+        .set_client_to_redis_db(self.node.db());
+        if let Some(u) = self.node.username() {
+            b = b.set_client_to_redis_username(u);
+        }
+        if let Some(p) = self.node.password() {
+            b = b.set_client_to_redis_password(p);
+        }
+        if let Some(u) = &self.user {
+            b = b.set_client_to_sentinel_username(u);
+        }
+        if let Some(p) = &self.password {
+            b = b.set_client_to_sentinel_password(p);
+        }
+        if let Some(files) = tls {
+            b = b
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_redis_certificates(files.certificates()?)
+                .set_client_to_sentinel_certificates(files.certificates()?);
+        }
+        let mut sentinel = b.build().map_err(failed)?;
+        let asked = tokio::time::timeout(CONNECT_TIMEOUT, sentinel.async_get_client()).await;
+        let e = match asked {
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(e)) => failed(e),
+            Err(_) => BusError("Redis: timed out".into()),
+        };
+        // redis-rs asks the sentinels, then the primary they name (its
+        // ROLE): an error of either reads alike. Asking a sentinel alone
+        // tells which.
+        let sentinels_answer = matches!(
+            tokio::time::timeout(CONNECT_TIMEOUT, sentinel.async_get_sentinel_client()).await,
+            Ok(Ok(_))
+        );
+        Err(BusError(if sentinels_answer {
+            format!("the primary `{}` the sentinels name: {}", self.master, e.0)
+        } else {
+            format!(
+                "the sentinels (asked for the primary `{}`): {}",
+                self.master, e.0
+            )
+        }))
+    }
+}
 
 /// `bus.ca_file`, `bus.cert_file`, `bus.key_file`: the files of a
 /// `rediss://` bus (see "TLS" above).
@@ -167,7 +317,7 @@ fn install_ring_provider() {
 }
 
 pub struct RedisBus {
-    client: Client,
+    target: Target,
     /// `Some` for `rediss://`: the files, read for every connection.
     tls: Option<TlsFiles>,
     /// The key without the timeline (see "The stream" in [`super`]).
@@ -178,6 +328,10 @@ pub struct RedisBus {
     relay_key: String,
     retention: u64,
     conn: Option<MultiplexedConnection>,
+    /// The newest position this handle has seen on `stream` (see "A
+    /// stream that went back"): the append script refuses to append
+    /// below it.
+    seen: EntryId,
     append: Script,
     head: Script,
 }
@@ -189,6 +343,19 @@ impl RedisBus {
     /// its key. The error never repeats the URL (it may hold a password).
     pub fn new(
         url: &str,
+        tls: &TlsFiles,
+        base: String,
+        epoch: Timeline,
+        retention: u64,
+    ) -> Result<Self, BusError> {
+        Self::with_sentinels(url, None, tls, base, epoch, retention)
+    }
+
+    /// [`Self::new`], and with `sentinels`, the primary they name (see
+    /// "Sentinel"): `url` then gives its scheme, credentials and database.
+    pub fn with_sentinels(
+        url: &str,
+        sentinels: Option<&Sentinels>,
         tls: &TlsFiles,
         base: String,
         epoch: Timeline,
@@ -211,8 +378,12 @@ impl RedisBus {
             }
             _ => None,
         };
+        let target = match sentinels {
+            Some(s) => Target::Sentinel(Arc::new(SentinelTarget::new(url, s)?)),
+            None => Target::Server(Box::new(client)),
+        };
         Ok(Self {
-            client,
+            target,
             tls,
             relay_key: format!("{base}:relay"),
             stream: epoch_key(&base, epoch),
@@ -220,6 +391,7 @@ impl RedisBus {
             epoch,
             retention,
             conn: None,
+            seen: EntryId::START,
             append: Script::new(APPEND),
             head: Script::new(HEAD),
         })
@@ -228,7 +400,7 @@ impl RedisBus {
     /// The same bus on a connection of its own (a blocking read holds one).
     pub fn another(&self) -> Self {
         Self {
-            client: self.client.clone(),
+            target: self.target.clone(),
             tls: self.tls.clone(),
             base: self.base.clone(),
             epoch: self.epoch,
@@ -236,6 +408,7 @@ impl RedisBus {
             relay_key: self.relay_key.clone(),
             retention: self.retention,
             conn: None,
+            seen: EntryId::START,
             append: Script::new(APPEND),
             head: Script::new(HEAD),
         }
@@ -258,11 +431,12 @@ impl RedisBus {
             return Ok(c.clone());
         }
         let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT + wait));
-        let client = match &self.tls {
-            Some(files) => Self::tls_client(&self.client, files)?,
-            None => self.client.clone(),
+        let client = match (&self.target, &self.tls) {
+            (Target::Server(c), Some(files)) => Self::tls_client(c, files)?,
+            (Target::Server(c), None) => (**c).clone(),
+            (Target::Sentinel(s), tls) => s.primary(tls.as_ref()).await?,
         };
         let c = client
             .get_multiplexed_async_connection_with_config(&cfg)
@@ -344,7 +518,10 @@ fn failed(e: redis::RedisError) -> BusError {
     } else if e.is_io_error() || e.is_connection_dropped() {
         "connection lost".to_string()
     } else {
-        format!("{}: {}", e.category(), e.detail().unwrap_or(""))
+        match e.detail().filter(|d| !d.is_empty()) {
+            Some(d) => format!("{}: {d}", e.category()),
+            None => e.category().to_string(),
+        }
     };
     BusError(format!("Redis: {what}"))
 }
@@ -394,6 +571,9 @@ fn parse_entry(v: &Value, epoch: Timeline) -> Option<Read> {
 
 impl Bus for RedisBus {
     fn set_epoch(&mut self, timeline: Timeline) {
+        if timeline != self.epoch {
+            self.seen = EntryId::START;
+        }
         self.epoch = timeline;
         self.stream = epoch_key(&self.base, timeline);
     }
@@ -415,12 +595,23 @@ impl Bus for RedisBus {
             .arg(entry.lsn().to_string())
             .arg(entry.encode())
             .arg(self.retention)
+            .arg(self.seen.to_string())
             .invoke_async(&mut conn)
             .await;
         let (added, id) = self.forget_on_error(r)?;
         match (added, EntryId::parse(&id)) {
-            (1, Some(at)) => Ok(Appended::At(at)),
-            (0, _) => Ok(Appended::Already),
+            (1, Some(at)) => {
+                self.seen = at;
+                Ok(Appended::At(at))
+            }
+            (0, Some(prev)) => {
+                self.seen = self.seen.max(prev);
+                Ok(Appended::Already)
+            }
+            (2, Some(prev)) => Err(BusError(format!(
+                "Redis: the stream went back from {} to {prev} (a Redis failover or restart lost entries)",
+                self.seen
+            ))),
             _ => Err(BusError(format!("Redis: unexpected answer {id:?}"))),
         }
     }
@@ -429,7 +620,11 @@ impl Bus for RedisBus {
         let mut conn = self.conn(Duration::ZERO).await?;
         let r: Result<String, _> = self.head.key(&self.stream).invoke_async(&mut conn).await;
         let id = self.forget_on_error(r)?;
-        EntryId::parse(&id).ok_or_else(|| BusError(format!("Redis: unexpected answer {id:?}")))
+        let head = EntryId::parse(&id)
+            .ok_or_else(|| BusError(format!("Redis: unexpected answer {id:?}")))?;
+        // The caller starts from here: appends are checked against it.
+        self.seen = head;
+        Ok(head)
     }
 
     async fn read(

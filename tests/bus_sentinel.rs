@@ -1,0 +1,488 @@
+//! The bus on Redis Sentinel (`bus.sentinels`, `bus.sentinel_master`):
+//! each test starts its own Redis primary, a replica and three sentinels
+//! (`redis-server --sentinel`) on free ports. The data nodes have no
+//! default user, only an ACL user with a password; the sentinels have a
+//! password of their own. The Postgres side is the throwaway
+//! `wal_level = logical` primary of `scripts/test.sh`.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bloomgate::feed::bus::Mode;
+use common::redis_server::*;
+use common::*;
+
+const USER: &str = "bg";
+const PASSWORD: &str = "s3cret-bus-password";
+const SENTINEL_PASSWORD: &str = "s3cret-sentinel-password";
+const MASTER: &str = "bgm";
+
+/// Tests that kill servers and count walsenders run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A primary, its replica and three sentinels watching them.
+struct Site {
+    primary: Redis,
+    replica: Redis,
+    sentinels: Vec<(Child, u16)>,
+    dir: PathBuf,
+}
+
+impl Site {
+    async fn start() -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("bloomgate-sentinel-{:x}", rand::random::<u32>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let login = format!("{USER}:{PASSWORD}");
+        let acl = |extra: &[String]| {
+            let mut a: Vec<String> = [
+                "--user",
+                "default",
+                "off",
+                "--user",
+                USER,
+                "on",
+                &format!(">{PASSWORD}"),
+                "~*",
+                "&*",
+                "+@all",
+                "--user",
+                "repl",
+                "on",
+                &format!(">{PASSWORD}"),
+                "+@all",
+                "--masteruser",
+                "repl",
+                "--masterauth",
+                PASSWORD,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            a.extend_from_slice(extra);
+            a
+        };
+        let primary = Redis::start_with(free_port(), &acl(&[]), Some(&login)).await;
+        let replica = Redis::start_with(
+            free_port(),
+            &acl(&[
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                primary.port.to_string(),
+            ]),
+            Some(&login),
+        )
+        .await;
+        let bin = std::env::var("BLOOMGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let port = free_port();
+            let conf = dir.join(format!("sentinel{i}.conf"));
+            // Sentinel rewrites its file: each has its own.
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {MASTER} 127.0.0.1 {p} 2\n\
+                     sentinel down-after-milliseconds {MASTER} 1000\n\
+                     sentinel failover-timeout {MASTER} 4000\n\
+                     sentinel auth-user {MASTER} {USER}\n\
+                     sentinel auth-pass {MASTER} {PASSWORD}\n\
+                     requirepass {SENTINEL_PASSWORD}\n\
+                     sentinel sentinel-pass {SENTINEL_PASSWORD}\n",
+                    dir = dir.display(),
+                    p = primary.port,
+                ),
+            )
+            .unwrap();
+            let child = Command::new(&bin)
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server --sentinel");
+            sentinels.push((child, port));
+        }
+        let site = Site {
+            primary,
+            replica,
+            sentinels,
+            dir,
+        };
+        // A failover needs the sentinels to know the replica and each
+        // other.
+        eventually("the sentinels know the replica and each other", || async {
+            let mut all = true;
+            for (_, port) in &site.sentinels {
+                let replicas = site.sentinel_count(*port, "replicas").await;
+                let others = site.sentinel_count(*port, "sentinels").await;
+                all &= replicas == Some(1) && others == Some(2);
+            }
+            all
+        })
+        .await;
+        site
+    }
+
+    /// How many `what` (`replicas`, `sentinels`) the sentinel on `port`
+    /// knows of the master.
+    async fn sentinel_count(&self, port: u16, what: &str) -> Option<usize> {
+        let client =
+            redis::Client::open(format!("redis://:{SENTINEL_PASSWORD}@127.0.0.1:{port}")).ok()?;
+        let mut c = client.get_multiplexed_async_connection().await.ok()?;
+        let v: Vec<redis::Value> = redis::cmd("SENTINEL")
+            .arg(what)
+            .arg(MASTER)
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        Some(v.len())
+    }
+
+    /// The primary's port as the first sentinel names it.
+    async fn primary_port(&self) -> Option<u16> {
+        let port = self.sentinels[0].1;
+        let client =
+            redis::Client::open(format!("redis://:{SENTINEL_PASSWORD}@127.0.0.1:{port}")).ok()?;
+        let mut c = client.get_multiplexed_async_connection().await.ok()?;
+        let (_, p): (String, u16) = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(MASTER)
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        Some(p)
+    }
+
+    /// The `[bus]` section: the sentinels' URLs (with their password), the
+    /// master's name, and a URL whose host is the master's name (not
+    /// used) and whose user and password are the data nodes'.
+    fn bus_toml(&self, fleet: &Fleet, password: &str, sentinel_password: &str) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(_, p)| format!("\"redis://:{sentinel_password}@127.0.0.1:{p}\""))
+            .collect();
+        format!(
+            "[bus]\nurl = \"redis://{USER}:{password}@{MASTER}/0\"\nsentinels = [{}]\n\
+             sentinel_master = \"{MASTER}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"1s\"\n",
+            sentinels.join(", "),
+            fleet.slot,
+            fleet.prefix
+        )
+    }
+}
+
+impl Drop for Site {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.sentinels {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The newest entry ID of the stream on `redis`.
+async fn last_id(redis: &Redis, stream: &str) -> String {
+    let mut c = redis.conn().await.unwrap();
+    let info: HashMap<String, redis::Value> = redis::cmd("XINFO")
+        .arg("STREAM")
+        .arg(stream)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    match &info["last-generated-id"] {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).unwrap(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// An entry ID as (LSN, sequence), for comparing.
+fn id(s: &str) -> (u64, u64) {
+    let (l, q) = s.split_once('-').unwrap();
+    (l.parse().unwrap(), q.parse().unwrap())
+}
+
+/// When each version of each row committed, as the writer saw it.
+#[derive(Default)]
+struct Written {
+    /// id → (version, committed by then); "User {id}" is version 0.
+    versions: HashMap<i64, Vec<(i64, Instant)>>,
+    /// Rows inserted, and when.
+    inserted: Vec<(i64, Instant)>,
+}
+
+/// Writes under the failover: an update a row at a time (`name = 'v{n}'`)
+/// and every fifth an insert, each recorded once committed.
+fn writer(
+    db: &TestDb,
+    written: Arc<Mutex<Written>>,
+    stop: Arc<tokio::sync::Notify>,
+) -> tokio::task::JoinHandle<()> {
+    let pool = db.pool.clone();
+    tokio::spawn(async move {
+        let mut n: i64 = 1;
+        loop {
+            let id = n % 10 + 1;
+            let ok = sqlx::query("UPDATE users SET name = $1 WHERE id = $2")
+                .bind(format!("v{n}"))
+                .bind(id)
+                .execute(&pool)
+                .await
+                .is_ok();
+            if ok {
+                written
+                    .lock()
+                    .unwrap()
+                    .versions
+                    .entry(id)
+                    .or_default()
+                    .push((n, Instant::now()));
+            }
+            if n % 5 == 0 {
+                let new = 5000 + n;
+                let ok = sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, $2, 'new')")
+                    .bind(new)
+                    .bind(format!("u{new}@example.com"))
+                    .execute(&pool)
+                    .await
+                    .is_ok();
+                if ok {
+                    written.lock().unwrap().inserted.push((new, Instant::now()));
+                }
+            }
+            n += 1;
+            tokio::select! {
+                () = stop.notified() => return,
+                () = tokio::time::sleep(Duration::from_millis(15)) => {}
+            }
+        }
+    })
+}
+
+/// The promise, checked on one answer to a request sent at `sent`: no
+/// version older than one committed `bound` before it, no 404 for a row
+/// inserted `bound` before it. A 503 is allowed (nothing vouched for,
+/// the database's word not yet had).
+fn check(written: &Written, path_id: i64, sent: Instant, r: &Resp, bound: Duration) {
+    let Some(before) = sent.checked_sub(bound) else {
+        return;
+    };
+    if r.status == 503 {
+        return;
+    }
+    if let Some(&(_, at)) = written.inserted.iter().find(|(i, _)| *i == path_id) {
+        assert!(
+            !(r.status == 404 && at < before),
+            "/users/{path_id}, inserted {:?} before the request, answered 404 {}",
+            sent - at,
+            r.header("cache-status")
+        );
+        return;
+    }
+    assert_eq!(
+        r.status,
+        200,
+        "/users/{path_id}: {}",
+        r.header("cache-status")
+    );
+    let name = r.json()["name"].as_str().unwrap_or_default().to_string();
+    let served: i64 = name
+        .strip_prefix('v')
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let owed = written
+        .versions
+        .get(&path_id)
+        .and_then(|vs| vs.iter().rev().find(|(_, at)| *at < before))
+        .map_or(0, |(v, _)| *v);
+    assert!(
+        served >= owed,
+        "/users/{path_id} served {name} ({}), but v{owed} committed over {bound:?} before the request",
+        r.header("cache-status")
+    );
+}
+
+/// Redis' primary is killed under writes while its replica has lost its
+/// link, so the entries it had not replicated are lost: the sentinels
+/// promote the replica, the fleet follows it through the sentinels (with
+/// the ACL user's password; the data nodes have no default user), the
+/// relay appends there, and no answer is stale or a false 404 at any
+/// moment, before, during or after.
+#[tokio::test]
+async fn a_fleet_on_sentinel_follows_a_redis_failover_and_never_answers_wrong() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut site = Site::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let bus = site.bus_toml(&fleet, PASSWORD, SENTINEL_PASSWORD);
+    let config = || wal_config(&db, &format!("{BY_EMAIL}\n{bus}"));
+    let gws = vec![started(config()).await, started(config()).await];
+    wait_all_on_bus(&gws).await;
+    let stream = gws[0].bus_status().unwrap().get().stream;
+    assert!(
+        site.primary.xlen(&stream).await > 0,
+        "the relay appends to the primary"
+    );
+
+    let written = Arc::new(Mutex::new(Written::default()));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let writes = writer(&db, written.clone(), stop.clone());
+    let bound = Duration::from_secs(2);
+    let reading = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let mut readers = Vec::new();
+    for gw in &gws {
+        let (gw, written, reading) = (gw.clone(), written.clone(), reading.clone());
+        readers.push(tokio::spawn(async move {
+            let mut checked = 0u64;
+            let mut i = 0i64;
+            while reading.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let key = match i % 3 {
+                    0 => written
+                        .lock()
+                        .unwrap()
+                        .inserted
+                        .iter()
+                        .rev()
+                        .nth((i % 7) as usize)
+                        .map_or(1, |(k, _)| *k),
+                    _ => i % 10 + 1,
+                };
+                let sent = Instant::now();
+                let r = get(&gw, &format!("/users/{key}")).await;
+                check(&written.lock().unwrap(), key, sent, &r, bound);
+                checked += 1;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            checked
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // The replica loses its link (its replication user turned away); the
+    // primary goes on for a while, then dies with entries only it had.
+    let mut c = site.primary.conn().await.unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("repl")
+        .arg("off")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("USER")
+        .arg("repl")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let lost_from = last_id(&site.primary, &stream).await;
+    site.primary.kill();
+    let kept = last_id(&site.replica, &stream).await;
+    assert!(
+        id(&kept) < id(&lost_from),
+        "the replica lacks entries the primary had: {kept} < {lost_from}"
+    );
+
+    eventually("the sentinels promoted the replica", || async {
+        site.primary_port().await == Some(site.replica.port)
+    })
+    .await;
+    wait_all_on_bus(&gws).await;
+    let now = last_id(&site.replica, &stream).await;
+    eventually("the relay appends to the new primary", || async {
+        id(&last_id(&site.replica, &stream).await) > id(&now)
+    })
+    .await;
+    // Writes and reads go on past the failover for a few bounds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.notify_one();
+    writes.await.unwrap();
+    reading.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut checked = 0;
+    for r in readers {
+        checked += r.await.unwrap();
+    }
+    assert!(checked > 100, "{checked} answers checked");
+    for gw in &gws {
+        let b = gw.bus_status().unwrap();
+        eprintln!(
+            "lost {kept}..{lost_from}; {checked} answers checked; breaks {}, fallbacks {}, terms {}",
+            b.breaks.load(std::sync::atomic::Ordering::Relaxed),
+            b.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
+            b.terms.load(std::sync::atomic::Ordering::Relaxed),
+        );
+    }
+    assert_eq!(walsenders(&db).await, 1, "one relay again");
+    // Every row's newest version, on every gateway.
+    let rows: Vec<(i64, String)> = sqlx::query_as("SELECT id, name FROM users ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    for gw in &gws {
+        assert_eq!(mode(gw), Mode::Bus);
+        for (key, name) in &rows {
+            fresh(gw, &format!("/users/{key}"), |r| {
+                r.status == 200 && r.json()["name"] == name.as_str()
+            })
+            .await;
+        }
+    }
+    fleet.stop(&gws, &db).await;
+}
+
+/// Wrong passwords, the data nodes' or the sentinels': the gateway does
+/// not follow the bus (it follows the WAL itself) and says why, and
+/// neither password is ever in its log or its status.
+#[tokio::test]
+async fn a_wrong_password_is_named_as_the_cause_and_never_shown() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let site = Site::start().await;
+    let db = bus_db().await;
+    for (password, sentinel_password, cause) in [
+        (
+            "wrong-data-password",
+            SENTINEL_PASSWORD,
+            "the primary `bgm` the sentinels name: Redis: authentication failed",
+        ),
+        (
+            PASSWORD,
+            "wrong-sentinel-password",
+            "the sentinels (asked for the primary `bgm`): Redis: authentication failed",
+        ),
+    ] {
+        let fleet = Fleet::new();
+        let bus = site.bus_toml(&fleet, password, sentinel_password);
+        let log = site.dir.join(format!("{}.log", fleet.prefix));
+        let gw = Binary::spawn_with(&db, &bus, Some(&log));
+        ready(&gw).await;
+        let (code, body) = gw.get("/users/4").await.unwrap();
+        assert_eq!(code, 200, "{body}");
+        eventually("the gateway follows the WAL itself", || async {
+            gw.stats()
+                .await
+                .is_some_and(|s| s["bus"]["mode"] == "direct")
+        })
+        .await;
+        let stats = gw.stats().await.unwrap().to_string();
+        assert!(stats.contains(cause), "{cause} in {stats}");
+        assert!(stats.contains(MASTER), "{stats}");
+        drop(gw);
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains(cause), "{cause} in {text}");
+        for secret in [PASSWORD, SENTINEL_PASSWORD, password, sentinel_password] {
+            assert!(!text.contains(secret), "{secret} in the log:\n{text}");
+            assert!(!stats.contains(secret), "{secret} in the status: {stats}");
+        }
+        fleet.drop_slot(&db).await;
+    }
+}
