@@ -71,7 +71,7 @@ pub struct Gateway {
     pub auth: Arc<crate::auth::Auth>,
     /// Set on SIGTERM ([`Gateway::begin_drain`]): `/readyz` says 503 while
     /// requests are still served.
-    draining: std::sync::atomic::AtomicBool,
+    draining: tokio::sync::watch::Sender<bool>,
     /// Slots for row loads, shared by every resource (`max_concurrency`).
     loads: Arc<tokio::sync::Semaphore>,
 }
@@ -204,7 +204,7 @@ impl Gateway {
             auth,
             loads,
             shutdown: shutdown::channel().0,
-            draining: Default::default(),
+            draining: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -303,7 +303,7 @@ impl Gateway {
         let auth = self.auth.why_not_ready();
         let shutdown = self
             .draining
-            .load(std::sync::atomic::Ordering::Relaxed)
+            .borrow()
             .then(|| "the process is shutting down (server.shutdown_drain)".to_string());
         Readiness {
             resources,
@@ -317,8 +317,13 @@ impl Gateway {
     /// From now on `/readyz` answers 503 (SIGTERM, `server.shutdown_drain`);
     /// requests are still served.
     pub fn begin_drain(&self) {
-        self.draining
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.draining.send_replace(true);
+    }
+
+    /// Turns true when the drain begins: the connections then ask their
+    /// clients to leave (`server::conn`).
+    pub fn draining(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.draining.subscribe()
     }
 
     /// The tables and key columns the change feeds watch (canonical names),

@@ -289,6 +289,7 @@ async fn serve_with(
         http::app(gateway.clone()),
         cfg.clone(),
         stop_rx.clone(),
+        gateway.draining(),
         Listener {
             name: "public",
             traffic: Some(gateway.stats.traffic.clone()),
@@ -316,6 +317,7 @@ async fn serve_with(
             app,
             cfg.clone(),
             stop_rx.clone(),
+            gateway.draining(),
             Listener {
                 name: "admin",
                 traffic: None,
@@ -333,6 +335,7 @@ async fn serve_with(
                 http::admin::metrics_app(gateway.clone()),
                 cfg.clone(),
                 stop_rx.clone(),
+                gateway.draining(),
                 Listener {
                     name: "metrics",
                     traffic: None,
@@ -431,6 +434,7 @@ async fn accept_loop(
     app: http::App,
     cfg: ServerConfig,
     stop: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
     Listener { name, traffic }: Listener,
 ) {
     let builder = Arc::new(http_builder(&cfg));
@@ -483,7 +487,7 @@ async fn accept_loop(
                     app.clone(),
                     builder.clone(),
                     limits,
-                    stop.clone(),
+                    (drain.clone(), stop.clone()),
                     (slot, Open::new(traffic.clone())),
                 ));
             }
@@ -579,7 +583,7 @@ async fn serve_connection(
     app: http::App,
     builder: Arc<Builder<TokioExecutor>>,
     limits: conn::Limits,
-    stop: watch::Receiver<bool>,
+    (drain, stop): (watch::Receiver<bool>, watch::Receiver<bool>),
     slot: (OwnedSemaphorePermit, Open),
 ) {
     let dog = conn::Watchdog::new(limits);
@@ -587,7 +591,7 @@ async fn serve_connection(
     let io = TokioIo::new(conn::Watched::new(stream, dog.clone()));
     let service = conn::Tracked::new(app, dog.clone(), peer);
     let connection = builder.serve_connection_with_upgrades(io, service);
-    match conn::drive(connection, &dog, stop).await {
+    match conn::drive(connection, &dog, drain, stop).await {
         conn::Ended::Done(Ok(())) => {}
         conn::Ended::Done(Err(e)) => {
             // hyper answers a request head over the limits 431 itself and

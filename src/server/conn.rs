@@ -25,8 +25,20 @@
 //! - **Idle.** No request being handled for `idle_timeout`: shut down
 //!   gracefully (HTTP/1: closed; HTTP/2: GOAWAY, closed once the peer
 //!   acknowledges), and closed outright [`GRACE`] later if it has not.
+//! - **Drain** (SIGTERM, `server.shutdown_drain`, before the listeners
+//!   stop): clients are asked to leave while every request is still
+//!   answered. Every HTTP/1 response from then on says `Connection: close`
+//!   (hyper closes the connection once it is written), so a pooled
+//!   connection is closed by the gateway right after an answer, when its
+//!   client knows not to reuse it, rather than when the listeners stop,
+//!   when a request the client has just sent on it would meet the close
+//!   (RFC 9112 §9.6); an HTTP/2 connection gets a GOAWAY (its requests in
+//!   flight finish, new ones go to a new connection). A connection that
+//!   stays idle through the whole drain is closed at its end, as before.
 //! - **Server shutdown.** The same graceful shutdown, then [`GRACE`] once
-//!   no request is being handled.
+//!   no request is being handled. The connection is polled before the
+//!   stop is looked at, so a request whose head has arrived is begun, and
+//!   answered, rather than cut off.
 //! - A request is *being handled* from the service call until its future
 //!   resolves or is dropped. Delivering the body is not handling: a peer
 //!   that stops reading (an HTTP/2 window left at 0) leaves the connection
@@ -61,7 +73,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::http::{Request, Version};
+use axum::http::header::CONNECTION;
+use axum::http::{HeaderValue, Request, Response, Version};
 use hyper_util::server::graceful::GracefulConnection;
 use pin_project_lite::pin_project;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -166,6 +179,8 @@ pub struct Watchdog {
     /// Set while an HTTP/1 connection is idle and no byte of the next head
     /// has been read: only then does the read path report a byte.
     watch_reads: AtomicBool,
+    /// The drain began: HTTP/1 responses say `Connection: close`.
+    draining: AtomicBool,
 }
 
 impl Watchdog {
@@ -187,6 +202,7 @@ impl Watchdog {
                 closing_since: None,
             }),
             watch_reads: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
         })
     }
 
@@ -238,6 +254,12 @@ impl Watchdog {
         }
     }
 
+    /// Whether the connection is HTTP/2 (known from its first request).
+    fn http2(&self) -> bool {
+        let s = self.state();
+        s.started > 0 && !s.http1
+    }
+
     fn closing_at(&self, now: Instant) {
         self.watch_reads.store(false, Ordering::Relaxed);
         let mut s = self.state();
@@ -272,20 +294,22 @@ impl<S> Tracked<S> {
     }
 }
 
-impl<S, B> hyper::service::Service<Request<B>> for Tracked<S>
+impl<S, B, RB> hyper::service::Service<Request<B>> for Tracked<S>
 where
-    S: hyper::service::Service<Request<B>>,
+    S: hyper::service::Service<Request<B>, Response = Response<RB>>,
 {
     type Response = S::Response;
     type Error = S::Error;
     type Future = TrackedFuture<S::Future>;
 
     fn call(&self, req: Request<B>) -> Self::Future {
+        let http1 = req.version() < Version::HTTP_2;
         let in_flight = self.dog.begin(req.version());
         let _peer = crate::auth::peer::enter(self.peer);
         TrackedFuture {
             inner: self.inner.call(req),
             in_flight: Some(in_flight),
+            http1,
         }
     }
 }
@@ -298,16 +322,28 @@ pin_project! {
         #[pin]
         inner: F,
         in_flight: Option<InFlight>,
+        http1: bool,
     }
 }
 
-impl<F: Future> Future for TrackedFuture<F> {
+impl<F, RB, E> Future for TrackedFuture<F>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+{
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let out = std::task::ready!(this.inner.poll(cx));
-        this.in_flight.take();
+        let mut out = std::task::ready!(this.inner.poll(cx));
+        let in_flight = this.in_flight.take();
+        if let Some(InFlight(dog)) = &in_flight
+            && *this.http1
+            && dog.draining.load(Ordering::Relaxed)
+            && let Ok(resp) = &mut out
+        {
+            resp.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
         Poll::Ready(out)
     }
 }
@@ -379,10 +415,16 @@ pub enum Ended<E> {
     Expired(Expiry),
 }
 
-/// Drives `conn` to its end under `dog`'s deadlines; a graceful shutdown
-/// once `stop` turns true (or its sender is gone). Returning drops `conn`,
-/// which closes the socket.
-pub async fn drive<C>(conn: C, dog: &Watchdog, mut stop: watch::Receiver<bool>) -> Ended<C::Error>
+/// Drives `conn` to its end under `dog`'s deadlines; asks its client to
+/// leave once `drain` turns true (see "Drain"); a graceful shutdown once
+/// `stop` turns true (or its sender is gone). Returning drops `conn`, which
+/// closes the socket.
+pub async fn drive<C>(
+    conn: C,
+    dog: &Watchdog,
+    mut drain: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
+) -> Ended<C::Error>
 where
     C: GracefulConnection,
 {
@@ -390,21 +432,40 @@ where
     let sleep = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(sleep);
     let mut shutting_down = false;
+    let mut draining = false;
     let tick = dog.limits.header_read.min(dog.limits.idle).max(MIN_TICK);
     loop {
+        // An HTTP/2 connection whose protocol was not known when the drain
+        // began (no request yet) gets its GOAWAY once it is.
+        if draining && !shutting_down && dog.http2() {
+            shutting_down = true;
+            dog.closing_at(Instant::now());
+            conn.as_mut().graceful_shutdown();
+        }
         // See the module doc: no deadline can appear before the next tick.
-        let tick = if shutting_down { SHUTDOWN_TICK } else { tick };
+        let tick = if shutting_down || draining {
+            SHUTDOWN_TICK.min(tick)
+        } else {
+            tick
+        };
         let check = Instant::now() + tick;
         let due = dog.due();
         sleep
             .as_mut()
             .reset(due.map_or(check, |(at, _)| at.min(check)));
         tokio::select! {
+            // The connection first: a request that has arrived is begun
+            // before a stop is acted on.
+            biased;
             done = conn.as_mut() => return Ended::Done(done),
             () = stopped(&mut stop), if !shutting_down => {
                 shutting_down = true;
                 dog.closing_at(Instant::now());
                 conn.as_mut().graceful_shutdown();
+            }
+            () = stopped(&mut drain), if !draining => {
+                draining = true;
+                dog.draining.store(true, Ordering::Relaxed);
             }
             () = &mut sleep => {
                 // Re-check: a request may have begun since `due` was read.
@@ -540,16 +601,16 @@ mod tests {
         /// Answers at once if the request says so, else never.
         struct Svc;
         impl hyper::service::Service<Request<bool>> for Svc {
-            type Response = ();
+            type Response = Response<()>;
             type Error = std::convert::Infallible;
-            type Future = Pin<Box<dyn Future<Output = Result<(), Self::Error>> + Send>>;
+            type Future = Pin<Box<dyn Future<Output = Result<Response<()>, Self::Error>> + Send>>;
             fn call(&self, req: Request<bool>) -> Self::Future {
                 let answer = *req.body();
                 Box::pin(async move {
                     if !answer {
                         std::future::pending::<()>().await;
                     }
-                    Ok(())
+                    Ok(Response::new(()))
                 })
             }
         }
@@ -564,6 +625,54 @@ mod tests {
         futures_util::FutureExt::now_or_never(done)
             .unwrap()
             .unwrap();
+        assert_eq!(dog.due().map(|(_, why)| why), Some(Expiry::Idle));
+    }
+
+    /// Once the drain began, every HTTP/1 response says `Connection:
+    /// close`; an HTTP/2 one never carries the header (it is not allowed
+    /// there: the connection gets a GOAWAY instead); before it, none does.
+    #[test]
+    fn responses_during_the_drain_ask_http1_clients_to_leave() {
+        struct Svc;
+        impl hyper::service::Service<Request<()>> for Svc {
+            type Response = Response<()>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<Response<()>, Self::Error>>;
+            fn call(&self, _: Request<()>) -> Self::Future {
+                std::future::ready(Ok(Response::new(())))
+            }
+        }
+        let answer = |dog: &Arc<Watchdog>, version: Version| {
+            let svc = Tracked::new(Svc, dog.clone(), None);
+            let mut req = Request::new(());
+            *req.version_mut() = version;
+            let fut = hyper::service::Service::call(&svc, req);
+            futures_util::FutureExt::now_or_never(fut).unwrap().unwrap()
+        };
+        let dog = Watchdog::new(LIMITS);
+        assert!(
+            answer(&dog, Version::HTTP_11)
+                .headers()
+                .get(CONNECTION)
+                .is_none()
+        );
+        dog.draining.store(true, Ordering::Relaxed);
+        assert_eq!(
+            answer(&dog, Version::HTTP_11).headers()[CONNECTION],
+            "close"
+        );
+        assert_eq!(
+            answer(&dog, Version::HTTP_10).headers()[CONNECTION],
+            "close"
+        );
+        let h2 = Watchdog::new(LIMITS);
+        h2.draining.store(true, Ordering::Relaxed);
+        assert!(
+            answer(&h2, Version::HTTP_2)
+                .headers()
+                .get(CONNECTION)
+                .is_none()
+        );
         assert_eq!(dog.due().map(|(_, why)| why), Some(Expiry::Idle));
     }
 }
