@@ -126,6 +126,12 @@
 //! - [`seed`]: demo data (and the demo schema's migrations).
 //!   [`telemetry`]: logging (reloadable filter, typed JSON fields, the
 //!   access and audit targets).
+//! - [`access`]: access lines, one per request, formatted by hand
+//!   ([`access::format`]) into the request thread's buffer and written by
+//!   one thread ([`access::writer`]: bounded, dropped lines counted, flushed
+//!   every 100 ms and at shutdown, the file reopened on SIGHUP); filtered
+//!   404s limited to `log.access_filtered_rate` a second
+//!   ([`access::sample`]).
 //!
 //! See `ARCHITECTURE.md` for a picture of the modules and who owns which
 //! invariant.
@@ -161,6 +167,7 @@
 //!    resource's filter and cache may answer at all: never longer than
 //!    `database.freshness_bound` past the last proof that they are complete.
 
+pub mod access;
 pub mod apply;
 pub mod auth;
 pub mod budget;
