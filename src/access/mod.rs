@@ -50,16 +50,37 @@ use crate::exposition::{Expose, Exposition, Labels};
 pub use sample::UNLIMITED;
 pub use writer::Sink;
 
+/// Text escaped once, when it is known (at start-up: route templates,
+/// resource names), for a JSON string: a line copies it as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Escaped(std::borrow::Cow<'static, str>);
+
+impl Escaped {
+    pub const EMPTY: Escaped = Escaped(std::borrow::Cow::Borrowed(""));
+
+    pub fn new(text: &str) -> Self {
+        let mut out = Vec::with_capacity(text.len());
+        format::escape(&mut out, text);
+        Self(String::from_utf8(out).expect("escaping keeps UTF-8").into())
+    }
+
+    /// `text`, which needs no escaping.
+    #[cfg(test)]
+    const fn from_static(text: &'static str) -> Self {
+        Self(std::borrow::Cow::Borrowed(text))
+    }
+}
+
 /// One request's access line.
 #[derive(Clone, Copy, Debug)]
 pub struct Line<'a> {
     pub method: &'a str,
-    /// The route template (`/users/{id}`), "" when none matched.
-    pub route: &'a str,
+    /// The route template (`/users/{id}`), empty when none matched.
+    pub route: &'a Escaped,
     pub status: u16,
     pub cache_status: &'a str,
-    /// The resource the route serves, "" for none.
-    pub resource: &'a str,
+    /// The resource the route serves, empty for none.
+    pub resource: &'a Escaped,
     pub duration: Duration,
     pub request_id: &'a str,
     /// None for a request made inside the process.
@@ -117,7 +138,6 @@ pub struct Logger {
     id: usize,
     json: bool,
     gate: sample::Gate,
-    epoch: Instant,
     writer: Arc<writer::Writer>,
 }
 
@@ -146,7 +166,6 @@ impl Logger {
             id: IDS.fetch_add(1, Ordering::Relaxed),
             json,
             gate: sample::Gate::new(options.filtered_rate),
-            epoch: Instant::now(),
             writer: writer::Writer::start(sink, options.slot_bytes, options.flush_every, json)?,
         })
     }
@@ -170,9 +189,10 @@ impl Logger {
     /// rate. Never waits for I/O, never allocates (but once per thread).
     pub fn log(&self, line: &Line<'_>, class: Class, now: Instant) {
         if class == Class::Filtered
-            && !self
-                .gate
-                .permit(now.saturating_duration_since(self.epoch).as_secs())
+            && !self.gate.permit(
+                now.saturating_duration_since(self.writer.wall.epoch)
+                    .as_secs(),
+            )
         {
             self.writer.left_out.add(1);
             return;
@@ -192,16 +212,18 @@ impl Logger {
             }
             let slot = &mine.as_ref().expect("set above").slot;
             let mut buf = slot.lock();
-            if buf.capacity() - buf.len() < format::bound(line) {
+            let bytes = &mut buf.bytes;
+            if bytes.capacity() - bytes.len() < format::bound(line) {
                 return false;
             }
-            let stamp = format::Stamp::now();
+            let stamp = self.writer.wall.at(now);
             if self.json {
-                format::json(&mut buf, stamp, line);
+                format::json(bytes, stamp, line);
             } else {
-                format::human(&mut buf, stamp, line);
+                format::human(bytes, stamp, line);
             }
-            let len = buf.len();
+            let len = bytes.len();
+            buf.count += 1;
             drop(buf);
             self.writer.filled(slot, len);
             true
@@ -371,13 +393,16 @@ pub(crate) mod tests {
         }
     }
 
+    static ROUTE: Escaped = Escaped::from_static("/users/{id}");
+    static USERS: Escaped = Escaped::from_static("users");
+
     pub(crate) fn line(id: &str) -> Line<'_> {
         Line {
             method: "GET",
-            route: "/users/{id}",
+            route: &ROUTE,
             status: 404,
             cache_status: "bloomgate; detail=filter-absent",
-            resource: "users",
+            resource: &USERS,
             duration: Duration::from_micros(3),
             request_id: id,
             client: None,

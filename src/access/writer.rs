@@ -91,7 +91,7 @@ impl Sink for File {
 /// One request thread's buffer.
 #[derive(Debug)]
 pub(super) struct Slot {
-    buf: Mutex<Vec<u8>>,
+    buf: Mutex<Lines>,
     /// The writer was woken for this slot's fill and has not drained it yet.
     woken: AtomicBool,
     /// The thread that wrote into it has ended: drained once more, then
@@ -99,13 +99,59 @@ pub(super) struct Slot {
     closed: AtomicBool,
 }
 
+/// Whole lines, and how many (counted as they go in: counting them in
+/// the writer would read every byte again).
+#[derive(Debug, Default)]
+pub(super) struct Lines {
+    pub(super) bytes: Vec<u8>,
+    pub(super) count: u64,
+}
+
 impl Slot {
-    pub(super) fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Lines> {
         self.buf.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn close(&self) {
         self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// Wall-clock time from a monotonic reading: the offset between the two
+/// clocks, refreshed by the writer thread every cycle (so a step of the
+/// system clock shows in the lines within `flush_every`), so that a line
+/// costs one clock reading (the one its duration needs), not two.
+#[derive(Debug)]
+pub(super) struct Wall {
+    pub(super) epoch: Instant,
+    /// The wall clock at `epoch`, in microseconds since the Unix epoch.
+    at_epoch_us: AtomicU64,
+}
+
+impl Wall {
+    fn new() -> Self {
+        let w = Self {
+            epoch: Instant::now(),
+            at_epoch_us: AtomicU64::new(0),
+        };
+        w.refresh();
+        w
+    }
+
+    fn refresh(&self) {
+        let mono = self.epoch.elapsed().as_micros() as u64;
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros() as u64;
+        self.at_epoch_us
+            .store(wall.saturating_sub(mono), Ordering::Relaxed);
+    }
+
+    /// The wall-clock time of the monotonic reading `now`.
+    pub(super) fn at(&self, now: Instant) -> Stamp {
+        let since = now.saturating_duration_since(self.epoch).as_micros() as u64;
+        Stamp::from_micros(self.at_epoch_us.load(Ordering::Relaxed) + since)
     }
 }
 
@@ -124,6 +170,7 @@ pub(super) struct Writer {
     pub(super) dropped: AtomicU64,
     pub(super) left_out: Counter,
     pub(super) lines: Counter,
+    pub(super) wall: Wall,
     /// The format of the writer's own lines.
     json: bool,
     /// Set when the thread has ended.
@@ -151,6 +198,7 @@ impl Writer {
             dropped: AtomicU64::new(0),
             left_out: Counter::default(),
             lines: Counter::default(),
+            wall: Wall::new(),
             json,
             done: Mutex::new(false),
             ended: Condvar::new(),
@@ -169,7 +217,10 @@ impl Writer {
     /// now (the one allocation a thread's lines cost).
     pub(super) fn new_slot(&self) -> Arc<Slot> {
         let slot = Arc::new(Slot {
-            buf: Mutex::new(Vec::with_capacity(self.slot_bytes)),
+            buf: Mutex::new(Lines {
+                bytes: Vec::with_capacity(self.slot_bytes),
+                count: 0,
+            }),
             woken: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         });
@@ -257,36 +308,40 @@ impl Writer {
         let mut next_report = Instant::now() + Duration::from_secs(1);
         let mut failing = false;
         loop {
-            // Read before draining: a line taken before `stop` is in a
-            // slot by the time `stop` is seen, and this drain takes it.
+            // Read before draining: a line taken before `stop` or `reopen`
+            // is in a slot by the time the flag is seen, and this drain
+            // takes it (to the old file, for a reopen).
             let stopping = self.stop.load(Ordering::Acquire);
+            let reopen = self.reopen.swap(false, Ordering::AcqRel);
             let slots = lock(&self.slots).clone();
             for slot in &slots {
-                {
+                let count = {
                     let mut buf = slot.lock();
-                    if buf.is_empty() {
-                        slot.woken.store(false, Ordering::Relaxed);
+                    slot.woken.store(false, Ordering::Relaxed);
+                    if buf.bytes.is_empty() {
                         continue;
                     }
-                    std::mem::swap(&mut *buf, &mut spare);
-                    slot.woken.store(false, Ordering::Relaxed);
-                }
-                if let Some(n) = self.write(&mut *sink, &spare, &mut failing) {
-                    self.lines.add(n);
+                    std::mem::swap(&mut buf.bytes, &mut spare);
+                    std::mem::take(&mut buf.count)
+                };
+                if self.write(&mut *sink, &spare, count, &mut failing) {
+                    self.lines.add(count);
                 }
                 spare.clear();
             }
             lock(&self.slots)
-                .retain(|s| !(s.closed.load(Ordering::Acquire) && s.lock().is_empty()));
+                .retain(|s| !(s.closed.load(Ordering::Acquire) && s.lock().bytes.is_empty()));
             if stopping || Instant::now() >= next_report {
                 next_report = Instant::now() + Duration::from_secs(1);
                 own.clear();
                 self.report(&mut own, &mut reported);
                 if !own.is_empty() {
-                    let _ = self.write(&mut *sink, &own, &mut failing);
+                    let count = own.iter().filter(|&&b| b == b'\n').count() as u64;
+                    let _ = self.write(&mut *sink, &own, count, &mut failing);
                 }
             }
-            if self.reopen.swap(false, Ordering::AcqRel) {
+            self.wall.refresh();
+            if reopen {
                 match sink.reopen() {
                     Ok(()) => tracing::info!("SIGHUP: access file reopened (log.access_file)"),
                     Err(e) => tracing::error!(
@@ -341,23 +396,21 @@ impl Writer {
         *reported = (left_out, dropped);
     }
 
-    /// Writes a batch: the lines written, or `None` when the sink failed
-    /// (the batch's lines are then counted as dropped, and the failure
-    /// said once per run of failures, on the rest of the log, which may be
-    /// elsewhere).
-    fn write(&self, sink: &mut dyn Sink, batch: &[u8], failing: &mut bool) -> Option<u64> {
-        let lines = batch.iter().filter(|&&b| b == b'\n').count() as u64;
+    /// Writes a batch of `lines` lines; false when the sink failed (they
+    /// are then counted as dropped, and the failure said once per run of
+    /// failures, on the rest of the log, which may be elsewhere).
+    fn write(&self, sink: &mut dyn Sink, batch: &[u8], lines: u64, failing: &mut bool) -> bool {
         match sink.write_all(batch) {
             Ok(()) => {
                 *failing = false;
-                Some(lines)
+                true
             }
             Err(e) => {
                 self.dropped.fetch_add(lines, Ordering::Relaxed);
                 if !std::mem::replace(failing, true) {
                     tracing::error!(error = %e, "access lines cannot be written; dropping them");
                 }
-                None
+                false
             }
         }
     }
@@ -420,6 +473,17 @@ mod tests {
             .expect("a line saying how many were dropped");
         assert_eq!(notice["fields"]["dropped"], dropped);
         assert_eq!(notice["level"], "WARN");
+    }
+
+    /// The wall clock read through the monotonic one says what the wall
+    /// clock says (within a second: the readings are not simultaneous).
+    #[test]
+    fn the_wall_clock_from_a_monotonic_reading() {
+        let wall = super::Wall::new();
+        let ours = wall.at(Instant::now());
+        let theirs = super::Stamp::now();
+        let (a, b) = (ours.micros_since_epoch(), theirs.micros_since_epoch());
+        assert!(a.abs_diff(b) < 1_000_000, "{ours:?} against {theirs:?}");
     }
 
     /// Lines from several threads, then `stop`: every one written, once.

@@ -89,6 +89,7 @@ use tower::{Layer, Service};
 use tracing::Span;
 
 use super::response::json_error;
+use crate::access::Escaped;
 use crate::error::Error;
 use crate::telemetry::ACCESS;
 use crate::traffic::Traffic;
@@ -152,8 +153,9 @@ struct Shared {
 #[derive(Debug)]
 struct AccessRoutes {
     templates: super::templates::Templates<usize>,
-    /// Per template: the template and the resource it serves ("" if none).
-    names: Vec<(Box<str>, Box<str>)>,
+    /// Per template: the template and the resource it serves (empty if
+    /// none), escaped for the line once, here.
+    names: Vec<(Escaped, Escaped)>,
 }
 
 /// What an access line needs from the start of the request; made only
@@ -195,7 +197,10 @@ impl FrontLayer {
         let mut names = Vec::with_capacity(routes.len());
         for (i, (template, resource)) in routes.into_iter().enumerate() {
             templates.add(&template, Some(i));
-            names.push((template.into(), resource.unwrap_or_default().into()));
+            names.push((
+                Escaped::new(&template),
+                Escaped::new(resource.as_deref().unwrap_or_default()),
+            ));
         }
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.access = Some(Arc::new(AccessRoutes { templates, names }));
@@ -440,7 +445,9 @@ fn refused_target<B>(req: &Request<B>, traffic: &crate::traffic::Traffic) -> Opt
 }
 
 /// The access line of a request answered with `response`, whose id is
-/// `request_id` unless the handler set its own.
+/// `request_id` (the client's or the one made for it; a handler's own
+/// `x-request-id`, which none sets, would go to the client but not here:
+/// reading it back would cost a lookup per request).
 fn access_line(a: &Access, routes: &AccessRoutes, response: &Response, request_id: &str) {
     let Some(logger) = crate::access::global() else {
         return;
@@ -455,7 +462,7 @@ fn access_line(a: &Access, routes: &AccessRoutes, response: &Response, request_i
     let (route, resource) = a
         .route
         .and_then(|i| routes.names.get(i))
-        .map_or(("", ""), |(t, r)| (&**t, &**r));
+        .map_or((&Escaped::EMPTY, &Escaped::EMPTY), |(t, r)| (t, r));
     let cache_status = text(&CACHE_STATUS);
     let status = response.status();
     // The filter answered and nothing else was touched (`http::lookup`'s
@@ -474,10 +481,7 @@ fn access_line(a: &Access, routes: &AccessRoutes, response: &Response, request_i
         cache_status,
         resource,
         duration: now.saturating_duration_since(a.began),
-        request_id: match response.headers().get(&X_REQUEST_ID) {
-            Some(v) => v.to_str().unwrap_or_default(),
-            None => request_id,
-        },
+        request_id,
         client: a.client,
     };
     logger.log(&line, class, now);
