@@ -12,8 +12,8 @@
 //! lower modules never import higher ones.
 //!
 //! - [`http`]: the router ([`http::app`]) behind its one middleware layer
-//!   ([`http::front`]: request id, trace span, body limit, load shedding,
-//!   deadline), a resource's `GET` matched before the router
+//!   ([`http::front`]: request id, access line, trace span, body limit,
+//!   load shedding, deadline), a resource's `GET` matched before the router
 //!   ([`http::dispatch`]: a filtered key or a cache hit answered without a
 //!   future; the connection calls the app in place, not a clone), and
 //!   the one mapping from [`error::Error`] to status codes.

@@ -170,7 +170,10 @@ fn access_log_settings_are_checked_at_start_up() {
     );
     for command in ["check-config", "serve"] {
         let (ok, _, err) = bloomgate(&[command, "--config", &path], &[]);
-        assert!(!ok && err.contains("access_filtered_rate"), "{command}: {err}");
+        assert!(
+            !ok && err.contains("access_filtered_rate"),
+            "{command}: {err}"
+        );
     }
 }
 
