@@ -249,6 +249,7 @@ fn pieces(rt: &tokio::runtime::Runtime) {
         format: LogFormat::Json,
         level: "info".into(),
         access: false,
+        ..LogConfig::default()
     });
     let m = "GET";
     row("`debug_span!` while debug is off", n, |_| {

@@ -12,8 +12,8 @@
 //! lower modules never import higher ones.
 //!
 //! - [`http`]: the router ([`http::app`]) behind its one middleware layer
-//!   ([`http::front`]: request id, trace span, body limit, load shedding,
-//!   deadline), a resource's `GET` matched before the router
+//!   ([`http::front`]: request id, access line, trace span, body limit,
+//!   load shedding, deadline), a resource's `GET` matched before the router
 //!   ([`http::dispatch`]: a filtered key or a cache hit answered without a
 //!   future; the connection calls the app in place, not a clone), and
 //!   the one mapping from [`error::Error`] to status codes.
@@ -126,6 +126,12 @@
 //! - [`seed`]: demo data (and the demo schema's migrations).
 //!   [`telemetry`]: logging (reloadable filter, typed JSON fields, the
 //!   access and audit targets).
+//! - [`access`]: access lines, one per request, formatted by hand
+//!   ([`access::format`]) into the request thread's buffer and written by
+//!   one thread ([`access::writer`]: bounded, dropped lines counted, flushed
+//!   every 100 ms and at shutdown, the file reopened on SIGHUP); filtered
+//!   404s limited to `log.access_filtered_rate` a second
+//!   ([`access::sample`]).
 //!
 //! See `ARCHITECTURE.md` for a picture of the modules and who owns which
 //! invariant.
@@ -161,6 +167,7 @@
 //!    resource's filter and cache may answer at all: never longer than
 //!    `database.freshness_bound` past the last proof that they are complete.
 
+pub mod access;
 pub mod apply;
 pub mod auth;
 pub mod budget;

@@ -3,8 +3,9 @@
 //! What is rendered comes from the components' snapshots (see
 //! [`crate::exposition`]), passed in by the caller: this module knows no
 //! component. It adds what belongs to the process rather than to a
-//! gateway: `bloomgate_build_info` and the standard `process_*` metrics,
-//! read from `/proc` (Linux) at each scrape.
+//! gateway: `bloomgate_build_info`, the standard `process_*` metrics,
+//! read from `/proc` (Linux) at each scrape, and the process's access log
+//! (`bloomgate_access_lines_*`, [`crate::access`]).
 
 use crate::exposition::{Expose, Exposition};
 
@@ -25,6 +26,7 @@ impl Metrics {
             &[("version", VERSION), ("commit", COMMIT)],
         );
         process(&mut out);
+        crate::access::stats().expose(&[], &mut out);
         parts.expose(&[], &mut out);
         out.render()
     }

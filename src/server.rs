@@ -4,15 +4,18 @@
 //! `accept_loop` and the `conn` module).
 //!
 //! # Signals (the binary, [`run`])
-//! - SIGHUP never stops the process: the config file is read again and
-//!   what can change safely while serving is applied (the log filter,
-//!   `log.level` and `log.access`; the admin token from
+//! - SIGHUP never stops the process: `log.access_file` is opened again
+//!   (logrotate's `postrotate`, whatever the config file now says), then
+//!   the config file is read again and what can change safely while
+//!   serving is applied (the log filter, `log.level` and `log.access`;
+//!   `log.access_filtered_rate`; the admin token from
 //!   `admin.token_file`); a file that does not load leaves everything as
 //!   it was, and other changed settings are said to need a restart.
 //! - SIGTERM: `/readyz` answers 503 for `server.shutdown_drain` while
 //!   requests are still served (a load balancer takes the gateway out of
 //!   rotation), then the listeners stop and shutdown proceeds within
-//!   `server.shutdown_timeout`. SIGINT (Ctrl-C) skips the drain.
+//!   `server.shutdown_timeout`; the access lines of every request answered
+//!   are written before [`run`] returns. SIGINT (Ctrl-C) skips the drain.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -49,6 +52,9 @@ pub enum ServeError {
     Join(#[from] tokio::task::JoinError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// The access log could not be set up (`log.access_file`).
+    #[error("{0}")]
+    AccessLog(String),
 }
 
 /// The admin listener and its token, when one is configured.
@@ -82,6 +88,16 @@ pub async fn run(
     // First: until a handler is installed, SIGHUP's default action ends
     // the process.
     let hangups = hangup_signals();
+    let access = match crate::access::Logger::from_config(&config.log) {
+        Ok(logger) => crate::access::install(logger).unwrap_or_else(|mine| {
+            // Installed already (a second `run` in one process): that one
+            // stays, this one ends.
+            mine.stop(Duration::from_secs(1));
+            crate::access::global().expect("installed")
+        }),
+        Err(e) => return Err(ServeError::AccessLog(e)),
+    };
+    let flush_within = config.server.shutdown_timeout;
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         config = %redacted_json(&config),
@@ -128,6 +144,15 @@ pub async fn run(
     };
     let served = serve_with(gateway, listener, admin, shutdown, Some(tokens_rx)).await;
     stop_tasks.fire();
+    // Every request is answered (or was dropped at the deadline): their
+    // lines are written before the process exits.
+    let stopped = tokio::task::spawn_blocking(move || access.stop(flush_within)).await;
+    if !matches!(stopped, Ok(true)) {
+        tracing::warn!(
+            "access lines not all written within server.shutdown_timeout: their destination \
+             is stuck"
+        );
+    }
     served
 }
 
@@ -194,6 +219,13 @@ async fn reload_on_hangup(
             () = shutdown.fired() => return,
             () = next_hangup(&mut hangups) => {}
         }
+        // First and whatever the config file holds: logrotate moved the
+        // file and waits for nothing else.
+        if let Some(access) = crate::access::global()
+            && gateway.config.log.access_file.is_some()
+        {
+            access.reopen();
+        }
         let Some(path) = &path else {
             tracing::info!("SIGHUP: no config file to reload");
             continue;
@@ -211,6 +243,9 @@ async fn reload_on_hangup(
         match crate::telemetry::reload(&new.log) {
             Ok(filter) => tracing::info!(filter, "SIGHUP: log filter reloaded"),
             Err(e) => tracing::error!(error = %e, "SIGHUP: log filter not reloaded"),
+        }
+        if let Some(access) = crate::access::global() {
+            access.set_filtered_rate(new.log.access_filtered_rate);
         }
         match new.admin.token() {
             Ok(Some(token)) if admin_on => {
@@ -231,7 +266,8 @@ async fn reload_on_hangup(
         if needs_restart(&gateway.config, &new) {
             tracing::warn!(
                 "SIGHUP: other settings changed; they take effect at the next restart \
-                 (only the log filter and the admin token are reloaded)"
+                 (only the log filter, log.access_filtered_rate and the admin token are \
+                 reloaded)"
             );
         }
     }
@@ -242,7 +278,9 @@ fn needs_restart(old: &Config, new: &Config) -> bool {
     let mut a = old.clone();
     let mut b = new.clone();
     for c in [&mut a, &mut b] {
-        c.log = Default::default();
+        c.log.level = String::new();
+        c.log.access = false;
+        c.log.access_filtered_rate = Default::default();
         c.admin.token_file = None;
     }
     a.to_redacted_toml() != b.to_redacted_toml()

@@ -9,8 +9,10 @@
 //! interval, with how many it left out.
 //!
 //! # Targets
-//! - `bloomgate::access`: one line per request and the `request` span that
-//!   puts its id on every line logged inside it (`log.access`);
+//! - `bloomgate::access`: the switch of the access lines (`log.access`);
+//!   the lines themselves are written by [`crate::access`], outside this
+//!   subscriber, and the `request` span that puts a waiting request's id
+//!   on every line logged inside it is this target's;
 //! - `bloomgate::audit`: admin actions and refused admin tokens;
 //! - sqlx's per-statement lines are off at the source (`db::tls`), and
 //!   Postgres's notices (`relation already exists, skipping`: migration
@@ -39,7 +41,7 @@ use tracing_subscriber::{EnvFilter, Registry, reload};
 
 use crate::config::{LogConfig, LogFormat};
 
-/// The target of access lines and of the per-request span.
+/// The target of access lines (their switch) and of the per-request span.
 pub const ACCESS: &str = "bloomgate::access";
 /// The target of audit lines (admin actions, refused admin tokens).
 pub const AUDIT: &str = "bloomgate::audit";

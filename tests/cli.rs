@@ -145,6 +145,38 @@ fn bad_configs_fail_naming_file_key_and_problem() {
     );
 }
 
+/// An access file that cannot be opened stops `serve` before it listens,
+/// naming the key; a bad `log.access_filtered_rate` stops both commands.
+#[test]
+fn access_log_settings_are_checked_at_start_up() {
+    let dir = tempdir();
+    let path = write_config(
+        &dir,
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[log]\naccess_file = \"{}\"\n{RESOURCE}",
+            dir.join("no-such-dir/access.log").display()
+        ),
+    );
+    let (ok, _, err) = bloomgate(&["serve", "--config", &path], &[]);
+    assert!(!ok, "serve started");
+    assert!(
+        err.contains("log.access_file") && err.contains("no-such-dir/access.log"),
+        "{err}"
+    );
+    assert!(!err.contains("listening"), "{err}");
+    let path = write_config(
+        &dir,
+        &format!("[log]\naccess_filtered_rate = \"often\"\n{RESOURCE}"),
+    );
+    for command in ["check-config", "serve"] {
+        let (ok, _, err) = bloomgate(&[command, "--config", &path], &[]);
+        assert!(
+            !ok && err.contains("access_filtered_rate"),
+            "{command}: {err}"
+        );
+    }
+}
+
 fn tempdir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "bloomgate-cli-{}-{:x}",

@@ -51,7 +51,7 @@ pub use bus::BusConfig;
 pub use cache::{CacheBound, CacheConfig, CacheOverrides, DEFAULT_MAX_BYTES};
 pub use database::{DatabaseConfig, Freshness, redact_url};
 pub use filter::{FilterConfig, FilterOverrides};
-pub use log::{LogConfig, LogFormat};
+pub use log::{FilteredRate, LogConfig, LogFormat};
 pub use resource::{KeyType, Resolved, ResourceConfig};
 pub use server::{DEFAULT_MAX_HEADERS, ReadinessPolicy, ServerConfig};
 
@@ -237,6 +237,7 @@ impl Config {
         self.server.validate()?;
         self.admin.validate(&self.server)?;
         self.database.validate()?;
+        self.log.validate()?;
         self.filter.validate("filter")?;
         self.cache.validate("cache")?;
         self.auth.validate()?;

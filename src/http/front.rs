@@ -3,15 +3,20 @@
 //!
 //! 1. **Request id.** The client's `x-request-id` if it sent one, else a new
 //!    UUID v4; the response carries it (unless the handler set its own).
-//! 2. **Trace span and access line.** With access lines on (`log.access`,
-//!    the target `bloomgate::access` at INFO): a `request` span holding the
-//!    id, so every line logged inside the request carries it, and one
-//!    access line when the response is ready (method, route template,
-//!    status, `Cache-Status`, resource, duration, request id, client
-//!    address). Otherwise `request` at DEBUG with method, path and id, and
-//!    one DEBUG event with status and latency; neither built, no clock read
-//!    and nothing allocated while both are off (one cached check of the
-//!    target's level per request).
+//! 2. **Access line and trace span.** With access lines on (`log.access`,
+//!    the target `bloomgate::access` at INFO, and the process's
+//!    [`crate::access`] logger installed): one access line when the
+//!    response is ready (method, route template, status, `Cache-Status`,
+//!    resource, duration, request id, client address), handed to the
+//!    access logger, which formats it without allocating and writes it on
+//!    its own thread. A request that waits (its handler is pending: a row
+//!    load) gets a `request` span holding the id from then on, so every
+//!    line logged while it waits carries it; a hit or a filtered 404,
+//!    answered at once and logging nothing, gets none (a span costs more
+//!    than the line). With access lines off: `request` at DEBUG with
+//!    method, path and id, and one DEBUG event with status and latency;
+//!    neither built, no clock read and nothing allocated while both are
+//!    off (one cached check of the target's level per request).
 //! 3. **Body limit.** A request declaring a body over `server.max_body_bytes`
 //!    gets 413 before any other work. Bodies are never read (every route is
 //!    a GET), so a smaller one is simply ignored.
@@ -84,6 +89,7 @@ use tower::{Layer, Service};
 use tracing::Span;
 
 use super::response::json_error;
+use crate::access::Escaped;
 use crate::error::Error;
 use crate::telemetry::ACCESS;
 use crate::traffic::Traffic;
@@ -147,30 +153,20 @@ struct Shared {
 #[derive(Debug)]
 struct AccessRoutes {
     templates: super::templates::Templates<usize>,
-    /// Per template: the template and the resource it serves ("" if none).
-    names: Vec<(Box<str>, Box<str>)>,
+    /// Per template: the template and the resource it serves (empty if
+    /// none), escaped for the line once, here.
+    names: Vec<(Escaped, Escaped)>,
 }
 
-/// What an access line needs from the start of the request; made (and
-/// allocated) only while access lines are on.
+/// What an access line needs from the start of the request; made only
+/// while access lines are on, and kept in the response future (no box).
+/// The route templates are read from the layer's shared state when the
+/// line is written (the in-flight slot holds it), not counted per request.
 struct Access {
     began: std::time::Instant,
     method: axum::http::Method,
     route: Option<usize>,
     client: Option<std::net::IpAddr>,
-    routes: Arc<AccessRoutes>,
-}
-
-/// A client address, or nothing, as a log field.
-struct Client(Option<std::net::IpAddr>);
-
-impl std::fmt::Display for Client {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0 {
-            Some(ip) => ip.fmt(f),
-            None => Ok(()),
-        }
-    }
 }
 
 impl FrontLayer {
@@ -201,7 +197,10 @@ impl FrontLayer {
         let mut names = Vec::with_capacity(routes.len());
         for (i, (template, resource)) in routes.into_iter().enumerate() {
             templates.add(&template, Some(i));
-            names.push((template.into(), resource.unwrap_or_default().into()));
+            names.push((
+                Escaped::new(&template),
+                Escaped::new(resource.as_deref().unwrap_or_default()),
+            ));
         }
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.access = Some(Arc::new(AccessRoutes { templates, names }));
@@ -318,19 +317,23 @@ fn start<B, F>(
             .insert(crate::auth::peer::PeerAddr(peer));
     }
     let access = match &shared.access {
-        Some(routes) if tracing::enabled!(target: ACCESS, tracing::Level::INFO) => {
-            Some(Box::new(Access {
+        Some(routes)
+            if tracing::enabled!(target: ACCESS, tracing::Level::INFO)
+                && crate::access::global().is_some() =>
+        {
+            Some(Access {
                 began: std::time::Instant::now(),
                 method: req.method().clone(),
                 route: routes.templates.find(req.uri().path()).copied(),
                 client: crate::auth::peer::current(),
-                routes: routes.clone(),
-            }))
+            })
         }
         _ => None,
     };
+    // With access lines on, the `request` span is made only if the request
+    // waits (see the module doc).
     let span = if access.is_some() {
-        tracing::info_span!(target: ACCESS, "request", id = id.to_str().unwrap_or_default())
+        Span::none()
     } else {
         tracing::debug_span!(
             "request",
@@ -382,9 +385,18 @@ fn start<B, F>(
         State::Running {
             inner,
             sleep: None,
-            slot,
+            slot: Some(slot),
         }
     };
+    // Refused before any handler: the line now, while the layer's route
+    // templates are at hand (the future holds no reference to them).
+    let mut access = access;
+    if let State::Ready { response: Some(r) } = &state
+        && let Some(routes) = &shared.access
+        && let Some(a) = access.take()
+    {
+        access_line(&a, routes, r, id.to_str().unwrap_or_default());
+    }
     FrontFuture {
         state,
         id: Some(id),
@@ -432,8 +444,14 @@ fn refused_target<B>(req: &Request<B>, traffic: &crate::traffic::Traffic) -> Opt
     None
 }
 
-/// The access line of a request answered with `response`.
-fn access_line(a: &Access, response: &Response) {
+/// The access line of a request answered with `response`, whose id is
+/// `request_id` (the client's or the one made for it; a handler's own
+/// `x-request-id`, which none sets, would go to the client but not here:
+/// reading it back would cost a lookup per request).
+fn access_line(a: &Access, routes: &AccessRoutes, response: &Response, request_id: &str) {
+    let Some(logger) = crate::access::global() else {
+        return;
+    };
     let text = |name: &HeaderName| {
         response
             .headers()
@@ -443,23 +461,35 @@ fn access_line(a: &Access, response: &Response) {
     };
     let (route, resource) = a
         .route
-        .and_then(|i| a.routes.names.get(i))
-        .map_or(("", ""), |(t, r)| (&**t, &**r));
-    tracing::info!(
-        target: ACCESS,
-        method = a.method.as_str(),
+        .and_then(|i| routes.names.get(i))
+        .map_or((&Escaped::EMPTY, &Escaped::EMPTY), |(t, r)| (t, r));
+    let cache_status = text(&CACHE_STATUS);
+    let status = response.status();
+    // The filter answered and nothing else was touched (`http::lookup`'s
+    // `filter-absent`): the one answer an attack can have at any rate, so
+    // its lines are limited (`log.access_filtered_rate`).
+    let class = if status == StatusCode::NOT_FOUND && cache_status.ends_with(FILTER_ABSENT) {
+        crate::access::Class::Filtered
+    } else {
+        crate::access::Class::Every
+    };
+    let now = std::time::Instant::now();
+    let line = crate::access::Line {
+        method: a.method.as_str(),
         route,
-        status = response.status().as_u16(),
-        cache_status = text(&CACHE_STATUS),
+        status: status.as_u16(),
+        cache_status,
         resource,
-        duration_ms = a.began.elapsed().as_secs_f64() * 1e3,
-        request_id = text(&X_REQUEST_ID),
-        client = %Client(a.client),
-        "request"
-    );
+        duration: now.saturating_duration_since(a.began),
+        request_id,
+        client: a.client,
+    };
+    logger.log(&line, class, now);
 }
 
 static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+/// The end of a filtered 404's `Cache-Status` (`http::lookup`).
+const FILTER_ABSENT: &str = "detail=filter-absent";
 
 fn declared_body<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
@@ -479,9 +509,10 @@ pin_project! {
             // Armed on the first poll that finds the handler pending.
             #[pin]
             sleep: Option<Sleep>,
-            // Also where a timeout is counted: the future holds no other
-            // reference to the shared state.
-            slot: Slot,
+            // Also where a timeout is counted and where the access line
+            // finds the route templates: the future holds no other
+            // reference to the shared state. Taken when answered.
+            slot: Option<Slot>,
         },
         Ready { response: Option<Response> },
     }
@@ -495,7 +526,7 @@ pin_project! {
         span: Span,
         began: Option<std::time::Instant>,
         timeout: Option<Duration>,
-        access: Option<Box<Access>>,
+        access: Option<Access>,
     }
 }
 
@@ -507,17 +538,29 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let _entered = (!this.span.is_disabled()).then(|| this.span.enter());
-        let mut response = match this.state.as_mut().project() {
-            StateProj::Ready { response } => response.take().expect("polled after completion"),
+        let _entered = (!this.span.is_disabled()).then(|| this.span.clone().entered());
+        let (mut response, slot) = match this.state.as_mut().project() {
+            StateProj::Ready { response } => {
+                (response.take().expect("polled after completion"), None)
+            }
             StateProj::Running {
                 inner,
                 mut sleep,
                 slot,
             } => match inner.poll(cx) {
-                Poll::Ready(Ok(response)) => response,
+                Poll::Ready(Ok(response)) => (response, slot.take()),
                 Poll::Ready(Err(never)) => match never {},
                 Poll::Pending => {
+                    if this.access.is_some() && this.span.is_none() {
+                        // It waits: from now on, lines logged inside it
+                        // carry its id.
+                        let id = this.id.as_ref().and_then(|v| v.to_str().ok());
+                        *this.span = tracing::info_span!(
+                            target: ACCESS,
+                            "request",
+                            id = id.unwrap_or_default()
+                        );
+                    }
                     let Some(timeout) = *this.timeout else {
                         return Poll::Pending;
                     };
@@ -526,19 +569,32 @@ where
                     }
                     let sleep = sleep.as_pin_mut().expect("armed above");
                     ready!(sleep.poll(cx));
-                    let traffic = slot.0.counters.traffic.clone();
-                    traffic.timeouts.fetch_add(1, Ordering::Relaxed);
+                    let slot = slot.take();
+                    if let Some(s) = &slot {
+                        s.0.counters
+                            .traffic
+                            .timeouts
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     DROPPING_FOR_DEADLINE.with(|d| d.set(true));
                     this.state.set(State::Ready { response: None });
                     DROPPING_FOR_DEADLINE.with(|d| d.set(false));
-                    Error::Timeout.into_response()
+                    (Error::Timeout.into_response(), slot)
                 }
             },
         };
-        // Answered: the handler's future and the slot go now, not when
-        // whoever polled this drops it.
+        // Answered: the handler's future goes now, not when whoever polled
+        // this drops it; the slot once the line is written.
         this.state.set(State::Ready { response: None });
-        if let Some(id) = this.id.take() {
+        let id = this.id.take();
+        if let (Some(a), Some(slot)) = (this.access.take(), &slot)
+            && let Some(routes) = &slot.0.access
+        {
+            let id = id.as_ref().and_then(|v| v.to_str().ok());
+            access_line(&a, routes, &response, id.unwrap_or_default());
+        }
+        drop(slot);
+        if let Some(id) = id {
             response.headers_mut().entry(&X_REQUEST_ID).or_insert(id);
         }
         if let Some(began) = this.began {
@@ -547,9 +603,6 @@ where
                 latency_ms = began.elapsed().as_secs_f64() * 1e3,
                 "finished processing request"
             );
-        }
-        if let Some(a) = this.access.take() {
-            access_line(&a, &response);
         }
         Poll::Ready(Ok(response))
     }
