@@ -33,8 +33,11 @@ pub struct ServerConfig {
     pub shutdown_timeout: Duration,
     /// On SIGTERM, how long `/readyz` answers 503 while requests are still
     /// served, before the listeners stop accepting: a load balancer or
-    /// Kubernetes takes the gateway out of rotation first. Then shutdown
-    /// proceeds within `shutdown_timeout`. `0s` stops at once. Default `5s`.
+    /// Kubernetes takes the gateway out of rotation first. Meanwhile every
+    /// HTTP/1 answer says `Connection: close` and HTTP/2 connections get a
+    /// GOAWAY, so pooled connections leave after an answer instead of
+    /// meeting the close under a request. Then shutdown proceeds within
+    /// `shutdown_timeout`. `0s` stops at once. Default `5s`.
     #[serde(with = "humantime_serde")]
     pub shutdown_drain: Duration,
     /// A new connection must have sent its first request (a complete

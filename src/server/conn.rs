@@ -435,6 +435,13 @@ where
     let mut draining = false;
     let tick = dog.limits.header_read.min(dog.limits.idle).max(MIN_TICK);
     loop {
+        // Looked at before the connection is polled, so that a connection
+        // accepted during the drain says `Connection: close` in its first
+        // answer.
+        if !draining && *drain.borrow() {
+            draining = true;
+            dog.draining.store(true, Ordering::Relaxed);
+        }
         // An HTTP/2 connection whose protocol was not known when the drain
         // began (no request yet) gets its GOAWAY once it is.
         if draining && !shutting_down && dog.http2() {

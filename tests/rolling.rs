@@ -1,0 +1,173 @@
+//! A gateway shut down under pooled keep-alive connections, as a load
+//! balancer's upstream pool or a service mesh holds them (SIGTERM, then
+//! `server.shutdown_drain`): the drain asks each client to leave with its
+//! next answer (`Connection: close`), so no request sent on a kept-alive
+//! connection meets the close when the listeners stop. The clients here
+//! are raw HTTP/1.1 over TCP, so nothing retries a request for them.
+
+#[path = "common/binary.rs"]
+mod binary;
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use binary::*;
+use common::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// What the clients saw.
+#[derive(Default)]
+struct Tally {
+    answered: AtomicU64,
+    /// Answers that said `Connection: close`.
+    told_to_leave: AtomicU64,
+    /// Requests sent on a connection that had answered before, which then
+    /// closed without an answer: the request lost.
+    lost: std::sync::Mutex<Vec<String>>,
+    /// Answers other than 200.
+    not_ok: std::sync::Mutex<Vec<String>>,
+}
+
+/// One answer on `conn`: `None` when the connection ended first; else
+/// the head (lower-cased) and whether it said `Connection: close`.
+async fn exchange(conn: &mut TcpStream, path: &str) -> Option<(String, bool)> {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: gateway\r\n\r\n");
+    conn.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let close = head.lines().any(|l| l.trim() == "connection: close");
+    Some((head, close))
+}
+
+/// Asks for rows on kept-alive connections until `done`: a new
+/// connection whenever the gateway says `Connection: close` or closes one.
+async fn client(addr: SocketAddr, tally: Arc<Tally>, done: Arc<AtomicBool>, seed: u64) {
+    let mut k = seed;
+    while !done.load(Ordering::Relaxed) {
+        let Ok(mut conn) = TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        };
+        let mut answered_here = 0u64;
+        loop {
+            k = k % 10 + 1;
+            let path = format!("/users/{k}");
+            match exchange(&mut conn, &path).await {
+                None => {
+                    if answered_here > 0 {
+                        tally.lost.lock().unwrap().push(format!(
+                            "{path}: the connection closed under it after {answered_here} answers"
+                        ));
+                    }
+                    break;
+                }
+                Some((head, close)) => {
+                    answered_here += 1;
+                    tally.answered.fetch_add(1, Ordering::Relaxed);
+                    if !head.starts_with("http/1.1 200") {
+                        let status = head.lines().next().unwrap_or_default().to_string();
+                        tally
+                            .not_ok
+                            .lock()
+                            .unwrap()
+                            .push(format!("{path}: {status}"));
+                    }
+                    if close {
+                        tally.told_to_leave.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+            if done.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+    }
+}
+
+/// Sixteen pooled connections asking without pause; SIGTERM. During the
+/// drain each is told to leave with an answer, and no request sent on a
+/// connection that had answered before goes unanswered; the process then
+/// exits 0.
+#[tokio::test]
+async fn a_drain_under_pooled_connections_loses_no_request() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let dir = tempdir();
+    let config = write_config(&dir, &db.url, "level = \"info\"\naccess = false", TOKEN_A);
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("shutdown_drain = \"30s\"", "shutdown_drain = \"2s\"");
+    std::fs::write(&config, text).unwrap();
+    let mut gw = Running::start(&config, &[]);
+    let addr = gw.addr(false).await;
+    wait_ready(addr, || gw.log()).await;
+
+    let tally = Arc::new(Tally::default());
+    let done = Arc::new(AtomicBool::new(false));
+    const CONNECTIONS: u64 = 16;
+    let clients: Vec<_> = (0..CONNECTIONS)
+        .map(|i| tokio::spawn(client(addr, tally.clone(), done.clone(), i)))
+        .collect();
+    eventually("every connection answered a few times", || async {
+        tally.answered.load(Ordering::Relaxed) > 20 * CONNECTIONS
+    })
+    .await;
+    assert_eq!(
+        tally.told_to_leave.load(Ordering::Relaxed),
+        0,
+        "nobody is told to leave before the drain"
+    );
+    gw.signal("TERM");
+    assert!(gw.exited().await.success(), "{}", gw.log());
+    done.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let lost = tally.lost.lock().unwrap().clone();
+    let not_ok = tally.not_ok.lock().unwrap().clone();
+    let told = tally.told_to_leave.load(Ordering::Relaxed);
+    eprintln!(
+        "{} answered, {told} told to leave, {} lost",
+        tally.answered.load(Ordering::Relaxed),
+        lost.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "{} requests lost on kept-alive connections: {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
+    assert!(not_ok.is_empty(), "{not_ok:?}");
+    assert!(
+        told >= CONNECTIONS,
+        "each pooled connection told to leave during the drain: {told}"
+    );
+}
