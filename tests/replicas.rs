@@ -451,7 +451,8 @@ impl Drop for Restart {
     }
 }
 
-/// A gateway served on `listener` until the returned sender fires.
+/// A gateway served on `listener` until the returned sender fires; then it
+/// drains for 1 s (as `server::run` does on SIGTERM) and stops.
 fn serve_on(
     gw: &Arc<Gateway>,
     listener: tokio::net::TcpListener,
@@ -460,12 +461,15 @@ fn serve_on(
     tokio::task::JoinHandle<Result<(), bloomgate::server::ServeError>>,
 ) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let draining = gw.clone();
     let task = tokio::spawn(bloomgate::server::serve(
         gw.clone(),
         listener,
         None,
-        async {
+        async move {
             let _ = stopped.await;
+            draining.begin_drain();
+            tokio::time::sleep(Duration::from_secs(1)).await;
         },
     ));
     (stop, task)
@@ -481,7 +485,8 @@ struct Nginx {
 }
 
 impl Nginx {
-    fn start(upstreams: [u16; 2]) -> Self {
+    /// The shipped file names two gateways; a third is added after them.
+    fn start(upstreams: [u16; 3]) -> Self {
         let dir = std::env::temp_dir().join(format!("bloomgate-nginx-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -496,7 +501,13 @@ impl Nginx {
         let snippet = std::fs::read_to_string("deploy/nginx-fleet.conf")
             .unwrap()
             .replace("gateway-a:8080", &format!("127.0.0.1:{}", upstreams[0]))
-            .replace("gateway-b:8080", &format!("127.0.0.1:{}", upstreams[1]))
+            .replace(
+                "server gateway-b:8080 max_fails=0;",
+                &format!(
+                    "server 127.0.0.1:{} max_fails=0;\n    server 127.0.0.1:{} max_fails=0;",
+                    upstreams[1], upstreams[2]
+                ),
+            )
             .replace("listen 8080;", &format!("listen 127.0.0.1:{port};"));
         let conf = format!(
             "daemon off;\nuser root;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
@@ -528,14 +539,15 @@ impl Drop for Nginx {
     }
 }
 
-/// Two gateways behind nginx; a client asks without pause while each
-/// gateway in turn is shut down and a new one started on its port (a
+/// Three gateways behind nginx; a client asks without pause while each
+/// gateway in turn drains (as on SIGTERM: `/readyz` 503, every answer
+/// `Connection: close`), shuts down, and a new one starts on its port (a
 /// rolling restart): no request fails at the load balancer.
 #[tokio::test]
 async fn a_rolling_restart_behind_nginx_fails_no_request() {
     let _one = ONE_AT_A_TIME.lock().await;
     let (db, _replica, extra) = setup(500).await;
-    let mut ports = [0u16; 2];
+    let mut ports = [0u16; 3];
     let mut running = Vec::new();
     for p in &mut ports {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
