@@ -18,6 +18,13 @@
 //!   install-triggers`, run once by the tables' owner);
 //! - `queue` also: the change table owned by this role (or created by it).
 //!
+//! With `bus.url` (the WAL feed through the bus): Redis answers the
+//! relay's script as the configured user (through the sentinels, with
+//! `bus.sentinels`); the bus's slot, if it exists, is not invalidated; and
+//! the primary has room for the relay's walsender and slot plus the
+//! `bus.max_direct_fallback` gateways that may follow the WAL themselves
+//! while the bus is down (`max_wal_senders`, `max_replication_slots`).
+//!
 //! Nothing is changed. The statements are printed for an administrator to
 //! run; the exit status is 1 while anything is missing.
 
@@ -217,7 +224,12 @@ async fn check(pool: &PgPool, config: &Config, r: &mut Report) -> Result<(), sql
         Freshness::Off | Freshness::Auto => {
             r.ok("change feed off: nothing more is needed".into());
         }
-        Freshness::Wal => wal(&mut conn, config, &role, &watch, r).await?,
+        Freshness::Wal => {
+            wal(&mut conn, config, &role, &watch, r).await?;
+            if config.bus.url.is_some() {
+                bus(&mut conn, config, r).await?;
+            }
+        }
         Freshness::Notify => {
             trigger_feed(&mut conn, config, &role, &watch, Sink::Notify, r).await?
         }
@@ -434,6 +446,106 @@ async fn wal(
     }
     for p in identity {
         r.missing(p);
+    }
+    Ok(())
+}
+
+/// The bus's needs (see the module doc).
+async fn bus(conn: &mut PgConnection, config: &Config, r: &mut Report) -> Result<(), sqlx::Error> {
+    use crate::feed::bus::Bus;
+    let b = &config.bus;
+    let shown = b.shown().unwrap_or_default();
+    let sentinels = b
+        .sentinel_master
+        .as_ref()
+        .map(|m| crate::feed::bus::redis::Sentinels {
+            urls: b.sentinels.clone(),
+            master: m.clone(),
+        });
+    let tls = crate::feed::bus::redis::TlsFiles {
+        ca_file: b.ca_file.clone(),
+        cert_file: b.cert_file.clone(),
+        key_file: b.key_file.clone(),
+    };
+    // The relay's script on a key of its own: EVAL, EXISTS and XINFO as
+    // the configured user, nothing written.
+    let probe = crate::feed::bus::redis::RedisBus::with_sentinels(
+        b.url.as_deref().unwrap_or_default(),
+        sentinels.as_ref(),
+        &tls,
+        format!("{}:preflight", b.prefix),
+        crate::feed::Timeline { system: 0, id: 1 },
+        b.retention,
+    );
+    let answered = match probe {
+        Err(e) => Err(e.to_string()),
+        Ok(mut bus) => match tokio::time::timeout(Duration::from_secs(10), bus.head()).await {
+            Err(_) => Err("no answer within 10 s".into()),
+            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
+        },
+    };
+    match answered {
+        Ok(()) => r.ok(format!("bus: Redis answers the relay's script ({shown})")),
+        Err(e) => r.missing(format!(
+            "bus: Redis ({shown}): {e}; until it answers every gateway follows the WAL itself (at most bus.max_direct_fallback of them) or nothing"
+        )),
+    }
+    let slot: Option<(Option<String>, bool)> =
+        sqlx::query_as("SELECT wal_status, active FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&b.slot)
+            .fetch_optional(&mut *conn)
+            .await?;
+    match &slot {
+        None => r.ok(format!(
+            "bus.slot {:?}: created by the first relay (REPLICATION)",
+            b.slot
+        )),
+        Some((Some(status), _)) if status == "lost" => {
+            r.missing(format!(
+                "bus.slot {:?} was invalidated (max_slot_wal_keep_size): the relay cannot use it",
+                b.slot
+            ));
+            // A slot name is lower-case letters, digits and `_` (config).
+            r.statement(format!("SELECT pg_drop_replication_slot('{}')", b.slot));
+        }
+        Some((_, active)) => r.ok(format!(
+            "bus.slot {:?} exists ({})",
+            b.slot,
+            if *active { "a relay holds it" } else { "free" }
+        )),
+    }
+    // Room for the relay, and for the fall-back's walsenders and temporary
+    // slots, beside what the primary serves already.
+    let (senders, slots, used_senders, used_slots): (i32, i32, i64, i64) = sqlx::query_as(
+        "SELECT current_setting('max_wal_senders')::int,
+                current_setting('max_replication_slots')::int,
+                (SELECT count(*) FROM pg_stat_replication),
+                (SELECT count(*) FROM pg_replication_slots)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let relay_senders = i64::from(!matches!(slot, Some((_, true))));
+    let relay_slots = i64::from(slot.is_none());
+    let fallback = i64::from(b.max_direct_fallback);
+    let need_senders = used_senders + relay_senders + fallback;
+    let need_slots = used_slots + relay_slots + fallback;
+    if need_senders <= i64::from(senders) && need_slots <= i64::from(slots) {
+        r.ok(format!(
+            "room for the relay and bus.max_direct_fallback = {fallback}: max_wal_senders {senders} ({used_senders} in use), max_replication_slots {slots} ({used_slots} in use)"
+        ));
+    } else {
+        r.missing(format!(
+            "no room for the relay and bus.max_direct_fallback = {fallback} walsenders: {need_senders} needed of max_wal_senders {senders}, {need_slots} of max_replication_slots {slots}"
+        ));
+        r.statement(format!(
+            "ALTER SYSTEM SET max_wal_senders = {}",
+            need_senders.max(i64::from(senders)) + 2
+        ));
+        r.statement(format!(
+            "ALTER SYSTEM SET max_replication_slots = {}",
+            need_slots.max(i64::from(slots)) + 2
+        ));
+        r.step("restart PostgreSQL for max_wal_senders and max_replication_slots (or lower bus.max_direct_fallback)".into());
     }
     Ok(())
 }

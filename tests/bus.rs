@@ -1000,3 +1000,57 @@ async fn a_consumer_falling_back_serves_nothing_the_bus_left_stale() {
     drop(redis);
     fleet.drop_slot(&db).await;
 }
+
+/// `bloomgate preflight` with a bus: Redis answers the relay's script,
+/// the slot, and room on the primary for the relay and the fall-back's
+/// walsenders; each missing piece named, with the statement that fixes it.
+#[tokio::test]
+async fn preflight_checks_the_bus() {
+    let mut redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let config = fleet.config(&db, &redis);
+    let report = bloomgate::preflight::run(&config).await.to_string();
+    assert!(
+        report.contains("ok      bus: Redis answers the relay's script"),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "ok      bus.slot \"{}\": created by the first relay",
+            fleet.slot
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains("ok      room for the relay and bus.max_direct_fallback = 2"),
+        "{report}"
+    );
+
+    let mut greedy = config.clone();
+    greedy.bus.max_direct_fallback = 1000;
+    let report = bloomgate::preflight::run(&greedy).await;
+    let text = report.to_string();
+    assert!(!report.passed());
+    assert!(
+        text.contains("MISSING no room for the relay and bus.max_direct_fallback = 1000"),
+        "{text}"
+    );
+    assert!(
+        report
+            .statements()
+            .iter()
+            .any(|s| s.starts_with("ALTER SYSTEM SET max_wal_senders = ")),
+        "{text}"
+    );
+
+    redis.kill();
+    let report = bloomgate::preflight::run(&config).await;
+    let text = report.to_string();
+    assert!(!report.passed());
+    assert!(
+        text.contains("MISSING bus: Redis (redis://127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains("connection refused"), "{text}");
+}
