@@ -120,7 +120,9 @@ pub struct DatabaseConfig {
     /// `feed`). Past it (a hung connection, a cut network, a feed far
     /// behind) keys are looked up in the database instead: a row committed
     /// longer ago than this is never answered 404 or old. At least `500ms`
-    /// and four poll intervals. Default `2s`.
+    /// and four poll intervals; on the WAL feeds also above three of the
+    /// primary's `wal_writer_delay` (checked at start-up, see
+    /// `db::position::async_commit_lag`). Default `2s`.
     #[serde(with = "humantime_serde")]
     pub freshness_bound: Duration,
 }

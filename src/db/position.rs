@@ -192,6 +192,33 @@ const READ: &str = concat!(
      FROM (SELECT pg_current_wal_flush_lsn() AS l) f"
 );
 
+/// How long a commit made with `synchronous_commit = off` may be visible
+/// to other sessions before its WAL is flushed: three `wal_writer_delay`s,
+/// PostgreSQL's documented maximum ("Asynchronous Commit"). Logical
+/// decoding reads flushed WAL only, so a reading of the flush position at
+/// moment `m` covers every commit visible at `m` minus this, not at `m`:
+/// an asynchronous commit visible then may lie past it. The WAL feeds
+/// (and the bus's consumers) therefore date each proof this much earlier
+/// ([`proof_moment`]): 600 ms with the default 200 ms, and no staleness
+/// from asynchronous commits beyond `database.freshness_bound`.
+pub async fn async_commit_lag(conn: &mut PgConnection) -> Result<std::time::Duration, sqlx::Error> {
+    let ms: i64 =
+        sqlx::query_scalar("SELECT setting::int8 FROM pg_settings WHERE name = 'wal_writer_delay'")
+            .fetch_one(conn)
+            .await?;
+    Ok(std::time::Duration::from_millis(3 * ms.max(0) as u64))
+}
+
+/// The moment a reading of the flush position taken at `read` proves
+/// every commit visible by (see [`async_commit_lag`]); `None` where the
+/// clock cannot go back that far (just after boot).
+pub fn proof_moment(
+    read: std::time::Instant,
+    lag: std::time::Duration,
+) -> Option<std::time::Instant> {
+    read.checked_sub(lag)
+}
+
 /// The timeline in a WAL file name (`TTTTTTTTXXXXXXXXYYYYYYYY`).
 pub fn timeline_of_wal_file(name: &str) -> Option<u32> {
     u32::from_str_radix(name.get(..8)?, 16).ok()

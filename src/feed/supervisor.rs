@@ -135,6 +135,23 @@ impl Supervisor {
                 })
             }
         };
+        // A proof is dated the asynchronous commit lag before it was read
+        // (`db::position::async_commit_lag`): a bound no larger than the
+        // lag could never be met, and the gateway would wait for a
+        // proof forever.
+        if freshness == Freshness::Wal
+            && let Some(lag) = bus::async_lag(pool).await
+            && lag >= cfg.freshness_bound
+        {
+            return Err(format!(
+                "database.freshness_bound ({} ms) must be above three wal_writer_delay of the primary \
+                 ({} ms): a commit made with synchronous_commit = off may be visible that long before \
+                 the WAL feed can decode it, so the feed could never vouch for a cached row; raise \
+                 database.freshness_bound or lower wal_writer_delay",
+                cfg.freshness_bound.as_millis(),
+                lag.as_millis()
+            ));
+        }
         match freshness {
             Freshness::Wal if cfg.install_feed => remove_triggers(db, watch).await,
             Freshness::Notify | Freshness::Queue if cfg.install_triggers => {

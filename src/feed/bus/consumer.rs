@@ -167,6 +167,9 @@ async fn follow<B: Bus>(
         }
     }
     let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
+    // Each reading proves the moment this much before it
+    // (`db::position::async_commit_lag`); unknown, nothing is proven.
+    let mut async_lag: Option<Duration> = None;
     let mut next_probe = Instant::now();
     let mut next_relay = Instant::now();
     // Since when the bus has failed every read: unreachable for
@@ -180,9 +183,14 @@ async fn follow<B: Bus>(
         }
         if Instant::now() >= next_probe {
             next_probe = Instant::now() + HEARTBEAT_EVERY;
+            if async_lag.is_none() {
+                async_lag = super::async_lag(&opts.pool).await;
+            }
+            let moment =
+                || async_lag.and_then(|l| crate::db::position::proof_moment(Instant::now(), l));
             if let Some((now, p)) = primary(&opts.pool).await {
                 match now.change_from(&server) {
-                    None => probes.push_back((Instant::now(), p.lsn)),
+                    None => probes.extend(moment().map(|m| (m, p.lsn))),
                     Some(change) => {
                         let moved = now.timeline != bus.epoch();
                         server = now;
@@ -225,7 +233,7 @@ async fn follow<B: Bus>(
                             return Ended::Shutdown;
                         }
                         if !moved {
-                            probes.push_back((Instant::now(), p.lsn));
+                            probes.extend(moment().map(|m| (m, p.lsn)));
                         }
                     }
                 }

@@ -336,6 +336,19 @@ pub(crate) async fn primary(pool: &PgPool) -> Option<(Server, Position)> {
     }
 }
 
+/// [`crate::db::position::async_commit_lag`] on the primary, `None` if it
+/// cannot be read now.
+pub(crate) async fn async_lag(pool: &PgPool) -> Option<Duration> {
+    let read = async {
+        let mut conn = pool.acquire().await?;
+        crate::db::position::async_commit_lag(&mut conn).await
+    };
+    match tokio::time::timeout(Duration::from_secs(1), read).await {
+        Ok(Ok(l)) => Some(l),
+        _ => None,
+    }
+}
+
 /// The key of `timeline`'s stream (see "The stream").
 pub fn epoch_key(base: &str, timeline: Timeline) -> String {
     format!("{base}:tl{}", timeline.id)

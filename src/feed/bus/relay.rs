@@ -196,6 +196,9 @@ async fn term<B: Bus>(
     let mut relaying = false;
     // (when read, the primary's flush position): for heartbeats.
     let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
+    // Dated as the feed dates its proofs (`db::position::async_commit_lag`),
+    // so that a heartbeat's moment and a reading compare as before.
+    let mut async_lag: Option<Duration> = None;
     let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut announced: Option<Instant> = None;
@@ -213,7 +216,14 @@ async fn term<B: Bus>(
                     if server.timeline != epoch {
                         break format!("the primary is on timeline {} now, the stream on {}", server.timeline.id, epoch.id);
                     }
-                    probes.push_back((Instant::now(), p.lsn));
+                    if async_lag.is_none() {
+                        async_lag = super::async_lag(&opts.pool).await;
+                    }
+                    if let Some(m) = async_lag
+                        .and_then(|l| crate::db::position::proof_moment(Instant::now(), l))
+                    {
+                        probes.push_back((m, p.lsn));
+                    }
                     // A feed that proves nothing for a while: keep the
                     // newest few seconds.
                     while probes.len() > 100 {

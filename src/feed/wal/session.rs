@@ -51,6 +51,9 @@ pub(super) async fn run(
     }
     bounded(limit, deps::check(feed, &mut conn)).await?;
     let timeline = server.timeline;
+    // Each proof is dated this much before the flush position was read
+    // (`db::position::async_commit_lag`).
+    let async_lag = bounded(limit, crate::db::position::async_commit_lag(&mut conn)).await?;
     let (mut transport, start, gap) = match feed.opts.poll {
         None => Streamed::open(feed, &mut conn, temp_name, timeline).await?,
         Some(every) => Polled::open(feed, &mut conn, temp_name, every, timeline).await?,
@@ -114,7 +117,10 @@ pub(super) async fn run(
                 Item::Position(at) => {
                     if !asm.in_transaction() {
                         idle_upto = Some(at);
-                        if let Some(moment) = transport.proves(at) {
+                        if let Some(moment) = transport
+                            .proves(at)
+                            .and_then(|m| crate::db::position::proof_moment(m, async_lag))
+                        {
                             proven = Some(proven.map_or(moment, |p| p.max(moment)));
                         }
                     }
