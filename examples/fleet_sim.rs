@@ -185,6 +185,27 @@ fn last_id(v: &redis::Value) -> Option<String> {
     }
 }
 
+/// The stream's memory (`MEMORY USAGE … SAMPLES 0`: every node counted)
+/// and its length: what a second of retention costs Redis.
+async fn stream_size(url: &str, stream: &str) -> (i64, i64) {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let bytes: Option<i64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(stream)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let len: i64 = redis::cmd("XLEN")
+        .arg(stream)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    (bytes.unwrap_or(0), len)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() != 8 {
@@ -280,6 +301,7 @@ fn main() {
         thread_ticks("gws"),
         thread_ticks("readers"),
     );
+    let (bytes0, entries0) = main_rt.block_on(stream_size(&redis_url, &stream));
     let began = Instant::now();
     let marker_task = main_rt.spawn({
         let (db, markers, stop) = (db.clone(), markers.clone(), stop.clone());
@@ -340,6 +362,7 @@ fn main() {
         thread_ticks("readers"),
     );
     let elapsed = began.elapsed().as_secs_f64();
+    let (bytes1, entries1) = main_rt.block_on(stream_size(&redis_url, &stream));
     stop.store(true, Ordering::Relaxed);
     main_rt.block_on(async {
         let _ = marker_task.await;
@@ -363,7 +386,8 @@ fn main() {
         "readers={readers} consumers={consumers} rate={rate} commits={txns} commits_per_s={:.0} \
          redis_us_per_commit={:.1} relay_us_per_commit={:.1} consumer_us_per_commit={:.1} \
          readers_us_per_commit={:.1} delivered_ms_p50={:.1} delivered_ms_p99={:.1} \
-         servable_ms_p50={:.1} servable_ms_p99={:.1}",
+         servable_ms_p50={:.1} servable_ms_p99={:.1} entries_per_s={:.0} \
+         stream_bytes_per_entry={:.0} stream_bytes_per_s={:.0}",
         n / elapsed,
         per(r1 - r0),
         per(relay1 - relay0),
@@ -373,6 +397,9 @@ fn main() {
         percentile(&mut d, 0.99),
         percentile(&mut a, 0.5),
         percentile(&mut a, 0.99),
+        (entries1 - entries0) as f64 / elapsed,
+        (bytes1 - bytes0) as f64 / (entries1 - entries0).max(1) as f64,
+        (bytes1 - bytes0) as f64 / elapsed,
     );
     for g in &gws {
         let _in = gws_rt.enter();

@@ -279,3 +279,25 @@ fn check_config_into_a_closed_pipe_exits_quietly() {
     assert!(out.status.success(), "{:?} {stderr}", out.status);
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// A command run from another directory than the checkout looks for the
+/// default `config/bloomgate.toml` there: it says where it looked and how
+/// to give another, instead of a bare "not found" (or an empty token).
+#[test]
+fn a_missing_config_says_where_it_was_looked_for() {
+    let dir = tempdir();
+    let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
+        .args(["mint-token", "--sub", "1"])
+        .current_dir(&dir)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "a token printed without a config");
+    let looked = dir.join("config/bloomgate.toml");
+    assert!(
+        err.contains(&looked.display().to_string()) && err.contains("--config"),
+        "{err}"
+    );
+}

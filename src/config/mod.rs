@@ -18,7 +18,9 @@
 //! the refusal of misspelt variables), [`cache_control`] (the
 //! `Cache-Control` grammar), [`route`] (the route grammar and the paths
 //! the gateway keeps for itself, shared with `http::dispatch`) and
-//! [`identifier`] (SQL identifiers and resource names).
+//! [`identifier`] (SQL identifiers and resource names). `reference`
+//! (tests only) holds `config/bloomgate.toml` to the structs: every key in
+//! its section, with the default the code uses.
 //!
 //! This module names nothing above it: the files `[auth]` points at are
 //! read by `auth::key_files`, not at load.
@@ -33,6 +35,8 @@ pub mod env;
 pub mod filter;
 pub mod identifier;
 pub mod log;
+#[cfg(test)]
+mod reference;
 pub mod resource;
 pub mod route;
 pub mod server;
@@ -86,8 +90,11 @@ pub struct Config {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("config file {0} not found")]
-    NotFound(PathBuf),
+    /// The path as given, and where it was looked for (a relative path
+    /// is resolved against the working directory, which a command run
+    /// from elsewhere does not expect).
+    #[error("config file {} not found (looked for {}; give another with --config PATH)", .0.display(), .1.display())]
+    NotFound(PathBuf, PathBuf),
     /// Parse and type errors, naming the key and source (see
     /// [`LoadError`]).
     #[error("{}", LoadError(.0))]
@@ -163,7 +170,8 @@ impl Config {
     /// Reads the file at `path` and the environment.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         if !path.is_file() {
-            return Err(ConfigError::NotFound(path.to_path_buf()));
+            let looked = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+            return Err(ConfigError::NotFound(path.to_path_buf(), looked));
         }
         let source = path.display().to_string();
         Self::from_figment(Figment::from(Toml::file_exact(path)), &source, true)

@@ -186,8 +186,10 @@ async fn follow<B: Bus>(
             if async_lag.is_none() {
                 async_lag = super::async_lag(&opts.pool).await;
             }
-            let moment =
-                || async_lag.and_then(|l| crate::db::position::proof_moment(Instant::now(), l));
+            // Taken before the question: the position read then covers
+            // every commit visible by this moment, not by the answer's.
+            let asked = Instant::now();
+            let moment = || async_lag.and_then(|l| crate::db::position::proof_moment(asked, l));
             if let Some((now, p)) = primary(&opts.pool).await {
                 match now.change_from(&server) {
                     None => probes.extend(moment().map(|m| (m, p.lsn))),

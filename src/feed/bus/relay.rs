@@ -212,6 +212,9 @@ async fn term<B: Bus>(
             tokio::select! {
             () = shutdown.fired() => break "shutdown".into(),
             _ = tick.tick() => {
+                // Taken before the question: the position read then covers
+                // every commit visible by this moment, not by the answer's.
+                let asked = Instant::now();
                 if let Some((server, p)) = primary(&opts.pool).await {
                     if server.timeline != epoch {
                         break format!("the primary is on timeline {} now, the stream on {}", server.timeline.id, epoch.id);
@@ -220,7 +223,7 @@ async fn term<B: Bus>(
                         async_lag = super::async_lag(&opts.pool).await;
                     }
                     if let Some(m) = async_lag
-                        .and_then(|l| crate::db::position::proof_moment(Instant::now(), l))
+                        .and_then(|l| crate::db::position::proof_moment(asked, l))
                     {
                         probes.push_back((m, p.lsn));
                     }

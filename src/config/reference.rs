@@ -1,0 +1,231 @@
+//! `config/bloomgate.toml` is the reference: every key of every section,
+//! in its own section, with the default the code uses. Its guarantees,
+//! checked here against the structs (the one source of the defaults):
+//!
+//! - every field of `[server]`, `[admin]`, `[database]`, `[log]`,
+//!   `[filter]`, `[cache]`, `[auth]` and `[bus]` appears in its section,
+//!   set or commented out (`# key = example`);
+//! - no key appears in a section that has no such field: set keys load,
+//!   and so does each commented key uncommented (`deny_unknown_fields`),
+//!   so it lands where the struct expects it;
+//! - every key set in the file holds the default, except those whose line
+//!   says `not the default`;
+//! - every commented key, uncommented alone (with the key it replaces, if
+//!   any, commented out), loads: its example is a valid value.
+
+use serde_json::Value as Json;
+
+use super::Config;
+
+const FILE: &str = include_str!("../../config/bloomgate.toml");
+
+const SECTIONS: [&str; 8] = [
+    "server", "admin", "database", "log", "filter", "cache", "auth", "bus",
+];
+
+/// Examples that stand instead of a key set above them ("not both").
+const INSTEAD_OF: [(&str, &str); 1] = [("cache.max_entries", "cache.max_bytes")];
+
+/// Examples that need other examples uncommented with them.
+const TOGETHER: [(&str, &[&str]); 5] = [
+    ("bus.ca_file", &["bus.url"]),
+    ("bus.cert_file", &["bus.url", "bus.key_file"]),
+    ("bus.key_file", &["bus.url", "bus.cert_file"]),
+    ("bus.sentinels", &["bus.url", "bus.sentinel_master"]),
+    ("bus.sentinel_master", &["bus.url", "bus.sentinels"]),
+];
+
+/// A line's key if the line sets one (`key = …`), after `# ` if commented.
+fn key_of(line: &str, commented: bool) -> Option<&str> {
+    let rest = if commented {
+        line.strip_prefix("# ")?
+    } else {
+        line
+    };
+    let (key, _) = rest.split_once(" = ")?;
+    key.bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        .then_some(key)
+}
+
+/// Each line with the section it is in (`None` before the first, and from
+/// the first `[[resource]]` on: the resources are not sections).
+fn lines() -> Vec<(Option<&'static str>, &'static str)> {
+    let mut section = None;
+    let mut out = Vec::new();
+    for line in FILE.lines() {
+        if line.starts_with("[[") {
+            section = None;
+            out.push((None, line));
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = SECTIONS.iter().copied().find(|s| *s == name);
+            assert!(section.is_some(), "unknown section [{name}]");
+        } else if section.is_some() && line.starts_with("# [[") {
+            // A commented resource block ends the section as well.
+            section = None;
+        }
+        out.push((section, line));
+    }
+    out
+}
+
+/// The file with the commented keys `uncomment` (`section.key`)
+/// uncommented and the set keys `comment` commented out.
+fn edited(uncomment: &[String], comment: &[String]) -> String {
+    let mut text = String::new();
+    for (section, line) in lines() {
+        let path = |k: &str| format!("{}.{k}", section.unwrap_or("?"));
+        match (section, key_of(line, true), key_of(line, false)) {
+            (Some(_), Some(k), _) if uncomment.contains(&path(k)) => {
+                text.push_str(&line[2..]);
+            }
+            (Some(_), _, Some(k)) if comment.contains(&path(k)) => {
+                text.push_str("# ");
+                text.push_str(line);
+            }
+            _ => text.push_str(line),
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// `section.key` of every key in the sections, set or commented, and
+/// whether it is commented.
+fn keys() -> Vec<(String, bool, &'static str)> {
+    let mut out = Vec::new();
+    for (section, line) in lines() {
+        let Some(section) = section else { continue };
+        if let Some(k) = key_of(line, false) {
+            out.push((format!("{section}.{k}"), false, line));
+        } else if let Some(k) = key_of(line, true) {
+            out.push((format!("{section}.{k}"), true, line));
+        }
+    }
+    out
+}
+
+fn json(c: &Config) -> Json {
+    serde_json::to_value(c).unwrap()
+}
+
+fn fields(section: &str) -> Vec<String> {
+    let defaults = json(&Config::default());
+    defaults[section]
+        .as_object()
+        .unwrap_or_else(|| panic!("[{section}] is not a struct"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// Fields left out of the serialized form while unset, with the value
+/// they stand for then (`None`: nothing).
+const UNSET: [(&str, Option<u64>); 3] = [
+    ("cache.max_bytes", Some(super::cache::DEFAULT_MAX_BYTES)),
+    ("cache.max_entries", None),
+    ("log.access_file", None),
+];
+
+/// Every field appears in its section. (A key in a section without such
+/// a field fails to load, `deny_unknown_fields`: the shipped keys below,
+/// the commented ones in `every_commented_example_loads_uncommented`.)
+#[test]
+fn every_field_is_in_its_own_section() {
+    let keys = keys();
+    let mut problems = Vec::new();
+    let unset = UNSET.iter().map(|(k, _)| k.to_string());
+    let all = SECTIONS
+        .iter()
+        .flat_map(|s| fields(s).into_iter().map(move |f| format!("{s}.{f}")))
+        .chain(unset);
+    for path in all {
+        if !keys.iter().any(|(k, _, _)| *k == path) {
+            problems.push(format!("{path} is missing"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "config/bloomgate.toml:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn every_key_set_holds_the_default_unless_it_says_not() {
+    let shipped = Config::from_toml(FILE).expect("the shipped config loads");
+    let (shipped, defaults) = (json(&shipped), json(&Config::default()));
+    let mut problems = Vec::new();
+    let mut deviations = 0;
+    for (path, commented, line) in keys() {
+        if commented {
+            continue;
+        }
+        let (section, key) = path.split_once('.').unwrap();
+        let set = &shipped[section][key];
+        let default = match UNSET.iter().find(|(k, _)| *k == path) {
+            Some((_, Some(v))) => Json::from(*v),
+            _ => defaults[section][key].clone(),
+        };
+        let default = &default;
+        match (set == default, line.contains("not the default")) {
+            (true, false) => {}
+            (false, true) => deviations += 1,
+            (false, false) => problems.push(format!("{path}: {set} but the default is {default}")),
+            (true, true) => problems.push(format!("{path} is the default but says it is not")),
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "config/bloomgate.toml:\n{}",
+        problems.join("\n")
+    );
+    // The check compares something: the shipped file deviates on purpose
+    // in a few places (the demo's triggers).
+    assert!(
+        deviations > 0,
+        "no deviation found: is `not the default` still marked?"
+    );
+}
+
+#[test]
+fn every_commented_example_loads_uncommented() {
+    let mut problems = Vec::new();
+    let commented: Vec<String> = keys()
+        .into_iter()
+        .filter(|(_, c, _)| *c)
+        .map(|(k, _, _)| k)
+        .collect();
+    assert!(
+        commented.len() > 10,
+        "only {} commented keys found",
+        commented.len()
+    );
+    for key in &commented {
+        let mut uncomment = vec![key.clone()];
+        if let Some((_, with)) = TOGETHER.iter().find(|(k, _)| k == key) {
+            uncomment.extend(with.iter().map(|w| w.to_string()));
+        }
+        let comment: Vec<String> = INSTEAD_OF
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, instead)| instead.to_string())
+            .collect();
+        let text = edited(&uncomment, &comment);
+        // The key really is set now (a typo in the helper would test the
+        // file unchanged).
+        let table: toml::Table = toml::from_str(&text).expect("TOML");
+        let (section, k) = key.split_once('.').unwrap();
+        assert!(table[section].get(k).is_some(), "{key} not uncommented");
+        if let Err(e) = Config::from_toml(&text) {
+            problems.push(format!("{key}: {e}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "config/bloomgate.toml, uncommented:\n{}",
+        problems.join("\n")
+    );
+}
