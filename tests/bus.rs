@@ -72,10 +72,15 @@ async fn a_fleet_on_the_bus_has_one_walsender_and_every_gateway_stays_fresh() {
         assert_eq!(s.breaks.load(Ordering::Relaxed), 0);
         eventually("every gateway ready", || async { g.is_ready() }).await;
     }
-    // The stream holds what the relay appended: commits keyed by LSN.
+    // The stream holds what the relay appended (commits close together
+    // may share an entry: count the changes, not the entries).
     let stream = fleet.stream(&redis).await;
-    let len = redis.xlen(&stream).await;
-    assert!(len >= 4, "{len} entries");
+    for email in ["five@x.org", "moved4@x.org"] {
+        assert!(
+            appended(&redis, &stream, email).await,
+            "{email} not on the stream"
+        );
+    }
     fleet.stop(&gws, &db).await;
 }
 
@@ -458,12 +463,15 @@ async fn a_fleet_after_a_failover_follows_the_new_timeline() {
 #[tokio::test]
 async fn a_first_start_builds_every_filter_once() {
     let _one = ONE_AT_A_TIME.lock().await;
+    let (logs, _g) = capture_logs();
     let redis = Redis::start().await;
     let db = bus_db().await;
     let fleet = Fleet::new();
     let mut gws = Vec::new();
+    // A fall-back to a direct feed is a resync, so a rebuild: past the
+    // default test max_lag of 1 s, a loaded machine made one (a CI run).
     for _ in 0..2 {
-        gws.push(started(fleet.config(&db, &redis)).await);
+        gws.push(started(fleet.patient_config(&db, &redis)).await);
     }
     wait_all_on_bus(&gws).await;
     db.exec("INSERT INTO users (id, email, name) VALUES (600, 'six@x.org', 'Six')")
@@ -471,6 +479,8 @@ async fn a_first_start_builds_every_filter_once() {
     for g in &gws {
         vouched(g, "users").await;
         assert_eq!(status(g, "/users/600").await, StatusCode::OK);
+        let st = g.bus_status().unwrap();
+        assert_eq!(st.fallbacks.load(Ordering::Relaxed), 0, "{:?}", st.get());
         for r in ["users", "users_by_email"] {
             let rebuilds = g
                 .resource(r)
@@ -479,8 +489,10 @@ async fn a_first_start_builds_every_filter_once() {
                 .rebuilds
                 .load(Ordering::Relaxed);
             assert_eq!(
-                rebuilds, 1,
-                "{r}: built at start-up, and again for a gap that was none"
+                rebuilds,
+                1,
+                "{r}: built at start-up, and again for a gap that was none\n{}",
+                logs.text()
             );
         }
         assert_eq!(g.bus_status().unwrap().breaks.load(Ordering::Relaxed), 0);

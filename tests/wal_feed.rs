@@ -283,6 +283,52 @@ async fn a_published_table_outside_the_resources_is_ignored() {
     gw.stop();
 }
 
+/// A gateway that starts while the publication already delivers every
+/// change of its tables leaves the publication's catalog rows as they are:
+/// a rewrite is an edit every running feed resyncs for (`feed::watch`), so
+/// each start of a fleet's member (a rolling deploy) made every gateway
+/// rebuild every filter. Found by `tests/bus.rs`
+/// `a_first_start_builds_every_filter_once` once start-up took longer
+/// than the first gateway's first check.
+#[tokio::test]
+async fn a_start_leaves_a_publication_that_is_right_untouched() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(3).await;
+    let rows = || async {
+        sqlx::query_scalar::<_, String>(
+            "SELECT (SELECT oid::text || ':' || xmin::text FROM pg_publication
+                      WHERE pubname = 'bloomgate')
+                    || ' ' || string_agg(r.oid::text || ':' || r.xmin::text, ',' ORDER BY r.oid)
+               FROM pg_publication_rel r",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    let first = started(wal_config(&db, "")).await;
+    let before = rows().await;
+    let second = started(wal_config(&db, "")).await;
+    assert_eq!(
+        rows().await,
+        before,
+        "the second start rewrote the publication"
+    );
+    // One that does not deliver a watched table's changes is still
+    // repaired at start-up.
+    db.exec("ALTER PUBLICATION bloomgate SET (publish = 'insert')")
+        .await;
+    let third = started(wal_config(&db, "")).await;
+    let publishes: bool =
+        sqlx::query_scalar("SELECT pubdelete FROM pg_publication WHERE pubname = 'bloomgate'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(publishes, "not repaired");
+    for g in [first, second, third] {
+        g.stop();
+    }
+}
+
 /// The publication installed by several gateways at once on a database
 /// with none (a fleet starting together, released here at one instant):
 /// every one succeeds. Checked

@@ -256,9 +256,17 @@ pub enum InstallError {
     Sql(#[from] sqlx::Error),
 }
 
-/// Makes the publication deliver every change of exactly the watched
-/// tables, in one transaction under the install lock, after checking every
-/// table's replica identity: nothing changes unless every table passes.
+/// Makes the publication deliver every change of the watched tables, in
+/// one transaction under the install lock, after checking every table's
+/// replica identity: nothing changes unless every table passes.
+///
+/// A publication that delivers them already is left as it is, tables it
+/// holds besides them included: every rewrite of its catalog rows is an
+/// edit every running feed must resync for (`feed::watch`), so a gateway
+/// that starts (a rolling deploy, a fleet's next member) would otherwise
+/// make the whole fleet rebuild its filters; and a gateway of an older
+/// config would take away tables a newer one added. When it must change,
+/// it is set to exactly the watched tables.
 pub async fn install(
     conn: &mut PgConnection,
     watch: &Watch,
@@ -272,6 +280,11 @@ pub async fn install(
     let bad = identity_problems(&mut tx, watch).await?;
     if !bad.is_empty() {
         return Err(InstallError::Identity(bad.join("; ")));
+    }
+    let now = check(&mut tx, watch, publication).await?;
+    if now.exists && now.problems.iter().all(Option::is_none) {
+        tx.commit().await?;
+        return Ok(());
     }
     let all_tables: Option<bool> =
         sqlx::query_scalar("SELECT puballtables FROM pg_publication WHERE pubname = $1")

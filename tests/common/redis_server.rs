@@ -350,6 +350,20 @@ impl Fleet {
         self.config_url(&db.url, redis)
     }
 
+    /// As [`Fleet::config`], with `bus.max_lag` at 60 s: for a test whose
+    /// premise is that no gateway falls back to a direct feed (a resync),
+    /// which a loaded machine can otherwise make happen after 1 s.
+    pub fn patient_config(&self, db: &TestDb, redis: &Redis) -> Config {
+        wal_config(
+            db,
+            &format!(
+                "{BY_EMAIL}\n{}",
+                self.bus_toml(redis)
+                    .replace("max_lag = \"1s\"", "max_lag = \"60s\"")
+            ),
+        )
+    }
+
     pub fn config_url(&self, url: &str, redis: &Redis) -> Config {
         wal_config_url(url, &format!("{BY_EMAIL}\n{}", self.bus_toml(redis)))
     }
