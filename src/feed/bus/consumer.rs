@@ -166,10 +166,15 @@ async fn follow<B: Bus>(
             return Ended::Shutdown;
         }
     }
-    let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
+    // (the moment a reading proves, if the lag is known; when it was
+    // asked for; the primary's flush position): the first proves once the
+    // stream reaches the position, the second measures how far behind the
+    // bus is (`bus.max_lag`), without the asynchronous commit lag in it.
+    let mut probes: VecDeque<(Option<Instant>, Instant, Lsn)> = VecDeque::new();
     // Each reading proves the moment this much before it
     // (`db::position::async_commit_lag`); unknown, nothing is proven.
     let mut async_lag: Option<Duration> = None;
+    let mut lag_read: Option<Instant> = None;
     let mut next_probe = Instant::now();
     let mut next_relay = Instant::now();
     // Since when the bus has failed every read: unreachable for
@@ -183,16 +188,27 @@ async fn follow<B: Bus>(
         }
         if Instant::now() >= next_probe {
             next_probe = Instant::now() + HEARTBEAT_EVERY;
-            if async_lag.is_none() {
-                async_lag = super::async_lag(&opts.pool).await;
+            // Read again every 10 s (a reload may change
+            // `wal_writer_delay`); readings dated by another lag go.
+            if lag_read.is_none_or(|r| r.elapsed() >= Duration::from_secs(10))
+                && let Some(l) = super::async_lag(&opts.pool).await
+            {
+                if async_lag.is_some_and(|old| old != l) {
+                    probes.clear();
+                }
+                async_lag = Some(l);
+                lag_read = Some(Instant::now());
             }
             // Taken before the question: the position read then covers
             // every commit visible by this moment, not by the answer's.
             let asked = Instant::now();
-            let moment = || async_lag.and_then(|l| crate::db::position::proof_moment(asked, l));
+            let probe = |lsn| {
+                let dated = async_lag.and_then(|l| crate::db::position::proof_moment(asked, l));
+                (dated, asked, lsn)
+            };
             if let Some((now, p)) = primary(&opts.pool).await {
                 match now.change_from(&server) {
-                    None => probes.extend(moment().map(|m| (m, p.lsn))),
+                    None => probes.push_back(probe(p.lsn)),
                     Some(change) => {
                         let moved = now.timeline != bus.epoch();
                         server = now;
@@ -235,7 +251,7 @@ async fn follow<B: Bus>(
                             return Ended::Shutdown;
                         }
                         if !moved {
-                            probes.extend(moment().map(|m| (m, p.lsn)));
+                            probes.push_back(probe(p.lsn));
                         }
                     }
                 }
@@ -326,11 +342,11 @@ async fn follow<B: Bus>(
             }
         }
         let mut moment = None;
-        while let Some(&(m, p)) = probes.front() {
+        while let Some(&(m, _, p)) = probes.front() {
             if p > proven {
                 break;
             }
-            moment = Some(m);
+            moment = m.or(moment);
             probes.pop_front();
         }
         if let Some(m) = moment
@@ -338,12 +354,12 @@ async fn follow<B: Bus>(
         {
             return Ended::Shutdown;
         }
-        let newest = probes.back().map_or(proven, |(_, p)| *p);
+        let newest = probes.back().map_or(proven, |(_, _, p)| *p);
         opts.status.lag_bytes.store(
             newest.0.saturating_sub(proven.0),
             std::sync::atomic::Ordering::Relaxed,
         );
-        let oldest = probes.front().map(|(m, _)| m.elapsed());
+        let oldest = probes.front().map(|(_, asked, _)| asked.elapsed());
         opts.status.lag_ms.store(
             oldest.map_or(0, |d| d.as_millis() as u64),
             std::sync::atomic::Ordering::Relaxed,

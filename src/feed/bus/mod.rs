@@ -96,8 +96,11 @@
 //!   and a fleet's start-up (or a new timeline's stream) rebuilds once.
 //! - **Current, or not vouched for.** Every 100 ms a consumer reads the
 //!   primary's flush position `P`; once it has read an entry at `P` or
-//!   past it, every change committed before that moment is applied
-//!   ([`Event::Heartbeat`](super::Event::Heartbeat)). The relay appends a heartbeat whenever the
+//!   past it, every change committed before that moment, less three
+//!   `wal_writer_delay`s (an asynchronous commit is visible before it is
+//!   flushed: `db::position::async_commit_lag`), is applied
+//!   ([`Event::Heartbeat`](super::Event::Heartbeat)); how far behind the
+//!   bus is (`bus.max_lag`) is measured from the reading itself. The relay appends a heartbeat whenever the
 //!   primary's flush position moved past the stream (about every 100 ms
 //!   while the WAL grows), so an idle stream proves itself without writes.
 //! - **The bus failing never makes a gateway wrong.** Unproven for

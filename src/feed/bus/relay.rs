@@ -196,8 +196,11 @@ async fn term<B: Bus>(
     let mut relaying = false;
     // (when read, the primary's flush position): for heartbeats.
     let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
-    // Dated as the feed dates its proofs (`db::position::async_commit_lag`),
-    // so that a heartbeat's moment and a reading compare as before.
+    // The lag the readings in `probes` are dated by: the feed's own
+    // (`wal::Stats::async_lag_ms`), so that a reading and a heartbeat's
+    // moment compare (see the heartbeat below). Changed (a new session
+    // read another `wal_writer_delay`), the readings dated by the old
+    // one are dropped.
     let mut async_lag: Option<Duration> = None;
     let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -212,18 +215,22 @@ async fn term<B: Bus>(
             tokio::select! {
             () = shutdown.fired() => break "shutdown".into(),
             _ = tick.tick() => {
-                // Taken before the question: the position read then covers
-                // every commit visible by this moment, not by the answer's.
-                let asked = Instant::now();
                 if let Some((server, p)) = primary(&opts.pool).await {
+                    // After the answer: the position was read before it.
+                    let answered = Instant::now();
                     if server.timeline != epoch {
                         break format!("the primary is on timeline {} now, the stream on {}", server.timeline.id, epoch.id);
                     }
-                    if async_lag.is_none() {
-                        async_lag = super::async_lag(&opts.pool).await;
+                    let lag = match opts.stats.async_lag_ms.load(std::sync::atomic::Ordering::Relaxed) {
+                        0 => None,
+                        ms => Some(Duration::from_millis(ms)),
+                    };
+                    if lag != async_lag {
+                        probes.clear();
+                        async_lag = lag;
                     }
                     if let Some(m) = async_lag
-                        .and_then(|l| crate::db::position::proof_moment(asked, l))
+                        .and_then(|l| crate::db::position::proof_moment(answered, l))
                     {
                         probes.push_back((m, p.lsn));
                     }
@@ -272,6 +279,13 @@ async fn term<B: Bus>(
             }
             Event::Heartbeat(at) => {
                 // The newest reading taken at or before the feed's moment.
+                // Both are dated by the same lag, from an instant after the
+                // reading (the answer) and from the instant the feed read
+                // its flush position: a reading answered before the feed's
+                // was taken before it, so its position is at or below what
+                // the feed had received, and every commit up to it has
+                // been relayed (decoding is in LSN order). Dated from the
+                // question instead, the reading could be the later one.
                 let mut p = None;
                 while probes.front().is_some_and(|(m, _)| *m <= at) {
                     p = probes.pop_front().map(|(_, p)| p);

@@ -128,7 +128,12 @@
 //! Every [`HEARTBEAT_EVERY`] the feed reads the primary's flush position
 //! `P` and asks the server for a keepalive; a keepalive that comes with
 //! nothing half read and reports the server has sent up to `P` or past it
-//! means every commit before the moment `P` was read has been received.
+//! means every commit flushed before the moment `P` was read has been
+//! received. A commit made with `synchronous_commit = off` is visible
+//! before it is flushed, by up to three `wal_writer_delay`s (PostgreSQL's
+//! bound under normal I/O), so the moment proven is that much earlier
+//! (`db::position::async_commit_lag`, read at each session's start; a
+//! reload that raises `wal_writer_delay` is taken at the next session).
 //! Once those are delivered at `Visible` and applied, the feed sends
 //! [`Event::Heartbeat`] with that moment. Polled, a poll that returned
 //! everything below the flush position it read does the same. Every
@@ -253,6 +258,11 @@ pub struct Stats {
     pub lag_bytes: AtomicU64,
     /// Commit to receipt of the latest transaction, in microseconds.
     pub lag_us: AtomicU64,
+    /// The asynchronous commit lag the current session dates its proofs
+    /// by (`db::position::async_commit_lag`), in milliseconds; 0 before
+    /// the first session read it. The bus's relay dates its readings of
+    /// the primary by the same, so that they compare with the proofs.
+    pub async_lag_ms: AtomicU64,
 }
 
 impl Stats {

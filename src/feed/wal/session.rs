@@ -54,6 +54,9 @@ pub(super) async fn run(
     // Each proof is dated this much before the flush position was read
     // (`db::position::async_commit_lag`).
     let async_lag = bounded(limit, crate::db::position::async_commit_lag(&mut conn)).await?;
+    feed.stats
+        .async_lag_ms
+        .store(async_lag.as_millis() as u64, Ordering::Relaxed);
     let (mut transport, start, gap) = match feed.opts.poll {
         None => Streamed::open(feed, &mut conn, temp_name, timeline).await?,
         Some(every) => Polled::open(feed, &mut conn, temp_name, every, timeline).await?,

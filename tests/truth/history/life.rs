@@ -67,8 +67,9 @@ impl Life {
         if async_commits {
             // An asynchronous commit reaches the disk within three of
             // these: a crash loses the last second or so. Three stay under
-            // the gateways' freshness bound (2 s), or the WAL feeds could
-            // never vouch (`db::position::async_commit_lag`).
+            // the gateways' freshness bound (1.5 s, `schema.rs`), or the
+            // gateway refuses to start: the WAL feeds could never vouch
+            // (`db::position::async_commit_lag`).
             settings.push("wal_writer_delay=300ms");
         }
         let primary = Server::primary(&settings);
