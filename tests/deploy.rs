@@ -70,7 +70,32 @@ async fn the_dashboard_and_the_rules_name_only_metrics_the_gateway_exports() {
     let gw = gateway(cfg);
     let served = serve_socket(&gw, None).await;
     let text = scrape(metrics_addr).await;
-    let have = exported(&text);
+    let mut have = exported(&text);
+    // The bus's metrics come from a gateway on a bus (a throwaway Redis):
+    // the rules alert on them, and a gateway without one exports none.
+    let (bus_text, bus_have) = {
+        use common::redis_server::{Fleet, Redis, bus_db};
+        let redis = Redis::start().await;
+        let db = bus_db().await;
+        let fleet = Fleet::new();
+        let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = free.local_addr().unwrap();
+        drop(free);
+        let mut cfg = fleet.config(&db, &redis);
+        cfg.admin.metrics_listen = Some(addr);
+        let gw = started(cfg).await;
+        let served = serve_socket(&gw, None).await;
+        let text = scrape(addr).await;
+        served.shutdown().await.unwrap();
+        fleet.stop(&[gw], &db).await;
+        let have = exported(&text);
+        (text, have)
+    };
+    assert!(
+        bus_have.contains("bloomgate_bus_lost"),
+        "a gateway on a bus exports no bus metric:\n{bus_text}"
+    );
+    have.extend(bus_have);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
     let mut checked = 0;
     for file in [
