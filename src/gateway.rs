@@ -379,9 +379,15 @@ impl Gateway {
             let after = crate::db::position::Server::read_pool(self.db.pool())
                 .await
                 .ok();
+            // A standby answers, but cannot say where its WAL is flushed
+            // (`before` is none): that answer is the database's own.
+            let in_recovery = sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()")
+                .fetch_one(self.db.pool())
+                .await
+                .unwrap_or(false);
             let transient = match (before.map(|(s, _)| s), after.map(|(s, _)| s)) {
                 (Some(b), Some(a)) => b != a,
-                _ => self.db.check_up().await.is_err() || before.is_none(),
+                _ => !in_recovery && (self.db.check_up().await.is_err() || before.is_none()),
             };
             if !transient {
                 return Err(e);
