@@ -83,6 +83,17 @@ impl Redis {
                 _ => a.clone(),
             }));
         }
+        Self::launched(cmd, port, tls, None).await
+    }
+
+    /// `cmd` (a `redis-server` with its port and options) started without
+    /// persistence, once it answers.
+    async fn launched(
+        mut cmd: Command,
+        port: u16,
+        tls: Option<Arc<Certs>>,
+        login: Option<String>,
+    ) -> Self {
         let child = cmd
             .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
@@ -93,7 +104,7 @@ impl Redis {
             child: Some(child),
             port,
             tls,
-            login: None,
+            login,
         };
         eventually("redis-server answers", || async {
             r.conn().await.is_some()
@@ -119,25 +130,10 @@ impl Redis {
     /// (`user:password`).
     pub async fn start_with(port: u16, args: &[String], login: Option<&str>) -> Self {
         let bin = std::env::var("BLOOMGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let child = Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(args)
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server: run with scripts/test.sh, which installs it");
-        let r = Redis {
-            child: Some(child),
-            port,
-            tls: None,
-            login: login.map(String::from),
-        };
-        eventually("redis-server answers", || async {
-            r.conn().await.is_some()
-        })
-        .await;
-        r
+        let mut cmd = Command::new(bin);
+        cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(args);
+        Self::launched(cmd, port, None, login.map(String::from)).await
     }
 
     /// The server's process id (for `SIGSTOP`).
