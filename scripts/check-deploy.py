@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks deploy/: every Kubernetes manifest parses as YAML and carries what
-the README promises (readiness on /readyz, liveness on /healthz, preStop,
+the book promises (readiness on /readyz, liveness on /healthz, preStop,
 resources, a termination grace period above the drain and shutdown, a
 PodDisruptionBudget, a Service), and the systemd unit has its reload,
 stop and limit settings (and passes `systemd-analyze verify` where that
@@ -8,7 +8,7 @@ exists). Where `BLOOMGATE_KUBERNETES_VALIDATE` names the
 `kubernetes-validate` tool (scripts/test.sh installs it from PyPI), every
 manifest is also validated, strictly (no unknown field), against the
 OpenAPI schemas of the oldest and newest Kubernetes versions it ships:
-the field checks above only look for what the README promises, the schema
+the field checks above only look for what the book promises, the schema
 catches a misspelt or misplaced field Kubernetes would reject or ignore.
 Run by tests/operations.rs; no cluster needed."""
 import glob

@@ -1,97 +1,121 @@
 #!/usr/bin/env python3
 """The module graph of src/: which module uses which, and its cycles.
 
-Checked at two levels, the ones `src/lib.rs` states the layering at:
-- the top-level modules (a file or directory directly under src/:
-  `config`, `feed`, `db`, ...), each with everything inside it;
-- the files inside each directory (`http::admin`, `feed::wal`), among their
-  siblings.
-An edge A -> B means code of A (its tests excluded) names `crate::B`, or,
-for a file in a directory, `super::B`. Exits 1 and prints every cycle (each
-strongly connected component of more than one module) if there is one;
-`--graph` prints the edges.
+A module is a file or a directory (`feed`, `feed::wal`,
+`feed::wal::session`). An edge A -> B means code of A (its tests
+excluded) names B: `crate::b::…`, `super::…`, `super::super::…` or
+`self::…`, in a path or inside a `use` list (`use super::{a, b::C}`; the
+braces expanded, however nested). A name resolves to the longest module
+path it starts with.
+
+Checked at every level of the tree: for each directory, its direct
+children (files and subdirectories, each with everything inside it) form
+a graph, an edge between two descendants counting for the two children
+that hold them. Exits 1 and prints every cycle (each strongly connected
+component of more than one module) at any level; `--graph` prints the
+edges.
 """
-import os, re, sys
+import os
+import re
+import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-NESTED = {"http", "feed", "db", "config", "cache", "auth", "resource", "server", "filter"}
+
 
 def module_of(rel):
     parts = rel[:-3].split(os.sep)
     if parts[-1] in ("mod", "lib", "main"):
         parts = parts[:-1]
-    if not parts:
-        return None
-    if parts[0] in NESTED and len(parts) > 1:
-        return f"{parts[0]}::{parts[1]}"
-    return parts[0]
+    return tuple(parts)
+
 
 def code_of(text):
-    # Leave out `#[cfg(test)]` modules: tests may reach anywhere.
-    out, depth, skipping = [], 0, False
-    lines = text.split("\n")
-    i = 0
+    """The text without comments and without `#[cfg(test)]` items: tests
+    may reach anywhere."""
+    text = re.sub(r"//[^\n]*", "", text)
+    out, lines, i = [], text.split("\n"), 0
     while i < len(lines):
-        line = lines[i]
-        if not skipping and line.strip() == "#[cfg(test)]":
-            # skip the following item until its braces balance
-            skipping, depth, started = True, 0, False
+        if lines[i].strip() == "#[cfg(test)]":
+            depth, started = 0, False
             i += 1
             while i < len(lines):
                 depth += lines[i].count("{") - lines[i].count("}")
-                if "{" in lines[i]:
-                    started = True
-                if started and depth <= 0:
-                    break
-                if not started and lines[i].rstrip().endswith(";"):
+                started = started or "{" in lines[i]
+                if (started and depth <= 0) or (not started and lines[i].rstrip().endswith(";")):
                     break
                 i += 1
-            skipping = False
             i += 1
             continue
-        out.append(re.sub(r"//.*", "", line))
+        out.append(lines[i])
         i += 1
     return "\n".join(out)
 
-modules, edges = set(), set()
+
+def expand(tree):
+    """`a::{b, c::{d, e}}` -> ["a::b", "a::c::d", "a::c::e"]."""
+    tree = re.sub(r"\s+", "", tree)
+    brace = tree.find("{")
+    if brace < 0:
+        return [tree]
+    prefix, depth, parts, start = tree[:brace], 0, [], brace + 1
+    for i in range(brace, len(tree)):
+        if tree[i] == "{":
+            depth += 1
+        elif tree[i] == "}":
+            depth -= 1
+            if depth == 0:
+                parts.append(tree[start:i])
+                break
+        elif tree[i] == "," and depth == 1:
+            parts.append(tree[start:i])
+            start = i + 1
+    return [p for part in parts if part for p in expand(prefix + part)]
+
+
+def paths_in(text):
+    """Every path that starts at `crate`, `super` or `self`."""
+    out = []
+    for tree in re.findall(r"\buse\s+([^;]+);", text):
+        out += [p for p in expand(tree) if re.match(r"(crate|super|self)::", p)]
+    out += re.findall(r"(?<![\w:])((?:crate|super|self)(?:::[A-Za-z_]\w*)+)", text)
+    return out
+
+
+def resolve(module, path, modules):
+    segments = path.split("::")
+    # A module's `super` is its parent, whether it is a file or a mod.rs.
+    base = list(module)
+    if segments[0] == "crate":
+        base, segments = [], segments[1:]
+    elif segments[0] == "self":
+        base, segments = list(module), segments[1:]
+    while segments and segments[0] == "super":
+        base = base[:-1]
+        segments = segments[1:]
+    best = None
+    for n in range(len(segments) + 1):
+        candidate = tuple(base + segments[:n])
+        if candidate in modules:
+            best = candidate
+    return best
+
+
 files = []
 for dirpath, _, names in os.walk(ROOT):
-    for n in names:
-        if n.endswith(".rs"):
-            rel = os.path.relpath(os.path.join(dirpath, n), ROOT)
-            files.append(rel)
+    files += [os.path.relpath(os.path.join(dirpath, n), ROOT) for n in names if n.endswith(".rs")]
+modules = {module_of(rel) for rel in files}
+edges = set()
 for rel in files:
     m = module_of(rel)
-    if m is None:
-        continue
-    modules.add(m)
-for rel in files:
-    m = module_of(rel)
-    if m is None:
-        continue
-    text = code_of(open(os.path.join(ROOT, rel)).read())
-    top = m.split("::")[0]
-    refs = set()
-    for path in re.findall(r"crate::([a-z_]+(?:::[a-z_]+)?)", text):
-        a = path.split("::")
-        refs.add(f"{a[0]}::{a[1]}" if a[0] in NESTED and len(a) > 1 and f"{a[0]}::{a[1]}" in modules else a[0])
-    if "::" in m:
-        for sib in re.findall(r"super::([a-z_]+)", text):
-            cand = f"{top}::{sib}"
-            refs.add(cand if cand in modules else top)
-    # `use crate::x::{a, b}` lists
-    for base, inner in re.findall(r"crate::([a-z_]+)::\{([^}]*)\}", text):
-        for name in re.findall(r"\b([a-z_]+)\b", inner):
-            cand = f"{base}::{name}"
-            if cand in modules:
-                refs.add(cand)
-    for r in refs:
-        if r not in modules or r == m:
+    for path in paths_in(code_of(open(os.path.join(ROOT, rel)).read())):
+        r = resolve(m, path, modules)
+        if r is None or r == m:
             continue
-        # a submodule naming its own parent, or a parent its child, is one unit
-        if r == top or r.split("::")[0] == m:
+        # An ancestor naming its descendant, or the reverse, is one unit.
+        if r[: len(m)] == m or m[: len(r)] == r:
             continue
         edges.add((m, r))
+
 
 def sccs_of(nodes, edges):
     graph = {m: set() for m in nodes}
@@ -99,40 +123,54 @@ def sccs_of(nodes, edges):
         graph[a].add(b)
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
     sys.setrecursionlimit(10000)
+
     def visit(v):
-        index[v] = low[v] = counter[0]; counter[0] += 1
-        stack.append(v); on.add(v)
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
         for w in graph[v]:
             if w not in index:
-                visit(w); low[v] = min(low[v], low[w])
+                visit(w)
+                low[v] = min(low[v], low[w])
             elif w in on:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
             comp = []
             while True:
-                w = stack.pop(); on.discard(w); comp.append(w)
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
                 if w == v:
                     break
             out.append(comp)
+
     for v in sorted(nodes):
         if v not in index:
             visit(v)
     return [sorted(c) for c in out if len(c) > 1]
 
-top = lambda m: m.split("::")[0]
-levels = [("top-level modules", {top(m) for m in modules},
-           {(top(a), top(b)) for a, b in edges if top(a) != top(b)})]
-for parent in sorted({top(m) for m in modules if "::" in m}):
-    nodes = {m for m in modules if m.startswith(parent + "::")}
-    levels.append((f"{parent}/", nodes, {(a, b) for a, b in edges if a in nodes and b in nodes}))
 
+name = lambda m: "::".join(m) or "crate"
 if "--graph" in sys.argv:
     for a, b in sorted(edges):
-        print(f"{a} -> {b}")
+        print(f"{name(a)} -> {name(b)}")
 failed = False
-for name, nodes, level_edges in levels:
-    for c in sccs_of(nodes, level_edges):
+parents = {m[:-1] for m in modules if m}
+for parent in sorted(parents):
+    depth = len(parent) + 1
+    nodes = {m[:depth] for m in modules if len(m) >= depth and m[: len(parent)] == parent}
+    level = set()
+    for a, b in edges:
+        if a[: len(parent)] == parent and b[: len(parent)] == parent and len(a) >= depth and len(b) >= depth:
+            if a[:depth] != b[:depth]:
+                level.add((a[:depth], b[:depth]))
+    for c in sccs_of(nodes, level):
         failed = True
-        inner = sorted((a, b) for a, b in level_edges if a in c and b in c)
-        print(f"cycle among {name} " + ", ".join(c) + ": " + "; ".join(f"{a} -> {b}" for a, b in inner))
+        inner = sorted((a, b) for a, b in level if a in c and b in c)
+        print(f"cycle among the children of {name(parent)}: "
+              + ", ".join(name(x) for x in c) + ": "
+              + "; ".join(f"{name(a)} -> {name(b)}" for a, b in inner))
+print(f"modules.py: {len(modules)} modules, {len(edges)} edges, "
+      + ("cycles above" if failed else "no cycle at any level"), file=sys.stderr)
 sys.exit(1 if failed else 0)

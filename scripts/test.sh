@@ -6,7 +6,8 @@
 # a second time on the WAL feed streamed, a third on it polled, a fourth
 # on the queue feed and three more times as a least-privilege role (wal, notify, queue), the randomized checker (tests/truth) runs its CI
 # seeds, and the outside checks follow: Schemathesis and REDbot against the live gateway
-# (scripts/contract.sh; BLOOMGATE_SKIP_CONTRACT=1 leaves them out).
+# (scripts/contract.sh), then the book's Getting started page, run as written
+# (scripts/walk.py); BLOOMGATE_SKIP_CONTRACT=1 leaves both out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
@@ -103,7 +104,7 @@ phase "freshness wal-poll" env BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --lo
 # And on the triggers writing to the change table (`freshness = "queue"`).
 phase "freshness queue" env BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness
 # The WAL, notify and queue feeds once more with every gateway connecting as a
-# role of its own that holds only README's documented grants
+# role of its own that holds only the book's documented grants (docs/src/production.md)
 # (tests/common: least_privilege), not as the superuser.
 phase "freshness least wal" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness
 phase "freshness least notify" env BLOOMGATE_TEST_ROLE=least cargo test --locked --test freshness
@@ -113,3 +114,6 @@ phase "freshness least queue" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESH
 # one-line summaries.
 phase "checker seeds" cargo test --locked --test truth -- --ignored --nocapture
 phase "contract" scripts/contract.sh
+# The book's Getting started page, every block of it, as a newcomer runs it
+# (a served row, a row behind a token, two gateways on the bus).
+phase "book walk" python3 scripts/walk.py

@@ -306,6 +306,14 @@ async fn describe_database(config: Config, key_files: &KeyFiles) -> String {
     let mut out = String::from("\n");
     match tokio::time::timeout(std::time::Duration::from_secs(3), probe).await {
         Err(_) => out.push_str("# database: not reachable within 3 s; columns not checked\n"),
+        // The server answered, and refused: a missing grant, not an outage.
+        Ok(Err(sqlx::Error::Database(e))) => {
+            let _ = writeln!(
+                out,
+                "# database: reachable, but the catalog could not be read ({e}); columns not \
+                 checked: bloomgate preflight --config <this file> prints what is missing"
+            );
+        }
         Ok(Err(e)) => {
             let _ = writeln!(out, "# database: not reachable ({e}); columns not checked");
         }

@@ -188,7 +188,7 @@ async fn check(pool: &PgPool, config: &Config, r: &mut Report) -> Result<(), sql
     };
     if role.superuser {
         r.note(format!(
-            "connected as {name}, a superuser: every privilege below is granted; run the gateway as a role of its own (README, \"Running it in production\")"
+            "connected as {name}, a superuser: every privilege below is granted; run the gateway as a role of its own (the book: docs/src/production.md)"
         ));
     } else {
         r.ok(format!("connected as {name}"));
@@ -254,6 +254,29 @@ async fn resources(
 ) -> Result<Watch, sqlx::Error> {
     let mut tables: BTreeMap<TableName, Vec<WatchedColumn>> = BTreeMap::new();
     for res in config.resolved() {
+        // A schema the role may not use makes every lookup of a name in it
+        // an error ("permission denied for schema"), not an absence: say
+        // what to grant, and check the rest of this resource once it is.
+        if let Some((schema, _)) = res.table.split_once('.') {
+            let usable: Option<bool> = sqlx::query_scalar(
+                "SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1",
+            )
+            .bind(schema)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if usable == Some(false) {
+                r.missing(format!(
+                    "resource {}: USAGE on schema {schema} (its table, columns and feed are checked once it is granted)",
+                    res.name
+                ));
+                r.statement(format!(
+                    "GRANT USAGE ON SCHEMA {} TO {}",
+                    quote(schema),
+                    role.quoted
+                ));
+                continue;
+            }
+        }
         let Some(info) = catalog::table_info_on(&mut *conn, &res.table).await? else {
             r.missing(format!(
                 "resource {}: no table or view {:?} (names are case-sensitive; schema.table, or in the search path), or no USAGE on its schema",
@@ -582,7 +605,7 @@ async fn trigger_feed(
                 Some(p) => {
                     r.missing(p);
                     r.step(
-                        "as the tables' owner: bloomgate install-triggers --config <this config> (or set database.install_triggers = true and grant what it needs: README, \"Running it in production\")"
+                        "as the tables' owner: bloomgate install-triggers --config <this config> (or set database.install_triggers = true and grant what it needs: docs/src/production.md)"
                             .into(),
                     );
                 }

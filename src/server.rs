@@ -114,9 +114,9 @@ pub async fn run(
         }
     };
     let listener = bind(config.server.listen).await?;
-    let listeners =
-        1 + u64::from(admin.is_some()) + u64::from(config.admin.metrics_listen.is_some());
-    check_descriptors(&config, listeners);
+    let operator_listeners =
+        u64::from(admin.is_some()) + u64::from(config.admin.metrics_listen.is_some());
+    check_descriptors(&config, operator_listeners);
     let gateway = Gateway::new(config, key_files)?;
     let (stop_tasks, signal) = crate::shutdown::channel();
     let (tokens_tx, tokens_rx) = watch::channel(None);
@@ -152,6 +152,11 @@ pub async fn run(
             "access lines not all written within server.shutdown_timeout: their destination \
              is stuck"
         );
+    }
+    // The last line a supervisor's log shows: the process ended as asked,
+    // not killed or crashed (an error is the caller's to say).
+    if served.is_ok() {
+        tracing::info!("bloomgate stopped");
     }
     served
 }
@@ -263,27 +268,31 @@ async fn reload_on_hangup(
             Ok(None) => {}
             Err(e) => tracing::error!(error = %e, "SIGHUP: admin token not reloaded"),
         }
-        if needs_restart(&gateway.config, &new) {
+        let restart = needs_restart(&gateway.config, &new);
+        if !restart.is_empty() {
             tracing::warn!(
-                "SIGHUP: other settings changed; they take effect at the next restart \
-                 (only the log filter, log.access_filtered_rate and the admin token are \
-                 reloaded)"
+                keys = %restart.join(", "),
+                "SIGHUP: {} changed; that takes effect at the next restart (only log.level, \
+                 log.access, log.access_filtered_rate and the admin token are reloaded)",
+                restart.join(", ")
             );
         }
     }
 }
 
-/// Whether `new` differs from `old` in anything SIGHUP does not reload.
-fn needs_restart(old: &Config, new: &Config) -> bool {
-    let mut a = old.clone();
-    let mut b = new.clone();
-    for c in [&mut a, &mut b] {
-        c.log.level = String::new();
-        c.log.access = false;
-        c.log.access_filtered_rate = Default::default();
-        c.admin.token_file = None;
-    }
-    a.to_redacted_toml() != b.to_redacted_toml()
+/// The keys `new` changes that SIGHUP does not reload, named (never their
+/// values) for the log.
+fn needs_restart(old: &Config, new: &Config) -> Vec<String> {
+    const RELOADED: [&str; 4] = [
+        "log.level",
+        "log.access",
+        "log.access_filtered_rate",
+        "admin.token_file",
+    ];
+    old.changed_keys(new)
+        .into_iter()
+        .filter(|k| !RELOADED.contains(&k.as_str()))
+        .collect()
 }
 
 async fn bind(addr: std::net::SocketAddr) -> Result<TcpListener, ServeError> {
@@ -331,6 +340,7 @@ async fn serve_with(
         Listener {
             name: "public",
             traffic: Some(gateway.stats.traffic.clone()),
+            max_connections: cfg.max_connections,
         },
     ));
     let metrics_token = gateway.config.admin.metrics_token()?;
@@ -359,6 +369,7 @@ async fn serve_with(
             Listener {
                 name: "admin",
                 traffic: None,
+                max_connections: operator_cap(&cfg),
             },
         ))
     });
@@ -377,6 +388,7 @@ async fn serve_with(
                 Listener {
                     name: "metrics",
                     traffic: None,
+                    max_connections: operator_cap(&cfg),
                 },
             )))
         }
@@ -473,7 +485,11 @@ async fn accept_loop(
     cfg: ServerConfig,
     stop: watch::Receiver<bool>,
     drain: watch::Receiver<bool>,
-    Listener { name, traffic }: Listener,
+    Listener {
+        name,
+        traffic,
+        max_connections,
+    }: Listener,
 ) {
     let builder = Arc::new(http_builder(&cfg));
     let limits = conn::Limits {
@@ -481,7 +497,7 @@ async fn accept_loop(
         idle: cfg.idle_timeout,
     };
     // Validated to fit a u32, the unit of `acquire_many`.
-    let cap = u32::try_from(cfg.max_connections.min(Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
+    let cap = u32::try_from(max_connections.min(Semaphore::MAX_PERMITS)).unwrap_or(u32::MAX);
     let slots = Arc::new(Semaphore::new(cap as usize));
     let at_cap = LogThrottle::default();
     let failing = LogThrottle::default();
@@ -498,7 +514,7 @@ async fn accept_loop(
                 if let Some(not_logged) = at_cap.permit() {
                     tracing::warn!(
                         listener = name,
-                        max_connections = cfg.max_connections,
+                        max_connections,
                         not_logged,
                         "connection cap reached (server.max_connections): new connections wait \
                          in the listen backlog (at most one such line per 10 s)"
@@ -592,6 +608,21 @@ fn http_builder(cfg: &ServerConfig) -> Builder<TokioExecutor> {
 struct Listener {
     name: &'static str,
     traffic: Option<Arc<Traffic>>,
+    /// Its connection cap: `server.max_connections` for the public
+    /// listener, [`operator_cap`] for the admin and metrics listeners.
+    max_connections: usize,
+}
+
+/// Connections the admin and the metrics listener each take at most: an
+/// operator, a scraper and a status page need a handful, and a cap of
+/// their own keeps a flood of the public address from locking them out.
+/// Not `server.max_connections`: with it, the shipped defaults (10,000)
+/// needed 20,080 descriptors with the admin listener on, past the 20,000
+/// many hosts allow.
+const OPERATOR_MAX_CONNECTIONS: usize = 256;
+
+fn operator_cap(cfg: &ServerConfig) -> usize {
+    cfg.max_connections.min(OPERATOR_MAX_CONNECTIONS)
 }
 
 /// One open connection, counted in `Traffic::connections` until dropped.
@@ -685,11 +716,12 @@ const FD_RESERVE: u64 = 64;
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (the soft default,
 /// often 1024, is far below what a server needs; the hard limit is what the
-/// operator allows), then warns, naming the keys, if `max_connections` on
-/// every listener plus the pool cannot fit in it: past the limit `accept`
-/// fails (and so do new database connections) until descriptors free up.
+/// operator allows), then warns, naming the keys, if `max_connections`, the
+/// operator listeners' caps and the pool cannot fit in it: past the limit
+/// `accept` fails (and so do new database connections) until descriptors
+/// free up.
 #[cfg(unix)]
-fn check_descriptors(config: &Config, listeners: u64) {
+fn check_descriptors(config: &Config, operator_listeners: u64) {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut limit = getrlimit(Resource::Nofile);
     if limit.current < limit.maximum {
@@ -709,18 +741,18 @@ fn check_descriptors(config: &Config, listeners: u64) {
             Err(e) => tracing::debug!(error = %e, "cannot raise RLIMIT_NOFILE"),
         }
     }
-    let needed = descriptors_needed(config, listeners);
+    let needed = descriptors_needed(config, operator_listeners);
     if let Some(soft) = limit.current
         && needed > soft
     {
         tracing::warn!(
             max_connections = config.server.max_connections,
-            listeners,
+            operator_listeners,
             pool_size = config.database.pool_size,
             needed,
             limit = soft,
-            "server.max_connections on each listener plus database.pool_size and {FD_RESERVE} \
-             for the process need {needed} file descriptors, above the limit (RLIMIT_NOFILE) of \
+            "server.max_connections, {OPERATOR_MAX_CONNECTIONS} for each operator listener, \
+             database.pool_size and {FD_RESERVE} for the process need {needed} file descriptors, above the limit (RLIMIT_NOFILE) of \
              {soft}: the cap cannot be honoured, and once descriptors run out `accept` fails \
              until connections close. Raise the limit (ulimit -n, systemd LimitNOFILE=) or \
              lower server.max_connections"
@@ -729,11 +761,11 @@ fn check_descriptors(config: &Config, listeners: u64) {
 }
 
 #[cfg(not(unix))]
-fn check_descriptors(_config: &Config, _listeners: u64) {}
+fn check_descriptors(_config: &Config, _operator_listeners: u64) {}
 
-fn descriptors_needed(config: &Config, listeners: u64) -> u64 {
+fn descriptors_needed(config: &Config, operator_listeners: u64) -> u64 {
     (config.server.max_connections as u64)
-        .saturating_mul(listeners)
+        .saturating_add((operator_cap(&config.server) as u64).saturating_mul(operator_listeners))
         .saturating_add(u64::from(config.database.pool_size))
         .saturating_add(FD_RESERVE)
 }
@@ -778,7 +810,27 @@ mod tests {
         let mut config = Config::default();
         config.server.max_connections = 1000;
         config.database.pool_size = 16;
-        assert_eq!(descriptors_needed(&config, 1), 1000 + 16 + FD_RESERVE);
-        assert_eq!(descriptors_needed(&config, 2), 2000 + 16 + FD_RESERVE);
+        assert_eq!(descriptors_needed(&config, 0), 1000 + 16 + FD_RESERVE);
+        assert_eq!(descriptors_needed(&config, 2), 1000 + 512 + 16 + FD_RESERVE);
+        config.server.max_connections = 100;
+        assert_eq!(descriptors_needed(&config, 2), 300 + 16 + FD_RESERVE);
+    }
+
+    /// The shipped configuration, admin and metrics listeners on, fits a
+    /// descriptor limit of 20,000 (this machine's, and a common one), so
+    /// it starts without the warning.
+    #[test]
+    fn the_shipped_defaults_fit_twenty_thousand_descriptors() {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/config/bloomgate.toml"
+        ))
+        .unwrap();
+        let config = Config::from_toml(&text).unwrap();
+        assert!(
+            descriptors_needed(&config, 2) <= 20_000,
+            "{}",
+            descriptors_needed(&config, 2)
+        );
     }
 }

@@ -120,12 +120,55 @@ async fn the_dashboard_and_the_rules_name_only_metrics_the_gateway_exports() {
 fn the_names_of_a_text_are_its_metric_identifiers_only() {
     let got = named(
         "rate(bloomgate_requests_total{x=\"y\"}[5m]) / bloomgate:ratio5m + process_open_fds\n\
-         runbook: README.md#bloomgatenotready, xbloomgate_no",
+         runbook_url: docs/src/alerts/BloomgateNotReady.md, xbloomgate_no",
     );
     let want: BTreeSet<String> = ["bloomgate_requests_total", "process_open_fds"]
         .map(String::from)
         .into();
     assert_eq!(got, want);
+}
+
+/// Every alert's `runbook_url` names a page of the book that exists and is
+/// that alert's (its title is the alert's name), and every runbook page is
+/// some alert's: a renamed alert or a moved page fails here, not in an
+/// on-call's browser.
+#[test]
+fn every_alert_links_its_own_runbook_page() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules =
+        std::fs::read_to_string(root.join("deploy/prometheus/bloomgate.rules.yml")).unwrap();
+    let mut alert = None;
+    let mut linked = BTreeSet::new();
+    for line in rules.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("- alert: ") {
+            assert!(alert.is_none(), "{alert:?} has no runbook_url");
+            alert = Some(name.to_string());
+        }
+        if let Some(url) = line.strip_prefix("runbook_url: ") {
+            let name = alert.take().expect("a runbook_url outside an alert");
+            let url = url.trim_matches('"');
+            let page = std::fs::read_to_string(root.join(url))
+                .unwrap_or_else(|e| panic!("{name}: {url}: {e}"));
+            assert_eq!(
+                page.lines().next(),
+                Some(format!("# {name}").as_str()),
+                "{url}"
+            );
+            linked.insert(url.to_string());
+        }
+    }
+    assert!(alert.is_none(), "{alert:?} has no runbook_url");
+    let pages: BTreeSet<String> = std::fs::read_dir(root.join("docs/src/alerts"))
+        .unwrap()
+        .map(|e| {
+            format!(
+                "docs/src/alerts/{}",
+                e.unwrap().file_name().to_string_lossy()
+            )
+        })
+        .collect();
+    assert_eq!(linked, pages, "runbook pages and alerts differ");
+    assert!(linked.len() >= 10, "{linked:?}");
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! real binary: signals (SIGHUP reloads and never kills, SIGTERM drains),
 //! access, audit and start-up lines, `bloomgate_db_up` and the cause of a
 //! refused connection, the preflight, a notify gateway without its
-//! triggers, the README's metrics list against `/metrics`, and the
+//! triggers, the book's metrics list against `/metrics`, the book's SQL
+//! for a role of its own, and the
 //! deployment files.
 
 #[path = "common/binary.rs"]
@@ -48,6 +49,19 @@ async fn sighup_reloads_the_log_level_and_admin_token_and_never_kills() {
     assert_eq!(status(&metrics, Some(TOKEN_A)).await, 401, "the old token");
     assert_eq!(status(&format!("http://{public}/users/2"), None).await, 200);
     gw.wait_log("finished processing request").await;
+    assert!(!gw.log().contains("at the next restart"), "{}", gw.log());
+
+    // A setting SIGHUP does not reload: named, not applied, still alive.
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("shutdown_drain = \"30s\"", "shutdown_drain = \"20s\""),
+    )
+    .unwrap();
+    gw.signal("HUP");
+    gw.wait_log("server.shutdown_drain changed; that takes effect at the next restart")
+        .await;
+    assert!(gw.alive());
 
     // A broken file: said, nothing changes, still alive.
     std::fs::write(&config, "[server\n").unwrap();
@@ -103,6 +117,8 @@ async fn sigterm_makes_readyz_503_while_requests_are_still_served() {
     // The drain is 30 s here; SIGINT cuts it short.
     gw.signal("INT");
     assert!(gw.exited().await.success(), "{}", gw.log());
+    // A last line says the process stopped as asked.
+    gw.wait_log("bloomgate stopped").await;
 }
 
 /// JSON lines: the start-up line (version, the config as an object,
@@ -352,15 +368,208 @@ async fn preflight_prints_the_missing_grants_and_passes_once_they_are_run() {
         .await;
 }
 
-/// The metric families README's list names, braces expanded (`a_{b,c}`),
-/// from the `GET /metrics` row of "Operating it" (`_*` ends a prefix).
-fn readme_metrics() -> (Vec<String>, Vec<String>) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let row = readme
+/// A resource in a schema the role may not use: preflight prints the
+/// `GRANT USAGE` it needs and goes on checking the other resources (it
+/// used to stop at "permission denied for schema" with no statement);
+/// once the statements it prints are run, it passes.
+#[tokio::test]
+async fn preflight_on_a_schema_it_may_not_use_prints_the_grant_and_goes_on() {
+    let db = TestDb::new().await;
+    let role = format!("{}_sc", db.name);
+    db.exec(&format!(
+        "CREATE SCHEMA shop; CREATE TABLE shop.items (id bigint PRIMARY KEY, name text NOT NULL);
+         CREATE ROLE \"{role}\" LOGIN"
+    ))
+    .await;
+    let url = db.url.replacen("://postgres@", &format!("://{role}@"), 1);
+    let dir = tempdir();
+    let path = dir.join("bloomgate.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nurl = \"{url}\"\nfreshness = \"off\"\n{USERS}\n\
+             [[resource]]\nname = \"items\"\nroute = \"/items/{{id}}\"\ntable = \"shop.items\"\n\
+             key_column = \"id\"\nkey_type = \"bigint\"\ncolumns = [\"id\", \"name\"]\n"
+        ),
+    )
+    .unwrap();
+    let preflight = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
+            .args(["preflight", "--config"])
+            .arg(&path)
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let q = format!("\"{role}\"");
+    let mut rounds = 0;
+    loop {
+        let (code, out) = preflight();
+        assert!(!out.contains("reading the catalog"), "{out}");
+        if rounds == 0 {
+            assert_eq!(code, Some(1), "{out}");
+            // The schema's grant, and the other resource checked all the same.
+            assert!(
+                out.contains(&format!("GRANT USAGE ON SCHEMA \"shop\" TO {q};")),
+                "{out}"
+            );
+            assert!(
+                out.contains(&format!("GRANT SELECT ON \"public\".\"users\" TO {q};")),
+                "{out}"
+            );
+            // check-config tells a refusal from an outage.
+            let checked = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
+                .args(["check-config", "--config"])
+                .arg(&path)
+                .env_remove("DATABASE_URL")
+                .output()
+                .unwrap();
+            let checked = String::from_utf8_lossy(&checked.stdout);
+            assert!(
+                checked.contains("# database: reachable, but the catalog could not be read"),
+                "{checked}"
+            );
+        }
+        if code == Some(0) {
+            assert!(out.contains("preflight passed"), "{out}");
+            break;
+        }
+        let statements: Vec<&str> = out
+            .lines()
+            .filter(|l| !l.starts_with("--") && l.ends_with(';'))
+            .collect();
+        assert!(
+            !statements.is_empty(),
+            "missing, with nothing to run:\n{out}"
+        );
+        for sql in &statements {
+            db.exec(sql).await;
+        }
+        rounds += 1;
+        assert!(rounds <= 2, "still missing after {rounds} rounds:\n{out}");
+    }
+    drop(db);
+    let admin = sqlx::PgPool::connect(&admin_url()).await.unwrap();
+    let _ = admin
+        .execute(format!("DROP ROLE IF EXISTS \"{role}\"").as_str())
+        .await;
+}
+
+/// Runs `sql` with `psql` as the user of `url`, stopping where the block
+/// says (`\set ON_ERROR_STOP on`): the exit status and what psql said.
+fn psql(url: &str, sql: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new("psql")
+        .args(["-X", "-q", url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("psql (scripts/pg.sh installs PostgreSQL's client)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(sql.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out.status.success(), said)
+}
+
+/// The book's SQL for a role of its own, run as an operator would with
+/// `psql`: each block by the person it names, the database, its schema
+/// and the tables owned by a role that is not a superuser (an
+/// application's usual owner; `CREATE PUBLICATION` needs `CREATE` on the
+/// database, which its owner has). Every block succeeds, and `bloomgate
+/// preflight` as the new role then finds nothing missing (notify, queue;
+/// the wal blocks run too, but preflight's `wal_level` check needs a
+/// logical server). A superuser's block run by the owner stops at its
+/// first error instead of carrying on (the onboarding failure: the role
+/// missing, the publication created).
+#[tokio::test]
+async fn the_books_role_blocks_run_by_whom_they_name_and_preflight_then_passes() {
+    let db = TestDb::new().await;
+    let owner = format!("{}_owner", db.name);
+    db.exec(&format!(
+        "CREATE ROLE \"{owner}\" LOGIN; ALTER DATABASE \"{db}\" OWNER TO \"{owner}\";
+         ALTER SCHEMA public OWNER TO \"{owner}\";
+         ALTER TABLE users OWNER TO \"{owner}\"; ALTER TABLE articles OWNER TO \"{owner}\"",
+        db = db.name
+    ))
+    .await;
+    let as_owner = db.url.replacen("://postgres@", &format!("://{owner}@"), 1);
+    let mut roles = Vec::new();
+    for feed in ["notify", "queue", "wal"] {
+        let role = format!("{}_{feed}", db.name);
+        roles.push(role.clone());
+        let blocks = documented_blocks(feed, &format!("\"{role}\""));
+        assert!(blocks.iter().any(|(who, _)| *who == Grantor::Owner));
+        for (who, block) in &blocks {
+            assert!(block.contains("\\set ON_ERROR_STOP on"), "{block}");
+            let url = match who {
+                Grantor::Superuser => &db.url,
+                Grantor::Owner => &as_owner,
+            };
+            let (ok, said) = psql(url, block);
+            assert!(ok, "{feed}: as {who:?}:\n{block}\n{said}");
+        }
+        if feed == "wal" {
+            continue;
+        }
+        let dir = tempdir();
+        let path = dir.join("bloomgate.toml");
+        let url = db.url.replacen("://postgres@", &format!("://{role}@"), 1);
+        std::fs::write(
+            &path,
+            format!(
+                "[database]\nurl = \"{url}\"\nfreshness = \"{feed}\"\ninstall_triggers = true\n{USERS}\n\
+                 [[resource]]\nname = \"articles\"\nroute = \"/articles/{{id}}\"\ntable = \"articles\"\n\
+                 key_column = \"id\"\nkey_type = \"uuid\"\ncolumns = [\"id\", \"title\"]\n"
+            ),
+        )
+        .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
+            .args(["preflight", "--config"])
+            .arg(&path)
+            .env_remove("DATABASE_URL")
+            .output()
+            .unwrap();
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{feed}:\n{printed}");
+    }
+    // The superuser's part, run by the owner: stops at the first error.
+    let blocks = documented_blocks("wal", "\"someone_else\"");
+    let superuser = &blocks
+        .iter()
+        .find(|(who, _)| *who == Grantor::Superuser)
+        .unwrap()
+        .1;
+    let (ok, said) = psql(&as_owner, &format!("{superuser}\nSELECT 'carried on';"));
+    assert!(!ok, "{said}");
+    assert!(said.contains("permission denied"), "{said}");
+    drop(db);
+    let admin = sqlx::PgPool::connect(&admin_url()).await.unwrap();
+    for role in roles.iter().chain([&owner]) {
+        let _ = admin
+            .execute(format!("DROP ROLE IF EXISTS \"{role}\"").as_str())
+            .await;
+    }
+}
+
+/// The metric families the book's list names, braces expanded (`a_{b,c}`),
+/// from the `GET /metrics` row of docs/src/admin.md (`_*` ends a prefix).
+fn documented_metrics() -> (Vec<String>, Vec<String>) {
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/src/admin.md")).unwrap();
+    let row = page
         .lines()
         .find(|l| l.starts_with("| `GET /metrics`"))
-        .expect("README's /metrics row");
+        .expect("the book's /metrics row (docs/src/admin.md)");
     let mut names = Vec::new();
     let mut prefixes = Vec::new();
     for token in row.split('`').skip(1).step_by(2) {
@@ -386,11 +595,11 @@ fn readme_metrics() -> (Vec<String>, Vec<String>) {
     (names, prefixes)
 }
 
-/// Every family a live gateway exports is in README's list; every name in
+/// Every family a live gateway exports is in the book's list; every name in
 /// the list is exported, except those of a feed or an option this gateway
 /// does not use (the WAL feed's, the replicas', the access checks').
 #[tokio::test]
-async fn the_readme_metrics_list_matches_a_live_gateway() {
+async fn the_documented_metrics_list_matches_a_live_gateway() {
     let db = TestDb::new().await;
     db.seed_users(5).await;
     let gw = gateway(config(&db.url, ""));
@@ -416,14 +625,14 @@ async fn the_readme_metrics_list_matches_a_live_gateway() {
         .filter_map(|l| l.split_whitespace().next())
         .collect();
     assert!(exported.len() > 10, "{text}");
-    let (names, prefixes) = readme_metrics();
+    let (names, prefixes) = documented_metrics();
     let undocumented: Vec<&&str> = exported
         .iter()
         .filter(|e| !names.iter().any(|n| n == *e) && !prefixes.iter().any(|p| e.starts_with(p)))
         .collect();
     assert!(
         undocumented.is_empty(),
-        "exported but not in README's /metrics list: {undocumented:?}"
+        "exported but not in the book's /metrics list: {undocumented:?}"
     );
     // Families only a feed, replicas, access rules or the bus not in use
     // here would export.
@@ -443,12 +652,12 @@ async fn the_readme_metrics_list_matches_a_live_gateway() {
         .collect();
     assert!(
         missing.is_empty(),
-        "in README's list but not exported: {missing:?}\n{text}"
+        "in the book's list but not exported: {missing:?}\n{text}"
     );
     served.shutdown().await.unwrap();
 }
 
-/// deploy/: every Kubernetes manifest parses, has what README promises
+/// deploy/: every Kubernetes manifest parses, has what the book promises
 /// (probes on /readyz and /healthz, preStop, resources, a PDB, a Service)
 /// and, where `BLOOMGATE_KUBERNETES_VALIDATE` names the tool (scripts/test.sh
 /// sets it), passes the API schemas strictly; the systemd unit passes

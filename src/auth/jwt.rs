@@ -654,7 +654,7 @@ mod tests {
         assert_eq!(c.scopes, ["a", "b\tc\nd"]);
     }
 
-    /// A claim twice in the payload: the last one counts (as the README
+    /// A claim twice in the payload: the last one counts (as the book
     /// says), for the owner and the expiry alike.
     #[test]
     fn a_duplicate_claim_counts_as_its_last_value() {

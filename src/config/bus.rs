@@ -38,7 +38,7 @@ pub struct BusConfig {
     /// Entries the stream keeps (trimmed approximately, in whole blocks).
     /// A gateway away for longer than the stream reaches back resyncs (a
     /// rebuild of every filter). Default 100000: about 20 MB of Redis
-    /// memory with small keys; see the README on sizing it.
+    /// memory with small keys; see docs/src/bus.md on sizing it.
     pub retention: u64,
     /// Without proof from the bus that it is current for this long (Redis
     /// unreachable, no relay, a relay behind), a gateway falls back to a

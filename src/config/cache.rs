@@ -10,7 +10,7 @@ use super::KeyProblem;
 use super::cache_control;
 
 /// The row cache's budget when a section names none: 64 MiB per resource,
-/// about 150,000 rows of the demo's ~150-byte users (README, "Sizing").
+/// about 150,000 rows of the demo's ~150-byte users (docs/src/sizing.md).
 pub const DEFAULT_MAX_BYTES: u64 = 64 << 20;
 
 /// What bounds a resource's row cache.
@@ -39,7 +39,7 @@ pub struct CacheConfig {
     /// number of bytes. Each row counts its JSON body and compressed forms,
     /// their ETags and lengths, and its key, plus a fixed per-entry overhead
     /// ([`crate::cache::ENTRY_OVERHEAD`]), so the cache's memory is bounded
-    /// however wide the rows are (README, "Sizing"). Default
+    /// however wide the rows are (docs/src/sizing.md). Default
     /// [`DEFAULT_MAX_BYTES`] (64 MiB) per resource, unless `max_entries` is
     /// set.
     #[serde(

@@ -19,7 +19,7 @@ pub struct DatabaseConfig {
     /// verify-ca|verify-full` (default `prefer`; `PGSSLMODE` when unset) and
     /// `sslrootcert=/path/ca.pem` (`PGSSLROOTCERT`), the CA file, the only
     /// trusted roots as in libpq: `verify-ca` and `verify-full` need it, and
-    /// `require` with it checks the chain. See `db::tls` and the README's
+    /// `require` with it checks the chain. See `db::tls` and the book's
     /// "TLS to PostgreSQL". `replica_urls` take the same parameters.
     pub url: String,
     /// Connections in the pool: also the most database queries at once.

@@ -239,6 +239,52 @@ impl Config {
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
     }
 
+    /// The keys whose values differ between `self` and `other`, dotted as
+    /// in the file (`server.max_connections`, `resource[1].columns`), in
+    /// file order. Secrets compare by value but only their keys are named,
+    /// so the list may be logged.
+    pub fn changed_keys(&self, other: &Config) -> Vec<String> {
+        fn walk(
+            path: &str,
+            a: Option<&toml::Value>,
+            b: Option<&toml::Value>,
+            out: &mut Vec<String>,
+        ) {
+            use toml::Value;
+            match (a, b) {
+                (Some(Value::Table(a)), Some(Value::Table(b))) => {
+                    let mut keys: Vec<&String> = a.keys().collect();
+                    keys.extend(b.keys().filter(|k| !a.contains_key(*k)));
+                    for k in keys {
+                        let p = if path.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{path}.{k}")
+                        };
+                        walk(&p, a.get(k), b.get(k), out);
+                    }
+                }
+                (Some(Value::Array(a)), Some(Value::Array(b)))
+                    if a.iter().chain(b).all(Value::is_table) =>
+                {
+                    for i in 0..a.len().max(b.len()) {
+                        walk(&format!("{path}[{i}]"), a.get(i), b.get(i), out);
+                    }
+                }
+                (a, b) if a != b => out.push(path.to_string()),
+                _ => {}
+            }
+        }
+        let value = |c: &Config| toml::Value::try_from(c).ok();
+        let mut out = Vec::new();
+        walk("", value(self).as_ref(), value(other).as_ref(), &mut out);
+        // The file says `[[resource]]`; the struct field is `resources`.
+        out.iter_mut()
+            .filter(|k| k.starts_with("resources"))
+            .for_each(|k| *k = k.replacen("resources", "resource", 1));
+        out
+    }
+
     /// Each section in turn, then the resources against them; the first
     /// problem found is the error.
     fn validate(&self) -> Result<(), KeyProblem> {
@@ -273,6 +319,28 @@ pub(crate) mod tests {
 
     pub(crate) fn err(text: &str) -> String {
         Config::from_toml(text).unwrap_err().to_string()
+    }
+
+    /// What SIGHUP names as needing a restart: exactly the keys that
+    /// differ, a secret by its key only, a resource by its index.
+    #[test]
+    fn changed_keys_name_what_differs_and_only_that() {
+        let a = Config::from_toml(MINIMAL).unwrap();
+        assert!(a.changed_keys(&a.clone()).is_empty());
+        let secret = "s".repeat(40);
+        let b = Config::from_toml(&format!(
+            "[server]\nmax_connections = 5\n[auth]\njwt_secret = \"{secret}\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        let mut changed = a.changed_keys(&b);
+        changed.sort();
+        assert_eq!(changed, ["auth.jwt_secret", "server.max_connections"]);
+        assert!(!format!("{changed:?}").contains(&secret));
+        let c = Config::from_toml(&MINIMAL.replace("\"name\"]", "\"name\", \"email\"]")).unwrap();
+        assert_eq!(a.changed_keys(&c), ["resource[0].columns"]);
+        let two = format!("{MINIMAL}{}", MINIMAL.replace("users", "people"));
+        let d = Config::from_toml(&two).unwrap();
+        assert_eq!(a.changed_keys(&d), ["resource[1]"]);
     }
 
     #[test]

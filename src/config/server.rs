@@ -69,11 +69,11 @@ pub struct ServerConfig {
     /// are reclaimed within about a minute.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
-    /// Open connections per listener (the public and the admin listener
-    /// each have this many). At the cap the listener stops accepting: new
-    /// connections wait in the kernel's listen backlog and are served as
-    /// slots free up. Must fit the file-descriptor limit (checked at
-    /// start-up). Default 10000.
+    /// Open connections on the public listener (the admin and metrics
+    /// listeners take at most 256 each, of their own). At the cap the
+    /// listener stops accepting: new connections wait in the kernel's
+    /// listen backlog and are served as slots free up. Must fit the
+    /// file-descriptor limit (checked at start-up). Default 10000.
     pub max_connections: usize,
     /// What keeps `/readyz` at 503. `"local"` (the default): only what is
     /// this gateway's own: starting (filters loading, the feed not yet

@@ -317,7 +317,7 @@ pub struct ResourceView {
     key_type: String,
     /// How its keys compare, as the key column's type and collation say
     /// (`bytes`, `trailing spaces ignored (char(n))`, `lower() under
-    /// collation …`): see README, key types.
+    /// collation …`): see docs/src/your-tables.md, key types.
     key_comparison: String,
     /// The change feed keeping this resource fresh: `wal`, `notify` or
     /// `off` (`database.freshness`; `auto` is resolved at start-up).

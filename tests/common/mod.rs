@@ -54,9 +54,9 @@ pub fn queue_mode() -> bool {
 }
 
 /// `BLOOMGATE_TEST_ROLE=least`: every gateway connects as a role of its
-/// own (one per [`TestDb`], dropped with it) that holds only what README's
-/// "Running it in production" grants for this run's feed (the SQL blocks
-/// marked `-- bloomgate role: ...`), applied by the superuser; the tables a
+/// own (one per [`TestDb`], dropped with it) that holds only what the
+/// book's "A role of its own" grants for this run's feed (the SQL blocks
+/// marked `-- bloomgate role, as ...: ...`), applied by the superuser; the tables a
 /// test adds later get what `bloomgate preflight` says is missing, applied
 /// the same way (see [`gateway`]). The test's own writes stay the
 /// superuser's. `scripts/test.sh` runs tests/freshness.rs so on the `wal`
@@ -70,12 +70,48 @@ pub fn gateway_role(db: &str) -> String {
     format!("{db}_gw")
 }
 
-/// The README's SQL for the gateway's role on this run's feed: the block
-/// for every feed, then the feed's own, statement by statement, with the
-/// role named `role`.
+/// Who runs a block of the book's SQL for the gateway's role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grantor {
+    Superuser,
+    Owner,
+}
+
+/// The book's SQL for the gateway's role (docs/src/production.md, "A role
+/// of its own") on `feed`: the blocks for every feed, then the feed's own,
+/// each with who runs it and its text as written (`psql` meta-commands
+/// included), the role named `role`. A feed may have no superuser block.
+pub fn documented_blocks(feed: &str, role: &str) -> Vec<(Grantor, String)> {
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/production.md"
+    ))
+    .expect("docs/src/production.md");
+    let mut out = Vec::new();
+    for wanted in ["every feed", feed] {
+        for (who, grantor) in [
+            ("a superuser", Grantor::Superuser),
+            ("the tables' owner", Grantor::Owner),
+        ] {
+            let marker = format!("-- bloomgate role, as {who}: {wanted}\n");
+            let Some(start) = page.find(&marker) else {
+                assert!(
+                    grantor == Grantor::Superuser && wanted != "every feed",
+                    "docs/src/production.md has no SQL block marked {marker:?}"
+                );
+                continue;
+            };
+            let block = &page[start..];
+            let block = &block[..block.find("```").expect("the block ends")];
+            out.push((grantor, block.replace("bloomgate_gateway", role)));
+        }
+    }
+    out
+}
+
+/// [`documented_blocks`] for this run's feed as statements, comments and
+/// `psql` meta-commands left out, all run by the test's superuser.
 pub fn documented_grants(role: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
     let feed = if wal_mode() {
         "wal"
     } else if queue_mode() {
@@ -84,23 +120,17 @@ pub fn documented_grants(role: &str) -> Vec<String> {
         "notify"
     };
     let mut out = Vec::new();
-    for wanted in ["every feed", feed] {
-        let marker = format!("-- bloomgate role: {wanted}\n");
-        let start = readme
-            .find(&marker)
-            .unwrap_or_else(|| panic!("README.md has no SQL block marked {marker:?}"));
-        let block = &readme[start..];
-        let block = &block[..block.find("```").expect("the block ends")];
+    for (_, block) in documented_blocks(feed, role) {
         let sql: String = block
             .lines()
-            .filter(|l| !l.trim_start().starts_with("--"))
+            .filter(|l| !l.trim_start().starts_with("--") && !l.trim_start().starts_with('\\'))
             .collect::<Vec<_>>()
             .join("\n");
         out.extend(
             sql.split(';')
                 .map(str::trim)
                 .filter(|s| !s.is_empty())
-                .map(|s| s.replace("bloomgate_gateway", role)),
+                .map(String::from),
         );
     }
     out
@@ -245,7 +275,7 @@ impl TestDb {
             .unwrap();
         bloomgate::db::MIGRATOR.run(&pool).await.unwrap();
         if least_privilege() {
-            // The README's CREATE ROLE and grants, the role named for this
+            // The book's CREATE ROLE and grants, the role named for this
             // database (roles are cluster-wide; it is dropped with it).
             let role = gateway_role(&name);
             pool.execute(format!("DROP ROLE IF EXISTS \"{role}\"").as_str())
@@ -254,7 +284,7 @@ impl TestDb {
             for sql in documented_grants(&role) {
                 pool.execute(sql.as_str())
                     .await
-                    .unwrap_or_else(|e| panic!("README's {sql:?}: {e}"));
+                    .unwrap_or_else(|e| panic!("the book's {sql:?}: {e}"));
             }
         }
         Self { name, url, pool }

@@ -16,15 +16,11 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use tokio::sync::{mpsc, watch};
 
 use super::assemble::{Assembler, Pending};
-use super::transport::{Item, Polled, Positions, Streamed, Transport};
+use super::transport::{Item, Polled, Positions, STATUS_EVERY, Streamed, Transport};
 use super::{Feed, SessionError, bounded, deps, feed_connect, side_connection};
 use crate::feed::pgoutput;
 use crate::feed::{CHECK_EVERY, Event, Lsn, Phase, Position, Resync, Server};
 use crate::shutdown::Shutdown;
-
-/// How often the feed tells the server its position when nothing else
-/// made it (well inside `wal_sender_timeout`, 60 s by default).
-pub(super) const STATUS_EVERY: Duration = Duration::from_secs(1);
 
 /// Streamed, commits are delivered at `Received` as they arrive, and
 /// checked for visibility (one query for all of them), delivered at

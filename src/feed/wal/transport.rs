@@ -11,10 +11,15 @@ use bytes::Bytes;
 use sqlx::PgConnection;
 use sqlx::Row;
 
-use super::session::STATUS_EVERY;
 use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, flush_lsn, slot};
 use crate::feed::replication::{self, Endpoint, Frame, ReplError, Stream};
 use crate::feed::{HEARTBEAT_EVERY, Lsn, Timeline};
+
+/// How often the feed tells the server its position when nothing else
+/// made it (well inside `wal_sender_timeout`, 60 s by default). The
+/// session waits on its applier no longer than this either, so a reply
+/// is never owed longer.
+pub(super) const STATUS_EVERY: Duration = Duration::from_secs(1);
 
 /// Frames taken into one batch at most: one visibility check and one
 /// acknowledgement cover them all.

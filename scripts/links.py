@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Checks every relative link of the documentation, both ways it is read.
+
+    scripts/links.py target/book    # the built book (scripts/book.sh)
+
+- The Markdown, as GitHub shows it: README.md, ARCHITECTURE.md,
+  RELIABILITY.md, BENCHMARKS.md and every page under docs/src. A link to a
+  file must name one that exists; a `#fragment` must be a heading of the
+  page it points into (GitHub's and mdBook's slugs agree for our headings).
+- The HTML mdBook built (when a directory is given): every `href` and `src`
+  inside the book names a file of the book, and every fragment an `id` in it
+  (the pages `{{#include}}` pulls in from the repository are checked there).
+- Every page under docs/src is reachable from docs/src/SUMMARY.md (mdBook
+  leaves an unlisted page out of the book without a word).
+Links off the machine (http, https, mailto) are not followed: CI has no
+network. Exit 1 with one line per broken link.
+"""
+import html.parser
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def slug(title):
+    title = re.sub(r"`|\*\*|\*", "", title).strip().lower()
+    title = re.sub(r"[^\w\- ]", "", title)
+    return title.replace(" ", "-")
+
+
+def outside_fences(text):
+    fence = False
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.startswith("```"):
+            fence = not fence
+            continue
+        if not fence:
+            yield n, line
+
+
+def anchors_of_markdown(path):
+    return {slug(l.lstrip("#")) for _, l in outside_fences(open(path).read()) if re.match(r"#+ ", l)}
+
+
+def markdown_files():
+    yield from (os.path.join(ROOT, f) for f in ("README.md", "ARCHITECTURE.md", "RELIABILITY.md", "BENCHMARKS.md"))
+    for d, _, files in os.walk(os.path.join(ROOT, "docs", "src")):
+        yield from (os.path.join(d, f) for f in sorted(files) if f.endswith(".md"))
+
+
+def check_markdown(broken):
+    for path in markdown_files():
+        for n, line in outside_fences(open(path).read()):
+            # Code spans are text, not links.
+            line = re.sub(r"`[^`]*`", "", line)
+            for m in LINK.finditer(line):
+                target = m.group(1) or m.group(2)
+                if re.match(r"[a-z]+:", target):
+                    continue
+                file, _, fragment = target.partition("#")
+                dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+                where = f"{os.path.relpath(path, ROOT)}:{n}: {target}"
+                if not os.path.exists(dest):
+                    broken.append(f"{where}: no such file")
+                elif fragment and dest.endswith(".md") and fragment not in anchors_of_markdown(dest):
+                    broken.append(f"{where}: no heading #{fragment}")
+
+
+def check_summary(broken):
+    src = os.path.join(ROOT, "docs", "src")
+    listed = {os.path.normpath(os.path.join(src, m.group(1))) for m in LINK.finditer(open(os.path.join(src, "SUMMARY.md")).read()) if m.group(1)}
+    for d, _, files in os.walk(src):
+        for f in files:
+            p = os.path.normpath(os.path.join(d, f))
+            if f.endswith(".md") and f != "SUMMARY.md" and p not in listed:
+                broken.append(f"docs/src/{os.path.relpath(p, src)}: not in SUMMARY.md, so not in the book")
+
+
+class Page(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.refs = set(), []
+
+    def handle_starttag(self, tag, attrs):
+        for k, v in attrs:
+            if k in ("id", "name") and v:
+                self.ids.add(v)
+            if k in ("href", "src") and v:
+                self.refs.append(v)
+
+
+def check_html(book, broken):
+    pages = {}
+    for d, _, files in os.walk(book):
+        for f in files:
+            if f.endswith(".html"):
+                p = Page()
+                p.feed(open(os.path.join(d, f), errors="replace").read())
+                pages[os.path.normpath(os.path.join(d, f))] = p
+    if not pages:
+        broken.append(f"{book}: no HTML: was the book built?")
+    for path, page in pages.items():
+        for ref in page.refs:
+            if re.match(r"[a-z]+:|//", ref):
+                continue
+            file, _, fragment = ref.partition("#")
+            file = file.split("?")[0]
+            if file.startswith("/"):
+                # mdBook's site root (404.html links there): the book's own.
+                dest = os.path.normpath(os.path.join(book, file.lstrip("/")))
+            else:
+                dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            if os.path.isdir(dest):
+                dest = os.path.join(dest, "index.html")
+            where = f"{os.path.relpath(path, book)}: {ref}"
+            if not os.path.exists(dest):
+                broken.append(f"{where}: no such file in the book")
+            elif fragment and dest in pages and fragment not in pages[dest].ids:
+                broken.append(f"{where}: no element #{fragment}")
+
+
+def main():
+    broken = []
+    check_markdown(broken)
+    check_summary(broken)
+    if len(sys.argv) > 1:
+        check_html(sys.argv[1], broken)
+    for b in broken:
+        print(f"links: {b}", file=sys.stderr)
+    if broken:
+        print(f"links: {len(broken)} broken", file=sys.stderr)
+        return 1
+    print("links: every relative link of the Markdown" + (" and the built book" if len(sys.argv) > 1 else "") + " resolves")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
