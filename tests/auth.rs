@@ -695,7 +695,7 @@ async fn rate_limited_resources_send_their_policy_always_and_their_state_once_ad
 /// owner their row is gone (the false negative this gateway exists not to
 /// give); answering 503 for absent keys would make an outage of every key.
 /// What it leaves visible, that the filter passed the key, is what the
-/// timing already shows (README, "403 or 404 for another owner's row").
+/// timing already shows (docs/src/access-control.md, "403 or 404 for another owner's row").
 #[tokio::test]
 async fn an_owner_column_resource_answers_503_never_404_when_the_database_does_not() {
     let db = seeded().await;

@@ -563,7 +563,7 @@ async fn raw(addr: SocketAddr, request: &str) -> (u16, String) {
 
 /// RFC 9112 §3.2: an HTTP/1.1 request without exactly one `Host` is 400
 /// (HTTP/1.0 may omit it); `CONNECT` and `OPTIONS *` are methods the
-/// gateway does not take: 405 with `Allow`, as the README's table says;
+/// gateway does not take: 405 with `Allow`, as the book's response table says;
 /// the admin API takes its auth-scheme in any case (RFC 9110 §11.1).
 #[tokio::test]
 async fn hosts_methods_and_schemes_are_read_as_the_rfcs_say() {

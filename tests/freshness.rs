@@ -566,7 +566,7 @@ async fn install_triggers_makes_a_user_table_fresh() {
         return;
     }
     if least_privilege() {
-        // `bloomgate install-triggers` is the tables' owner's step (README,
+        // `bloomgate install-triggers` is the tables' owner's step (docs/src/production.md,
         // "A role of its own"); the role's own install is tested by every
         // other test here (`install_triggers = true`).
         println!(

@@ -630,7 +630,7 @@ async fn a_silent_feed_is_trusted_no_longer_than_the_bound() {
 /// With `synchronous_commit = off` a commit is visible before its WAL is
 /// flushed, and the WAL feed sees it only once the WAL writer flushes it
 /// (`wal_writer_delay`, 200 ms by default): the window in which the old
-/// row can still be served. Measured here (printed, and in the README);
+/// row can still be served. Measured here (printed, and in the book);
 /// asserted only to close.
 #[tokio::test]
 async fn the_stale_window_of_an_async_commit() {

@@ -3,12 +3,12 @@
 //! its byte budget however wide the rows are, its weigher never counts a row
 //! as smaller than the heap it holds, and each filter layout holds what its
 //! `bloomgate_filter_size_bytes` reports. The tables these tests print
-//! (`cargo test --release --test memory -- --nocapture`) are README's
+//! (`cargo test --release --test memory -- --nocapture`) are the book's (docs/src/sizing.md)
 //! "Sizing".
 //!
 //! The counts are of requested bytes: the allocator's own rounding and
 //! headers (mimalloc's size classes waste up to 1/8 on a block; glibc adds
-//! 8–16 bytes) come on top, which is why README's figures for a process
+//! 8–16 bytes) come on top, which is why the book's figures for a process
 //! (RSS) are a little higher.
 
 #[path = "common/counting.rs"]
@@ -29,7 +29,7 @@ static GLOBAL: counting::Counting = counting::Counting;
 
 /// What a row cache holds beside its rows, which no budget counts: moka's
 /// tables, channels and queues (measured: 75–350 KiB, growing over the
-/// first few hundred rows; README, "Sizing").
+/// first few hundred rows; docs/src/sizing.md).
 const CACHE_FIXED_MAX: u64 = 512 * 1024;
 
 /// The counter is the process's: one measurement at a time.
@@ -258,7 +258,7 @@ fn filter_heap(
 
 /// Every layout holds what `bloomgate_filter_size_bytes` says it holds
 /// (within a quarter for the roaring bitmap, whose serialised size is what
-/// it reports), and the per-million figures README's sizing table gives.
+/// it reports), and the per-million figures the book's sizing table gives.
 #[test]
 fn each_filter_layout_holds_what_its_metric_reports() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -338,11 +338,11 @@ fn each_filter_layout_holds_what_its_metric_reports() {
     }
 }
 
-/// What README's sizing says a negative entry costs, at most.
+/// What the book's sizing says a negative entry costs, at most.
 const NEGATIVE_ENTRY_MAX: f64 = 400.0;
 
 /// "No such row" entries are bounded by count (`negative_max_entries`);
-/// each costs what README's sizing says, so the count is a memory bound.
+/// each costs what the book's sizing says, so the count is a memory bound.
 #[test]
 fn a_negative_entry_costs_what_the_sizing_says() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

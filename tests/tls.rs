@@ -275,7 +275,7 @@ async fn verify_ca_skips_the_host_name_on_the_replication_connection_only() {
     // The pool (sqlx 0.8.6) checks the name under verify-ca too: sqlx
     // issue #3793 (its verifier lets `NotValidForName` through, rustls
     // 0.23 reports `NotValidForNameContext`). If verify-ca passes here,
-    // sqlx has been fixed: update `db::tls` and the README, which say so.
+    // sqlx has been fixed: update `db::tls` and the book (docs/src/tls.md), which say so.
     for mode in ["verify-ca", "verify-full"] {
         let e = pool_query(&url(mode)).await.unwrap_err().to_string();
         assert!(e.contains("not valid for name"), "{mode}, pool: {e}");

@@ -26,12 +26,12 @@ pub struct AdminConfig {
     /// not use `server.request_timeout`); past it: 504. A rebuild is never
     /// cut off by it: it runs in the background (see `rebuild_wait`).
     /// Default `30s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub request_timeout: Duration,
     /// How long `POST /admin/resources/{name}/rebuild?wait=true` waits for
     /// the rebuild's outcome before answering 202 (the rebuild goes on).
     /// Not bounded by `request_timeout`. Default `10m`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub rebuild_wait: Duration,
     /// A file holding a read-only token that `GET /metrics` on the admin
     /// listener accepts besides the admin token (it opens nothing else).

@@ -115,10 +115,10 @@ pub struct AuthConfig {
     /// none.
     pub jwks_url: Option<String>,
     /// Default `5m`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub jwks_refresh_interval: Duration,
     /// Default `30s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub jwks_min_refetch_interval: Duration,
     /// How long the keys of the last good fetch of `jwks_url` stay
     /// trusted while fetches fail (unreachable, an HTTP error, not a key
@@ -126,7 +126,7 @@ pub struct AuthConfig {
     /// 503 and `/readyz` says why. A fetched key set always replaces the
     /// keys held, even an empty one. At least `jwks_refresh_interval`.
     /// Default `24h`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub jwks_max_stale: Duration,
     /// When set, a token's `iss` must equal it. Default none.
     pub issuer: Option<String>,
@@ -135,7 +135,7 @@ pub struct AuthConfig {
     /// meant for someone else). Default none.
     pub audience: Option<String>,
     /// Clock skew allowed on `exp` and `nbf`. At most `5m`. Default `30s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub leeway: Duration,
     /// The claim holding a token's scopes: a space-separated string
     /// (`scope`, RFC 8693; split on spaces only, RFC 6749 §3.3) or an

@@ -46,7 +46,7 @@ pub struct BusConfig {
     /// returns once the bus is current again. Default `5s`: longer than a
     /// relay's failover after a crash, so a failover alone does not send
     /// the whole fleet to the primary.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub max_lag: Duration,
     /// Prefix of the Redis keys (the stream and the relay's name). Default
     /// `bloomgate`.
@@ -56,7 +56,7 @@ pub struct BusConfig {
     /// Redis pays per entry and per consumer, so a fleet's Redis CPU per
     /// commit falls as batches grow, and every commit may wait this long
     /// more. `0s`: only what is queued. At most `100ms`. Default `2ms`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub batch_window: Duration,
     /// Commits one entry holds at most. Default 500.
     pub batch_max_commits: usize,

@@ -44,14 +44,14 @@ pub struct CacheConfig {
     /// set.
     #[serde(
         skip_serializing_if = "Option::is_none",
-        serialize_with = "exact_bytes"
+        serialize_with = "crate::config::forms::option_bytes"
     )]
     pub max_bytes: Option<ByteSize>,
     /// How long a row is served from cache. Default `60s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub ttl: Duration,
     /// How long "no such row" is remembered. Default `5s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub negative_ttl: Duration,
     /// While the database cannot be reached at all (connections refused
     /// or cut: not merely slow), a resource answers from what its filter
@@ -63,7 +63,7 @@ pub struct CacheConfig {
     /// and Varnish's grace do, and as `http_cache_control`'s
     /// `stale-if-error` tells the caches in front. Who must never see a
     /// row that may have changed sets `"0s"` (off). Default `300s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub stale_if_error: Duration,
     /// Negative entries kept at most, separate from rows so a flood of
     /// absent keys cannot evict real rows. Default 100000.
@@ -90,7 +90,7 @@ pub struct CacheConfig {
     pub compression: bool,
     /// Rows shorter than this are sent as they are: compressing them saves
     /// less than it costs. Default `"1 KiB"` (1024 bytes).
-    #[serde(serialize_with = "exact_bytes_always")]
+    #[serde(serialize_with = "crate::config::forms::bytes")]
     pub compress_min_bytes: ByteSize,
 }
 
@@ -112,36 +112,25 @@ impl Default for CacheConfig {
     }
 }
 
-/// A byte count as a plain integer: `ByteSize`'s own form rounds
-/// ("976.6 KiB"), and `check-config` should print what will be used.
-fn exact_bytes<S: serde::Serializer>(b: &Option<ByteSize>, s: S) -> Result<S::Ok, S::Error> {
-    match b {
-        Some(b) => s.serialize_u64(b.as_u64()),
-        None => s.serialize_none(),
-    }
-}
-
-fn exact_bytes_always<S: serde::Serializer>(b: &ByteSize, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(b.as_u64())
-}
-
 /// Any field left out keeps the global `[cache]` value.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheOverrides {
     pub enabled: Option<bool>,
     pub max_entries: Option<u64>,
+    #[serde(default, serialize_with = "crate::config::forms::option_bytes")]
     pub max_bytes: Option<ByteSize>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::config::forms::duration")]
     pub ttl: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::config::forms::duration")]
     pub negative_ttl: Option<Duration>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::config::forms::duration")]
     pub stale_if_error: Option<Duration>,
     pub negative_max_entries: Option<u64>,
     pub http_cache_control: Option<String>,
     pub http_cache_control_not_found: Option<String>,
     pub compression: Option<bool>,
+    #[serde(default, serialize_with = "crate::config::forms::option_bytes")]
     pub compress_min_bytes: Option<ByteSize>,
 }
 
@@ -287,8 +276,7 @@ mod tests {
             CacheBound::Bytes(DEFAULT_MAX_BYTES)
         );
         assert!(
-            c.to_redacted_toml()
-                .contains(&format!("max_bytes = {DEFAULT_MAX_BYTES}")),
+            c.to_redacted_toml().contains("max_bytes = \"64 MiB\""),
             "{}",
             c.to_redacted_toml()
         );

@@ -27,11 +27,11 @@ pub struct DatabaseConfig {
     pub pool_size: u32,
     /// How long a request waits for a free connection before it is answered
     /// 503. Default `2s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub acquire_timeout: Duration,
     /// Server-side limit on one query (`statement_timeout`). Default `5s`;
     /// streaming keys for a rebuild is exempt.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub statement_timeout: Duration,
     /// Apply the embedded migrations (the demo schema: `users`, `articles`)
     /// at start-up. Default false: the gateway creates no table unless
@@ -85,18 +85,18 @@ pub struct DatabaseConfig {
     /// without a spare core (no wake-up per commit: on a 2-core box shared
     /// with the writers they lost −2 to 23 % TPS polled every 5 ms, 16 to
     /// 24 % streamed; BENCHMARKS.md), about one interval slower. Between `1ms` and `1s`.
-    #[serde(with = "humantime_serde::option")]
+    #[serde(with = "crate::config::forms::duration")]
     pub wal_poll_interval: Option<Duration>,
     /// How often the `queue` feed polls the change table (one small
     /// indexed query per gateway). Between `1ms` and `1s`. Default `5ms`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub queue_poll_interval: Duration,
     /// How long the `queue` feed's changes stay in the table: the gateways
     /// delete older ones, and a gateway that could not poll for half of it
     /// (or finds rows it had not read deleted, by a gateway with a shorter
     /// retention) rescans every table instead of resuming. At least `10s`.
     /// Default `10m`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub queue_retention: Duration,
     /// Streaming read replicas of the primary (`url`): row loads and key
     /// scans go to one that has replayed far enough (read-your-writes by
@@ -109,11 +109,11 @@ pub struct DatabaseConfig {
     /// A replica further behind the primary than this is not used, and a
     /// rebuild waits at most this long for one to catch up before it scans
     /// the primary. Default `1s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub max_replica_lag: Duration,
     /// How often each replica's health and replay position are read.
     /// Default `250ms`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub replica_check_interval: Duration,
     /// The longest the gateway answers from its filters and caches without
     /// the change feed proving it is current (a heartbeat every 100 ms, see
@@ -123,7 +123,7 @@ pub struct DatabaseConfig {
     /// and four poll intervals; on the WAL feeds also above three of the
     /// primary's `wal_writer_delay` (checked at start-up, see
     /// `db::position::async_commit_lag`). Default `2s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub freshness_bound: Duration,
 }
 

@@ -28,6 +28,13 @@ pub(super) fn layered(file: Figment, env: bool) -> Result<Figment, ConfigError> 
     ))
 }
 
+/// The variable that sets the config key `path` (`["server", "listen"]`:
+/// `BLOOMGATE_SERVER__LISTEN`), for errors about a value it gave.
+pub fn variable_for(path: &[&str]) -> String {
+    let upper: Vec<String> = path.iter().map(|p| p.to_uppercase()).collect();
+    format!("BLOOMGATE_{}", upper.join("__"))
+}
+
 /// The sections a variable can name: the tables of [`Config`] (not the
 /// `[[resource]]` array, which the environment cannot set).
 fn sections() -> Vec<String> {

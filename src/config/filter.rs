@@ -25,7 +25,7 @@ pub struct FilterConfig {
     pub headroom: f64,
     /// Time between scheduled rebuilds, jittered ±10 %; `0s` disables them.
     /// Default `10m`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub rebuild_interval: Duration,
     /// A rebuild that finds fewer than `(1 - max_shrink) × ` the current key
     /// count is refused as suspicious (truncated table, wrong database)
@@ -84,7 +84,7 @@ pub struct FilterOverrides {
     pub mode: Option<Mode>,
     pub false_positive_rate: Option<f64>,
     pub headroom: Option<f64>,
-    #[serde(default, with = "humantime_serde")]
+    #[serde(default, with = "crate::config::forms::duration")]
     pub rebuild_interval: Option<Duration>,
     pub max_shrink: Option<f64>,
     pub verify_above_high_water: Option<bool>,

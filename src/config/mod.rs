@@ -33,6 +33,7 @@ pub mod cache_control;
 pub mod database;
 pub mod env;
 pub mod filter;
+pub mod forms;
 pub mod identifier;
 pub mod log;
 #[cfg(test)]
@@ -99,7 +100,7 @@ pub enum ConfigError {
     /// [`LoadError`]).
     #[error("{}", LoadError(.0))]
     Load(Box<figment::Error>),
-    #[error("{file}: `{key}`: {problem}")]
+    #[error("{file}: {key}: {problem}")]
     Invalid {
         file: String,
         key: String,
@@ -134,36 +135,87 @@ impl KeyProblem {
     }
 }
 
-/// figment's errors as an operator reads them: figment names a key with
-/// its profile in front (`default.database.pool_sise`), a name that appears
-/// nowhere in the file or the environment, so it is left out.
+/// figment's errors as an operator reads them, in the shape every config
+/// error has, `source: key: problem`: the file as given (or the
+/// environment variable that was set), the key as written in the file
+/// (`resource[0].table`, not figment's `default.resource.0.table`), and
+/// the problem without nested quoting.
 struct LoadError<'a>(&'a figment::Error);
 
 impl std::fmt::Display for LoadError<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use figment::error::Kind;
         for (i, e) in self.0.clone().into_iter().enumerate() {
             if i > 0 {
                 f.write_str("\n")?;
             }
-            write!(f, "{}", e.kind)?;
-            if let (Some(profile), Some(md)) = (&e.profile, &e.metadata)
-                && !e.path.is_empty()
-            {
-                let key = md.interpolate(profile, &e.path);
-                let key = key
-                    .strip_prefix(&format!("{}.", profile.as_str()))
-                    .unwrap_or(&key);
-                write!(f, " for key {key:?}")?;
+            let mut path: Vec<String> = e.path.clone();
+            // A missing or repeated field is named with its container.
+            match &e.kind {
+                Kind::MissingField(name) => path.push(name.to_string()),
+                Kind::DuplicateField(name) => path.push((*name).to_string()),
+                _ => {}
             }
-            if let Some(md) = &e.metadata {
-                match &md.source {
-                    Some(source) => write!(f, " in {source} {}", md.name)?,
-                    None => write!(f, " in {}", md.name)?,
+            let env = e
+                .metadata
+                .as_ref()
+                .is_some_and(|md| md.source.is_none() && md.name.contains("environment"));
+            let source = match e.metadata.as_ref().and_then(|md| md.source.as_ref()) {
+                Some(figment::Source::File(p)) => p.display().to_string(),
+                Some(other) => other.to_string(),
+                None if env => format!(
+                    "environment variable {}",
+                    env::variable_for(&path.iter().map(String::as_str).collect::<Vec<_>>())
+                ),
+                None => e
+                    .metadata
+                    .as_ref()
+                    .map_or("config".into(), |md| md.name.to_string()),
+            };
+            write!(f, "{source}: ")?;
+            if !path.is_empty() {
+                write!(f, "{}: ", file_key(&path))?;
+            }
+            let one_of = |names: &[&str]| match names {
+                [] => String::new(),
+                names => format!("; expected one of {}", names.join(", ")),
+            };
+            match &e.kind {
+                Kind::Message(m) => write!(f, "{m}")?,
+                Kind::InvalidType(actual, expected) | Kind::InvalidValue(actual, expected) => {
+                    write!(f, "expected {expected}, found {actual}")?
                 }
+                Kind::InvalidLength(n, expected) => {
+                    write!(f, "expected {expected}, found {n} items")?
+                }
+                Kind::UnknownVariant(v, names) => {
+                    write!(f, "unknown value {v:?}{}", one_of(names))?
+                }
+                Kind::UnknownField(_, names) => write!(f, "unknown key{}", one_of(names))?,
+                Kind::MissingField(_) => write!(f, "missing (it has no default)")?,
+                Kind::DuplicateField(_) => write!(f, "set twice")?,
+                other => write!(f, "{other}")?,
             }
         }
         Ok(())
     }
+}
+
+/// A figment path as the file writes it: `resource.0.table` is
+/// `resource[0].table`.
+fn file_key(path: &[String]) -> String {
+    let mut out = String::new();
+    for segment in path {
+        if segment.chars().all(|c| c.is_ascii_digit()) && !out.is_empty() {
+            out.push_str(&format!("[{segment}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(&segment.to_lowercase());
+        }
+    }
+    out
 }
 
 impl Config {
@@ -413,6 +465,48 @@ pub(crate) mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("/nonexistent/bg.toml"), "{e}");
+    }
+
+    /// Every error a file can cause reads `file: key: problem`, the key as
+    /// the file writes it, with no nested quoting (figment's own form was
+    /// "invalid type: found …, expected … for key "…" in … TOML file").
+    #[test]
+    fn load_errors_read_file_key_problem() {
+        let dir = std::env::temp_dir().join(format!("bg-config-errors-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.toml");
+        let cases = [
+            (
+                format!("[server]\nmax_connections = 0\n{MINIMAL}"),
+                "server.max_connections",
+            ),
+            (
+                format!("[server]\nidle_timeout = \"abc\"\n{MINIMAL}"),
+                "server.idle_timeout",
+            ),
+            (format!("[servr]\nx = 1\n{MINIMAL}"), "servr"),
+            (
+                MINIMAL.replace("\"bigint\"", "\"float\""),
+                "resource[0].key_type",
+            ),
+            (
+                MINIMAL.replace("key_column = \"id\"", ""),
+                "resource[0].key_column",
+            ),
+            (MINIMAL.replace("columns", "colums"), "resource[0].colums"),
+            (
+                format!("[cache]\nmax_bytes = true\n{MINIMAL}"),
+                "cache.max_bytes",
+            ),
+        ];
+        for (text, key) in cases {
+            std::fs::write(&path, &text).unwrap();
+            let e = Config::load(&path).unwrap_err().to_string();
+            let want = format!("{}: {key}: ", path.display());
+            assert!(e.starts_with(&want), "{e:?} does not start with {want:?}");
+            assert!(!e.contains('`') && !e.contains("TOML file"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -166,7 +166,8 @@ fn every_key_set_holds_the_default_unless_it_says_not() {
         let (section, key) = path.split_once('.').unwrap();
         let set = &shipped[section][key];
         let default = match UNSET.iter().find(|(k, _)| *k == path) {
-            Some((_, Some(v))) => Json::from(*v),
+            // Written as check-config writes it (`config::forms`).
+            Some((_, Some(v))) => super::forms::bytes_text(*v).map_or(Json::from(*v), Json::from),
             _ => defaults[section][key].clone(),
         };
         let default = &default;
@@ -228,4 +229,35 @@ fn every_commented_example_loads_uncommented() {
         "config/bloomgate.toml, uncommented:\n{}",
         problems.join("\n")
     );
+}
+
+/// `check-config` prints every key the shipped file sets in the form the
+/// file writes it (`"1m"`, not `"60s"` or `"1m 15s"`; `"64 MiB"`, not
+/// `67108864`): an operator diffing its output against the file sees only
+/// what differs in value.
+#[test]
+fn check_config_prints_the_files_own_forms() {
+    let printed: toml::Table = Config::from_toml(FILE)
+        .unwrap()
+        .to_redacted_toml()
+        .parse()
+        .unwrap();
+    let mut problems = Vec::new();
+    for (path, commented, line) in keys() {
+        if commented {
+            continue;
+        }
+        let (section, key) = path.split_once('.').unwrap();
+        let written = line.split_once('=').unwrap().1;
+        let written = written.split(" #").next().unwrap().trim();
+        let written: toml::Table = format!("v = {written}").parse().unwrap();
+        let shown = printed.get(section).and_then(|s| s.get(key));
+        if shown != written.get("v") {
+            problems.push(format!(
+                "{path}: the file says {}, check-config {shown:?}",
+                written["v"]
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

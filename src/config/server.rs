@@ -19,7 +19,7 @@ pub struct ServerConfig {
     /// Address the public API listens on. Default `127.0.0.1:8080`.
     pub listen: SocketAddr,
     /// Whole-request deadline; past it the client gets 504. Default `5s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub request_timeout: Duration,
     /// Longest key accepted, in bytes after percent-decoding. Default 256.
     pub max_key_length: usize,
@@ -29,7 +29,7 @@ pub struct ServerConfig {
     /// returns. Default 1024.
     pub max_concurrency: usize,
     /// How long shutdown waits for in-flight requests. Default `10s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub shutdown_timeout: Duration,
     /// On SIGTERM, how long `/readyz` answers 503 while requests are still
     /// served, before the listeners stop accepting: a load balancer or
@@ -38,7 +38,7 @@ pub struct ServerConfig {
     /// GOAWAY, so pooled connections leave after an answer instead of
     /// meeting the close under a request. Then shutdown proceeds within
     /// `shutdown_timeout`. `0s` stops at once. Default `5s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub shutdown_drain: Duration,
     /// A new connection must have sent its first request (a complete
     /// HTTP/1 head or HTTP/2 HEADERS frame) within this time, whatever it
@@ -46,7 +46,7 @@ pub struct ServerConfig {
     /// head must be complete this long after its first byte, or the
     /// connection is closed (silent sockets, slowloris). An HTTP/2 peer
     /// silent this long is PINGed and must answer within it. Default `10s`.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub header_read_timeout: Duration,
     /// Largest request head (request line and headers) accepted, in bytes;
     /// at least 8192. Larger: 431. Default 16384.
@@ -67,7 +67,7 @@ pub struct ServerConfig {
     /// gateway, closes an idle connection and never sends a request on one
     /// the gateway is closing; short enough that departed clients' sockets
     /// are reclaimed within about a minute.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "crate::config::forms::duration")]
     pub idle_timeout: Duration,
     /// Open connections on the public listener (the admin and metrics
     /// listeners take at most 256 each, of their own). At the cap the

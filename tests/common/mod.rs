@@ -152,7 +152,7 @@ pub fn as_gateway_role(url: &str) -> String {
 
 /// Under [`least_privilege`], runs `bloomgate preflight` for `config` and
 /// applies the statements it prints, as the superuser: what an operator
-/// does for a table added after the README's grants.
+/// does for a table added after the book's grants.
 fn grant_what_preflight_asks(config: &Config) {
     if !least_privilege() {
         return;
@@ -490,7 +490,7 @@ pub fn config(url: &str, extra: &str) -> Config {
     // The notification triggers are installed at start-up unless `extra`
     // says otherwise.
     let chose_feed = extra.contains("freshness =");
-    // Under least privilege the publication is the README's (its owner
+    // Under least privilege the publication is the book's (its owner
     // made it), not the gateway's to change.
     let install_feed = if least_privilege() {
         "install_feed = false"
