@@ -52,7 +52,7 @@ use crate::budget::TokenBucket;
 use crate::cache::{Outcome, Peek, Row, RowCache};
 use crate::config::Resolved;
 use crate::db::stats::{QueryKind, Tally};
-use crate::db::{Db, DbError, Queries};
+use crate::db::{Db, DbError, Queries, ReadFrom};
 use crate::error::Error;
 use crate::filter::FilterStats;
 use crate::key::{self, Key, KeyType};
@@ -381,7 +381,7 @@ impl Resource {
     /// One load from the database for a lookup not vouched for: no cache
     /// read, nothing stored, no coalescing (each such request is one query,
     /// within the load slots and, for keys the filter rejected,
-    /// `verify_budget`), on the primary (see `Db::fetch_json_on_primary`).
+    /// `verify_budget`), on the primary (see `db::ReadFrom::Primary`).
     async fn load_direct(&self, key: &Key, rejected: bool) -> Result<Lookup, Error> {
         self.stats.unvouched_loads.fetch_add(1, Ordering::Relaxed);
         let Ok(_slot) = self.loads.clone().try_acquire_owned() else {
@@ -397,15 +397,7 @@ impl Resource {
                 QueryKind::Row
             },
         };
-        let loaded = match key {
-            Key::Int(v) => self.db.fetch_json_on_primary(sql, *v, tally).await,
-            Key::Uuid(u) => self.db.fetch_json_on_primary(sql, *u, tally).await,
-            Key::Text(s) => {
-                self.db
-                    .fetch_json_on_primary(sql, s.to_string(), tally)
-                    .await
-            }
-        };
+        let loaded = self.db.fetch_key(sql, key, tally, ReadFrom::Primary).await;
         match loaded {
             Ok(row) => {
                 self.count_load(false, row.is_none());
@@ -453,12 +445,9 @@ impl Resource {
                     counts: &counts,
                     kind,
                 };
-                match k {
-                    Key::Int(v) => db.fetch_json(&sql, v, tally).await,
-                    Key::Uuid(u) => db.fetch_json(&sql, u, tally).await,
-                    Key::Text(s) => db.fetch_json(&sql, s.to_string(), tally).await,
-                }
-                .map_err(LoadError::Db)
+                db.fetch_key(&sql, &k, tally, ReadFrom::UpToDateReplica)
+                    .await
+                    .map_err(LoadError::Db)
             }
         };
         let loaded = match read_first {

@@ -11,6 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::exposition::{Exposition, Labels};
 
+/// The request counter's family, shared by every resource's samples
+/// (`resource::stats`) and the requests no resource answered (here).
+pub const REQUESTS_TOTAL: &str = "bloomgate_requests_total";
+pub const REQUESTS_TOTAL_HELP: &str =
+    "Requests to each resource by outcome: every request, shed and timed out included.";
+
 type Probe = Box<dyn Fn() -> usize + Send + Sync>;
 
 #[derive(Default)]
@@ -124,8 +130,8 @@ impl TrafficSnapshot {
             ("header_too_large", self.header_too_large),
         ] {
             out.counter(
-                "bloomgate_requests_total",
-                "Requests to each resource by outcome: every request, shed and timed out included.",
+                REQUESTS_TOTAL,
+                REQUESTS_TOTAL_HELP,
                 &[("outcome", outcome)],
                 n as f64,
             );

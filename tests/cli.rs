@@ -1,7 +1,11 @@
 //! The `bloomgate` binary: config errors stop it with a message naming the
 //! file, key and problem; `check-config` redacts secrets.
 
+mod common;
+
 use std::process::Command;
+
+use common::tempdir;
 
 fn bloomgate(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_bloomgate"));
@@ -175,16 +179,6 @@ fn access_log_settings_are_checked_at_start_up() {
             "{command}: {err}"
         );
     }
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "bloomgate-cli-{}-{:x}",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]

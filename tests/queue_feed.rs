@@ -45,14 +45,6 @@ async fn change_rows(db: &TestDb) -> i64 {
         .unwrap()
 }
 
-async fn insert_user<'e>(on: impl sqlx::PgExecutor<'e>, id: i64) {
-    sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'q' || $1, 'Q ' || $1)")
-        .bind(id)
-        .execute(on)
-        .await
-        .unwrap();
-}
-
 /// A transaction that took its id before another, and commits after it,
 /// is delivered: the feed reads by snapshot, not by "ids above the last
 /// one read", which would have passed it by for good.

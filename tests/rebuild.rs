@@ -27,14 +27,6 @@ async fn scans_running(db: &TestDb) -> i64 {
     .unwrap()
 }
 
-async fn insert_user(db: &TestDb, id: i64) {
-    sqlx::query("INSERT INTO users (id, email, name) VALUES ($1, 'n' || $1, 'N')")
-        .bind(id)
-        .execute(&db.pool)
-        .await
-        .unwrap();
-}
-
 const QUIET: &str = "freshness = \"off\"";
 
 #[tokio::test]
@@ -180,14 +172,14 @@ async fn a_forged_insert_cannot_raise_the_high_water_mark() {
     .await;
     assert_eq!(users.high_water(), Some(100));
     // A row committed without a notification is still found.
-    insert_user(&db, 1000).await;
+    insert_user(&db.pool, 1000).await;
     let r = get(&gw, "/users/1000").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.header("cache-status"));
     assert_eq!(users.high_water(), Some(1000), "a row read raises it");
 
     // An announced key whose row exists raises it once confirmed; a trusted
     // one (a WAL change) at once.
-    insert_user(&db, 2000).await;
+    insert_user(&db.pool, 2000).await;
     users
         .insert_key_from(&Key::Int(2000), Provenance::Announced)
         .await;
@@ -208,7 +200,7 @@ async fn a_rebuild_resets_the_high_water_mark_to_what_exists() {
     let gw = started(config(&db.url, &verifying())).await;
     let users = gw.resource("users").unwrap();
     let huge = 9_000_000_000_000_000_000i64;
-    insert_user(&db, huge).await;
+    insert_user(&db.pool, huge).await;
     assert_eq!(
         get(&gw, &format!("/users/{huge}")).await.status,
         StatusCode::OK
@@ -218,7 +210,7 @@ async fn a_rebuild_resets_the_high_water_mark_to_what_exists() {
         .await;
     users.rebuild(false).await.unwrap();
     assert_eq!(users.high_water(), Some(100), "reset by the scan");
-    insert_user(&db, 1000).await;
+    insert_user(&db.pool, 1000).await;
     let r = get(&gw, "/users/1000").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.header("cache-status"));
 }
@@ -275,7 +267,7 @@ async fn a_refused_rebuild_still_serves_every_key_it_found() {
         // 65 % deleted, 10 rows added: 45 keys, below the 50 the guard wants.
         db.exec("DELETE FROM users WHERE id > 35").await;
         for id in 5000..5010 {
-            insert_user(&db, id).await;
+            insert_user(&db.pool, id).await;
         }
         let err = users.rebuild(false).await.unwrap_err();
         // A key a Bloom filter passes already (a false positive) needs no

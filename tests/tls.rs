@@ -15,7 +15,6 @@ use bloomgate::config::Freshness;
 use bloomgate::db::Db;
 use bloomgate::db::tls::{Tls, connect_options};
 use bloomgate::feed::replication::{Connection, Endpoint, ReplError, password_from_url};
-use bloomgate::gateway::Gateway;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -82,17 +81,13 @@ async fn replication(url: &str) -> Result<(), ReplError> {
     Ok(())
 }
 
-async fn status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
-    get(gw, path).await.status
-}
-
 #[tokio::test]
 async fn the_gateway_serves_and_follows_the_wal_over_verified_tls() {
     let db = tls_db(10).await;
     assert!(db.url.contains("sslmode=verify-full"), "{}", db.url);
     let gw = started(config(&db.url, "freshness = \"wal\"\ninstall_feed = true")).await;
     assert_eq!(gw.freshness(), Some(Freshness::Wal));
-    assert_eq!(status(&gw, "/users/3").await, StatusCode::OK);
+    assert_eq!(get_status(&gw, "/users/3").await, StatusCode::OK);
 
     // Every backend of the gateway, the walsender of its feed among them,
     // is encrypted (the server would refuse one that is not; this shows it).
@@ -116,7 +111,7 @@ async fn the_gateway_serves_and_follows_the_wal_over_verified_tls() {
     db.exec("INSERT INTO users (id, email, name) VALUES (500, 'five@x.org', 'Five')")
         .await;
     eventually("the insert servable", || async {
-        status(&gw, "/users/500").await == StatusCode::OK
+        get_status(&gw, "/users/500").await == StatusCode::OK
     })
     .await;
     assert_eq!(get(&gw, "/users/500").await.json()["name"], "Five");

@@ -4,21 +4,15 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use bloomgate::config::Freshness;
-use bloomgate::gateway::Gateway;
 use common::*;
 
 /// Tests that kill the feed's backend must not kill another test's.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
-    get(gw, path).await.status
-}
 
 #[tokio::test]
 async fn the_wal_feed_keeps_two_resources_on_one_table_fresh() {
@@ -39,22 +33,22 @@ async fn the_wal_feed_keeps_two_resources_on_one_table_fresh() {
     db.exec("INSERT INTO users (id, email, name) VALUES (500, 'five@x.org', 'Five')")
         .await;
     eventually("insert servable on both routes", || async {
-        status(&gw, "/users/500").await == StatusCode::OK
-            && status(&gw, "/users-by-email/five@x.org").await == StatusCode::OK
+        get_status(&gw, "/users/500").await == StatusCode::OK
+            && get_status(&gw, "/users-by-email/five@x.org").await == StatusCode::OK
     })
     .await;
     db.exec("UPDATE users SET email = 'cinq@x.org' WHERE id = 500")
         .await;
     eventually("update of the key column on both routes", || async {
         get(&gw, "/users/500").await.json()["email"] == "cinq@x.org"
-            && status(&gw, "/users-by-email/cinq@x.org").await == StatusCode::OK
-            && status(&gw, "/users-by-email/five@x.org").await == StatusCode::NOT_FOUND
+            && get_status(&gw, "/users-by-email/cinq@x.org").await == StatusCode::OK
+            && get_status(&gw, "/users-by-email/five@x.org").await == StatusCode::NOT_FOUND
     })
     .await;
     db.exec("DELETE FROM users WHERE id = 500").await;
     eventually("delete on both routes", || async {
-        status(&gw, "/users/500").await == StatusCode::NOT_FOUND
-            && status(&gw, "/users-by-email/cinq@x.org").await == StatusCode::NOT_FOUND
+        get_status(&gw, "/users/500").await == StatusCode::NOT_FOUND
+            && get_status(&gw, "/users-by-email/cinq@x.org").await == StatusCode::NOT_FOUND
     })
     .await;
 
@@ -69,7 +63,7 @@ async fn the_wal_feed_keeps_two_resources_on_one_table_fresh() {
     db.exec("INSERT INTO users (id, email, name) VALUES (501, 'x@x.org', 'X')")
         .await;
     eventually("the later insert", || async {
-        status(&gw, "/users/501").await == StatusCode::OK
+        get_status(&gw, "/users/501").await == StatusCode::OK
     })
     .await;
     for path in ["/users/600", "/users/777"] {
@@ -96,12 +90,12 @@ async fn a_big_transaction_and_a_truncate() {
     )
     .await;
     eventually("the last row of a 100,000-row transaction", || async {
-        status(&gw, "/users/100999").await == StatusCode::OK
+        get_status(&gw, "/users/100999").await == StatusCode::OK
     })
     .await;
     for id in (1000..=100_999).step_by(997) {
         assert_eq!(
-            status(&gw, &format!("/users/{id}")).await,
+            get_status(&gw, &format!("/users/{id}")).await,
             StatusCode::OK,
             "{id}"
         );
@@ -115,7 +109,7 @@ async fn a_big_transaction_and_a_truncate() {
     // The cache is cleared at once (the rebuild that follows is refused by
     // the shrink guard, which keeps every key it had: no false negative).
     eventually("a cleared cache after TRUNCATE", || async {
-        status(&gw, "/users/5").await == StatusCode::NOT_FOUND
+        get_status(&gw, "/users/5").await == StatusCode::NOT_FOUND
     })
     .await;
     gw.stop();
@@ -166,7 +160,7 @@ async fn a_killed_feed_loses_nothing_and_a_permanent_slot_resumes_without_a_rebu
         vouched(&gw, "users").await;
         for id in 2000..3000 {
             assert_eq!(
-                status(&gw, &format!("/users/{id}")).await,
+                get_status(&gw, &format!("/users/{id}")).await,
                 StatusCode::OK,
                 "{id} (permanent slot: {permanent}, polled: {polled})"
             );
@@ -268,7 +262,7 @@ async fn a_published_table_outside_the_resources_is_ignored() {
     db.exec("INSERT INTO users (id, email, name) VALUES (902, 'w@x.org', 'W')")
         .await;
     eventually("the later insert", || async {
-        status(&gw, "/users/902").await == StatusCode::OK
+        get_status(&gw, "/users/902").await == StatusCode::OK
     })
     .await;
     for path in ["/users/900", "/users/901"] {

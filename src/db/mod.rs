@@ -49,8 +49,24 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPoolOptions};
 use sqlx::{Connection, Encode, PgPool, Postgres, Type};
 
 use crate::config::DatabaseConfig;
+use crate::key::Key;
 use copy::{CopyError, CopyParser};
 use stats::{QueryCounts, QueryKind, Tally, Target};
+
+/// Where a row load may read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// A replica that has replayed past every change the gateway has
+    /// applied (`replicas`), else the primary.
+    UpToDateReplica,
+    /// The primary, whatever replicas there are: for a lookup the feed
+    /// does not vouch for. A replica is read only past the changes the
+    /// gateway has *applied*, and while the feed cannot vouch, commits it
+    /// has not applied may be missing from a replica that looks current
+    /// (cut off from the primary with the feed, say): only the primary
+    /// answers what is committed now.
+    Primary,
+}
 
 /// Whether `e` says the connection is gone rather than anything about the
 /// query: a socket error, or the server ending the session (SQLSTATE class
@@ -344,7 +360,9 @@ impl Db {
         Ok(())
     }
 
-    /// The row for `key` as JSON text, or `None` when there is no such row.
+    /// The row for `key` as JSON text, or `None` when there is no such row
+    /// (the primary or an up-to-date replica; a lookup by a [`Key`] uses
+    /// [`Db::fetch_key`]).
     ///
     /// A dead connection ([`is_dead_connection`]) is retried on another, at
     /// most once per pool slot: it is a pooled connection that died after
@@ -364,22 +382,25 @@ impl Db {
         self.fetch_json_from(sql, key, tally, true).await
     }
 
-    /// [`Db::fetch_json`] on the primary, whatever replicas there are: for
-    /// a lookup the feed does not vouch for. A replica is read only past
-    /// the changes the gateway has *applied* (`replicas`), and while the
-    /// feed cannot vouch, commits it has not applied may be missing from a
-    /// replica that looks current (cut off from the primary with the feed,
-    /// say): only the primary answers what is committed now.
-    pub async fn fetch_json_on_primary<K>(
+    /// The row for `key` as JSON text, read where `from` allows (see
+    /// [`Db::fetch_json`] for the retries): the one place a [`Key`]'s
+    /// variant becomes a bound parameter of the row query.
+    pub async fn fetch_key(
         &self,
         sql: &str,
-        key: K,
+        key: &Key,
         tally: Tally<'_>,
-    ) -> Result<Option<Bytes>, DbError>
-    where
-        K: for<'q> Encode<'q, Postgres> + Type<Postgres> + Clone + Send + 'static,
-    {
-        self.fetch_json_from(sql, key, tally, false).await
+        from: ReadFrom,
+    ) -> Result<Option<Bytes>, DbError> {
+        let replicas = from == ReadFrom::UpToDateReplica;
+        match key {
+            Key::Int(v) => self.fetch_json_from(sql, *v, tally, replicas).await,
+            Key::Uuid(u) => self.fetch_json_from(sql, *u, tally, replicas).await,
+            Key::Text(s) => {
+                self.fetch_json_from(sql, s.to_string(), tally, replicas)
+                    .await
+            }
+        }
     }
 
     async fn fetch_json_from<K>(

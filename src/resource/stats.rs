@@ -19,6 +19,7 @@ use crate::db::stats::{QueriesSnapshot, QueryCounts};
 use crate::exposition::{Expose, Exposition, Labels};
 use crate::filter::FilterStats;
 use crate::histogram::{self, Histogram, RareHistogram, SLOW_BOUNDS};
+use crate::traffic::{REQUESTS_TOTAL, REQUESTS_TOTAL_HELP};
 
 /// How a request to a resource was answered: the `outcome` label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -416,8 +417,8 @@ impl Expose for ResourceSnapshot {
         for (o, latency) in RequestOutcome::ALL.iter().zip(&self.stats.latency) {
             let l = [("resource", self.name.as_str()), ("outcome", o.as_str())];
             out.counter(
-                "bloomgate_requests_total",
-                "Requests to each resource by outcome: every request, shed and timed out included.",
+                REQUESTS_TOTAL,
+                REQUESTS_TOTAL_HELP,
                 &l,
                 self.stats.requests[o.as_str()] as f64,
             );

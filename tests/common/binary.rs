@@ -137,16 +137,6 @@ pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     line[at..].split_whitespace().next()
 }
 
-pub fn tempdir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "bloomgate-ops-{}-{:x}",
-        std::process::id(),
-        rand::random::<u64>()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 pub const USERS: &str = r#"
 [[resource]]
 name = "users"

@@ -591,6 +591,34 @@ impl Resp {
 }
 
 /// One request through the router, no socket.
+/// A fresh directory under the system's temporary one, for a test's
+/// config and key files.
+pub fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "bloomgate-test-{}-{:x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// User `id`, with the email `n<id>@example.com` and the name `New <id>`.
+pub async fn insert_user<'e>(on: impl sqlx::PgExecutor<'e>, id: i64) {
+    sqlx::query(
+        "INSERT INTO users (id, email, name) VALUES ($1, 'n' || $1 || '@example.com', 'New ' || $1)",
+    )
+    .bind(id)
+    .execute(on)
+    .await
+    .unwrap();
+}
+
+/// The status `gw` answers `GET path` with.
+pub async fn get_status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
+    get(gw, path).await.status
+}
+
 pub async fn get(gw: &Arc<Gateway>, path: &str) -> Resp {
     get_with(gw, Request::get(path).body(Body::empty()).unwrap()).await
 }

@@ -438,10 +438,6 @@ pub fn relaying(gw: &Gateway) -> bool {
     gw.bus_status().unwrap().get().relaying
 }
 
-pub async fn status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
-    get(gw, path).await.status
-}
-
 pub async fn wait_all_on_bus(gws: &[Arc<Gateway>]) {
     eventually("every gateway on the bus, one of them relaying", || async {
         gws.iter().all(|g| mode(g) == Mode::Bus) && gws.iter().filter(|g| relaying(g)).count() == 1
