@@ -1,5 +1,5 @@
 //! The gateway's applier: the one place where feed [`Event`]s (from any
-//! source: `notify`, `wal`) change resources.
+//! source: `notify`, `queue`, `wal`, the bus) change resources.
 //!
 //! Events are applied one at a time, in the order received. For each
 //! [`RowChange`] every resource following that table gets the change, each
@@ -14,6 +14,10 @@
 //! | update, key unchanged | `k` | `invalidate(k)` |
 //! | update, key changed | old `o`, new `n` | `note_delete(o)`, `insert_key_from(n)` |
 //! | any, key [`Value::Unknown`] | ? | `clear_cache()`; for a new row a gap ([`Reason::UnknownKey`], see below) |
+//!
+//! The table is [`plan`], a pure function; its tests go through every
+//! case and check what the promise rests on: a key in a new row always
+//! ends up in the filter, and every key a change names leaves the cache.
 //! | truncate | | `clear_cache()`, rebuild ([`Reason::Truncate`]) |
 //!
 //! A NULL key is no key: nothing to insert or invalidate (no request can
@@ -318,6 +322,7 @@ impl Applier {
 }
 
 /// What one version of a row says about a resource's key.
+#[derive(Clone, Debug, PartialEq)]
 enum KeyInRow {
     Key(Key),
     /// NULL, or a value that cannot be a key of this type: no request can
@@ -338,65 +343,229 @@ fn key_in(follower: &Follower, row: Option<&Columns>) -> KeyInRow {
     }
 }
 
+/// One step of what a row change does to one resource, in order.
+#[derive(Clone, Debug, PartialEq)]
+enum Action {
+    /// Every cached row and negative entry of the resource dropped.
+    ClearCache,
+    /// Into the filter, the key's cache entries (negative too) dropped.
+    InsertKey(Key),
+    /// Into the filter again on visibility, for a rebuild that may have
+    /// missed it (see `resource`, "The filter is never missing a key").
+    InsertAgain(Key),
+    /// The key's cache entry dropped, counted towards decay.
+    NoteDelete(Key),
+    /// The key's cache entry dropped.
+    Invalidate(Key),
+    /// A gap: a row whose key was not carried may be new.
+    Resync,
+}
+
+/// The module doc's table as a function: what a change does to one
+/// resource, given its key in the new row and, when the source carried an
+/// old row, in the old one (`None`: not carried, which for an update means
+/// no watched column changed). Pure, so every case is tested below.
+fn plan(op: Op, old: Option<KeyInRow>, new: KeyInRow, phase: Phase) -> Vec<Action> {
+    use Action::*;
+    let new = match op {
+        Op::Insert | Op::Update => new,
+        Op::Delete => KeyInRow::None,
+    };
+    let old = match (op, old) {
+        (Op::Insert, _) => KeyInRow::None,
+        // The key did not change, but which one it is was not carried.
+        (Op::Update, None) if new == KeyInRow::Unknown => return vec![ClearCache],
+        // No old row: no watched column changed.
+        (Op::Update, None) => new.clone(),
+        (_, Some(old)) => old,
+        (Op::Delete, None) => KeyInRow::Unknown,
+    };
+    let mut out = Vec::new();
+    if old == KeyInRow::Unknown || new == KeyInRow::Unknown {
+        // Some cached row may be stale, and we cannot say which.
+        out.push(ClearCache);
+    }
+    let unchanged = matches!((&old, &new), (KeyInRow::Key(o), KeyInRow::Key(n)) if o == n);
+    if phase == Phase::Visible {
+        // Counts were done on receipt. The cache again; and a new key into
+        // the filter again: a rebuild whose journal opened after the
+        // receipt may have taken its snapshot before the commit was
+        // visible, and missed it.
+        if let (KeyInRow::Key(n), false) = (&new, unchanged) {
+            out.push(InsertAgain(n.clone()));
+        }
+        for k in [&old, &new] {
+            if let KeyInRow::Key(k) = k {
+                out.push(Invalidate(k.clone()));
+            }
+        }
+        return out;
+    }
+    if unchanged {
+        if let KeyInRow::Key(n) = new {
+            out.push(Invalidate(n));
+        }
+        return out;
+    }
+    if let KeyInRow::Key(o) = old {
+        out.push(NoteDelete(o));
+    }
+    match new {
+        KeyInRow::Key(n) => out.push(InsertKey(n)),
+        // A row whose key we were not told may be new: only a scan finds
+        // it, and until then the filter may lack it.
+        KeyInRow::Unknown => out.push(Resync),
+        KeyInRow::None => {}
+    }
+    out
+}
+
 async fn apply_change(follower: &Follower, change: &RowChange, from: Provenance, phase: Phase) {
     let r = &follower.resource;
     let new = match change.op {
         Op::Insert | Op::Update => key_in(follower, change.new.as_ref()),
         Op::Delete => KeyInRow::None,
     };
-    if change.op == Op::Update && change.old.is_none() && matches!(new, KeyInRow::Unknown) {
-        // The key did not change, but which one it is was not carried.
-        r.clear_cache();
-        return;
-    }
-    let old = match change.op {
-        Op::Insert => KeyInRow::None,
-        Op::Delete => key_in(follower, change.old.as_ref()),
-        // No old row: no watched column changed.
-        Op::Update if change.old.is_none() => match &new {
-            KeyInRow::Key(k) => KeyInRow::Key(k.clone()),
-            KeyInRow::None => KeyInRow::None,
-            KeyInRow::Unknown => KeyInRow::Unknown,
-        },
-        Op::Update => key_in(follower, change.old.as_ref()),
-    };
-    if matches!(new, KeyInRow::Unknown) || matches!(old, KeyInRow::Unknown) {
-        // Some cached row may be stale, and we cannot say which.
-        r.clear_cache();
-    }
-    if phase == Phase::Visible {
-        // Counts were done on receipt. The cache again; and a new key into
-        // the filter again: a rebuild whose journal opened after the
-        // receipt may have taken its snapshot before the commit was
-        // visible, and missed it (see `resource`, "The filter is never
-        // missing a key").
-        if let (KeyInRow::Key(n), false) = (
-            &new,
-            matches!((&old, &new), (KeyInRow::Key(o), KeyInRow::Key(n)) if o == n),
-        ) {
-            r.insert_key_again(n);
-        }
-        for k in [&old, &new] {
-            if let KeyInRow::Key(k) = k {
-                r.invalidate(k).await;
+    let old = change.old.as_ref().map(|row| key_in(follower, Some(row)));
+    for action in plan(change.op, old, new, phase) {
+        match action {
+            Action::ClearCache => r.clear_cache(),
+            Action::InsertKey(k) => r.insert_key_from(&k, from).await,
+            Action::InsertAgain(k) => r.insert_key_again(&k),
+            Action::NoteDelete(k) => r.note_delete(&k).await,
+            Action::Invalidate(k) => r.invalidate(&k).await,
+            Action::Resync => {
+                r.resync("an insert whose key was not carried", Reason::UnknownKey);
             }
         }
-        return;
     }
-    match (&old, &new) {
-        (KeyInRow::Key(o), KeyInRow::Key(n)) if o == n => r.invalidate(n).await,
-        _ => {
-            if let KeyInRow::Key(o) = &old {
-                r.note_delete(o).await;
-            }
-            match &new {
-                KeyInRow::Key(n) => r.insert_key_from(n, from).await,
-                // A row whose key we were not told may be new: only a scan
-                // finds it, and until then the filter may lack it.
-                KeyInRow::Unknown => {
-                    r.resync("an insert whose key was not carried", Reason::UnknownKey);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Action::*;
+
+    fn k(v: i64) -> Key {
+        Key::Int(v)
+    }
+
+    /// The module doc's table, row by row.
+    #[test]
+    fn the_change_table() {
+        let rx = Phase::Received;
+        let key = |v| KeyInRow::Key(k(v));
+        assert_eq!(plan(Op::Insert, None, key(1), rx), [InsertKey(k(1))]);
+        assert_eq!(
+            plan(Op::Delete, Some(key(1)), KeyInRow::None, rx),
+            [NoteDelete(k(1))]
+        );
+        assert_eq!(
+            plan(Op::Update, Some(key(1)), key(1), rx),
+            [Invalidate(k(1))]
+        );
+        // An update that left the key columns alone carries no old row.
+        assert_eq!(plan(Op::Update, None, key(1), rx), [Invalidate(k(1))]);
+        assert_eq!(
+            plan(Op::Update, Some(key(1)), key(2), rx),
+            [NoteDelete(k(1)), InsertKey(k(2))]
+        );
+        assert_eq!(
+            plan(Op::Insert, None, KeyInRow::Unknown, rx),
+            [ClearCache, Resync]
+        );
+        assert_eq!(plan(Op::Update, None, KeyInRow::Unknown, rx), [ClearCache]);
+        assert_eq!(
+            plan(Op::Delete, Some(KeyInRow::Unknown), KeyInRow::None, rx),
+            [ClearCache]
+        );
+        // A NULL key is no key.
+        assert_eq!(plan(Op::Insert, None, KeyInRow::None, rx), []);
+        assert_eq!(
+            plan(Op::Update, Some(key(1)), KeyInRow::None, rx),
+            [NoteDelete(k(1))]
+        );
+        // Visible again: the cache again, a new key into the filter again,
+        // no counting.
+        let vis = Phase::Visible;
+        assert_eq!(
+            plan(Op::Update, Some(key(1)), key(2), vis),
+            [InsertAgain(k(2)), Invalidate(k(1)), Invalidate(k(2))]
+        );
+        assert_eq!(
+            plan(Op::Update, Some(key(1)), key(1), vis),
+            [Invalidate(k(1)), Invalidate(k(1))]
+        );
+        assert_eq!(
+            plan(Op::Delete, Some(key(1)), KeyInRow::None, vis),
+            [Invalidate(k(1))]
+        );
+    }
+
+    /// Over every change (each op, phase, and key in the old and new row:
+    /// two keys, NULL, not carried), the guarantees the gateway's promise
+    /// rests on:
+    /// - never a missing key: a key in the new row ends up in the filter
+    ///   (inserted, inserted again, or unchanged from a row already there);
+    /// - never a stale row: every key named in the change has its cache
+    ///   entry dropped, or the whole cache is;
+    /// - a key not carried empties the cache; a new row whose key was not
+    ///   carried is a gap (a resync) unless it is an update that changed no
+    ///   key column.
+    #[test]
+    fn every_change_keeps_the_filter_whole_and_the_cache_fresh() {
+        let versions = [
+            KeyInRow::Key(k(1)),
+            KeyInRow::Key(k(2)),
+            KeyInRow::None,
+            KeyInRow::Unknown,
+        ];
+        let olds = versions.iter().cloned().map(Some).chain([None]);
+        for op in [Op::Insert, Op::Update, Op::Delete] {
+            for phase in [Phase::Received, Phase::Visible] {
+                for old in olds.clone() {
+                    for new in versions.iter().cloned() {
+                        let plan = plan(op, old.clone(), new.clone(), phase);
+                        let case = format!("{op:?} {phase:?} old {old:?} new {new:?}: {plan:?}");
+                        let cleared = plan.contains(&ClearCache);
+                        let new = if op == Op::Delete {
+                            KeyInRow::None
+                        } else {
+                            new
+                        };
+                        let old = match (op, old.clone()) {
+                            (Op::Insert, _) => KeyInRow::None,
+                            (Op::Update, None) => new.clone(),
+                            (_, Some(o)) => o,
+                            (Op::Delete, None) => KeyInRow::Unknown,
+                        };
+                        if let KeyInRow::Key(n) = &new {
+                            let in_filter = plan
+                                .iter()
+                                .any(|a| matches!(a, InsertKey(x) | InsertAgain(x) if x == n))
+                                || old == new;
+                            assert!(in_filter, "a missing key: {case}");
+                        }
+                        for v in [&old, &new] {
+                            if let KeyInRow::Key(x) = v {
+                                let dropped = cleared
+                                    || plan.iter().any(|a| {
+                                        matches!(a, InsertKey(y) | NoteDelete(y) | Invalidate(y) if y == x)
+                                    });
+                                assert!(dropped, "a stale row: {case}");
+                            }
+                        }
+                        if old == KeyInRow::Unknown || new == KeyInRow::Unknown {
+                            assert!(cleared, "{case}");
+                        }
+                        if new == KeyInRow::Unknown
+                            && old != KeyInRow::Unknown
+                            && phase == Phase::Received
+                        {
+                            assert!(plan.contains(&Resync), "a gap not opened: {case}");
+                        }
+                    }
                 }
-                KeyInRow::None => {}
             }
         }
     }
