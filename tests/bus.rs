@@ -730,7 +730,8 @@ async fn a_consumer_started_while_writes_run_misses_nothing() {
 
 /// Commit to servable over the bus: how long after `INSERT` returns the
 /// key passes the filter of every gateway of a fleet of three (the relay's
-/// own included). Measured and printed (BENCHMARKS.md), not asserted.
+/// own included). Measured and printed (BENCHMARKS.md, "The bus and the
+/// fleet"), not asserted.
 #[tokio::test]
 async fn commit_to_servable_over_the_bus() {
     let _one = ONE_AT_A_TIME.lock().await;

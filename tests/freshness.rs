@@ -593,7 +593,8 @@ async fn install_triggers_makes_a_user_table_fresh() {
 }
 
 /// Commit to servable: how long after `INSERT` returns the key passes the
-/// filter. Measured, printed, recorded in BENCHMARKS.md; not asserted.
+/// filter. Measured, printed, recorded in BENCHMARKS.md ("Freshness: commit
+/// to servable"); not asserted.
 #[tokio::test]
 async fn commit_to_servable_latency() {
     let db = TestDb::new().await;
