@@ -6,7 +6,7 @@
 # RATE a second (default 5000) for SECS (default 10). One line per N of
 # GATEWAYS (default "1 8 64 256"): Redis, relay and per-gateway CPU per
 # commit, delivery and commit-to-servable latency.
-#   bench/fleet.sh                       # the table in BENCHMARKS.md
+#   bench/fleet.sh                       # (no run recorded in docs/perf-log/ yet)
 #   GATEWAYS="1 256" RATE=2000 bench/fleet.sh
 # BATCH_WINDOW sets bus.batch_window for the relay (default the shipped 2ms).
 set -euo pipefail

@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """bench/report.py: turns bench/run.sh's raw results into the
-`## Gateway load test` section of BENCHMARKS.md and an SVG chart.
+`## Gateway load test` section of a perf-log entry and an SVG chart.
 
 Standard library only. Reads RESULTS/cells.tsv, RESULTS/preload.tsv,
-RESULTS/env.txt and RESULTS/preload-env.txt; replaces only its own section of BENCHMARKS.md (from its
-`## Gateway load test` heading to the next `## ` heading), leaving every
-other section as it is.
+RESULTS/env.txt and RESULTS/preload-env.txt; writes the entry given by
+`--benchmarks` (bench/run.sh: docs/perf-log/YYYY-MM-DD-gateway-load-test.md),
+a new file with a title of its own, or, in a file that has one, only its own
+section (from its `## Gateway load test` heading to the next `## ` heading),
+leaving every other section as it is.
 
-    python3 bench/report.py --results bench/results --benchmarks BENCHMARKS.md \
-        --svg bench/results/loadtest.svg
+    python3 bench/report.py --results bench/results \
+        --benchmarks docs/perf-log/YYYY-MM-DD-gateway-load-test.md --svg bench/results/loadtest.svg
 """
 
 import argparse
 import csv
+import datetime
 import os
 import statistics
 import sys
@@ -335,7 +338,7 @@ def why(by):
         notes.append(
             f"- *hit*: every request a cache hit ({g.get('check', '?')}); {against_bare(g, b)}: the cost of the "
             "middleware, key parsing, filter, cache read and response headers over a handler that returns a "
-            "constant. Where it goes: `## Where a hit and a filtered 404 spend their time`."
+            "constant. Where it goes: docs/perf-log/early-where-a-hit-spends-its-time.md."
         )
     g, b = by.get(("bloomgate", "attack")), by.get(("bare", "attack"))
     if g and b:
@@ -460,7 +463,7 @@ def replace_section(path, text):
         with open(path) as f:
             doc = f.read()
     except FileNotFoundError:
-        doc = "# Benchmarks\n"
+        doc = "# The gateway load test\n\n[The perf log](README.md): list this entry there.\n"
     lines = doc.split("\n")
     start = next((i for i, l in enumerate(lines) if l.strip() == SECTION), None)
     if start is None:
@@ -542,7 +545,9 @@ def svg_chart(cells):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", default="bench/results")
-    ap.add_argument("--benchmarks", default="BENCHMARKS.md")
+    today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    ap.add_argument("--benchmarks", default=f"docs/perf-log/{today}-gateway-load-test.md",
+                    help="the perf-log entry to write (default: today's, UTC)")
     ap.add_argument("--svg", default="bench/results/loadtest.svg")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing it")
     a = ap.parse_args()

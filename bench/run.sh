@@ -16,8 +16,11 @@
 # Workloads (bench/keys.lua): hit (pure cache hits over 10,000 keys, warmed
 # and checked), attack, hot, cold, mixed.
 #
-# and writes bench/results/ (raw numbers), the `## Gateway load test` section
-# of BENCHMARKS.md and bench/results/loadtest.svg.
+# and writes bench/results/ (raw numbers), the run as an entry of the perf
+# log, docs/perf-log/YYYY-MM-DD-gateway-load-test.md (its `## Gateway load
+# test` section, replaced if that day's entry has one), and
+# bench/results/loadtest.svg. List a new entry in docs/perf-log/README.md
+# and bring BENCHMARKS.md up to date by hand.
 #
 # Environment (defaults in brackets):
 #   DURATION [10s]      measured time per cell; DURATION=30s for a longer run
@@ -40,7 +43,7 @@
 #   BENCH_10M [1]       0 skips the 10M-key preload (seeding it the first
 #                       time takes a few minutes)
 #   PRELOAD_REPS [3]    gateway start-ups / COPY runs per preload size
-#   NO_REPORT [0]       1: measure only, leave BENCHMARKS.md and the chart alone
+#   NO_REPORT [0]       1: measure only, leave the perf log and the chart alone
 #   MERGE [0]           1: keep bench/results rows of systems not in SYSTEMS
 #   SKIP_PRELOAD [0]    1: keep bench/results/preload.tsv, skip the preload runs
 #   KEEP_WORK [0]       1: keep the scratch directory (logs, key logs)
@@ -563,10 +566,11 @@ load_test_seconds=$LOAD_SECS
 loadavg_before=$LOAD_BEFORE
 loadavg_after=$(cut -d' ' -f1-3 /proc/loadavg)
 EOF
+REPORT=docs/perf-log/$(date -u +%Y-%m-%d)-gateway-load-test.md
 if [ "$NO_REPORT" != 1 ]; then
-  python3 bench/report.py --results "$RESULTS" --benchmarks BENCHMARKS.md --svg "$RESULTS/loadtest.svg"
+  python3 bench/report.py --results "$RESULTS" --benchmarks "$REPORT" --svg "$RESULTS/loadtest.svg"
 fi
-log "done: $RESULTS/cells.tsv, $RESULTS/preload.tsv$( [ "$NO_REPORT" = 1 ] || echo ', BENCHMARKS.md, bench/results/loadtest.svg')"
+log "done: $RESULTS/cells.tsv, $RESULTS/preload.tsv$( [ "$NO_REPORT" = 1 ] || echo ", $REPORT, bench/results/loadtest.svg")"
 if [ "$CHECK_FAILED" = 1 ]; then
   log "a hit cell was not pure hits (see the check column of $RESULTS/cells.tsv)"
   if [ "$CHECK_FATAL" = 1 ]; then exit 3; fi

@@ -1,5 +1,6 @@
 //! What the compression layer adds to a cache hit, counted in instructions
-//! (callgrind `Ir`), for BENCHMARKS.md's `## Compressed rows`.
+//! (callgrind `Ir`), for BENCHMARKS.md's `## Compression` (the run:
+//! docs/perf-log/2026-11-22-compressed-rows.md).
 //!
 //! One cached row is requested `N` times through the gateway's whole router
 //! (`http::app`, every middleware layer, `tower::ServiceExt::oneshot`, no

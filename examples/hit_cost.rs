@@ -1,6 +1,6 @@
 //! What a cache hit and a filtered 404 cost inside the gateway, piece by
 //! piece: nanoseconds and heap allocations per operation, for
-//! BENCHMARKS.md's `## Where a hit and a filtered 404 spend their time`.
+//! docs/perf-log/early-where-a-hit-spends-its-time.md.
 //!
 //!     cargo run --release --example hit_cost
 //!     DATABASE_URL=postgres://postgres@127.0.0.1:5432/bloomgate_bench \

@@ -4,7 +4,8 @@
     scripts/links.py target/book    # the built book (scripts/book.sh)
 
 - The Markdown, as GitHub shows it: README.md, ARCHITECTURE.md,
-  RELIABILITY.md, BENCHMARKS.md and every page under docs/src. A link to a
+  RELIABILITY.md, BENCHMARKS.md, every entry of the perf log
+  (docs/perf-log) and every page under docs/src. A link to a
   file must name one that exists; a `#fragment` must be a heading of the
   page it points into (GitHub's and mdBook's slugs agree for our headings).
 - The HTML mdBook built (when a directory is given): every `href` and `src`
@@ -46,6 +47,8 @@ def anchors_of_markdown(path):
 
 def markdown_files():
     yield from (os.path.join(ROOT, f) for f in ("README.md", "ARCHITECTURE.md", "RELIABILITY.md", "BENCHMARKS.md"))
+    log = os.path.join(ROOT, "docs", "perf-log")
+    yield from (os.path.join(log, f) for f in sorted(os.listdir(log)) if f.endswith(".md"))
     for d, _, files in os.walk(os.path.join(ROOT, "docs", "src")):
         yield from (os.path.join(d, f) for f in sorted(files) if f.endswith(".md"))
 

@@ -4,8 +4,8 @@
 //! on (each line formatted and handed to the access logger's writer
 //! thread), not one allocation more than with no subscriber at all; the
 //! lines are really written (one per request); the time per request is
-//! printed (recorded in BENCHMARKS.md, "Access lines"; not asserted:
-//! timings).
+//! printed (recorded in docs/perf-log/2026-11-27-access-lines-outside-tracing.md,
+//! "What the front layer allocates"; not asserted: timings).
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

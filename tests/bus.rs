@@ -730,9 +730,9 @@ async fn a_consumer_started_while_writes_run_misses_nothing() {
 
 /// Commit to servable over the bus: how long after `INSERT` returns the
 /// key passes the filter of every gateway of a fleet of three (the relay's
-/// own included). A bench: measured and printed (BENCHMARKS.md), never
-/// asserted, so not in the suite: `scripts/test.sh --test bus
-/// commit_to_servable -- --ignored --nocapture`.
+/// own included). A bench: measured and printed (BENCHMARKS.md, "The bus and
+/// the fleet"), never asserted, so not in the suite: `scripts/test.sh --test
+/// bus commit_to_servable -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "a bench: run with --ignored --nocapture"]
 async fn commit_to_servable_over_the_bus() {

@@ -585,9 +585,9 @@ async fn install_triggers_makes_a_user_table_fresh() {
 }
 
 /// Commit to servable: how long after `INSERT` returns the key passes the
-/// filter. A bench: measured, printed, recorded in BENCHMARKS.md, never
-/// asserted, so not in the suite: `scripts/test.sh --test freshness
-/// commit_to_servable -- --ignored --nocapture`.
+/// filter. A bench: measured, printed, recorded in BENCHMARKS.md ("Freshness:
+/// commit to servable"), never asserted, so not in the suite:
+/// `scripts/test.sh --test freshness commit_to_servable -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "a bench: run with --ignored --nocapture"]
 async fn commit_to_servable_latency() {

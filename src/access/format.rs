@@ -20,9 +20,9 @@
 //! `tracing-subscriber`'s formatter visits each field through `dyn Value`
 //! and `core::fmt`, styles it with `nu_ansi_term` even with colours off,
 //! and allocates a buffer per event: 47 % of a cached hit's instructions
-//! (BENCHMARKS.md, "Access lines"). Here a field is a copy of bytes or a
-//! few integer divisions, and the date part of the timestamp is formatted
-//! once per second per thread.
+//! (docs/perf-log/2026-11-26-access-lines.md). Here a field is a copy of
+//! bytes or a few integer divisions, and the date part of the timestamp is
+//! formatted once per second per thread.
 
 use std::cell::Cell;
 use std::net::IpAddr;

@@ -84,7 +84,8 @@ pub struct DatabaseConfig {
     /// commits of each interval decoded in one go: cheaper for a primary
     /// without a spare core (no wake-up per commit: on a 2-core box shared
     /// with the writers they lost −2 to 23 % TPS polled every 5 ms, 16 to
-    /// 24 % streamed; BENCHMARKS.md), about one interval slower. Between `1ms` and `1s`.
+    /// 24 % streamed; docs/perf-log/2026-11-23-writer-cost-polled.md), about
+    /// one interval slower. Between `1ms` and `1s`.
     #[serde(with = "crate::config::forms::duration")]
     pub wal_poll_interval: Option<Duration>,
     /// How often the `queue` feed polls the change table (one small

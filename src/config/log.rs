@@ -38,8 +38,9 @@ pub struct LogConfig {
     /// logged per second at most; the rest are counted, in a line a second
     /// and in `bloomgate_access_lines_left_out_total`. Every other request
     /// has its line. `"unlimited"`: every filtered 404 too; `0`: none.
-    /// Reloaded on SIGHUP. Default 100 (BENCHMARKS.md, "Access lines under
-    /// an attack").
+    /// Reloaded on SIGHUP. Default 100 (BENCHMARKS.md, "Access lines"; the
+    /// run: docs/perf-log/2026-11-27-access-lines-outside-tracing.md,
+    /// "Access lines under an attack").
     pub access_filtered_rate: FilteredRate,
 }
 

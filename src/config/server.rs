@@ -54,7 +54,7 @@ pub struct ServerConfig {
     /// Most request headers accepted. More: 431. Default 100, hyper's own
     /// limit, which it parses into arrays on the stack; any other value
     /// makes hyper size and initialise them on every request (about 1,400
-    /// instructions per request, BENCHMARKS.md).
+    /// instructions per request, docs/perf-log/2026-11-23-what-was-cut.md).
     pub max_headers: usize,
     /// A request declaring a larger body gets 413; smaller bodies are
     /// ignored (every route is a GET). Default 65536.

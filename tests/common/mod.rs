@@ -426,7 +426,8 @@ pub fn paced_inserts(
 /// millisecond (exact below it), then every millisecond (tokio's timer
 /// granularity: a figure above 1 ms is an upper bound within 1-2 ms), as
 /// a busy loop for longer would take a core from the gateways it measures.
-/// Printed for BENCHMARKS.md, never asserted.
+/// Printed for BENCHMARKS.md ("Freshness: commit to servable"), never
+/// asserted.
 pub async fn commit_to_servable(
     pool: &PgPool,
     ids: std::ops::Range<i64>,
