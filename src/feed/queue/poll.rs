@@ -1,0 +1,102 @@
+//! One poll: a single statement reads the server's current snapshot, the
+//! pruning mark and the change rows of every transaction that snapshot shows
+//! as committed and the previous one did not (why that delivers each
+//! change exactly once is in the module doc), and sends their events.
+
+use std::sync::atomic::Ordering;
+
+use futures_util::TryStreamExt;
+use sqlx::{PgPool, Row};
+use tokio::sync::mpsc;
+
+use super::position::{IDENTITY, Position, xmin};
+use super::statement::{Failure, timed};
+use crate::feed::notify::{self, Counters};
+use crate::feed::{Event, Watch};
+use crate::telemetry::LogThrottle;
+
+/// One poll: the statement's snapshot, the backend (see `BACKEND` in
+/// `position`: a new one means a new connection), the pruning mark, and the
+/// payloads of the transactions the snapshot shows as committed that `$1`
+/// did not (see the module doc). One row with a NULL payload when there are
+/// none.
+const POLL: &str = "SELECT s.cur::text, s.backend, s.pruned::text, c.payload
+  FROM (SELECT pg_current_snapshot() AS cur,
+               pg_backend_pid()::text || '@' || pg_postmaster_start_time()::text AS backend,
+               (SELECT below FROM public.bloomgate_changes_pruned LIMIT 1) AS pruned) s
+  LEFT JOIN public.bloomgate_changes c
+    ON c.xid >= pg_snapshot_xmax($1::pg_snapshot)
+    OR c.xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
+ ORDER BY c.xid";
+
+pub(super) enum Polled {
+    /// The new snapshot, and the backend that took it.
+    At(String, String),
+    /// Nobody receives events any more.
+    Stopped,
+    /// Rows the previous snapshot had not shown may have been deleted.
+    Pruned,
+    /// A new connection reached another server history (failover,
+    /// restore): the position means nothing there.
+    Elsewhere,
+}
+
+/// Reads one poll's changes and sends them.
+pub(super) async fn poll(
+    pool: &PgPool,
+    at: &Position,
+    watch: &Watch,
+    tx: &mpsc::Sender<Event>,
+    counters: &Counters,
+    ignored: &LogThrottle,
+) -> Result<Polled, Failure> {
+    let mut conn = timed(pool.acquire()).await?;
+    let mut rows = sqlx::query(POLL).bind(&at.snapshot).fetch(&mut *conn);
+    let mut cur = None;
+    // The deadline is for the server's answers; the applier's pace is the
+    // applier's business (`send` waits for room in the channel).
+    while let Some(row) = timed(rows.try_next()).await? {
+        if cur.is_none() {
+            cur = Some((row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?));
+            // Rows of transactions below the mark may be gone; those the
+            // previous snapshot did not show are all at or above its xmin.
+            let pruned: Option<String> = row.try_get(2)?;
+            let mark = pruned.as_deref().and_then(|p| p.parse::<u64>().ok());
+            let from = xmin(&at.snapshot).and_then(|x| x.parse::<u64>().ok());
+            if let (Some(mark), Some(from)) = (mark, from)
+                && mark > from
+            {
+                return Ok(Polled::Pruned);
+            }
+        }
+        let Some(payload) = row.try_get::<Option<String>, _>(3)? else {
+            continue;
+        };
+        counters.notifications.fetch_add(1, Ordering::Relaxed);
+        let event = match notify::parse(watch, &payload, counters) {
+            Ok(Some(e)) => e,
+            Ok(None) => continue,
+            Err(why) => {
+                if let Some(not_logged) = ignored.permit() {
+                    tracing::warn!(problem = %why, not_logged, "ignoring a change row");
+                }
+                continue;
+            }
+        };
+        if tx.send(event).await.is_err() {
+            return Ok(Polled::Stopped);
+        }
+    }
+    drop(rows);
+    let (snapshot, backend) = cur.ok_or(sqlx::Error::RowNotFound)?;
+    if backend != at.backend {
+        // A new connection: is it still the same server history? Asked on
+        // this connection: another in the pool (the pruner's) may still be
+        // on the old server while this one reached a new one.
+        let identity: String = timed(sqlx::query_scalar(IDENTITY).fetch_one(&mut *conn)).await?;
+        if identity != at.identity {
+            return Ok(Polled::Elsewhere);
+        }
+    }
+    Ok(Polled::At(snapshot, backend))
+}
