@@ -77,7 +77,7 @@ mod tests {
             }
             let e = KeyFiles::read(&cfg, "bg.toml").unwrap_err().to_string();
             assert!(
-                e.starts_with("bg.toml: `") && e.contains(key) && e.contains("/nonexistent/"),
+                e.starts_with(&format!("bg.toml: {key}: ")) && e.contains("/nonexistent/"),
                 "{e}"
             );
         }

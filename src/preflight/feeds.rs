@@ -1,0 +1,349 @@
+//! `preflight`'s checks of the change feed `database.freshness` names:
+//! the WAL feed (`wal_level`, `REPLICATION`, the publication, replica
+//! identities, the bus), the triggers (`TRIGGER`, `CREATE`, or the
+//! installed ones) and the queue feed's change table.
+
+use std::time::Duration;
+
+use sqlx::PgConnection;
+
+use crate::config::Config;
+use crate::db::catalog::{Watch, quote, quote_table};
+use crate::db::publication;
+use crate::db::triggers::{self, Sink};
+
+use super::{Report, Role, names, owns_all, privilege, schema_of};
+
+/// The WAL feed's needs.
+pub(super) async fn wal(
+    conn: &mut PgConnection,
+    config: &Config,
+    role: &Role,
+    watch: &Watch,
+    r: &mut Report,
+) -> Result<(), sqlx::Error> {
+    let cfg = &config.database;
+    r.note(format!(
+        "change feed: wal (publication {:?})",
+        cfg.publication
+    ));
+    if role.wal_level == "logical" {
+        r.ok("wal_level = logical".into());
+    } else {
+        r.missing(format!("wal_level = logical (it is {})", role.wal_level));
+        r.statement("ALTER SYSTEM SET wal_level = logical".into());
+        r.step("restart PostgreSQL for wal_level (managed services: rds.logical_replication = 1, cloudsql.logical_decoding = on)".into());
+    }
+    if role.replication || role.superuser {
+        r.ok("REPLICATION".into());
+    } else {
+        r.missing("the REPLICATION attribute (a logical replication slot)".into());
+        r.statement(format!("ALTER ROLE {} REPLICATION", role.quoted));
+    }
+    if watch.tables.is_empty() {
+        return Ok(());
+    }
+    let checked = publication::check(&mut *conn, watch, &cfg.publication).await?;
+    let problems: Vec<&String> = checked.problems.iter().flatten().collect();
+    if checked.exists && problems.is_empty() {
+        r.ok(format!(
+            "publication {:?} delivers every change of {}",
+            cfg.publication,
+            names(watch)
+        ));
+    } else {
+        let owned = owns_all(conn, watch).await?;
+        if cfg.install_feed && (owned || role.superuser) {
+            r.ok(format!(
+                "publication {:?} is created or repaired at start-up (database.install_feed; the role owns the tables)",
+                cfg.publication
+            ));
+        } else {
+            if !checked.exists {
+                r.missing(format!("publication {:?} does not exist", cfg.publication));
+            }
+            for p in &problems {
+                r.missing((*p).clone());
+            }
+            if cfg.install_feed {
+                r.note("database.install_feed = true, but only the tables' owner may add them to a publication: create it as below and set install_feed = false".into());
+            }
+            let all_tables: Option<bool> =
+                sqlx::query_scalar("SELECT puballtables FROM pg_publication WHERE pubname = $1")
+                    .bind(&cfg.publication)
+                    .fetch_optional(&mut *conn)
+                    .await?;
+            for sql in publication::statements(all_tables, watch, &cfg.publication) {
+                r.statement(sql);
+            }
+        }
+    }
+    let identity = publication::identity_problems(&mut *conn, watch).await?;
+    if identity.is_empty() {
+        r.ok("every table's replica identity carries its key columns".into());
+    }
+    for p in identity {
+        r.missing(p);
+    }
+    Ok(())
+}
+
+/// The bus's needs (see the module doc).
+pub(super) async fn bus(
+    conn: &mut PgConnection,
+    config: &Config,
+    r: &mut Report,
+) -> Result<(), sqlx::Error> {
+    use crate::feed::bus::Bus;
+    let b = &config.bus;
+    let shown = b.shown().unwrap_or_default();
+    let sentinels = b
+        .sentinel_master
+        .as_ref()
+        .map(|m| crate::feed::bus::redis::Sentinels {
+            urls: b.sentinels.clone(),
+            master: m.clone(),
+        });
+    let tls = crate::feed::bus::redis::TlsFiles {
+        ca_file: b.ca_file.clone(),
+        cert_file: b.cert_file.clone(),
+        key_file: b.key_file.clone(),
+    };
+    // The relay's script on a key of its own: EVAL, EXISTS and XINFO as
+    // the configured user, nothing written.
+    let probe = crate::feed::bus::redis::RedisBus::with_sentinels(
+        b.url.as_deref().unwrap_or_default(),
+        sentinels.as_ref(),
+        &tls,
+        format!("{}:preflight", b.prefix),
+        crate::feed::Timeline { system: 0, id: 1 },
+        b.retention,
+    );
+    let answered = match probe {
+        Err(e) => Err(e.to_string()),
+        Ok(mut bus) => match tokio::time::timeout(Duration::from_secs(10), bus.head()).await {
+            Err(_) => Err("no answer within 10 s".into()),
+            Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
+        },
+    };
+    match answered {
+        Ok(()) => r.ok(format!("bus: Redis answers the relay's script ({shown})")),
+        Err(e) => r.missing(format!(
+            "bus: Redis ({shown}): {e}; until it answers every gateway follows the WAL itself (at most bus.max_direct_fallback of them) or nothing"
+        )),
+    }
+    let slot: Option<(Option<String>, bool)> =
+        sqlx::query_as("SELECT wal_status, active FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(&b.slot)
+            .fetch_optional(&mut *conn)
+            .await?;
+    match &slot {
+        None => r.ok(format!(
+            "bus.slot {:?}: created by the first relay (REPLICATION)",
+            b.slot
+        )),
+        Some((Some(status), _)) if status == "lost" => {
+            r.missing(format!(
+                "bus.slot {:?} was invalidated (max_slot_wal_keep_size): the relay cannot use it",
+                b.slot
+            ));
+            // A slot name is lower-case letters, digits and `_` (config).
+            r.statement(format!("SELECT pg_drop_replication_slot('{}')", b.slot));
+        }
+        Some((_, active)) => r.ok(format!(
+            "bus.slot {:?} exists ({})",
+            b.slot,
+            if *active { "a relay holds it" } else { "free" }
+        )),
+    }
+    // Room for the relay, and for the fall-back's walsenders and temporary
+    // slots, beside what the primary serves already.
+    let (senders, slots, used_senders, used_slots): (i32, i32, i64, i64) = sqlx::query_as(
+        "SELECT current_setting('max_wal_senders')::int,
+                current_setting('max_replication_slots')::int,
+                (SELECT count(*) FROM pg_stat_replication),
+                (SELECT count(*) FROM pg_replication_slots)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let relay_senders = i64::from(!matches!(slot, Some((_, true))));
+    let relay_slots = i64::from(slot.is_none());
+    let fallback = i64::from(b.max_direct_fallback);
+    let need_senders = used_senders + relay_senders + fallback;
+    let need_slots = used_slots + relay_slots + fallback;
+    if need_senders <= i64::from(senders) && need_slots <= i64::from(slots) {
+        r.ok(format!(
+            "room for the relay and bus.max_direct_fallback = {fallback}: max_wal_senders {senders} ({used_senders} in use), max_replication_slots {slots} ({used_slots} in use)"
+        ));
+    } else {
+        r.missing(format!(
+            "no room for the relay and bus.max_direct_fallback = {fallback} walsenders: {need_senders} needed of max_wal_senders {senders}, {need_slots} of max_replication_slots {slots}"
+        ));
+        r.statement(format!(
+            "ALTER SYSTEM SET max_wal_senders = {}",
+            need_senders.max(i64::from(senders)) + 2
+        ));
+        r.statement(format!(
+            "ALTER SYSTEM SET max_replication_slots = {}",
+            need_slots.max(i64::from(slots)) + 2
+        ));
+        r.step("restart PostgreSQL for max_wal_senders and max_replication_slots (or lower bus.max_direct_fallback)".into());
+    }
+    Ok(())
+}
+
+/// The trigger feeds' needs (`notify`, `queue`).
+pub(super) async fn trigger_feed(
+    conn: &mut PgConnection,
+    config: &Config,
+    role: &Role,
+    watch: &Watch,
+    sink: Sink,
+    r: &mut Report,
+) -> Result<(), sqlx::Error> {
+    let cfg = &config.database;
+    let feed = match sink {
+        Sink::Notify => "notify",
+        Sink::Queue => "queue",
+    };
+    r.note(format!(
+        "change feed: {feed} (database.install_triggers = {})",
+        cfg.install_triggers
+    ));
+    for t in &watch.tables {
+        let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
+        let problem = triggers::problem(&mut *conn, &t.name, &columns, sink).await?;
+        let table = quote_table(&t.name);
+        if !cfg.install_triggers {
+            match problem {
+                None => r.ok(format!(
+                    "{}: its trigger announces {}",
+                    t.name,
+                    columns.join(", ")
+                )),
+                Some(p) => {
+                    r.missing(p);
+                    r.step(
+                        "as the tables' owner: bloomgate install-triggers --config <this config> (or set database.install_triggers = true and grant what it needs: docs/src/production.md)"
+                            .into(),
+                    );
+                }
+            }
+            continue;
+        }
+        let schema = schema_of(&t.name);
+        let mut fine = true;
+        if !privilege(conn, "has_table_privilege($1, 'TRIGGER')", &[&table]).await? {
+            fine = false;
+            r.missing(format!(
+                "{}: the TRIGGER privilege (database.install_triggers)",
+                t.name
+            ));
+            r.statement(format!("GRANT TRIGGER ON {table} TO {}", role.quoted));
+        }
+        if !privilege(conn, "has_schema_privilege($1, 'CREATE')", &[schema]).await? {
+            fine = false;
+            r.missing(format!(
+                "{}: CREATE on schema {schema}, for its trigger function (database.install_triggers)",
+                t.name
+            ));
+            r.statement(format!(
+                "GRANT CREATE ON SCHEMA {} TO {}",
+                quote(schema),
+                role.quoted
+            ));
+        }
+        let function = format!(
+            "{}.{}",
+            quote(schema),
+            quote(&triggers::function_name(&t.name))
+        );
+        let owner: Option<(String, bool)> = sqlx::query_as(
+            "SELECT pg_get_userbyid(proowner)::text, pg_has_role(proowner, 'USAGE')
+               FROM pg_proc WHERE oid = to_regprocedure($1)",
+        )
+        .bind(format!("{function}()"))
+        .fetch_optional(&mut *conn)
+        .await?;
+        if let Some((owner, false)) = owner {
+            fine = false;
+            r.missing(format!(
+                "{}: its trigger function {function}() belongs to {owner}, so this role cannot replace it",
+                t.name
+            ));
+            r.statement(format!(
+                "ALTER FUNCTION {function}() OWNER TO {}",
+                role.quoted
+            ));
+        }
+        if fine {
+            r.ok(format!(
+                "{}: the role may install its trigger{}",
+                t.name,
+                if problem.is_none() {
+                    " (installed already)"
+                } else {
+                    " (installed at start-up)"
+                }
+            ));
+        }
+    }
+    if sink == Sink::Queue {
+        queue_table(conn, cfg.install_triggers, role, r).await?;
+    }
+    Ok(())
+}
+
+/// The queue feed's change table: this role's (or, before it exists,
+/// creatable by it with `install_triggers`).
+pub(super) async fn queue_table(
+    conn: &mut PgConnection,
+    install: bool,
+    role: &Role,
+    r: &mut Report,
+) -> Result<(), sqlx::Error> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(triggers::QUEUE_TABLE)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        if !install {
+            r.missing(format!(
+                "the change table {} does not exist",
+                triggers::QUEUE_TABLE
+            ));
+            r.step("as the gateway's role: bloomgate install-triggers --config <this config> (it creates the change table, which the gateway must own)".into());
+        } else if privilege(conn, "has_schema_privilege($1, 'CREATE')", &["public"]).await? {
+            r.ok(format!(
+                "the change table {} is created at start-up",
+                triggers::QUEUE_TABLE
+            ));
+        } else {
+            r.missing(format!(
+                "CREATE on schema public, for the change table {}",
+                triggers::QUEUE_TABLE
+            ));
+            r.statement(format!("GRANT CREATE ON SCHEMA public TO {}", role.quoted));
+        }
+        return Ok(());
+    }
+    let why: Option<String> = sqlx::query_scalar(triggers::QUEUE_TABLE_CHECK)
+        .fetch_optional(&mut *conn)
+        .await?;
+    match why {
+        None => r.ok(format!(
+            "the change table {} is this role's",
+            triggers::QUEUE_TABLE
+        )),
+        Some(why) => {
+            r.missing(why);
+            for t in [
+                "public.bloomgate_changes",
+                "public.bloomgate_changes_pruned",
+            ] {
+                r.statement(format!("ALTER TABLE {t} OWNER TO {}", role.quoted));
+            }
+        }
+    }
+    Ok(())
+}

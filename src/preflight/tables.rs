@@ -1,0 +1,168 @@
+//! `preflight`'s checks of each resource's relation: the table or view,
+//! its schema's `USAGE`, its columns and key type, `SELECT` on every column
+//! read; and what the feeds will then watch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sqlx::PgConnection;
+
+use crate::config::Config;
+use crate::db::catalog::{self, TableName, Watch, WatchedColumn, WatchedTable, quote, quote_table};
+
+use super::{Report, Role, privilege, schema_of};
+
+/// Every resource's relation, columns, key type and `SELECT`; returns what
+/// the feeds would watch (each resource's source table and key column).
+pub(super) async fn resources(
+    conn: &mut PgConnection,
+    config: &Config,
+    role: &Role,
+    r: &mut Report,
+) -> Result<Watch, sqlx::Error> {
+    let mut tables: BTreeMap<TableName, Vec<WatchedColumn>> = BTreeMap::new();
+    for res in config.resolved() {
+        // A schema the role may not use makes every lookup of a name in it
+        // an error ("permission denied for schema"), not an absence: say
+        // what to grant, and check the rest of this resource once it is.
+        if let Some((schema, _)) = res.table.split_once('.') {
+            let usable: Option<bool> = sqlx::query_scalar(
+                "SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1",
+            )
+            .bind(schema)
+            .fetch_optional(&mut *conn)
+            .await?;
+            if usable == Some(false) {
+                r.missing(format!(
+                    "resource {}: USAGE on schema {schema} (its table, columns and feed are checked once it is granted)",
+                    res.name
+                ));
+                r.statement(format!(
+                    "GRANT USAGE ON SCHEMA {} TO {}",
+                    quote(schema),
+                    role.quoted
+                ));
+                continue;
+            }
+        }
+        let Some(info) = catalog::table_info_on(&mut *conn, &res.table).await? else {
+            r.missing(format!(
+                "resource {}: no table or view {:?} (names are case-sensitive; schema.table, or in the search path), or no USAGE on its schema",
+                res.name, res.table
+            ));
+            continue;
+        };
+        let schema = schema_of(&info.name);
+        if !privilege(conn, "has_schema_privilege($1, 'USAGE')", &[schema]).await? {
+            r.missing(format!("resource {}: USAGE on schema {schema}", res.name));
+            r.statement(format!(
+                "GRANT USAGE ON SCHEMA {} TO {}",
+                quote(schema),
+                role.quoted
+            ));
+        }
+        let mut read: Vec<&str> = vec![&res.key_column];
+        read.extend(res.columns.iter().map(String::as_str));
+        if let Some(owner) = res.access.owner_column.as_deref() {
+            read.push(owner);
+        }
+        read.dedup();
+        let absent: Vec<&str> = read
+            .iter()
+            .copied()
+            .filter(|c| info.column(c).is_none())
+            .collect();
+        if !absent.is_empty() {
+            r.missing(format!(
+                "resource {}: {} has no column {}",
+                res.name,
+                info.name,
+                absent.join(", ")
+            ));
+        }
+        if let Some(key) = info.column(&res.key_column)
+            && !res.key_type.accepts(key.column_type())
+        {
+            r.missing(format!(
+                "resource {}: key column {}.{} is {}, which key_type {:?} does not accept ({})",
+                res.name,
+                info.name,
+                res.key_column,
+                key.declared,
+                res.key_type.sql_type(),
+                res.key_type.accepted()
+            ));
+        }
+        // A key or owner column the gateway could not compare as
+        // Postgres does (`key::compare`): start-up would refuse it.
+        let compared = std::iter::once(res.key_column.as_str())
+            .chain(res.access.owner_column.as_deref())
+            .filter_map(|c| info.column(c));
+        for column in compared {
+            match catalog::comparison_on(&mut *conn, &info.name, column).await {
+                Ok(_) => {}
+                Err(catalog::ComparisonError::Refused(why)) => {
+                    r.missing(format!("resource {}: {why}", res.name));
+                }
+                Err(catalog::ComparisonError::Db(e)) => return Err(e),
+            }
+        }
+        let table = quote_table(&info.name);
+        let mut denied = Vec::new();
+        for c in read.iter().filter(|c| info.column(c).is_some()) {
+            if !privilege(conn, "has_column_privilege($1, $2, 'SELECT')", &[&table, c]).await? {
+                denied.push(*c);
+            }
+        }
+        if denied.is_empty() {
+            r.ok(format!(
+                "resource {}: {} ({} {}), SELECT on {}",
+                res.name,
+                info.name,
+                res.key_column,
+                res.key_type.sql_type(),
+                read.join(", ")
+            ));
+        } else {
+            r.missing(format!(
+                "resource {}: SELECT on {} ({})",
+                res.name,
+                info.name,
+                denied.join(", ")
+            ));
+            r.statement(format!("GRANT SELECT ON {table} TO {}", role.quoted));
+        }
+        let source = if res.source_table == res.table {
+            Some(info)
+        } else {
+            catalog::table_info_on(&mut *conn, &res.source_table).await?
+        };
+        let Some(source) = source else {
+            r.missing(format!(
+                "resource {}: no source_table {:?}",
+                res.name, res.source_table
+            ));
+            continue;
+        };
+        let Some(key) = source.column(&res.key_column) else {
+            r.missing(format!(
+                "resource {}: source_table {} has no column {}",
+                res.name, source.name, res.key_column
+            ));
+            continue;
+        };
+        let columns = tables.entry(source.name.clone()).or_default();
+        if !columns.iter().any(|c| *c.name == *res.key_column) {
+            columns.push(WatchedColumn {
+                name: Arc::from(res.key_column.as_str()),
+                ty: key.column_type(),
+            });
+        }
+    }
+    Ok(Watch {
+        tables: tables
+            .into_iter()
+            .map(|(name, columns)| WatchedTable { name, columns })
+            .collect(),
+    })
+}
