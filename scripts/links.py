@@ -22,7 +22,8 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
+# [text](target) or ![alt](target), the text across lines, an optional "title".
+LINK = re.compile(r'(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)|!\[[^\]]*\]\(([^)\s]+)(?:\s+"[^"]*")?\)')
 
 
 def slug(title):
@@ -42,7 +43,29 @@ def outside_fences(text):
 
 
 def anchors_of_markdown(path):
-    return {slug(l.lstrip("#")) for _, l in outside_fences(open(path).read()) if re.match(r"#+ ", l)}
+    """Heading slugs, a repeated one numbered as GitHub and mdBook do."""
+    seen, out = {}, set()
+    for _, l in outside_fences(open(path).read()):
+        if re.match(r"#+ ", l):
+            base = slug(l.lstrip("#"))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def prose(text):
+    """`text` with fenced blocks and code spans blanked (lines kept, so a
+    position still gives its line number)."""
+    lines, fence = [], None
+    for line in text.split("\n"):
+        marker = re.match(r"\s*(```|~~~)", line)
+        if marker and (fence is None or marker.group(1) == fence):
+            fence = None if fence else marker.group(1)
+            lines.append("")
+        else:
+            lines.append("" if fence else line)
+    return re.sub(r"`[^`\n]*`", "", "\n".join(lines))
 
 
 def markdown_files():
@@ -55,20 +78,19 @@ def markdown_files():
 
 def check_markdown(broken):
     for path in markdown_files():
-        for n, line in outside_fences(open(path).read()):
-            # Code spans are text, not links.
-            line = re.sub(r"`[^`]*`", "", line)
-            for m in LINK.finditer(line):
-                target = m.group(1) or m.group(2)
-                if re.match(r"[a-z]+:", target):
-                    continue
-                file, _, fragment = target.partition("#")
-                dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
-                where = f"{os.path.relpath(path, ROOT)}:{n}: {target}"
-                if not os.path.exists(dest):
-                    broken.append(f"{where}: no such file")
-                elif fragment and dest.endswith(".md") and fragment not in anchors_of_markdown(dest):
-                    broken.append(f"{where}: no heading #{fragment}")
+        text = prose(open(path).read())
+        for m in LINK.finditer(text):
+            target = m.group(1) or m.group(2)
+            n = text.count("\n", 0, m.start()) + 1
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, fragment = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+            where = f"{os.path.relpath(path, ROOT)}:{n}: {target}"
+            if not os.path.exists(dest):
+                broken.append(f"{where}: no such file")
+            elif fragment and dest.endswith(".md") and fragment not in anchors_of_markdown(dest):
+                broken.append(f"{where}: no heading #{fragment}")
 
 
 def check_summary(broken):

@@ -2,7 +2,8 @@
 """The module graph of src/: which module uses which, and its cycles.
 
 A module is a file or a directory (`feed`, `feed::wal`,
-`feed::wal::session`). An edge A -> B means code of A (its tests
+`feed::wal::session`); a file only tests compile (`#[cfg(test)] mod x;`)
+is left out, as are `#[cfg(test)]` items inside files. An edge A -> B means code of A (its tests
 excluded) names B: `crate::b::…`, `super::…`, `super::super::…` or
 `self::…`, in a path or inside a `use` list (`use super::{a, b::C}`; the
 braces expanded, however nested). A name resolves to the longest module
@@ -103,6 +104,13 @@ def resolve(module, path, modules):
 files = []
 for dirpath, _, names in os.walk(ROOT):
     files += [os.path.relpath(os.path.join(dirpath, n), ROOT) for n in names if n.endswith(".rs")]
+# A file only tests compile (`#[cfg(test)] mod reference;`) is a test.
+test_only = set()
+for rel in files:
+    text = open(os.path.join(ROOT, rel)).read()
+    for name in re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
+        test_only.add(module_of(rel) + (name,))
+files = [rel for rel in files if not any(module_of(rel)[: len(t)] == t for t in test_only)]
 modules = {module_of(rel) for rel in files}
 edges = set()
 for rel in files:

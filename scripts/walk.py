@@ -119,10 +119,21 @@ def main():
         print("walk: still running after 600 s", file=sys.stderr)
         status = 1
     finally:
-        try:
-            os.killpg(walk.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        # SIGINT: the gateways stop without SIGTERM's drain; whatever is
+        # left of the page's processes after 20 s is killed. The slots are
+        # dropped below only once nothing holds them.
+        for sig, grace in ((signal.SIGINT, 20), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(walk.pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(walk.pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
         subprocess.run(["redis-cli", "-p", str(ports[6390]), "shutdown", "nosave"],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         servers = subprocess.run(["bash", "-c", ". scripts/pg.sh; ensure_postgres >/dev/null 2>&1; echo \"$PG_BASE_URL\"; ensure_replica_pair >/dev/null 2>&1 && echo \"$BLOOMGATE_TEST_PRIMARY_URL\""],
@@ -130,7 +141,7 @@ def main():
 
         for url in servers:
             # The gateways take up to their shutdown to let their slots go.
-            for _ in range(50):
+            for _ in range(200):
                 held = subprocess.run(["psql", "-XAtq", f"{url}/postgres", "-c",
                                        f"SELECT count(*) FROM pg_replication_slots WHERE database = '{db}' AND active"],
                                       capture_output=True, text=True).stdout.strip()

@@ -14,11 +14,11 @@
 //! | update, key unchanged | `k` | `invalidate(k)` |
 //! | update, key changed | old `o`, new `n` | `note_delete(o)`, `insert_key_from(n)` |
 //! | any, key [`Value::Unknown`] | ? | `clear_cache()`; for a new row a gap ([`Reason::UnknownKey`], see below) |
+//! | truncate | | `clear_cache()`, rebuild ([`Reason::Truncate`]) |
 //!
-//! The table is [`plan`], a pure function; its tests go through every
+//! The row changes of the table are [`plan`], a pure function; its tests go through every
 //! case and check what the promise rests on: a key in a new row always
 //! ends up in the filter, and every key a change names leaves the cache.
-//! | truncate | | `clear_cache()`, rebuild ([`Reason::Truncate`]) |
 //!
 //! A NULL key is no key: nothing to insert or invalidate (no request can
 //! name it). A key that does not parse for the resource's key type cannot be

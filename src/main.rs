@@ -306,12 +306,22 @@ async fn describe_database(config: Config, key_files: &KeyFiles) -> String {
     let mut out = String::from("\n");
     match tokio::time::timeout(std::time::Duration::from_secs(3), probe).await {
         Err(_) => out.push_str("# database: not reachable within 3 s; columns not checked\n"),
-        // The server answered, and refused: a missing grant, not an outage.
-        Ok(Err(sqlx::Error::Database(e))) => {
+        // The server answered and refused: a missing grant (SQLSTATE class
+        // 42) or a login it does not take (28, 3D), not an outage.
+        Ok(Err(sqlx::Error::Database(e))) if e.code().is_some_and(|c| c.starts_with("42")) => {
             let _ = writeln!(
                 out,
                 "# database: reachable, but the catalog could not be read ({e}); columns not \
                  checked: bloomgate preflight --config <this file> prints what is missing"
+            );
+        }
+        Ok(Err(sqlx::Error::Database(e)))
+            if e.code()
+                .is_some_and(|c| c.starts_with("28") || c.starts_with("3D")) =>
+        {
+            let _ = writeln!(
+                out,
+                "# database: reachable, but it refused the connection ({e}); columns not checked"
             );
         }
         Ok(Err(e)) => {

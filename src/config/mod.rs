@@ -327,13 +327,12 @@ impl Config {
                 _ => {}
             }
         }
-        let value = |c: &Config| toml::Value::try_from(c).ok();
+        let (Ok(a), Ok(b)) = (toml::Value::try_from(self), toml::Value::try_from(other)) else {
+            // Cannot happen for a config that loaded; never claim nothing changed.
+            return vec!["the config (it could not be compared)".into()];
+        };
         let mut out = Vec::new();
-        walk("", value(self).as_ref(), value(other).as_ref(), &mut out);
-        // The file says `[[resource]]`; the struct field is `resources`.
-        out.iter_mut()
-            .filter(|k| k.starts_with("resources"))
-            .for_each(|k| *k = k.replacen("resources", "resource", 1));
+        walk("", Some(&a), Some(&b), &mut out);
         out
     }
 

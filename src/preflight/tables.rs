@@ -25,25 +25,25 @@ pub(super) async fn resources(
         // A schema the role may not use makes every lookup of a name in it
         // an error ("permission denied for schema"), not an absence: say
         // what to grant, and check the rest of this resource once it is.
-        if let Some((schema, _)) = res.table.split_once('.') {
-            let usable: Option<bool> = sqlx::query_scalar(
-                "SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1",
-            )
-            .bind(schema)
-            .fetch_optional(&mut *conn)
-            .await?;
-            if usable == Some(false) {
+        let mut unusable: Vec<String> = Vec::new();
+        for table in [&res.table, &res.source_table] {
+            if let Some(schema) = unusable_schema(conn, table).await?
+                && !unusable.contains(&schema)
+            {
                 r.missing(format!(
-                    "resource {}: USAGE on schema {schema} (its table, columns and feed are checked once it is granted)",
+                    "resource {}: USAGE on schema {schema} (its tables, columns and feed are checked once it is granted)",
                     res.name
                 ));
                 r.statement(format!(
                     "GRANT USAGE ON SCHEMA {} TO {}",
-                    quote(schema),
+                    quote(&schema),
                     role.quoted
                 ));
-                continue;
+                unusable.push(schema);
             }
+        }
+        if !unusable.is_empty() {
+            continue;
         }
         let Some(info) = catalog::table_info_on(&mut *conn, &res.table).await? else {
             r.missing(format!(
@@ -165,4 +165,22 @@ pub(super) async fn resources(
             .map(|(name, columns)| WatchedTable { name, columns })
             .collect(),
     })
+}
+
+/// The schema `table` names, if the role may not use it (`None` for a
+/// name without a schema: the search path skips such schemas silently).
+async fn unusable_schema(
+    conn: &mut PgConnection,
+    table: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let Some((schema, _)) = table.split_once('.') else {
+        return Ok(None);
+    };
+    let usable: Option<bool> = sqlx::query_scalar(
+        "SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1",
+    )
+    .bind(schema)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok((usable == Some(false)).then(|| schema.to_string()))
 }

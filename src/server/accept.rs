@@ -72,12 +72,19 @@ pub(super) async fn accept_loop(
             Ok(slot) => slot,
             Err(_) => {
                 if let Some(not_logged) = at_cap.permit() {
+                    // The public listener's cap is the operator's key; the
+                    // admin and metrics listeners' is fixed.
+                    let cap = if name == "public" {
+                        "server.max_connections"
+                    } else {
+                        "the operator listeners' own cap"
+                    };
                     tracing::warn!(
                         listener = name,
                         max_connections,
                         not_logged,
-                        "connection cap reached (server.max_connections): new connections wait \
-                         in the listen backlog (at most one such line per 10 s)"
+                        "connection cap reached ({cap}): new connections wait in the listen \
+                         backlog (at most one such line per 10 s)"
                     );
                 }
                 tokio::select! {

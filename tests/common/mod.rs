@@ -591,7 +591,6 @@ impl Resp {
     }
 }
 
-/// One request through the router, no socket.
 /// A fresh directory under the system's temporary one, for a test's
 /// config and key files.
 pub fn tempdir() -> std::path::PathBuf {
@@ -620,6 +619,7 @@ pub async fn get_status(gw: &Arc<Gateway>, path: &str) -> StatusCode {
     get(gw, path).await.status
 }
 
+/// One request through the router, no socket.
 pub async fn get(gw: &Arc<Gateway>, path: &str) -> Resp {
     get_with(gw, Request::get(path).body(Body::empty()).unwrap()).await
 }

@@ -273,9 +273,12 @@ async fn first_check(
 /// The feed once started: where it stands, and what each turn of the
 /// polling loop leaves for the next.
 struct Feed {
+    // Fields drop in this order: the pruning task is stopped first and the
+    // event sender goes last, as when these were `run`'s locals.
+    pruning: AbortOnDrop,
+    pruner: Pruner,
     opts: Options,
     watch: Watch,
-    tx: mpsc::Sender<Event>,
     /// The connections' options (a new pool is made on them).
     connect: PgConnectOptions,
     pool: PgPool,
@@ -287,12 +290,11 @@ struct Feed {
     checked: Instant,
     /// Told the gateway the feed stopped, since the last good poll.
     interrupted: bool,
-    pruner: Pruner,
-    pruning: AbortOnDrop,
     delay: Duration,
     /// Set when the position means nothing any more (see the module doc):
     /// the next turn starts afresh and rescans every table.
     rescan: bool,
+    tx: mpsc::Sender<Event>,
 }
 
 impl Feed {
