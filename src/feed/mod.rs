@@ -300,3 +300,17 @@ impl Health {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).reconnects += 1;
     }
 }
+
+/// A trigger feed's own pool (`notify`, `queue`): two connections, named
+/// `application_name` on the server. Its own, so the feed neither waits for
+/// the request path's connections nor takes them: one listens or polls,
+/// the other checks the watched tables or prunes.
+pub(crate) fn private_pool(
+    connect: &sqlx::postgres::PgConnectOptions,
+    application_name: &str,
+) -> sqlx::PgPool {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy_with(connect.clone().application_name(application_name))
+}

@@ -66,7 +66,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Deserialize;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener};
 use tokio::sync::{mpsc, oneshot};
 
 use super::watch::Tracker;
@@ -156,12 +156,9 @@ pub async fn run(
     ready: oneshot::Sender<Result<(), String>>,
     mut shutdown: Shutdown,
 ) {
-    // Its own pool: the listener holds its connection for good, which must
-    // not cost the request path a connection; the second is for the checks.
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(opts.connect.clone().application_name(APPLICATION_NAME));
+    // The listener holds its connection for good; the other is for the
+    // checks.
+    let pool = super::private_pool(&opts.connect, APPLICATION_NAME);
     let mut listener = match connect(&pool).await {
         Ok(l) => l,
         Err(e) => {

@@ -48,14 +48,7 @@ pub struct BusSnapshot {
     /// Following nothing: the bus is not current and no direct-feed
     /// ticket is free (`bus.max_direct_fallback`).
     pub lost: bool,
-    pub lag_bytes: u64,
-    pub lag_ms: u64,
-    pub fallbacks: u64,
-    pub returns: u64,
-    pub breaks: u64,
-    pub read: u64,
-    pub appended: u64,
-    pub terms: u64,
+    pub counters: crate::feed::bus::Counters,
 }
 
 impl Expose for BusSnapshot {
@@ -83,44 +76,44 @@ impl Expose for BusSnapshot {
             "bloomgate_bus_lag_bytes",
             "How far the stream read is behind the primary's flush position.",
             &[],
-            self.lag_bytes as f64,
+            self.counters.lag_bytes as f64,
         );
         out.gauge(
             "bloomgate_bus_lag_seconds",
             "How long since the stream last proved it reached the primary's position.",
             &[],
-            self.lag_ms as f64 / 1e3,
+            self.counters.lag_ms as f64 / 1e3,
         );
         for (name, help, v) in [
             (
                 "bloomgate_bus_fallbacks_total",
                 "Switches from the bus to a direct feed.",
-                self.fallbacks,
+                self.counters.fallbacks,
             ),
             (
                 "bloomgate_bus_returns_total",
                 "Switches from a direct feed back to the bus.",
-                self.returns,
+                self.counters.returns,
             ),
             (
                 "bloomgate_bus_breaks_total",
                 "Continuity breaks in the stream (each a resync).",
-                self.breaks,
+                self.counters.breaks,
             ),
             (
                 "bloomgate_bus_entries_read_total",
                 "Stream entries read.",
-                self.read,
+                self.counters.read,
             ),
             (
                 "bloomgate_bus_entries_appended_total",
                 "Stream entries appended as the relay.",
-                self.appended,
+                self.counters.appended,
             ),
             (
                 "bloomgate_bus_relay_terms_total",
                 "Times this gateway became the relay.",
-                self.terms,
+                self.counters.terms,
             ),
         ] {
             out.counter(name, help, &[], v as f64);
@@ -187,19 +180,11 @@ impl Gateway {
             resources,
             bus: self.bus_status().map(|b| {
                 let st = b.get();
-                let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
                 BusSnapshot {
                     relaying: st.relaying,
                     direct: st.mode == crate::feed::bus::Mode::Direct,
                     lost: st.mode == crate::feed::bus::Mode::Lost,
-                    lag_bytes: l(&b.lag_bytes),
-                    lag_ms: l(&b.lag_ms),
-                    fallbacks: l(&b.fallbacks),
-                    returns: l(&b.returns),
-                    breaks: l(&b.breaks),
-                    read: l(&b.read),
-                    appended: l(&b.appended),
-                    terms: l(&b.terms),
+                    counters: b.counters(),
                 }
             }),
         }

@@ -270,6 +270,21 @@ pub struct Status {
     pub lag_ms: AtomicU64,
 }
 
+/// The bus's counters, read together: the one snapshot both `/metrics`
+/// and the admin API show (each picks what it exports).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct Counters {
+    pub lag_bytes: u64,
+    pub lag_ms: u64,
+    pub fallbacks: u64,
+    pub returns: u64,
+    pub breaks: u64,
+    pub read: u64,
+    pub appended: u64,
+    pub duplicates: u64,
+    pub terms: u64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct StatusState {
     pub mode: Mode,
@@ -285,6 +300,21 @@ pub struct StatusState {
 }
 
 impl Status {
+    pub fn counters(&self) -> Counters {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counters {
+            lag_bytes: l(&self.lag_bytes),
+            lag_ms: l(&self.lag_ms),
+            fallbacks: l(&self.fallbacks),
+            returns: l(&self.returns),
+            breaks: l(&self.breaks),
+            read: l(&self.read),
+            appended: l(&self.appended),
+            duplicates: l(&self.duplicates),
+            terms: l(&self.terms),
+        }
+    }
+
     pub fn new(url: String, stream: String) -> Self {
         let s = Status::default();
         {

@@ -107,7 +107,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{mpsc, oneshot};
 
 use super::notify::Counters;
@@ -174,7 +174,7 @@ pub async fn run(
     // connections, nor take them. Two connections: one polls, the other
     // prunes.
     let connect = opts.connect.clone().application_name(APPLICATION_NAME);
-    let pool = new_pool(&connect);
+    let pool = super::private_pool(&connect, APPLICATION_NAME);
     let at = match first_position(&pool).await {
         Ok(p) => p,
         Err(e) => {
@@ -220,14 +220,6 @@ pub async fn run(
             return;
         }
     }
-}
-
-/// The feed's pool, on `connect` (see [`run`]).
-fn new_pool(connect: &PgConnectOptions) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect_lazy_with(connect.clone())
 }
 
 /// The first check, before start-up scans: it reports what cannot be
@@ -369,7 +361,7 @@ impl Feed {
         // The pool's other connection may still be on the old
         // server (an address moved while it stayed up): start over
         // with connections that all reach the new one.
-        self.pool = new_pool(&self.connect);
+        self.pool = super::private_pool(&self.connect, APPLICATION_NAME);
         // Its notes and its running batch belong to the old history.
         self.pruner = Pruner::new(self.opts.retention);
         self.pruning = AbortOnDrop(None);
@@ -449,7 +441,7 @@ impl Feed {
             }
         }
         if matches!(e, Failure::Deadline) {
-            self.pool = new_pool(&self.connect);
+            self.pool = super::private_pool(&self.connect, APPLICATION_NAME);
         }
         ControlFlow::Continue(())
     }

@@ -164,21 +164,13 @@ struct BusView {
     relaying: bool,
     relay: Option<String>,
     detail: Option<String>,
-    lag_bytes: u64,
-    lag_ms: u64,
-    fallbacks: u64,
-    returns: u64,
-    breaks: u64,
-    read: u64,
-    appended: u64,
-    duplicates: u64,
-    terms: u64,
+    #[serde(flatten)]
+    counters: crate::feed::bus::Counters,
 }
 
 /// The status page's snapshot of `gw` (whose caches the caller synced).
 pub(super) fn stats_view(gw: &Gateway) -> StatsView {
     let snap = gw.snapshot();
-    let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     StatsView {
         time_ms: snap.time_ms,
         db_queries: snap.db.queries,
@@ -206,15 +198,7 @@ pub(super) fn stats_view(gw: &Gateway) -> StatsView {
                 relaying: st.relaying,
                 relay: st.relay,
                 detail: st.detail,
-                lag_bytes: l(&b.lag_bytes),
-                lag_ms: l(&b.lag_ms),
-                fallbacks: l(&b.fallbacks),
-                returns: l(&b.returns),
-                breaks: l(&b.breaks),
-                read: l(&b.read),
-                appended: l(&b.appended),
-                duplicates: l(&b.duplicates),
-                terms: l(&b.terms),
+                counters: b.counters(),
             }
         }),
     }
