@@ -304,11 +304,33 @@ async fn insert_storm_during_rebuilds_loses_no_key_on_either_replica() {
             .filter(|(_, s)| std::future::ready(*s != StatusCode::OK))
             .collect::<Vec<_>>()
             .await;
+        // No key is lost: never a 404. A 503 is the honest answer of a
+        // loaded machine (a connection not acquired within acquire_timeout,
+        // load slots full: CI's load made 3 of 20,000), so such a key is
+        // asked again until the database answers it; it must then be 200.
+        let lost: Vec<_> = not_ok
+            .iter()
+            .filter(|(_, s)| *s != StatusCode::SERVICE_UNAVAILABLE)
+            .collect();
         assert!(
-            not_ok.is_empty(),
-            "not 200: {:?}",
-            &not_ok[..not_ok.len().min(5)]
+            lost.is_empty(),
+            "not 200 nor 503: {:?}",
+            &lost[..lost.len().min(5)]
         );
+        for (k, _) in not_ok {
+            let began = Instant::now();
+            loop {
+                match get(gw, &format!("/users/{k}")).await.status {
+                    StatusCode::OK => break,
+                    StatusCode::SERVICE_UNAVAILABLE
+                        if began.elapsed() < Duration::from_secs(60) =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    s => panic!("{k}: {s} (was 503 under load)"),
+                }
+            }
+        }
     }
 }
 
