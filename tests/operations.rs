@@ -302,6 +302,20 @@ async fn a_notify_gateway_without_its_triggers_is_not_ready() {
         .await;
 }
 
+/// `bloomgate preflight --config path`: its exit code and what it printed.
+fn preflight(path: &std::path::Path) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
+        .args(["preflight", "--config"])
+        .arg(path)
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
 /// `bloomgate preflight` as a role with only some grants: exit 1, the
 /// exact missing statements; once an administrator has run them, exit 0.
 #[tokio::test]
@@ -324,18 +338,7 @@ async fn preflight_prints_the_missing_grants_and_passes_once_they_are_run() {
         ),
     )
     .unwrap();
-    let preflight = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
-            .args(["preflight", "--config"])
-            .arg(&path)
-            .env_remove("DATABASE_URL")
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let preflight = || preflight(&path);
     let (code, out) = preflight();
     assert_eq!(code, Some(1), "{out}");
     let q = format!("\"{role}\"");
@@ -398,18 +401,7 @@ async fn preflight_on_a_schema_it_may_not_use_prints_the_grant_and_goes_on() {
         ),
     )
     .unwrap();
-    let preflight = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
-            .args(["preflight", "--config"])
-            .arg(&path)
-            .env_remove("DATABASE_URL")
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let preflight = || preflight(&path);
     let q = format!("\"{role}\"");
     let mut rounds = 0;
     loop {
@@ -538,14 +530,8 @@ async fn the_books_role_blocks_run_by_whom_they_name_and_preflight_then_passes()
             ),
         )
         .unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
-            .args(["preflight", "--config"])
-            .arg(&path)
-            .env_remove("DATABASE_URL")
-            .output()
-            .unwrap();
-        let printed = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(0), "{feed}:\n{printed}");
+        let (code, printed) = preflight(&path);
+        assert_eq!(code, Some(0), "{feed}:\n{printed}");
     }
     // The superuser's part, run by the owner: stops at the first error.
     let blocks = documented_blocks("wal", "\"someone_else\"");
