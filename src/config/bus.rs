@@ -38,7 +38,9 @@ pub struct BusConfig {
     /// Entries the stream keeps (trimmed approximately, in whole blocks).
     /// A gateway away for longer than the stream reaches back resyncs (a
     /// rebuild of every filter). Default 100000: about 20 MB of Redis
-    /// memory with small keys; see docs/src/bus.md on sizing it.
+    /// memory while entries hold one commit each, 0.5-1 GB at 5,000
+    /// commits a second (batched entries of 5-10 KB); see docs/src/bus.md
+    /// on sizing it.
     pub retention: u64,
     /// Without proof from the bus that it is current for this long (Redis
     /// unreachable, no relay, a relay behind), a gateway falls back to a
