@@ -302,6 +302,23 @@ async fn a_notify_gateway_without_its_triggers_is_not_ready() {
         .await;
 }
 
+/// The `articles` resource, beside the shipped `users` one.
+const ARTICLES: &str = "[[resource]]\nname = \"articles\"\nroute = \"/articles/{id}\"\n\
+    table = \"articles\"\nkey_column = \"id\"\nkey_type = \"uuid\"\ncolumns = [\"id\", \"title\"]\n";
+
+/// A config file connecting to `db` as `role`, with `database` lines in
+/// `[database]`, the `users` resource and `resources`.
+fn config_as(db: &TestDb, role: &str, database: &str, resources: &str) -> std::path::PathBuf {
+    let url = db.url.replacen("://postgres@", &format!("://{role}@"), 1);
+    let path = tempdir().join("bloomgate.toml");
+    std::fs::write(
+        &path,
+        format!("[database]\nurl = \"{url}\"\n{database}\n{USERS}\n{resources}"),
+    )
+    .unwrap();
+    path
+}
+
 /// `bloomgate preflight --config path`: its exit code and what it printed.
 fn preflight(path: &std::path::Path) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_bloomgate"))
@@ -326,18 +343,12 @@ async fn preflight_prints_the_missing_grants_and_passes_once_they_are_run() {
         "CREATE ROLE \"{role}\" LOGIN; GRANT SELECT ON users TO \"{role}\""
     ))
     .await;
-    let url = db.url.replacen("://postgres@", &format!("://{role}@"), 1);
-    let dir = tempdir();
-    let path = dir.join("bloomgate.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[database]\nurl = \"{url}\"\nfreshness = \"notify\"\ninstall_triggers = true\n{USERS}\n\
-             [[resource]]\nname = \"articles\"\nroute = \"/articles/{{id}}\"\ntable = \"articles\"\n\
-             key_column = \"id\"\nkey_type = \"uuid\"\ncolumns = [\"id\", \"title\"]\n"
-        ),
-    )
-    .unwrap();
+    let path = config_as(
+        &db,
+        &role,
+        "freshness = \"notify\"\ninstall_triggers = true",
+        ARTICLES,
+    );
     let preflight = || preflight(&path);
     let (code, out) = preflight();
     assert_eq!(code, Some(1), "{out}");
@@ -386,21 +397,16 @@ async fn preflight_on_a_schema_it_may_not_use_prints_the_grant_and_goes_on() {
          CREATE ROLE \"{role}\" LOGIN"
     ))
     .await;
-    let url = db.url.replacen("://postgres@", &format!("://{role}@"), 1);
-    let dir = tempdir();
-    let path = dir.join("bloomgate.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[database]\nurl = \"{url}\"\nfreshness = \"off\"\n{USERS}\n\
-             [[resource]]\nname = \"items\"\nroute = \"/items/{{id}}\"\ntable = \"shop.items\"\n\
+    let path = config_as(
+        &db,
+        &role,
+        "freshness = \"off\"",
+        "[[resource]]\nname = \"items\"\nroute = \"/items/{id}\"\ntable = \"shop.items\"\n\
              key_column = \"id\"\nkey_type = \"bigint\"\ncolumns = [\"id\", \"name\"]\n\
-             [[resource]]\nname = \"items_view\"\nroute = \"/item-views/{{id}}\"\ntable = \"items_view\"\n\
+             [[resource]]\nname = \"items_view\"\nroute = \"/item-views/{id}\"\ntable = \"items_view\"\n\
              source_table = \"shop.items\"\nkey_column = \"id\"\nkey_type = \"bigint\"\n\
-             columns = [\"id\", \"name\"]\n"
-        ),
-    )
-    .unwrap();
+             columns = [\"id\", \"name\"]\n",
+    );
     let preflight = || preflight(&path);
     let q = format!("\"{role}\"");
     let mut rounds = 0;
@@ -518,18 +524,8 @@ async fn the_books_role_blocks_run_by_whom_they_name_and_preflight_then_passes()
         if feed == "wal" {
             continue;
         }
-        let dir = tempdir();
-        let path = dir.join("bloomgate.toml");
-        let url = db.url.replacen("://postgres@", &format!("://{role}@"), 1);
-        std::fs::write(
-            &path,
-            format!(
-                "[database]\nurl = \"{url}\"\nfreshness = \"{feed}\"\ninstall_triggers = true\n{USERS}\n\
-                 [[resource]]\nname = \"articles\"\nroute = \"/articles/{{id}}\"\ntable = \"articles\"\n\
-                 key_column = \"id\"\nkey_type = \"uuid\"\ncolumns = [\"id\", \"title\"]\n"
-            ),
-        )
-        .unwrap();
+        let database = format!("freshness = \"{feed}\"\ninstall_triggers = true");
+        let path = config_as(&db, &role, &database, ARTICLES);
         let (code, printed) = preflight(&path);
         assert_eq!(code, Some(0), "{feed}:\n{printed}");
     }
