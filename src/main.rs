@@ -299,7 +299,7 @@ async fn describe_database(config: Config, key_files: &KeyFiles) -> String {
         return String::new();
     };
     let probe = async {
-        let ready = bloomgate::feed::wal::readiness(gw.db.pool()).await?;
+        let ready = bloomgate::feed::wal::prerequisites(gw.db.pool()).await?;
         let columns = bloomgate::http::openapi::read_columns(&gw).await?;
         Ok::<_, sqlx::Error>((ready, columns))
     };

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
-use bloomgate::access::{Logger, Options, Sink};
+use bloomgate::access::{Logger, LoggerOptions, Sink};
 use bloomgate::config::LogFormat;
 use bloomgate::http::front::{Counters, FrontLayer};
 use futures_util::FutureExt;
@@ -100,7 +100,7 @@ fn access_lines_add_no_allocation_on_or_off_and_one_line_per_request() {
     let (bare, bare_ns) = per_request(N);
 
     let sink = Counted::default();
-    let options = |format| Options {
+    let options = |format| LoggerOptions {
         format,
         filtered_rate: bloomgate::access::UNLIMITED,
         // Large enough that the writer, a thread of its own, never falls

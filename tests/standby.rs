@@ -67,7 +67,7 @@ async fn the_notify_source_refuses_a_standby() {
     let connect: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
     let (tx, _rx) = tokio::sync::mpsc::channel(1);
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
-    let opts = notify::Options {
+    let opts = notify::NotifyOptions {
         connect,
         counters: Default::default(),
         health: Default::default(),

@@ -88,7 +88,7 @@ impl Feed {
         let (tx, rx) = mpsc::channel(1024);
         let (applied, applied_rx) = watch::channel(feed::Position::ZERO);
         let (ready_tx, ready) = oneshot::channel();
-        let opts = feed::wal::Options {
+        let opts = feed::wal::WalOptions {
             connect: url.parse::<PgConnectOptions>().unwrap(),
             publication: publication.into(),
             slot: None,

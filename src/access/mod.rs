@@ -98,7 +98,7 @@ pub enum Class {
 
 /// How a [`Logger`] writes.
 #[derive(Clone, Debug)]
-pub struct Options {
+pub struct LoggerOptions {
     pub format: LogFormat,
     /// Filtered 404s a second, or [`UNLIMITED`].
     pub filtered_rate: u64,
@@ -109,7 +109,7 @@ pub struct Options {
     pub flush_every: Duration,
 }
 
-impl Options {
+impl LoggerOptions {
     pub const SLOT_BYTES: usize = 256 * 1024;
     pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
@@ -159,7 +159,7 @@ thread_local! {
 
 impl Logger {
     /// Starts the writer thread on `sink`.
-    pub fn start(options: Options, sink: Box<dyn Sink>) -> std::io::Result<Self> {
+    pub fn start(options: LoggerOptions, sink: Box<dyn Sink>) -> std::io::Result<Self> {
         static IDS: AtomicUsize = AtomicUsize::new(0);
         let json = options.format == LogFormat::Json;
         Ok(Self {
@@ -180,7 +180,7 @@ impl Logger {
                     .map_err(|e| format!("log.access_file: cannot open {}: {e}", path.display()))?,
             ),
         };
-        Self::start(Options::from_config(cfg), sink)
+        Self::start(LoggerOptions::from_config(cfg), sink)
             .map_err(|e| format!("cannot start the access log's writer thread: {e}"))
     }
 
@@ -384,8 +384,8 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn options(filtered_rate: u64, slot_bytes: usize) -> Options {
-        Options {
+    pub(crate) fn options(filtered_rate: u64, slot_bytes: usize) -> LoggerOptions {
+        LoggerOptions {
             format: LogFormat::Json,
             filtered_rate,
             slot_bytes,

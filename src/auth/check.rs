@@ -17,7 +17,7 @@ use super::jwt::{self, Invalid};
 use super::limit;
 use super::owner;
 use super::policy::{Allowance, Policy, scope_bits};
-use super::stats::Reason;
+use super::stats::Refusal;
 use super::verified::{Held, Verified};
 use crate::config::AuthMode;
 use crate::error::Error;
@@ -80,10 +80,10 @@ impl Auth {
         };
         let caller = match (bearer, api_key) {
             (Some(_), Some(_)) => return Err(self.two(p)),
-            (None, None) => return Err(self.refuse(p, Reason::Missing)),
+            (None, None) => return Err(self.refuse(p, Refusal::Missing)),
             (Some(auth), None) => {
                 let token = bearer_token(auth.as_bytes())
-                    .ok_or_else(|| self.refuse(p, Reason::Token(Invalid::Malformed)))?;
+                    .ok_or_else(|| self.refuse(p, Refusal::Token(Invalid::Malformed)))?;
                 self.credential(p, b'j', token)?
             }
             (None, Some(key)) => self.credential(p, b'k', key.as_bytes())?,
@@ -94,12 +94,12 @@ impl Auth {
             ));
         };
         if v.scopes & p.required != p.required {
-            return Err(self.refuse(p, Reason::InsufficientScope));
+            return Err(self.refuse(p, Refusal::InsufficientScope));
         }
         if let Some(o) = &p.owner
             && v.owners.get(o.claim).is_none_or(Option::is_none)
         {
-            return Err(self.refuse(p, Reason::NoOwnerClaim));
+            return Err(self.refuse(p, Refusal::NoOwnerClaim));
         }
         let allowance = self.limit(p, v.caller, peer, now)?;
         Ok((caller, allowance))
@@ -110,8 +110,8 @@ impl Auth {
     fn credential(&self, p: &Policy, domain: u8, token: &[u8]) -> Result<Caller, Error> {
         if token.len() > self.max_token {
             let reason = match domain {
-                b'j' => Reason::Token(Invalid::TooLong),
-                _ => Reason::UnknownApiKey,
+                b'j' => Refusal::Token(Invalid::TooLong),
+                _ => Refusal::UnknownApiKey,
             };
             return Err(self.refuse(p, reason));
         }
@@ -146,8 +146,8 @@ impl Auth {
         digest: [u8; 32],
         generation: u64,
         now: u64,
-    ) -> Result<Verified, Result<Reason, Error>> {
-        let bad = |i: Invalid| Ok(Reason::Token(i));
+    ) -> Result<Verified, Result<Refusal, Error>> {
+        let bad = |i: Invalid| Ok(Refusal::Token(i));
         let parsed = jwt::parse(token, self.max_token).map_err(bad)?;
         if parsed.alg.is_hmac() {
             jwt::verify_signature(&parsed, None, self.secret.as_ref()).map_err(bad)?;
@@ -194,11 +194,11 @@ impl Auth {
         key: &[u8],
         digest: [u8; 32],
         generation: u64,
-    ) -> Result<Verified, Result<Reason, Error>> {
+    ) -> Result<Verified, Result<Refusal, Error>> {
         let i = self
             .api_keys
             .find(key, &self.keyed)
-            .ok_or(Ok(Reason::UnknownApiKey))?;
+            .ok_or(Ok(Refusal::UnknownApiKey))?;
         let (scopes, caller) = self.api_callers[i];
         Ok(Verified {
             digest,
@@ -233,7 +233,7 @@ impl Auth {
                 reset: reset.as_nanos().div_ceil(1_000_000_000).max(1) as u64,
             })),
             limit::Decision::Limited { retry_after } => {
-                self.stats.count(Reason::RateLimited);
+                self.stats.count(Refusal::RateLimited);
                 let secs = retry_after.as_nanos().div_ceil(1_000_000_000).max(1) as u64;
                 Err(Error::RateLimited {
                     retry_after: secs,
@@ -274,7 +274,7 @@ impl Auth {
             Key::Text(k) => *cmp.text(claim) == **k,
         };
         if !owns {
-            self.stats.count(Reason::NotOwner);
+            self.stats.count(Refusal::NotOwner);
         }
         owns
     }
@@ -287,7 +287,7 @@ impl Auth {
         };
         let owns = owner::column(row, column).is_some_and(|value| owner::equals(value, claim, cmp));
         if !owns {
-            self.stats.count(Reason::NotOwner);
+            self.stats.count(Refusal::NotOwner);
         }
         owns
     }
@@ -298,10 +298,10 @@ impl Auth {
         Some(v.owners.get(o.claim)?.as_deref().unwrap_or("\u{0}"))
     }
 
-    fn refuse(&self, p: &Policy, reason: Reason) -> Error {
+    fn refuse(&self, p: &Policy, reason: Refusal) -> Error {
         self.stats.count(reason);
         match reason {
-            Reason::Missing => Error::Unauthorized {
+            Refusal::Missing => Error::Unauthorized {
                 code: "unauthorized",
                 message: match p.mode {
                     AuthMode::ApiKey => "an API key is required (X-API-Key)",
@@ -310,37 +310,37 @@ impl Auth {
                 },
                 challenge: p.challenge_missing.clone(),
             },
-            Reason::Token(i) => Error::Unauthorized {
+            Refusal::Token(i) => Error::Unauthorized {
                 code: "invalid_token",
                 message: i.message(),
                 challenge: p.challenge_token.clone(),
             },
-            Reason::UnknownApiKey => Error::Unauthorized {
+            Refusal::UnknownApiKey => Error::Unauthorized {
                 code: "invalid_key",
                 message: "the API key is not valid",
                 challenge: p.challenge_key.clone(),
             },
-            Reason::TwoCredentials => Error::InvalidRequest {
+            Refusal::TwoCredentials => Error::InvalidRequest {
                 challenge: p.challenge_missing.clone(),
             },
-            Reason::InsufficientScope => Error::Forbidden {
+            Refusal::InsufficientScope => Error::Forbidden {
                 message: "the credential lacks a scope this resource requires",
                 challenge: p.challenge_scope.clone(),
             },
-            Reason::NoOwnerClaim => Error::Forbidden {
+            Refusal::NoOwnerClaim => Error::Forbidden {
                 message: "the credential lacks the claim that names its owner",
                 challenge: p.challenge_scope.clone(),
             },
             // Never refused here: another owner's row is answered as absent
             // (`http::lookup`), a rate limit by `limit`.
-            Reason::NotOwner | Reason::RateLimited => {
+            Refusal::NotOwner | Refusal::RateLimited => {
                 Error::Internal("refused without a refusal".into())
             }
         }
     }
 
     fn two(&self, p: &Policy) -> Error {
-        self.refuse(p, Reason::TwoCredentials)
+        self.refuse(p, Refusal::TwoCredentials)
     }
 }
 

@@ -57,7 +57,7 @@ use policy::scope_bits;
 pub use crate::config::auth::{MAX_OWNER_CLAIMS, MAX_SCOPES};
 pub use check::{API_KEY, Caller, bearer_token};
 pub use policy::{Allowance, Owner, Policy, RATELIMIT, RATELIMIT_POLICY};
-pub use stats::{REASONS, Reason, Stats};
+pub use stats::{REFUSALS, Refusal, Stats};
 pub use view::{AuthView, JwksView, TokenCacheView};
 
 /// The access checks of one gateway; see the module doc.

@@ -1,5 +1,5 @@
 //! The access checks' counters: why a request was refused
-//! ([`Reason`], `bloomgate_auth_failures_total{reason}`), the
+//! ([`Refusal`], `bloomgate_auth_failures_total{reason}`), the
 //! verified-credential cache's hits and misses, and the JWKS fetches. Kept
 //! apart from the checks so the admin view and the refresher count into
 //! the same place the request path does.
@@ -11,7 +11,7 @@ use crate::counter::Counter;
 
 /// Why a request was refused, for `bloomgate_auth_failures_total{reason}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
+pub enum Refusal {
     Missing,
     Token(Invalid),
     UnknownApiKey,
@@ -23,42 +23,42 @@ pub enum Reason {
 }
 
 /// Every reason, in the order of [`Stats::failures`].
-pub const REASONS: [Reason; 17] = [
-    Reason::Missing,
-    Reason::Token(Invalid::TooLong),
-    Reason::Token(Invalid::Malformed),
-    Reason::Token(Invalid::Algorithm),
-    Reason::Token(Invalid::UnknownKey),
-    Reason::Token(Invalid::Signature),
-    Reason::Token(Invalid::Expired),
-    Reason::Token(Invalid::NotYetValid),
-    Reason::Token(Invalid::Issuer),
-    Reason::Token(Invalid::Audience),
-    Reason::Token(Invalid::Claims),
-    Reason::UnknownApiKey,
-    Reason::TwoCredentials,
-    Reason::InsufficientScope,
-    Reason::NoOwnerClaim,
-    Reason::NotOwner,
-    Reason::RateLimited,
+pub const REFUSALS: [Refusal; 17] = [
+    Refusal::Missing,
+    Refusal::Token(Invalid::TooLong),
+    Refusal::Token(Invalid::Malformed),
+    Refusal::Token(Invalid::Algorithm),
+    Refusal::Token(Invalid::UnknownKey),
+    Refusal::Token(Invalid::Signature),
+    Refusal::Token(Invalid::Expired),
+    Refusal::Token(Invalid::NotYetValid),
+    Refusal::Token(Invalid::Issuer),
+    Refusal::Token(Invalid::Audience),
+    Refusal::Token(Invalid::Claims),
+    Refusal::UnknownApiKey,
+    Refusal::TwoCredentials,
+    Refusal::InsufficientScope,
+    Refusal::NoOwnerClaim,
+    Refusal::NotOwner,
+    Refusal::RateLimited,
 ];
 
-impl Reason {
+impl Refusal {
     pub fn label(self) -> &'static str {
         match self {
-            Reason::Missing => "missing",
-            Reason::Token(i) => i.reason(),
-            Reason::UnknownApiKey => "unknown_api_key",
-            Reason::TwoCredentials => "two_credentials",
-            Reason::InsufficientScope => "insufficient_scope",
-            Reason::NoOwnerClaim => "no_owner_claim",
-            Reason::NotOwner => "not_owner",
-            Reason::RateLimited => "rate_limited",
+            Refusal::Missing => "missing",
+            Refusal::Token(i) => i.reason(),
+            Refusal::UnknownApiKey => "unknown_api_key",
+            Refusal::TwoCredentials => "two_credentials",
+            Refusal::InsufficientScope => "insufficient_scope",
+            Refusal::NoOwnerClaim => "no_owner_claim",
+            Refusal::NotOwner => "not_owner",
+            Refusal::RateLimited => "rate_limited",
         }
     }
 
     pub(super) fn index(self) -> usize {
-        REASONS
+        REFUSALS
             .iter()
             .position(|r| *r == self)
             .expect("every reason is listed")
@@ -72,7 +72,7 @@ pub struct Stats {
     /// Sharded: counted on every authenticated hit.
     pub token_cache_hits: Counter,
     pub token_cache_misses: AtomicU64,
-    pub failures: [AtomicU64; REASONS.len()],
+    pub failures: [AtomicU64; REFUSALS.len()],
     pub jwks_fetches: AtomicU64,
     pub jwks_fetch_failures: AtomicU64,
     pub jwks_changes: AtomicU64,
@@ -81,7 +81,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    pub fn count(&self, r: Reason) {
+    pub fn count(&self, r: Refusal) {
         self.failures[r.index()].fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn every_reason_has_its_own_label() {
-        let labels: std::collections::HashSet<_> = REASONS.iter().map(|r| r.label()).collect();
-        assert_eq!(labels.len(), REASONS.len());
+        let labels: std::collections::HashSet<_> = REFUSALS.iter().map(|r| r.label()).collect();
+        assert_eq!(labels.len(), REFUSALS.len());
     }
 }

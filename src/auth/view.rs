@@ -8,7 +8,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use super::Auth;
-use super::stats::REASONS;
+use super::stats::REFUSALS;
 
 impl Auth {
     /// For the admin API and the status page.
@@ -33,7 +33,7 @@ impl Auth {
                 misses: l(&self.stats.token_cache_misses),
             },
             rate_limit_callers: self.limiter.capacity(),
-            failures: REASONS
+            failures: REFUSALS
                 .iter()
                 .map(|r| (r.label(), l(&self.stats.failures[r.index()])))
                 .collect(),

@@ -113,7 +113,7 @@ pub struct NotifySnapshot {
     pub last_lag_seconds: f64,
 }
 
-pub struct Options {
+pub struct NotifyOptions {
     /// Where to listen: the primary (a standby cannot `LISTEN`).
     pub connect: PgConnectOptions,
     pub counters: Arc<Counters>,
@@ -150,7 +150,7 @@ struct Payload {
 /// the first `LISTEN` is in place and the first check is done, or the error
 /// that prevents it for good (a standby); transient failures are retried.
 pub async fn run(
-    opts: Options,
+    opts: NotifyOptions,
     watch: Watch,
     tx: mpsc::Sender<Event>,
     ready: oneshot::Sender<Result<(), String>>,
@@ -271,7 +271,7 @@ async fn heartbeat(
     listener: &mut PgListener,
     pool: &PgPool,
     watch: &Watch,
-    opts: &Options,
+    opts: &NotifyOptions,
     tracker: &mut Tracker,
     check: bool,
 ) -> Result<(Instant, i32, Vec<Event>), Beat> {

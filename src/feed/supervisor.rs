@@ -202,7 +202,7 @@ impl Supervisor {
         let task = match self.freshness {
             Freshness::Off | Freshness::Auto => return None,
             Freshness::Wal => {
-                let opts = wal::Options {
+                let opts = wal::WalOptions {
                     connect,
                     publication: cfg.publication.clone(),
                     slot: cfg.slot.clone(),
@@ -231,7 +231,7 @@ impl Supervisor {
                 ))
             }
             Freshness::Queue => {
-                let opts = queue::Options {
+                let opts = queue::QueueOptions {
                     connect,
                     counters: self.notify_counters.clone(),
                     interval: cfg.queue_poll_interval,
@@ -242,7 +242,7 @@ impl Supervisor {
                 tokio::spawn(queue::run(opts, watch, tx, ready_tx, shutdown))
             }
             Freshness::Notify => {
-                let opts = notify::Options {
+                let opts = notify::NotifyOptions {
                     connect,
                     counters: self.notify_counters.clone(),
                     health: self.health.clone(),
@@ -262,15 +262,15 @@ impl Supervisor {
         &self,
         b: &BusSetup,
         db: &Db,
-        direct: wal::Options,
+        direct: wal::WalOptions,
         watch: Watch,
         tx: mpsc::Sender<Event>,
         applied: watch::Receiver<Position>,
         ready: oneshot::Sender<Result<(), String>>,
         shutdown: Shutdown,
     ) -> JoinHandle<()> {
-        let relay = bus::relay::Options {
-            wal: wal::Options {
+        let relay = bus::relay::RelayOptions {
+            wal: wal::WalOptions {
                 slot: Some(b.config.slot.clone()),
                 ..direct.clone()
             },
@@ -281,12 +281,12 @@ impl Supervisor {
             status: b.status.clone(),
             stats: b.relay_stats.clone(),
         };
-        let consumer = bus::consumer::Options {
+        let consumer = bus::consumer::ConsumerOptions {
             pool: db.pool().clone(),
             max_lag: b.config.max_lag,
             // A temporary slot: a permanent one would hold WAL back while
             // the gateway is on the bus.
-            direct: wal::Options {
+            direct: wal::WalOptions {
                 slot: None,
                 ..direct
             },
@@ -372,7 +372,7 @@ async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Fr
             Ok(Freshness::Wal)
         }
         Freshness::Auto | Freshness::Off => {
-            let why = match wal::readiness(pool).await {
+            let why = match wal::prerequisites(pool).await {
                 Ok(r) if r.wal_level != "logical" => {
                     format!("wal_level is {}, not logical", r.wal_level)
                 }

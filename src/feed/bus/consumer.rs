@@ -43,12 +43,12 @@ const BATCH: usize = 1024;
 /// position are taken on time.
 const READ_WAIT: Duration = Duration::from_millis(50);
 
-pub struct Options {
+pub struct ConsumerOptions {
     pub pool: PgPool,
     /// `bus.max_lag`.
     pub max_lag: Duration,
     /// The direct feed's options (a temporary slot).
-    pub direct: wal::Options,
+    pub direct: wal::WalOptions,
     pub status: Arc<Status>,
     pub health: Arc<Health>,
     pub wal_stats: Arc<wal::Stats>,
@@ -66,7 +66,7 @@ enum Ended {
 /// the first mode's stream is in place (before the first scan).
 pub async fn run<B: Bus>(
     mut bus: B,
-    opts: Options,
+    opts: ConsumerOptions,
     watch: Watch,
     tx: mpsc::Sender<Event>,
     applied: watch::Receiver<Position>,
@@ -115,7 +115,7 @@ pub async fn run<B: Bus>(
 /// gateway followed something else before, so what lies between is a gap.
 async fn follow<B: Bus>(
     bus: &mut B,
-    opts: &Options,
+    opts: &ConsumerOptions,
     tx: &mpsc::Sender<Event>,
     back: bool,
     ready: &mut Option<oneshot::Sender<Result<(), String>>>,
@@ -384,7 +384,7 @@ async fn follow<B: Bus>(
 #[allow(clippy::too_many_arguments)]
 async fn direct<B: Bus>(
     bus: &mut B,
-    opts: &Options,
+    opts: &ConsumerOptions,
     why: &str,
     watch: &Watch,
     tx: &mpsc::Sender<Event>,
@@ -487,7 +487,7 @@ impl Direct {
     /// which vouch for the caches the bus left stale (found by
     /// tests/truth's bus feed).
     fn start(
-        opts: &Options,
+        opts: &ConsumerOptions,
         watch: &Watch,
         tx: &mpsc::Sender<Event>,
         applied: &watch::Receiver<Position>,

@@ -56,9 +56,9 @@ pub const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How long the relay's name stays on the bus without being said again.
 const ANNOUNCE_TTL: Duration = Duration::from_secs(3);
 
-pub struct Options {
+pub struct RelayOptions {
     /// The WAL feed on the bus's slot (`slot` set).
-    pub wal: wal::Options,
+    pub wal: wal::WalOptions,
     /// `bus.batch_window`, `bus.batch_max_commits` (see "Batches").
     pub batch_window: Duration,
     pub batch_max: usize,
@@ -70,7 +70,7 @@ pub struct Options {
 }
 
 /// Competes for the slot until `shutdown` fires; relays while it holds it.
-pub async fn run<B: Bus>(mut bus: B, opts: Options, watch: Watch, mut shutdown: Shutdown) {
+pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutdown: Shutdown) {
     let slot = opts.wal.slot.clone().unwrap_or_default();
     let throttle = LogThrottle::new(LogThrottle::INTERVAL);
     let mut first = true;
@@ -115,7 +115,7 @@ pub async fn run<B: Bus>(mut bus: B, opts: Options, watch: Watch, mut shutdown: 
 async fn gather(
     first: crate::feed::Commit,
     rx: &mut mpsc::Receiver<Event>,
-    opts: &Options,
+    opts: &RelayOptions,
     epoch: crate::feed::Timeline,
     next: &mut Option<Event>,
 ) -> Vec<crate::feed::Commit> {
@@ -165,7 +165,7 @@ async fn slot_free(pool: &PgPool, slot: &str) -> bool {
 /// the bus fails, or `shutdown` fires.
 async fn term<B: Bus>(
     bus: &mut B,
-    opts: &Options,
+    opts: &RelayOptions,
     watch: &Watch,
     head: Position,
     fresh: bool,

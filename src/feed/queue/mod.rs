@@ -127,7 +127,7 @@ pub use statement::STATEMENT_DEADLINE;
 /// The feed's connections, as `pg_stat_activity` shows them.
 pub const APPLICATION_NAME: &str = "bloomgate-queue-feed";
 
-pub struct Options {
+pub struct QueueOptions {
     /// The primary (the feed prunes the table).
     pub connect: PgConnectOptions,
     /// Shared with `notify`'s meaning: `notifications` counts change rows
@@ -164,7 +164,7 @@ pub enum QueueError {
 /// the first snapshot is taken (from then on every commit is delivered), or
 /// the error that prevents it for good; transient failures are retried.
 pub async fn run(
-    opts: Options,
+    opts: QueueOptions,
     watch: Watch,
     tx: mpsc::Sender<Event>,
     ready: oneshot::Sender<Result<(), String>>,
@@ -269,7 +269,7 @@ struct Feed {
     // event sender goes last, as when these were `run`'s locals.
     pruning: AbortOnDrop,
     pruner: Pruner,
-    opts: Options,
+    opts: QueueOptions,
     watch: Watch,
     /// The connections' options (a new pool is made on them).
     connect: PgConnectOptions,

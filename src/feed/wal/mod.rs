@@ -192,7 +192,7 @@ use crate::telemetry::LogThrottle;
 
 /// How the feed connects and what it reads.
 #[derive(Clone)]
-pub struct Options {
+pub struct WalOptions {
     pub connect: PgConnectOptions,
     pub publication: String,
     /// A permanent slot's name, or `None` for a temporary one.
@@ -223,10 +223,10 @@ pub struct Options {
     pub idle_confirm_applied: bool,
 }
 
-impl std::fmt::Debug for Options {
+impl std::fmt::Debug for WalOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the password.
-        f.debug_struct("Options")
+        f.debug_struct("WalOptions")
             .field("publication", &self.publication)
             .field("slot", &self.slot)
             .field("poll", &self.poll)
@@ -356,20 +356,20 @@ impl crate::exposition::Expose for WalSnapshot {
 
 /// What start-up checks before it chooses this feed; see [`check`].
 #[derive(Debug)]
-pub struct Readiness {
+pub struct Prerequisites {
     pub wal_level: String,
     pub can_replicate: bool,
 }
 
 /// `wal_level` and whether the role may use replication slots.
-pub async fn readiness(pool: &sqlx::PgPool) -> Result<Readiness, sqlx::Error> {
+pub async fn prerequisites(pool: &sqlx::PgPool) -> Result<Prerequisites, sqlx::Error> {
     let row = sqlx::query(
         "SELECT current_setting('wal_level') AS wal_level,
                 (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user) AS can",
     )
     .fetch_one(pool)
     .await?;
-    Ok(Readiness {
+    Ok(Prerequisites {
         wal_level: row.get("wal_level"),
         can_replicate: row.get::<Option<bool>, _>("can").unwrap_or(false),
     })
@@ -380,7 +380,7 @@ pub async fn readiness(pool: &sqlx::PgPool) -> Result<Readiness, sqlx::Error> {
 /// that delivers every change of every watched table, and a replica
 /// identity that carries the key on UPDATE and DELETE.
 pub async fn check(pool: &sqlx::PgPool, watch: &Watch, publication: &str) -> Result<(), String> {
-    let r = readiness(pool).await.map_err(|e| e.to_string())?;
+    let r = prerequisites(pool).await.map_err(|e| e.to_string())?;
     if r.wal_level != "logical" {
         return Err(format!(
             "database.freshness = \"wal\" needs wal_level = logical (it is {}): set it in postgresql.conf (managed services: rds.logical_replication = 1, cloudsql.logical_decoding = on, Azure wal_level = LOGICAL) and restart, or use freshness = \"notify\"",
@@ -414,7 +414,7 @@ pub async fn check(pool: &sqlx::PgPool, watch: &Watch, publication: &str) -> Res
 /// interval).
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
-    opts: Options,
+    opts: WalOptions,
     watch: Watch,
     tx: mpsc::Sender<Event>,
     mut applied: watch::Receiver<Position>,
@@ -489,7 +489,7 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// The feed across its sessions: what it was given, and what one session
 /// hands the next.
 struct Feed {
-    opts: Options,
+    opts: WalOptions,
     watch: Arc<Watch>,
     tx: mpsc::Sender<Event>,
     stats: Arc<Stats>,
@@ -563,7 +563,7 @@ impl From<ReplError> for SessionError {
 
 /// Silent this long, the replication connection is given up for dead (a
 /// crashed host, a failover, a cut network: TCP alone could take many
-/// minutes to say so). The default of [`Options::silence_limit`].
+/// minutes to say so). The default of [`WalOptions::silence_limit`].
 pub const SILENCE_LIMIT: Duration = Duration::from_secs(30);
 
 /// Connecting and authenticating the replication connection.
@@ -575,7 +575,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// closed within about half a minute. That matters when polled: the
 /// connection then holds the slot, and no `wal_sender_timeout` applies
 /// to an ordinary backend; the system default would be two hours.
-fn feed_connect(opts: &Options) -> PgConnectOptions {
+fn feed_connect(opts: &WalOptions) -> PgConnectOptions {
     opts.connect
         .clone()
         .application_name("bloomgate-wal-feed")
