@@ -150,6 +150,30 @@ impl Model {
         }
     }
 
+    /// A fault's window opened at `from` whose end is not known yet (a
+    /// crash or a failover in progress): a read that begins meanwhile is
+    /// judged within it, even one that ends before the fault is over (the
+    /// new primary answers as soon as the proxy points at it, before the
+    /// checker has read what it lost). [`Model::close_window`] ends it.
+    pub fn open_window(&mut self, what: impl Into<String>, from: Duration) {
+        self.windows.push(Window {
+            what: what.into(),
+            from,
+            until: Duration::MAX,
+        });
+    }
+
+    /// The open window `what` ends at `until`.
+    pub fn close_window(&mut self, what: &str, until: Duration) {
+        if let Some(w) = self
+            .windows
+            .iter_mut()
+            .find(|w| w.what == what && w.until == Duration::MAX)
+        {
+            w.until = until;
+        }
+    }
+
     pub fn window(&mut self, what: impl Into<String>, from: Duration, bound: Duration) {
         self.windows.push(Window {
             what: what.into(),
@@ -162,7 +186,8 @@ impl Model {
     pub fn quiet_from(&self) -> Duration {
         self.windows
             .iter()
-            .chain(self.outages.iter().filter(|o| o.until != Duration::MAX))
+            .chain(self.outages.iter())
+            .filter(|w| w.until != Duration::MAX)
             .map(|w| w.until)
             .max()
             .unwrap_or_default()
@@ -372,9 +397,21 @@ mod tests {
                 .is_err(),
             "past STALE_AFTER"
         );
-        // A failover lost b: c is what the new primary has.
-        m.window("failover", ms(70_000), ms(5_000));
+        // A failover lost b: c is what the new primary has. It answers
+        // (c) before the checker has read what it lost: judged within the
+        // window opened when the failover began.
+        m.stage(ms(69_000), vec![(p.clone(), c.clone())]);
+        m.committed(ms(69_010));
+        m.stage(ms(69_500), vec![(p.clone(), b.clone())]);
+        m.committed(ms(69_510));
+        m.open_window("failover", ms(70_000));
+        assert!(
+            m.judge(&p, c.as_ref(), ms(71_900), ms(71_901), false)
+                .is_ok(),
+            "the new primary's row, read before the reset"
+        );
         m.reset(ms(72_000), vec![(p.clone(), c.clone())]);
+        m.close_window("failover", ms(75_000));
         assert!(
             m.judge(&p, b.as_ref(), ms(74_000), ms(74_001), false)
                 .is_ok()

@@ -43,6 +43,8 @@ pub(super) struct Life {
     /// through the proxy: a failover strands it on the old timeline, as a
     /// replica that had replayed past the fork point is stranded.
     pub replica: Option<Server>,
+    /// A failover stranded the replica: it replays nothing more.
+    pub stranded: bool,
     /// Every gateway's connections to the primary.
     pub proxy: Proxy,
     /// The writer commits with `synchronous_commit = off` (a crash loses
@@ -82,6 +84,7 @@ impl Life {
                 primary,
                 standby: None,
                 replica: None,
+                stranded: false,
                 proxy,
                 async_commits,
                 rng,
@@ -130,6 +133,43 @@ impl Life {
                 "synchronous"
             }
         )
+    }
+
+    /// Ends the primary's WAL segment, as the audit's failover did, and
+    /// waits (up to 5 s) for the read replica to replay the switch: the
+    /// old timeline then ends a segment past where the standby stopped,
+    /// so the replica that failover strands stands *ahead* of every
+    /// position the new primary reaches for its first 16 MB of WAL. Only
+    /// its timeline tells that it is not the primary's history; compared
+    /// by LSN alone it looks current, with lag 0.
+    async fn switch_wal(&self) {
+        let Ok(mut c) = PgConnection::connect(&self.primary.url("postgres")).await else {
+            return;
+        };
+        let Ok(switched) = sqlx::query_scalar::<_, String>("SELECT pg_switch_wal()::text")
+            .fetch_one(&mut c)
+            .await
+        else {
+            return;
+        };
+        let Some(replica) = self.replica.as_ref().filter(|_| !self.stranded) else {
+            return;
+        };
+        let Ok(mut r) = PgConnection::connect(&replica.url("postgres")).await else {
+            return;
+        };
+        for _ in 0..100 {
+            let replayed = sqlx::query_scalar::<_, bool>(
+                "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)",
+            )
+            .bind(&switched)
+            .fetch_one(&mut r)
+            .await;
+            if !matches!(replayed, Ok(false)) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -313,7 +353,11 @@ impl World {
     async fn crash(&mut self) {
         // Recorded first: readers judge answers while the server stops.
         let t = self.now();
-        self.shared.model.lock().unwrap().outage_began("crash", t);
+        {
+            let mut m = self.shared.model.lock().unwrap();
+            m.outage_began("crash", t);
+            m.open_window("crash", t);
+        }
         let life = self.life.as_mut().unwrap();
         life.primary.stop("immediate");
         life.primary.start();
@@ -322,7 +366,7 @@ impl World {
         let back = self.now();
         let mut m = self.shared.model.lock().unwrap();
         m.outage_ended(back);
-        m.window("crash", t, back - t + FEED_GAP);
+        m.close_window("crash", back + FEED_GAP);
         drop(m);
         self.shared.note(format!(
             "fault crash: the primary crashed and restarted in {}ms",
@@ -335,12 +379,13 @@ impl World {
     /// then a new standby of the new primary for the next failover.
     pub(super) async fn promote(&mut self) {
         let t = self.now();
-        self.shared
-            .model
-            .lock()
-            .unwrap()
-            .outage_began("failover", t);
+        {
+            let mut m = self.shared.model.lock().unwrap();
+            m.outage_began("failover", t);
+            m.open_window("failover", t);
+        }
         let life = self.life.as_mut().unwrap();
+        life.switch_wal().await;
         life.primary.stop("immediate");
         let standby = life.standby.take().unwrap();
         standby.start();
@@ -354,10 +399,11 @@ impl World {
         {
             let mut m = self.shared.model.lock().unwrap();
             m.outage_ended(back);
-            m.window("failover", t, back - t + FEED_GAP);
+            m.close_window("failover", back + FEED_GAP);
         }
         let life = self.life.as_mut().unwrap();
         life.standby = Some(life.primary.standby());
+        life.stranded = life.replica.is_some();
         life.open = None;
         self.shared.note(format!(
             "failover: the primary crashed, the standby promoted and behind the proxy in {}ms{}",
