@@ -13,6 +13,10 @@
 //! - [`Shutdown::fired`] resolves at once on a signal that has fired, and is
 //!   cancel-safe (it can be a `select!` branch on every turn of a loop).
 //! - [`Shutdown::never`] never fires.
+//! - A [`FiresOnDrop`] fires when it is dropped, if it has not already: the
+//!   tasks of an owner that may be dropped without a clean stop (a server
+//!   future cancelled, a gateway's key set dropped with it) stop as if
+//!   told. A plain [`Trigger`] dropped unfired is no shutdown.
 
 use tokio::sync::watch;
 
@@ -39,6 +43,36 @@ impl Trigger {
     /// Another signal, for another task.
     pub fn signal(&self) -> Shutdown {
         Shutdown(Some(self.0.subscribe()))
+    }
+}
+
+/// A [`Trigger`] that also fires when dropped (see the guarantees).
+#[derive(Debug)]
+pub struct FiresOnDrop(Trigger);
+
+impl FiresOnDrop {
+    pub fn new() -> Self {
+        FiresOnDrop(channel().0)
+    }
+
+    pub fn fire(&self) {
+        self.0.fire();
+    }
+
+    pub fn signal(&self) -> Shutdown {
+        self.0.signal()
+    }
+}
+
+impl Default for FiresOnDrop {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for FiresOnDrop {
+    fn drop(&mut self) {
+        self.0.fire();
     }
 }
 
@@ -103,6 +137,27 @@ mod tests {
         drop(trigger);
         let waited = tokio::time::timeout(Duration::from_millis(50), signal.fired()).await;
         assert!(waited.is_err(), "a dropped trigger is not a shutdown");
+    }
+
+    #[tokio::test]
+    async fn a_trigger_that_fires_on_drop_does_when_dropped_unfired() {
+        let owner = FiresOnDrop::new();
+        let mut before = owner.signal();
+        let waiting = tokio::spawn(async move { before.fired().await });
+        let mut after = owner.signal();
+        assert!(!after.is_fired());
+        drop(owner);
+        assert!(after.is_fired());
+        after.fired().await;
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a signal made before the drop saw it")
+            .unwrap();
+        let fired = FiresOnDrop::new();
+        let signal = fired.signal();
+        fired.fire();
+        drop(fired);
+        assert!(signal.is_fired());
     }
 
     #[tokio::test]

@@ -205,7 +205,7 @@ async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Resu
         )
         .body(Empty::<Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let resp = if parsed.scheme() == "https" {
+    if parsed.scheme() == "https" {
         let tls = tls.ok_or("no TLS configuration")?;
         let name = rustls::pki_types::ServerName::try_from(bare.clone())
             .map_err(|_| format!("{bare:?} is not a server name"))?;
@@ -213,39 +213,42 @@ async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Resu
             .connect(name, tcp)
             .await
             .map_err(|e| format!("TLS: {e}"))?;
-        send(TokioIo::new(stream), req).await?
+        exchange(TokioIo::new(stream), req).await
     } else {
-        send(TokioIo::new(tcp), req).await?
-    };
-    if resp.status() != hyper::StatusCode::OK {
-        return Err(format!("status {}", resp.status()));
+        exchange(TokioIo::new(tcp), req).await
     }
-    let body = Limited::new(resp.into_body(), MAX_BYTES)
-        .collect()
-        .await
-        .map_err(|e| format!("body: {e}"))?;
-    Ok(body.to_bytes())
 }
 
-async fn send<T>(
-    io: TokioIo<T>,
-    req: hyper::Request<Empty<Bytes>>,
-) -> Result<hyper::Response<hyper::body::Incoming>, String>
+/// One request on a connection of its own, and its body. The connection
+/// is driven in this future, beside the request, not in a task of its
+/// own: it ends with the exchange (the sender dropped once the body is
+/// read ends it), and the fetch's timeout or the refresher's shutdown,
+/// dropping this future, closes the socket with it.
+async fn exchange<T>(io: TokioIo<T>, req: hyper::Request<Empty<Bytes>>) -> Result<Bytes, String>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
         .map_err(|e| format!("HTTP: {e}"))?;
-    // The connection is driven beside the request and ends with it (the
-    // sender is dropped when this function's caller has the body).
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    sender
-        .send_request(req)
-        .await
-        .map_err(|e| format!("HTTP: {e}"))
+    let body = async move {
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| format!("HTTP: {e}"))?;
+        if resp.status() != hyper::StatusCode::OK {
+            return Err(format!("status {}", resp.status()));
+        }
+        let body = Limited::new(resp.into_body(), MAX_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?;
+        Ok(body.to_bytes())
+    };
+    // A connection that fails fails the request too: its error is the
+    // request's to report.
+    let (body, _) = tokio::join!(body, conn);
+    body
 }
 
 #[cfg(test)]

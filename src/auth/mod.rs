@@ -80,7 +80,7 @@ pub struct Auth {
     pub policies: Vec<Policy>,
     pub stats: Stats,
     /// Dropped with the gateway: ends the refresher.
-    stop: tokio::sync::watch::Sender<()>,
+    stop: crate::shutdown::FiresOnDrop,
 }
 
 impl Auth {
@@ -154,7 +154,7 @@ impl Auth {
             max_token: cfg.max_token_bytes,
             policies,
             stats: Stats::default(),
-            stop: tokio::sync::watch::channel(()).0,
+            stop: crate::shutdown::FiresOnDrop::new(),
         }
     }
 

@@ -83,7 +83,7 @@ impl Auth {
         if remote.started.swap(true, Ordering::AcqRel) {
             return;
         }
-        runtime.spawn(refresh(Arc::downgrade(self), self.stop.subscribe()));
+        runtime.spawn(refresh(Arc::downgrade(self), self.stop.signal()));
     }
 
     /// Fetches `jwks_url` once and installs what it holds.
@@ -170,7 +170,7 @@ impl Auth {
     }
 }
 
-async fn refresh(auth: Weak<Auth>, mut stop: tokio::sync::watch::Receiver<()>) {
+async fn refresh(auth: Weak<Auth>, mut stop: crate::shutdown::Shutdown) {
     let mut failures: u32 = 0;
     loop {
         let Some(a) = auth.upgrade() else { return };
@@ -220,11 +220,11 @@ async fn refresh(auth: Weak<Auth>, mut stop: tokio::sync::watch::Receiver<()>) {
                 if since < min_refetch {
                     tokio::select! {
                         () = tokio::time::sleep(min_refetch - since) => {}
-                        _ = stop.changed() => return,
+                        () = stop.fired() => return,
                     }
                 }
             }
-            _ = stop.changed() => return,
+            () = stop.fired() => return,
         }
     }
 }

@@ -15,6 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use super::conn;
 use crate::config::ServerConfig;
 use crate::http;
+use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
 use crate::traffic::Traffic;
 
@@ -43,7 +44,7 @@ pub(super) async fn accept_loop(
     listener: TcpListener,
     app: http::App,
     cfg: ServerConfig,
-    stop: watch::Receiver<bool>,
+    stop: Shutdown,
     drain: watch::Receiver<bool>,
     Listener {
         name,
@@ -63,9 +64,7 @@ pub(super) async fn accept_loop(
     let failing = LogThrottle::default();
     let mut backoff = Backoff::default();
     let mut stop_rx = stop.clone();
-    let stopped = async move {
-        let _ = stop_rx.wait_for(|s| *s).await;
-    };
+    let stopped = async move { stop_rx.fired().await };
     tokio::pin!(stopped);
     loop {
         let slot = match slots.clone().try_acquire_owned() {
@@ -219,7 +218,7 @@ async fn serve_connection(
     app: http::App,
     builder: Arc<Builder<TokioExecutor>>,
     limits: conn::Limits,
-    (drain, stop): (watch::Receiver<bool>, watch::Receiver<bool>),
+    (drain, stop): (watch::Receiver<bool>, Shutdown),
     slot: (OwnedSemaphorePermit, Open),
 ) {
     let dog = conn::Watchdog::new(limits);

@@ -81,6 +81,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::shutdown::Shutdown;
+
 /// How long a graceful shutdown may take before the socket is closed
 /// outright: an HTTP/2 GOAWAY is followed by a PING that a silent or dead
 /// peer never acknowledges. One second, as Go's HTTP/2 server waits after
@@ -417,13 +419,12 @@ pub enum Ended<E> {
 
 /// Drives `conn` to its end under `dog`'s deadlines; asks its client to
 /// leave once `drain` turns true (see "Drain"); a graceful shutdown once
-/// `stop` turns true (or its sender is gone). Returning drops `conn`, which
-/// closes the socket.
+/// `stop` fires. Returning drops `conn`, which closes the socket.
 pub async fn drive<C>(
     conn: C,
     dog: &Watchdog,
     mut drain: watch::Receiver<bool>,
-    mut stop: watch::Receiver<bool>,
+    mut stop: Shutdown,
 ) -> Ended<C::Error>
 where
     C: GracefulConnection,
@@ -465,12 +466,12 @@ where
             // before a stop is acted on.
             biased;
             done = conn.as_mut() => return Ended::Done(done),
-            () = stopped(&mut stop), if !shutting_down => {
+            () = stop.fired(), if !shutting_down => {
                 shutting_down = true;
                 dog.closing_at(Instant::now());
                 conn.as_mut().graceful_shutdown();
             }
-            () = stopped(&mut drain), if !draining => {
+            () = drained(&mut drain), if !draining => {
                 draining = true;
                 dog.draining.store(true, Ordering::Relaxed);
             }
@@ -491,9 +492,9 @@ where
     }
 }
 
-/// Resolves once `stop` is true or its sender is gone.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
+/// Resolves once the drain began (or its sender is gone).
+async fn drained(drain: &mut watch::Receiver<bool>) {
+    let _ = drain.wait_for(|s| *s).await;
 }
 
 #[cfg(test)]

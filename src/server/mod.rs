@@ -204,13 +204,15 @@ async fn serve_with(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "listening");
     }
-    let (stop_tx, stop_rx) = watch::channel(false);
+    // Fires on drop too: a serve future dropped mid-way (or returning
+    // early) stops its listeners as a clean shutdown does.
+    let stop = crate::shutdown::FiresOnDrop::new();
     let cfg = gateway.config.server.clone();
     let mut server = tokio::spawn(accept_loop(
         listener,
         http::app(gateway.clone()),
         cfg.clone(),
-        stop_rx.clone(),
+        stop.signal(),
         gateway.draining(),
         Listener {
             name: "public",
@@ -226,8 +228,13 @@ async fn serve_with(
         let token = Arc::new(http::admin::AdminToken::new(&token));
         if let Some(mut tokens) = tokens {
             let token = token.clone();
+            let mut stop = stop.signal();
             tokio::spawn(async move {
-                while tokens.changed().await.is_ok() {
+                loop {
+                    tokio::select! {
+                        changed = tokens.changed() => if changed.is_err() { return },
+                        () = stop.fired() => return,
+                    }
                     if let Some(t) = tokens.borrow_and_update().as_deref() {
                         token.replace(t);
                     }
@@ -239,7 +246,7 @@ async fn serve_with(
             listener,
             app,
             cfg.clone(),
-            stop_rx.clone(),
+            stop.signal(),
             gateway.draining(),
             Listener {
                 name: "admin",
@@ -258,7 +265,7 @@ async fn serve_with(
                 listener,
                 http::admin::metrics_app(gateway.clone()),
                 cfg.clone(),
-                stop_rx.clone(),
+                stop.signal(),
                 gateway.draining(),
                 Listener {
                     name: "metrics",
@@ -306,7 +313,7 @@ async fn serve_with(
         let gateway = gateway.clone();
         async move { gateway.shutdown(deadline).await }
     });
-    let _ = stop_tx.send(true);
+    stop.fire();
     match tokio::time::timeout_at(until, &mut server).await {
         Ok(served) => served?,
         Err(_) => {
