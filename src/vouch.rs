@@ -32,6 +32,12 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+/// The gaps a rebuild will close once its filter is in place: those opened
+/// before its window ([`Vouch::rebuild_began`]).
+#[derive(Debug)]
+#[must_use = "a rebuild's ticket closes its gaps once its filter is in place"]
+pub struct Covers(u64);
+
 #[derive(Debug)]
 pub struct Vouch {
     ok: AtomicBool,
@@ -121,16 +127,18 @@ impl Vouch {
         });
     }
 
-    /// A rebuild's journal has opened: returns what it will cover.
-    pub fn rebuild_began(&self) -> u64 {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).opened
+    /// A rebuild's journal has opened: returns what it will cover. Called
+    /// by `LiveFilter::open_rebuild_window` only, right after it opens the
+    /// window, so the order cannot be written the other way round.
+    pub fn rebuild_began(&self) -> Covers {
+        Covers(self.state.lock().unwrap_or_else(|p| p.into_inner()).opened)
     }
 
     /// That rebuild's filter is in place (or merged into the live one):
     /// every gap up to `began` is closed.
-    pub fn rebuild_covered(&self, began: u64) {
+    pub fn rebuild_covered(&self, began: Covers) {
         self.change(|s| {
-            s.closed = s.closed.max(began);
+            s.closed = s.closed.max(began.0);
             if s.closed >= s.opened {
                 s.gap = None;
             }

@@ -279,10 +279,7 @@ impl Resource {
         }
         let began = Instant::now();
         let reasons = job.reasons.names();
-        let window = self.live.open_window();
-        // After the window opened, so before the scan's snapshot: the gaps
-        // this rebuild covers (see `vouch`).
-        let covers = self.vouch.rebuild_began();
+        let (window, covers) = self.live.open_rebuild_window(&self.vouch);
         let result = self
             .build_and_swap(window, job.force, began, &reasons)
             .await;

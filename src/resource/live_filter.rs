@@ -77,6 +77,7 @@ use crate::config::FilterConfig;
 use crate::filter::{FilterStats, Item, KeySet};
 use crate::key::{Key, KeyType};
 use crate::rebuild::Reason;
+use crate::vouch::{Covers, Vouch};
 
 /// Where a live insert comes from: decides whether it may raise the
 /// high-water mark (see the module doc).
@@ -244,9 +245,19 @@ impl LiveFilter {
         self.decay.requested.store(false, Ordering::Relaxed);
     }
 
-    /// Opens a rebuild's window (step 1 of the module doc): take the scan's
-    /// snapshot after this returns.
-    pub fn open_window(&self) -> Window<'_> {
+    /// Opens a rebuild's window (step 1 of the module doc), and only then
+    /// takes the rebuild's ticket from `vouch`: the gaps it covers are
+    /// those opened before the window, whose events the scan's snapshot,
+    /// taken after this returns, includes (see `vouch`). One call, so the
+    /// order cannot be written the other way round.
+    pub fn open_rebuild_window(&self, vouch: &Vouch) -> (Window<'_>, Covers) {
+        let window = self.open_window();
+        (window, vouch.rebuild_began())
+    }
+
+    /// Opens a rebuild's window: take the scan's snapshot after this
+    /// returns.
+    fn open_window(&self) -> Window<'_> {
         let mut journal = self.lock_journal();
         debug_assert!(journal.is_none(), "one rebuild window at a time");
         *journal = Some(Journal::new());
