@@ -48,7 +48,9 @@
 //!   resource is *fresh* while the latest heartbeat is within
 //!   `database.freshness_bound`; the applier checks that on a timer as well
 //!   as on each heartbeat, so a feed that falls silent stops being trusted
-//!   within the bound plus one tick, whatever else happens.
+//!   within the bound plus one tick, whatever else happens. The clock and
+//!   its rules are `vouch::Freshness`'s; the applier feeds it and tells
+//!   every resource what it says.
 //! - [`Event::Interrupted`]: not fresh at once, until the next heartbeat.
 //! - [`Event::Resync`] (every table, or one): the required LSN of the read
 //!   replicas is raised to the primary's position (the missed commits'
@@ -63,8 +65,8 @@
 //! its keys) and an insert whose key was not carried are gaps of that
 //! resource too: its filter may lack a key that exists.
 //!
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
@@ -78,6 +80,7 @@ use crate::key::Key;
 use crate::rebuild::Reason;
 use crate::resource::{Provenance, Resource};
 use crate::shutdown::Shutdown;
+use crate::vouch::{Change, Freshness};
 
 /// Events applied together at most (see [`Applier::run`]).
 const BATCH: usize = 1024;
@@ -102,20 +105,10 @@ pub struct Applier {
     /// Told the LSN of each change before it is applied (read-your-writes
     /// on replicas; see `db::replicas`).
     replicas: Option<Arc<Replicas>>,
-    /// `database.freshness_bound`; `None`: no feed sends heartbeats (the
-    /// feed is off), so freshness is not the feed's to prove.
-    bound: Option<Duration>,
-    fresh: Mutex<Freshness>,
+    /// `database.freshness_bound` and the latest proof (see `vouch`).
+    fresh: Freshness,
     /// Where the latest event and heartbeat applied are published.
     progress: Arc<Progress>,
-}
-
-#[derive(Default)]
-struct Freshness {
-    /// The latest heartbeat's moment, `None` since an interruption.
-    heard: Option<Instant>,
-    /// What the resources were last told.
-    told: Option<bool>,
 }
 
 impl Applier {
@@ -124,8 +117,7 @@ impl Applier {
             followers,
             applied,
             replicas: None,
-            bound: None,
-            fresh: Mutex::default(),
+            fresh: Freshness::new(None),
             progress: Arc::default(),
         }
     }
@@ -144,7 +136,7 @@ impl Applier {
     /// Expects heartbeats: a resource is fresh only while the latest is
     /// within `bound`.
     pub fn with_bound(mut self, bound: Duration) -> Self {
-        self.bound = Some(bound);
+        self.fresh = Freshness::new(Some(bound));
         self
     }
 
@@ -152,7 +144,7 @@ impl Applier {
     /// batch in hand is applied first), checking freshness meanwhile.
     pub async fn run(self, mut events: mpsc::Receiver<Event>, mut shutdown: Shutdown) {
         self.check_fresh();
-        let every = self.bound.map_or(Duration::from_secs(1), |b| {
+        let every = self.fresh.bound().map_or(Duration::from_secs(1), |b| {
             (b / 8).max(Duration::from_millis(10))
         });
         let mut tick = tokio::time::interval(every);
@@ -188,27 +180,20 @@ impl Applier {
 
     /// Tells every resource whether the feed is fresh, when that changed.
     fn check_fresh(&self) {
-        let mut f = self.fresh.lock().unwrap_or_else(|p| p.into_inner());
-        let fresh = match self.bound {
-            None => true,
-            Some(bound) => f.heard.is_some_and(|at| at.elapsed() <= bound),
-        };
-        if f.told == Some(fresh) {
-            return;
-        }
-        if f.told.is_some() {
-            match fresh {
-                true => tracing::info!("change feed current again: filters and caches answer"),
-                false => tracing::warn!(
-                    bound = ?self.bound,
-                    "the change feed has not confirmed it is current within database.freshness_bound: answering from the database until it does"
-                ),
+        self.fresh.check(|Change { fresh, first }| {
+            if !first {
+                match fresh {
+                    true => tracing::info!("change feed current again: filters and caches answer"),
+                    false => tracing::warn!(
+                        bound = ?self.fresh.bound(),
+                        "the change feed has not confirmed it is current within database.freshness_bound: answering from the database until it does"
+                    ),
+                }
             }
-        }
-        f.told = Some(fresh);
-        for r in &self.followers {
-            r.resource.vouch.set_fresh(fresh);
-        }
+            for r in &self.followers {
+                r.resource.vouch.set_fresh(fresh);
+            }
+        });
     }
 
     /// Applies one event (its LSN noted for the replicas first).
@@ -257,14 +242,11 @@ impl Applier {
             }
             Event::Heartbeat(at) => {
                 self.progress.heartbeat(at);
-                {
-                    let mut f = self.fresh.lock().unwrap_or_else(|p| p.into_inner());
-                    f.heard = Some(f.heard.map_or(at, |h| h.max(at)));
-                }
+                self.fresh.heard(at);
                 self.check_fresh();
             }
             Event::Interrupted(_) => {
-                self.fresh.lock().unwrap_or_else(|p| p.into_inner()).heard = None;
+                self.fresh.interrupted();
                 self.check_fresh();
             }
             Event::Resync(r) => self.resync(r).await,

@@ -22,6 +22,12 @@
 //!   problem has been opened since (a gap empties the cache and makes the
 //!   filter untrustworthy). `None` while `ok`. It is what an outage may
 //!   answer from (`cache.stale_if_error`, see `resource`).
+//! - [`Freshness`], the feed's side of *fresh*, shared by every resource
+//!   it follows: fresh while the latest proof (a heartbeat's moment) is
+//!   within the bound, or always without one; a proof older than one heard
+//!   already never moves it back; after an interruption, not fresh until
+//!   the next proof; each change is told once, in order (the telling runs
+//!   under its lock).
 //! - Memory order: `ok` is stored with `Release` after whatever made it
 //!   true (a filter swapped in), and the request path loads it with
 //!   `Acquire` *before* it reads the filter; so a request that sees it true
@@ -30,7 +36,7 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The gaps a rebuild will close once its filter is in place: those opened
 /// before its window ([`Vouch::rebuild_began`]).
@@ -174,9 +180,116 @@ impl Vouch {
     }
 }
 
+/// See the module doc.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    /// `database.freshness_bound`; `None`: no feed proves anything (the
+    /// feed is off), so freshness is not its to prove.
+    bound: Option<Duration>,
+    state: Mutex<Told>,
+}
+
+#[derive(Debug, Default)]
+struct Told {
+    /// The latest proof's moment, `None` since an interruption.
+    heard: Option<Instant>,
+    /// What the resources were last told.
+    told: Option<bool>,
+}
+
+/// A change of [`Freshness`], to tell every resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub fresh: bool,
+    /// The first word since start: nothing was said before it.
+    pub first: bool,
+}
+
+impl Freshness {
+    pub fn new(bound: Option<Duration>) -> Self {
+        Self {
+            bound,
+            state: Mutex::default(),
+        }
+    }
+
+    pub fn bound(&self) -> Option<Duration> {
+        self.bound
+    }
+
+    /// The feed is current up to `at`.
+    pub fn heard(&self, at: Instant) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.heard = Some(s.heard.map_or(at, |h| h.max(at)));
+    }
+
+    /// The feed was interrupted: nothing is proven until the next proof.
+    pub fn interrupted(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).heard = None;
+    }
+
+    /// Calls `tell` with the change, if fresh now differs from what was
+    /// told last, under the lock (so changes are told in order).
+    pub fn check(&self, tell: impl FnOnce(Change)) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = match self.bound {
+            None => true,
+            Some(bound) => s.heard.is_some_and(|at| at.elapsed() <= bound),
+        };
+        if s.told == Some(fresh) {
+            return;
+        }
+        let first = s.told.is_none();
+        s.told = Some(fresh);
+        tell(Change { fresh, first });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `check` tells, if anything.
+    fn told(f: &Freshness) -> Option<Change> {
+        let mut out = None;
+        f.check(|c| out = Some(c));
+        out
+    }
+
+    #[test]
+    fn freshness_follows_the_latest_proof_and_tells_each_change_once() {
+        let fresh = |first| Some(Change { fresh: true, first });
+        let stale = |first| {
+            Some(Change {
+                fresh: false,
+                first,
+            })
+        };
+        // No bound: fresh from the start, said once.
+        let off = Freshness::new(None);
+        assert_eq!(told(&off), fresh(true));
+        assert_eq!(told(&off), None);
+
+        let f = Freshness::new(Some(Duration::from_secs(5)));
+        assert_eq!(told(&f), stale(true), "nothing proven yet");
+        assert_eq!(told(&f), None);
+        let long_ago = Instant::now().checked_sub(Duration::from_secs(60));
+        if let Some(old) = long_ago {
+            f.heard(old);
+            assert_eq!(told(&f), None, "a proof older than the bound");
+        }
+        f.heard(Instant::now());
+        assert_eq!(told(&f), fresh(false));
+        assert_eq!(told(&f), None);
+        if let Some(old) = long_ago {
+            f.heard(old);
+            assert_eq!(told(&f), None, "an older proof never moves it back");
+        }
+        f.interrupted();
+        assert_eq!(told(&f), stale(false));
+        f.heard(Instant::now());
+        assert_eq!(told(&f), fresh(false));
+    }
 
     #[test]
     fn vouched_exactly_while_fresh_without_gap_or_problem() {
