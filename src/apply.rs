@@ -49,7 +49,7 @@
 //!   `database.freshness_bound`; the applier checks that on a timer as well
 //!   as on each heartbeat, so a feed that falls silent stops being trusted
 //!   within the bound plus one tick, whatever else happens. The clock and
-//!   its rules are `vouch::Freshness`'s; the applier feeds it and tells
+//!   its rules are `vouch::ProofClock`'s; the applier feeds it and tells
 //!   every resource what it says.
 //! - [`Event::Interrupted`]: not fresh at once, until the next heartbeat.
 //! - [`Event::Resync`] (every table, or one): the required LSN of the read
@@ -80,7 +80,7 @@ use crate::key::Key;
 use crate::rebuild::Reason;
 use crate::resource::{Provenance, Resource};
 use crate::shutdown::Shutdown;
-use crate::vouch::{Change, Freshness};
+use crate::vouch::{Change, ProofClock};
 
 /// Events applied together at most (see [`Applier::run`]).
 const BATCH: usize = 1024;
@@ -106,7 +106,7 @@ pub struct Applier {
     /// on replicas; see `db::replicas`).
     replicas: Option<Arc<Replicas>>,
     /// `database.freshness_bound` and the latest proof (see `vouch`).
-    fresh: Freshness,
+    fresh: ProofClock,
     /// Where the latest event and heartbeat applied are published.
     progress: Arc<Progress>,
 }
@@ -117,7 +117,7 @@ impl Applier {
             followers,
             applied,
             replicas: None,
-            fresh: Freshness::new(None),
+            fresh: ProofClock::new(None),
             progress: Arc::default(),
         }
     }
@@ -136,7 +136,7 @@ impl Applier {
     /// Expects heartbeats: a resource is fresh only while the latest is
     /// within `bound`.
     pub fn with_bound(mut self, bound: Duration) -> Self {
-        self.fresh = Freshness::new(Some(bound));
+        self.fresh = ProofClock::new(Some(bound));
         self
     }
 

@@ -22,7 +22,7 @@
 //!   problem has been opened since (a gap empties the cache and makes the
 //!   filter untrustworthy). `None` while `ok`. It is what an outage may
 //!   answer from (`cache.stale_if_error`, see `resource`).
-//! - [`Freshness`], the feed's side of *fresh*, shared by every resource
+//! - [`ProofClock`], the feed's side of *fresh*, shared by every resource
 //!   it follows: fresh while the latest proof (a heartbeat's moment) is
 //!   within the bound, or always without one; a proof older than one heard
 //!   already never moves it back; after an interruption, not fresh until
@@ -182,7 +182,7 @@ impl Vouch {
 
 /// See the module doc.
 #[derive(Debug, Default)]
-pub struct Freshness {
+pub struct ProofClock {
     /// `database.freshness_bound`; `None`: no feed proves anything (the
     /// feed is off), so freshness is not its to prove.
     bound: Option<Duration>,
@@ -197,7 +197,7 @@ struct Told {
     told: Option<bool>,
 }
 
-/// A change of [`Freshness`], to tell every resource.
+/// A change of [`ProofClock`], to tell every resource.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Change {
     pub fresh: bool,
@@ -205,7 +205,7 @@ pub struct Change {
     pub first: bool,
 }
 
-impl Freshness {
+impl ProofClock {
     pub fn new(bound: Option<Duration>) -> Self {
         Self {
             bound,
@@ -250,7 +250,7 @@ mod tests {
     use super::*;
 
     /// What `check` tells, if anything.
-    fn told(f: &Freshness) -> Option<Change> {
+    fn told(f: &ProofClock) -> Option<Change> {
         let mut out = None;
         f.check(|c| out = Some(c));
         out
@@ -266,11 +266,11 @@ mod tests {
             })
         };
         // No bound: fresh from the start, said once.
-        let off = Freshness::new(None);
+        let off = ProofClock::new(None);
         assert_eq!(told(&off), fresh(true));
         assert_eq!(told(&off), None);
 
-        let f = Freshness::new(Some(Duration::from_secs(5)));
+        let f = ProofClock::new(Some(Duration::from_secs(5)));
         assert_eq!(told(&f), stale(true), "nothing proven yet");
         assert_eq!(told(&f), None);
         let long_ago = Instant::now().checked_sub(Duration::from_secs(60));
