@@ -378,6 +378,8 @@ impl World {
     /// it) is promoted, and the proxy sends every new connection to it;
     /// then a new standby of the new primary for the next failover.
     pub(super) async fn promote(&mut self) {
+        // Before the window opens: the primary serves throughout the switch.
+        self.life.as_ref().unwrap().switch_wal().await;
         let t = self.now();
         {
             let mut m = self.shared.model.lock().unwrap();
@@ -385,7 +387,6 @@ impl World {
             m.open_window("failover", t);
         }
         let life = self.life.as_mut().unwrap();
-        life.switch_wal().await;
         life.primary.stop("immediate");
         let standby = life.standby.take().unwrap();
         standby.start();
