@@ -136,7 +136,7 @@ impl Vouch {
     /// A rebuild's journal has opened: returns what it will cover. Called
     /// by `LiveFilter::open_rebuild_window` only, right after it opens the
     /// window, so the order cannot be written the other way round.
-    pub fn rebuild_began(&self) -> Covers {
+    pub(crate) fn rebuild_began(&self) -> Covers {
         Covers(self.state.lock().unwrap_or_else(|p| p.into_inner()).opened)
     }
 

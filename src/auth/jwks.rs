@@ -226,7 +226,7 @@ async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Resu
 /// dropping this future, closes the socket with it.
 async fn exchange<T>(io: TokioIo<T>, req: hyper::Request<Empty<Bytes>>) -> Result<Bytes, String>
 where
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
