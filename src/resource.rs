@@ -152,7 +152,7 @@ pub struct Resource {
     to_confirm: mpsc::Sender<i64>,
     to_confirm_rx: Mutex<Option<mpsc::Receiver<i64>>>,
     /// "row load failed" at most once per interval: in an outage every cold
-    /// key fails (the count is in `stats.unavailable`).
+    /// key fails (each is counted as the `unavailable` outcome).
     load_failure_log: LogThrottle,
     /// Slots for row loads, shared by every resource of the gateway
     /// (`server.max_concurrency`); see [`LoadError::Overloaded`].
@@ -238,10 +238,7 @@ impl Resource {
 
     /// Parses a raw path segment for this resource's key type.
     pub fn parse_key(&self, raw: &str, max_len: usize) -> Result<Key, Error> {
-        let key = key::parse(raw, self.config.key_type, max_len).map_err(|e| {
-            self.stats.bad_requests.fetch_add(1, Ordering::Relaxed);
-            Error::BadKey(e)
-        })?;
+        let key = key::parse(raw, self.config.key_type, max_len).map_err(Error::BadKey)?;
         self.canonical(key)
     }
 
@@ -276,7 +273,6 @@ impl Resource {
                 }
                 Some(false) => {
                     if !self.may_verify(&key) {
-                        self.stats.filtered.add(1);
                         return Ok(Now::Answered(Lookup::Filtered));
                     }
                     self.stats
@@ -284,20 +280,14 @@ impl Resource {
                         .fetch_add(1, Ordering::Relaxed);
                     return Ok(self.later(key, How::Verify));
                 }
-                None => {
-                    self.stats.not_ready.fetch_add(1, Ordering::Relaxed);
-                    return Err(Error::NotReady);
-                }
+                None => return Err(Error::NotReady),
             }
         }
         if !vouched {
             return Ok(self.later(key, How::Direct { rejected: false }));
         }
         match self.cache.cached(&key) {
-            Peek::Answered(outcome) => {
-                self.count(&outcome);
-                Ok(Now::Answered(Lookup::Cached(outcome)))
-            }
+            Peek::Answered(outcome) => Ok(Now::Answered(Lookup::Cached(outcome))),
             Peek::Missed => Ok(self.later(key, How::Cached { read_first: false })),
             Peek::Unknown => Ok(self.later(key, How::Cached { read_first: true })),
         }
@@ -331,7 +321,6 @@ impl Resource {
                 _ => return None,
             },
         };
-        self.stats.stale.fetch_add(1, Ordering::Relaxed);
         Some(Lookup::Stale {
             row,
             cached: !rejected,
@@ -400,7 +389,7 @@ impl Resource {
         let loaded = self.db.fetch_key(sql, key, tally, ReadFrom::Primary).await;
         match loaded {
             Ok(row) => {
-                self.count_load(false, row.is_none());
+                self.observe_load(false, row.is_none());
                 Ok(Lookup::Unvouched(row.map(|b| Arc::new(Row::new(b)))))
             }
             Err(e) => {
@@ -410,7 +399,6 @@ impl Resource {
                 {
                     return Ok(stale);
                 }
-                self.stats.unavailable.fetch_add(1, Ordering::Relaxed);
                 let detail = e.to_string();
                 if let Some(not_logged) = self.load_failure_log.permit() {
                     tracing::warn!(resource = %self.config.name, error = %detail, not_logged, "row load failed (at most one such line per 10 s; not_logged counts the rest)");
@@ -456,7 +444,7 @@ impl Resource {
         };
         match loaded {
             Ok(outcome) => {
-                self.count(&outcome);
+                self.observe(&outcome);
                 Ok(Lookup::Cached(outcome))
             }
             Err(e) => {
@@ -464,7 +452,6 @@ impl Resource {
                     self.stats.shed_loads.fetch_add(1, Ordering::Relaxed);
                     return Err(Error::Overloaded);
                 }
-                self.stats.unavailable.fetch_add(1, Ordering::Relaxed);
                 let detail = match e.source() {
                     Some(LoadError::Db(db)) => db.to_string(),
                     _ => "load aborted".to_string(),
@@ -482,26 +469,22 @@ impl Resource {
         }
     }
 
-    fn count(&self, outcome: &Outcome) {
-        let s = &self.stats;
+    /// What a load tells of the filter (the request itself is counted
+    /// where it is answered: see `resource::stats`).
+    fn observe(&self, outcome: &Outcome) {
         match outcome {
-            Outcome::Hit(_) => s.hits.add(1),
-            Outcome::NegativeHit => s.negative_hits.add(1),
-            Outcome::Loaded { collapsed, .. } => self.count_load(*collapsed, false),
-            Outcome::Absent { collapsed } => self.count_load(*collapsed, true),
-            Outcome::Bypassed(row) => self.count_load(false, row.is_none()),
+            Outcome::Hit(_) | Outcome::NegativeHit | Outcome::Loaded { .. } => {}
+            Outcome::Absent { collapsed } => self.observe_load(*collapsed, true),
+            Outcome::Bypassed(row) => self.observe_load(false, row.is_none()),
         }
     }
 
-    fn count_load(&self, collapsed: bool, absent: bool) {
-        let s = &self.stats;
-        if collapsed {
-            s.collapsed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            s.loads.fetch_add(1, Ordering::Relaxed);
-            if absent && self.config.filter.enabled {
-                s.observed_absent.fetch_add(1, Ordering::Relaxed);
-            }
+    /// A key the filter passed that the database does not have, once per
+    /// query (not per request collapsed onto it): an observed false
+    /// positive, or a deleted row the filter still holds.
+    fn observe_load(&self, collapsed: bool, absent: bool) {
+        if absent && !collapsed && self.config.filter.enabled {
+            self.stats.observed_absent.fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -9,11 +9,10 @@ mod common;
 #[path = "common/auth.rs"]
 mod support;
 
-use std::sync::atomic::Ordering;
-
 use tokio::net::TcpListener;
 
 use bloomgate::auth::jwt::{self, Alg};
+use bloomgate::resource::RequestOutcome;
 use common::*;
 use serde_json::{Value, json};
 use support::*;
@@ -189,8 +188,8 @@ async fn missing_invalid_and_insufficient_credentials_get_rfc_6750_answers() {
 
     // The counts, per resource and by reason.
     let p = gw.resource("private_users").unwrap();
-    assert_eq!(p.stats.unauthorized.load(Ordering::Relaxed), 4);
-    assert_eq!(p.stats.forbidden.load(Ordering::Relaxed), 1);
+    assert_eq!(p.stats.count(RequestOutcome::Unauthorized), 4);
+    assert_eq!(p.stats.count(RequestOutcome::Forbidden), 1);
     let v = gw.auth.view();
     assert_eq!(v.failures["expired"], 1);
     assert_eq!(v.failures["insufficient_scope"], 2);
@@ -366,7 +365,11 @@ async fn a_thousand_unauthenticated_requests_for_absent_keys_cost_the_database_n
         .unwrap()
     };
     let p = gw.resource("private_users").unwrap();
-    let (q0, a0, f0) = (queries(&gw), activity().await, p.stats.filtered.get());
+    let (q0, a0, f0) = (
+        queries(&gw),
+        activity().await,
+        p.stats.count(RequestOutcome::Filtered),
+    );
     for i in 0..1000 {
         let r = c
             .get(&format!("/private/users/{}", 1_000_000 + i), &[])
@@ -379,9 +382,13 @@ async fn a_thousand_unauthenticated_requests_for_absent_keys_cost_the_database_n
         a0,
         "no backend of the gateway did anything"
     );
-    assert_eq!(p.stats.filtered.get(), f0, "the filter was not asked");
+    assert_eq!(
+        p.stats.count(RequestOutcome::Filtered),
+        f0,
+        "the filter was not asked"
+    );
     assert_eq!(p.cache_entries(), (0, 0));
-    assert_eq!(p.stats.unauthorized.load(Ordering::Relaxed), 1000);
+    assert_eq!(p.stats.count(RequestOutcome::Unauthorized), 1000);
     served.shutdown().await.unwrap();
 }
 
@@ -408,11 +415,11 @@ async fn another_owners_row_is_a_404_indistinguishable_from_an_absent_key() {
     assert_eq!(other, absent, "another owner's key reads as an absent one");
     let me = gw.resource("me").unwrap();
     assert_eq!(
-        me.stats.forbidden.load(Ordering::Relaxed),
+        me.stats.count(RequestOutcome::Forbidden),
         2,
         "both refused before the filter"
     );
-    assert_eq!(me.stats.filtered.get(), 0);
+    assert_eq!(me.stats.count(RequestOutcome::Filtered), 0);
 
     // On a column read from the cached row.
     let mine = "/my/articles/00000000-0000-0000-0000-000000000007";
@@ -508,8 +515,7 @@ async fn a_burst_above_the_rate_limit_is_429_while_another_caller_is_served() {
         gw.resource("limited_users")
             .unwrap()
             .stats
-            .rate_limited
-            .load(Ordering::Relaxed),
+            .count(RequestOutcome::RateLimited),
         3
     );
     served.shutdown().await.unwrap();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bloomgate::filter::{FilterKey, Item, KeyKind, KeySetBuilder, Mode};
+use bloomgate::resource::RequestOutcome;
 use common::*;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -253,6 +254,16 @@ async fn a_slow_database_gets_504s_bounded_loads_and_leaves_hits_fast() {
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(r.json()["error"], "timeout");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Counted once, under its resource; a lookup its client leaves before
+    // the deadline is not a timeout.
+    let slow = gw.resource("slow").unwrap();
+    let timeouts = || slow.stats.count(RequestOutcome::Timeout);
+    assert_eq!(timeouts(), 1);
+    let left = tokio::time::timeout(Duration::from_millis(300), get(&gw, "/slow/51")).await;
+    assert!(left.is_err(), "the client left before an answer");
+    assert_eq!(timeouts(), 1);
+    let traffic = gw.snapshot().traffic;
+    assert_eq!((traffic.timeouts, traffic.timeouts_by_resources), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,6 +318,10 @@ async fn past_the_concurrency_limit_requests_are_shed_at_once() {
             .load(std::sync::atomic::Ordering::Relaxed),
         12
     );
+    // Each under the resource its path names.
+    let shed = |r: &str| gw.resource(r).unwrap().stats.count(RequestOutcome::Shed);
+    assert_eq!((shed("users"), shed("slow")), (8, 4));
+    assert_eq!(gw.snapshot().traffic.shed_by_resources, 12);
     // The slow ones were admitted and complete.
     for t in slow {
         assert_eq!(t.await.unwrap().0, StatusCode::OK);
@@ -472,8 +487,7 @@ async fn an_outage_is_logged_once_per_interval_not_once_per_request() {
         .resource("users")
         .unwrap()
         .stats
-        .unavailable
-        .load(std::sync::atomic::Ordering::Relaxed);
+        .count(RequestOutcome::Unavailable);
     assert_eq!(failures, 300, "every failure is counted");
 
     let text = logs.text();

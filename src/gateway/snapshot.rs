@@ -13,7 +13,7 @@ use crate::db::replicas::ReplicaSnapshot;
 use crate::db::stats::DbSnapshot;
 use crate::exposition::{Expose, Exposition, Labels};
 use crate::feed::stats::{FeedSnapshot, Progress};
-use crate::resource::ResourceSnapshot;
+use crate::resource::{RequestOutcome, ResourceSnapshot};
 use crate::shutdown::Shutdown;
 use crate::traffic::TrafficSnapshot;
 
@@ -129,8 +129,12 @@ impl Gateway {
             self.resources.iter().map(|r| r.snapshot()).collect();
         let mut traffic = self.stats.traffic.snapshot();
         for r in &self.resources {
-            traffic.shed_by_resources += r.stats.shed.load(Ordering::Relaxed);
-            traffic.timeouts_by_resources += r.stats.timeouts.load(Ordering::Relaxed);
+            // The front layer's refusals among this resource's: its own
+            // load slots' refusals are counted under `shed` too.
+            let shed = r.stats.count(RequestOutcome::Shed);
+            traffic.shed_by_resources +=
+                shed.saturating_sub(r.stats.shed_loads.load(Ordering::Relaxed));
+            traffic.timeouts_by_resources += r.stats.count(RequestOutcome::Timeout);
         }
         let server = &self.config.server;
         traffic.max_connections = server.max_connections as u64;

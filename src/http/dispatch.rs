@@ -160,9 +160,16 @@ where
     }
 }
 
-/// Counts a lookup dropped at its deadline (see
-/// [`super::front::dropped_for_deadline`]) under its resource, as a
+/// Counts a lookup dropped at its deadline under its resource, as a
 /// timeout; a lookup dropped because its client went away is not one.
+///
+/// Which of the two it is, the guard tells by the clock alone: the front
+/// layer drops a handler no sooner than `request_timeout` after its first
+/// poll, and `began` was taken before that poll, so a drop at the
+/// deadline always finds `request_timeout` elapsed. A client that leaves
+/// earlier finds it not elapsed, except in the microseconds between
+/// `began` and that first poll, where its request has run past
+/// `request_timeout` anyway.
 struct DeadlineGuard<'a> {
     route: &'a Route,
     began: Instant,
@@ -171,15 +178,15 @@ struct DeadlineGuard<'a> {
 
 impl Drop for DeadlineGuard<'_> {
     fn drop(&mut self) {
-        if self.armed && super::front::dropped_for_deadline() {
-            let stats = &self.route.resource.stats;
-            stats
-                .timeouts
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            stats.record(
-                crate::resource::RequestOutcome::Timeout,
-                self.began.elapsed(),
-            );
+        if !self.armed {
+            return;
+        }
+        let elapsed = self.began.elapsed();
+        if elapsed >= self.route.request_timeout {
+            self.route
+                .resource
+                .stats
+                .record(crate::resource::RequestOutcome::Timeout, elapsed);
         }
     }
 }

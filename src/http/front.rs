@@ -26,9 +26,10 @@
 //!    in `shed` (and under its resource, when its path names one: see
 //!    [`Counters::on_shed`]), rather than queued without bound.
 //! 5. **Deadline.** A request not answered within the timeout gets 504 and
-//!    is counted in `timeouts`; its handler future is dropped, on this
-//!    thread and while [`dropped_for_deadline`] says so, so that a handler
-//!    that knows its resource can count the timeout there.
+//!    is counted in `timeouts`; its handler future is dropped then, no
+//!    sooner than the timeout after its first poll, so that a handler that
+//!    knows its resource can tell this drop from its client's leaving by
+//!    the time it has run, and count the timeout there (`dispatch`).
 //!
 //! # Why one layer, and what it costs
 //!
@@ -73,7 +74,6 @@
 //! another on one core rather than spread over streams: about a
 //! microsecond each, where a miss, which waits, still gets its own task.
 
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -114,17 +114,6 @@ impl std::fmt::Debug for Counters {
             .field("traffic", &self.traffic)
             .finish_non_exhaustive()
     }
-}
-
-thread_local! {
-    static DROPPING_FOR_DEADLINE: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Whether the handler future being dropped now, on this thread, is
-/// dropped because its request ran past the deadline (rather than because
-/// its client went away).
-pub fn dropped_for_deadline() -> bool {
-    DROPPING_FOR_DEADLINE.with(Cell::get)
 }
 
 /// The layer; every route's copy (axum clones it per route) shares one
@@ -576,9 +565,7 @@ where
                             .timeouts
                             .fetch_add(1, Ordering::Relaxed);
                     }
-                    DROPPING_FOR_DEADLINE.with(|d| d.set(true));
                     this.state.set(State::Ready { response: None });
-                    DROPPING_FOR_DEADLINE.with(|d| d.set(false));
                     (Error::Timeout.into_response(), slot)
                 }
             },

@@ -29,6 +29,9 @@ use crate::resource::{Load, Lookup, Now, RequestOutcome, Resource};
 pub struct Route {
     pub resource: Arc<Resource>,
     pub max_key_length: usize,
+    /// `server.request_timeout`: a lookup dropped later than this after it
+    /// began was dropped at the deadline (see `dispatch`'s guard).
+    pub request_timeout: std::time::Duration,
     /// Which `/`-separated segment of the path is the key. The key is read
     /// from the raw path rather than from axum's path parameters, which come
     /// percent-decoded already: decoding is ours to do, strictly and once.
@@ -70,10 +73,11 @@ impl Route {
     /// `policy`: the resource's index among `auth.policies`.
     pub fn new(
         resource: Arc<Resource>,
-        max_key_length: usize,
+        server: &crate::config::ServerConfig,
         auth: Arc<Auth>,
         policy: usize,
     ) -> Self {
+        let max_key_length = server.max_key_length;
         let not_found = serde_json::json!({
             "error": "not_found",
             "message": format!("no {} with this key", resource.name()),
@@ -115,6 +119,7 @@ impl Route {
             not_found_cache_control: header(&cache.http_cache_control_not_found),
             resource,
             max_key_length,
+            request_timeout: server.request_timeout,
             key_segment,
             not_found_length: static_header(&not_found.len().to_string())
                 .expect("digits are a valid header value"),
@@ -242,47 +247,28 @@ pub async fn finish(
 
 /// Another owner's key or row: answered as absent, counted as forbidden.
 fn refused_as_absent(route: &Route, began: Instant, resp: Response) -> Response {
-    route
-        .resource
-        .stats
-        .forbidden
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     done(route, began, resp, RequestOutcome::Forbidden)
 }
 
+/// Every request that reaches a resource's route ends here (or in
+/// [`failed`], which comes here): its one count (see `resource::stats`).
 fn done(route: &Route, began: Instant, resp: Response, outcome: RequestOutcome) -> Response {
     route.resource.stats.record(outcome, began.elapsed());
     resp
 }
 
 fn failed(route: &Route, began: Instant, e: Error) -> Response {
-    use std::sync::atomic::Ordering::Relaxed;
-    let s = &route.resource.stats;
     let outcome = match e {
-        Error::BadKey(_) => RequestOutcome::BadRequest,
-        Error::InvalidRequest { .. } => {
-            s.bad_requests.fetch_add(1, Relaxed);
-            RequestOutcome::BadRequest
-        }
-        Error::NotReady => RequestOutcome::NotReady,
-        Error::AuthNotReady => {
-            s.not_ready.fetch_add(1, Relaxed);
-            RequestOutcome::NotReady
-        }
-        Error::Unauthorized { .. } => {
-            s.unauthorized.fetch_add(1, Relaxed);
-            RequestOutcome::Unauthorized
-        }
-        Error::Forbidden { .. } => {
-            s.forbidden.fetch_add(1, Relaxed);
-            RequestOutcome::Forbidden
-        }
-        Error::RateLimited { .. } => {
-            s.rate_limited.fetch_add(1, Relaxed);
-            RequestOutcome::RateLimited
-        }
+        Error::BadKey(_) | Error::InvalidRequest { .. } => RequestOutcome::BadRequest,
+        Error::NotReady | Error::AuthNotReady => RequestOutcome::NotReady,
+        Error::Unauthorized { .. } => RequestOutcome::Unauthorized,
+        Error::Forbidden { .. } => RequestOutcome::Forbidden,
+        Error::RateLimited { .. } => RequestOutcome::RateLimited,
         Error::Overloaded => RequestOutcome::Shed,
-        _ => RequestOutcome::Unavailable,
+        Error::Timeout => RequestOutcome::Timeout,
+        Error::Unverified | Error::Unavailable(_) | Error::Internal(_) => {
+            RequestOutcome::Unavailable
+        }
     };
     done(route, began, e.into_response(), outcome)
 }
@@ -333,11 +319,6 @@ fn answer(
             route.resource.owner_comparison(),
         )
     {
-        route
-            .resource
-            .stats
-            .forbidden
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return (not_found(route, HIDDEN), RequestOutcome::Forbidden);
     }
     match lookup {

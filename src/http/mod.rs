@@ -30,6 +30,7 @@ pub mod templates;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -44,6 +45,7 @@ use utoipa_axum::routes;
 use crate::config::route;
 use crate::error::Error;
 use crate::gateway::Gateway;
+use crate::resource::RequestOutcome;
 use dispatch::Dispatch;
 use lookup::Route;
 use response::{json_bytes, json_error};
@@ -118,7 +120,7 @@ pub fn app(gateway: Arc<Gateway>) -> App {
     }
     front = front.on_shed(move |path| {
         if let Some(r) = by_path.find(path) {
-            r.stats.shed.fetch_add(1, Ordering::Relaxed);
+            r.stats.record(RequestOutcome::Shed, Duration::ZERO);
         }
     });
     let probe = front.clone();
@@ -148,7 +150,7 @@ fn resource_routes(gateway: &Arc<Gateway>) -> Vec<Arc<Route>> {
         .map(|(i, resource)| {
             Arc::new(Route::new(
                 resource.clone(),
-                server.max_key_length,
+                server,
                 gateway.auth.clone(),
                 i,
             ))

@@ -1,10 +1,15 @@
 //! A resource's counters, and the one snapshot of them that the admin API
 //! and `/metrics` both render ([`ResourceSnapshot`]).
 //!
-//! Every request to a resource ends in exactly one [`RequestOutcome`];
-//! `bloomgate_requests_total` and the latency histogram are by outcome, so
-//! the sum over outcomes is all traffic to the resource, refused (shed,
-//! timed out) included.
+//! Every request to a resource ends in exactly one [`RequestOutcome`],
+//! recorded once, by [`Stats::record`], where the request is answered
+//! (`http::lookup`; a shed request in the front layer's hook, a timed-out
+//! one where its lookup is dropped): one latency sample, in that outcome's
+//! histogram. `bloomgate_requests_total` is those histograms' counts, so
+//! it and the latency cannot disagree, and the sum over outcomes is all
+//! traffic to the resource, refused (shed, timed out) included. The other
+//! counters here are details within an outcome (`unverified` within
+//! `unavailable`, `shed_loads` within `shed`) or are not about requests.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,7 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::{BuildReport, Resource};
-use crate::counter::Counter;
 use crate::db::stats::{QueriesSnapshot, QueryCounts};
 use crate::exposition::{Expose, Exposition, Labels};
 use crate::filter::FilterStats;
@@ -92,23 +96,15 @@ impl RequestOutcome {
     }
 }
 
-/// Counters for metrics and the admin API. Monotonic. The three that the
-/// fast paths (a filtered 404, a cached hit) bump are sharded by thread
-/// ([`Counter`]), as is the latency: a plain atomic there is a cache line
-/// both cores write on every request.
+/// Counters for metrics and the admin API. Monotonic. Requests are
+/// counted by their latency samples ([`Stats::record`]), whose histograms
+/// are sharded by thread: a plain atomic on a fast path (a filtered 404,
+/// a cached hit) is a cache line both cores write on every request.
 #[derive(Debug)]
 pub struct Stats {
-    pub filtered: Counter,
-    pub hits: Counter,
-    pub negative_hits: Counter,
-    pub loads: AtomicU64,
-    pub collapsed: AtomicU64,
     /// The filter said "maybe" and the database said "no": observed false
     /// positives (and deleted rows the filter still holds).
     pub observed_absent: AtomicU64,
-    pub unavailable: AtomicU64,
-    pub not_ready: AtomicU64,
-    pub bad_requests: AtomicU64,
     pub rebuilds: AtomicU64,
     pub rebuild_failures: AtomicU64,
     /// Retries of rebuilds that recover missed keys: one per back-off,
@@ -130,28 +126,16 @@ pub struct Stats {
     /// Rebuilds requested because the protection decayed (false-positive
     /// rate, deletes, growth).
     pub decay_rebuilds: AtomicU64,
-    /// Loads refused because `max_concurrency` loads were in flight (503).
+    /// Loads refused because `max_concurrency` loads were in flight (503),
+    /// within the `shed` outcome.
     pub shed_loads: AtomicU64,
-    /// Requests to this resource refused by the front layer at
-    /// `max_concurrency` requests in flight (503).
-    pub shed: AtomicU64,
-    /// Requests to this resource past `request_timeout` (504).
-    pub timeouts: AtomicU64,
     /// Lookups answered from the database past filter and cache because
     /// they were not vouched for (see [`crate::vouch`]).
     pub unvouched_loads: AtomicU64,
     /// Keys the filter rejected while not vouched for, past the
-    /// `verify_budget`: 503, as nothing could say they do not exist.
+    /// `verify_budget`: 503, as nothing could say they do not exist;
+    /// within the `unavailable` outcome.
     pub unverified: AtomicU64,
-    /// Answered from what was last vouched for during an outage
-    /// (`cache.stale_if_error`).
-    pub stale: AtomicU64,
-    /// Refused by the access checks: no valid credential (401), a scope or
-    /// the owner missing or another owner's key or row (403, or the 404 of
-    /// an absent key), past the caller's rate limit (429).
-    pub unauthorized: AtomicU64,
-    pub forbidden: AtomicU64,
-    pub rate_limited: AtomicU64,
     /// Unix time in milliseconds of the latest failed rebuild; 0: none.
     pub last_failure_ms: AtomicU64,
     /// Request latency, one histogram per [`RequestOutcome`].
@@ -166,15 +150,7 @@ pub struct Stats {
 impl Default for Stats {
     fn default() -> Self {
         Self {
-            filtered: Counter::default(),
-            hits: Counter::default(),
-            negative_hits: Counter::default(),
-            loads: AtomicU64::default(),
-            collapsed: AtomicU64::default(),
             observed_absent: AtomicU64::default(),
-            unavailable: AtomicU64::default(),
-            not_ready: AtomicU64::default(),
-            bad_requests: AtomicU64::default(),
             rebuilds: AtomicU64::default(),
             rebuild_failures: AtomicU64::default(),
             rebuild_retries: AtomicU64::default(),
@@ -186,14 +162,8 @@ impl Default for Stats {
             recovered_keys: AtomicU64::default(),
             decay_rebuilds: AtomicU64::default(),
             shed_loads: AtomicU64::default(),
-            shed: AtomicU64::default(),
-            timeouts: AtomicU64::default(),
             unvouched_loads: AtomicU64::default(),
             unverified: AtomicU64::default(),
-            stale: AtomicU64::default(),
-            unauthorized: AtomicU64::default(),
-            forbidden: AtomicU64::default(),
-            rate_limited: AtomicU64::default(),
             last_failure_ms: AtomicU64::default(),
             latency: Default::default(),
             build_durations: RareHistogram::new(&SLOW_BOUNDS),
@@ -211,7 +181,8 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 impl Stats {
-    /// Records a request's latency under its outcome.
+    /// A request to this resource, answered with `outcome` after
+    /// `elapsed`: the one place a request is counted.
     pub fn record(&self, outcome: RequestOutcome, elapsed: Duration) {
         self.latency[outcome as usize].record(elapsed);
     }
@@ -229,35 +200,21 @@ impl Stats {
             .store(unix_ms(SystemTime::now()), Ordering::Relaxed);
     }
 
-    /// Requests by outcome.
+    /// Requests answered with `outcome` so far.
     pub fn count(&self, outcome: RequestOutcome) -> u64 {
-        use RequestOutcome as O;
-        match outcome {
-            O::Filtered => self.filtered.get(),
-            O::Hit => self.hits.get(),
-            O::NegativeHit => self.negative_hits.get(),
-            O::Miss => l(&self.loads),
-            O::Collapsed => l(&self.collapsed),
-            O::BadRequest => l(&self.bad_requests),
-            O::Unavailable => l(&self.unavailable) + l(&self.unverified),
-            O::NotReady => l(&self.not_ready),
-            O::Unauthorized => l(&self.unauthorized),
-            O::Forbidden => l(&self.forbidden),
-            O::RateLimited => l(&self.rate_limited),
-            O::Shed => l(&self.shed_loads) + l(&self.shed),
-            O::Timeout => l(&self.timeouts),
-            O::Stale => l(&self.stale),
-        }
+        self.latency[outcome as usize].count()
     }
 
     /// The counters as of now.
     pub fn snapshot(&self) -> StatsSnapshot {
+        let latency: Vec<_> = self.latency.iter().map(Histogram::snapshot).collect();
+        let requests = |o: RequestOutcome| latency[o as usize].count;
         let observed = l(&self.observed_absent);
-        let absent_asked = self.filtered.get() + observed;
+        let absent_asked = requests(RequestOutcome::Filtered) + observed;
         StatsSnapshot {
             requests: RequestOutcome::ALL
                 .iter()
-                .map(|&o| (o.as_str(), self.count(o)))
+                .map(|&o| (o.as_str(), requests(o)))
                 .collect(),
             unverified_loads: l(&self.unvouched_loads),
             unverified_refused: l(&self.unverified),
@@ -277,11 +234,11 @@ impl Stats {
             decay_rebuilds: l(&self.decay_rebuilds),
             announced_unconfirmed: l(&self.announced_unconfirmed),
             verified_above_high_water: l(&self.verified_above_high_water),
-            unauthorized: l(&self.unauthorized),
-            forbidden: l(&self.forbidden),
-            rate_limited: l(&self.rate_limited),
+            unauthorized: requests(RequestOutcome::Unauthorized),
+            forbidden: requests(RequestOutcome::Forbidden),
+            rate_limited: requests(RequestOutcome::RateLimited),
             last_failure_seconds: l(&self.last_failure_ms) as f64 / 1e3,
-            latency: self.latency.iter().map(Histogram::snapshot).collect(),
+            latency,
             build_durations: self.build_durations.snapshot(),
             db_queries: self.db_queries.snapshot(),
         }
@@ -531,10 +488,13 @@ mod tests {
     #[test]
     fn a_snapshot_renders_requests_latency_and_counters_per_resource() {
         let s = Stats::default();
-        s.hits.add(2);
-        s.shed_loads.fetch_add(1, Ordering::Relaxed);
-        s.shed.fetch_add(2, Ordering::Relaxed);
         s.record(RequestOutcome::Hit, Duration::from_micros(30));
+        s.record(RequestOutcome::Hit, Duration::from_micros(50));
+        for _ in 0..3 {
+            s.record(RequestOutcome::Shed, Duration::ZERO);
+        }
+        assert_eq!(s.count(RequestOutcome::Hit), 2);
+        assert_eq!(s.count(RequestOutcome::Miss), 0);
         s.built(Duration::from_secs(2));
         let snap = ResourceSnapshot {
             name: "users".into(),
@@ -554,7 +514,7 @@ mod tests {
         for line in [
             "bloomgate_requests_total{resource=\"users\",outcome=\"hit\"} 2\n",
             "bloomgate_requests_total{resource=\"users\",outcome=\"shed\"} 3\n",
-            "bloomgate_request_duration_seconds_count{resource=\"users\",outcome=\"hit\"} 1\n",
+            "bloomgate_request_duration_seconds_count{resource=\"users\",outcome=\"hit\"} 2\n",
             "bloomgate_rebuilds_total{resource=\"users\"} 1\n",
             "bloomgate_rebuild_duration_seconds_bucket{resource=\"users\",le=\"5\"} 1\n",
         ] {
