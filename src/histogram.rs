@@ -127,8 +127,15 @@ impl Histogram {
             }
             sum_ns = sum_ns.wrapping_add(s.sum_ns.load(Ordering::Relaxed));
         }
+        Snapshot::of(&BOUNDS, &per_bucket, sum_ns as f64 / 1e9)
+    }
+}
+
+impl Snapshot {
+    /// From counts per bucket (not cumulative, `+Inf` last).
+    fn of(bounds: &'static [f64], per_bucket: &[u64], sum_seconds: f64) -> Self {
         let mut running = 0;
-        let cumulative = per_bucket[..BOUNDS.len()]
+        let cumulative = per_bucket[..bounds.len()]
             .iter()
             .map(|n| {
                 running += n;
@@ -136,10 +143,10 @@ impl Histogram {
             })
             .collect();
         Snapshot {
-            bounds: &BOUNDS,
+            bounds,
             cumulative,
-            count: running + per_bucket[BOUNDS.len()],
-            sum_seconds: sum_ns as f64 / 1e9,
+            count: running + per_bucket[bounds.len()],
+            sum_seconds,
         }
     }
 }
@@ -177,20 +184,7 @@ impl RareHistogram {
 
     pub fn snapshot(&self) -> Snapshot {
         let c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut running = 0;
-        let cumulative = c.0[..self.bounds.len()]
-            .iter()
-            .map(|n| {
-                running += n;
-                running
-            })
-            .collect();
-        Snapshot {
-            bounds: self.bounds,
-            cumulative,
-            count: c.0.iter().sum(),
-            sum_seconds: c.1,
-        }
+        Snapshot::of(self.bounds, &c.0, c.1)
     }
 }
 
