@@ -84,13 +84,7 @@ pub async fn check(
            FROM unnest($1::text[]) WITH ORDINALITY AS t(name, i)
            LEFT JOIN pg_class c ON c.oid = to_regclass(t.name) ORDER BY t.i",
     )
-    .bind(
-        watch
-            .tables
-            .iter()
-            .map(|t| quote_table(&t.name))
-            .collect::<Vec<_>>(),
-    )
+    .bind(quoted_tables(watch))
     .fetch_all(&mut *conn)
     .await?;
     let problems = watch
@@ -175,13 +169,7 @@ pub async fn fingerprints(
     );
     sqlx::query_scalar(&sql)
         .bind(publication)
-        .bind(
-            watch
-                .tables
-                .iter()
-                .map(|t| quote_table(&t.name))
-                .collect::<Vec<_>>(),
-        )
+        .bind(quoted_tables(watch))
         .fetch_all(conn)
         .await
 }
@@ -298,11 +286,16 @@ pub async fn install(
     Ok(())
 }
 
+/// The watched tables, each as SQL names it (`quote_table`).
+fn quoted_tables(watch: &Watch) -> Vec<String> {
+    watch.tables.iter().map(|t| quote_table(&t.name)).collect()
+}
+
 /// The DDL that makes `publication` deliver every change of every watched
 /// table, given whether it exists (`None`) and is `FOR ALL TABLES`: what
 /// [`install`] runs, and what `bloomgate preflight` prints.
 pub fn statements(all_tables: Option<bool>, watch: &Watch, publication: &str) -> Vec<String> {
-    let tables: Vec<String> = watch.tables.iter().map(|t| quote_table(&t.name)).collect();
+    let tables = quoted_tables(watch);
     let with = "publish = 'insert, update, delete, truncate', publish_via_partition_root = true";
     let p = quote(publication);
     match all_tables {
