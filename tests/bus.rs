@@ -556,6 +556,74 @@ async fn losing_the_bus_sends_at_most_max_direct_fallback_gateways_to_the_primar
     fleet.drop_slot(&db).await;
 }
 
+/// A publication dropped and created again under a fleet that may not fall
+/// back to direct feeds (`bus.max_direct_fallback = 0`): decoding reads the
+/// catalog as of each change, so the relay's slot fails at the drop every
+/// time it is opened; the relay's next term (this gateway's or another's)
+/// creates the slot again, a gap every consumer resyncs on, and the fleet
+/// is vouched for again from the bus alone. Each term used to open the old
+/// slot and fail in the same place, forever, and with no fallback allowed
+/// no gateway was vouched for again (found by the checker, seed 1011).
+#[tokio::test]
+async fn a_publication_dropped_and_created_again_costs_the_relay_its_slot_not_the_fleet() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        let mut cfg = fleet.config(&db, &redis);
+        cfg.bus.max_direct_fallback = 0;
+        gws.push(started(cfg).await);
+    }
+    wait_all_on_bus(&gws).await;
+    for g in &gws {
+        assert_eq!(get(g, "/users/5").await.json()["name"], "User 5");
+    }
+    let terms = || {
+        gws.iter()
+            .map(|g| g.bus_status().unwrap().terms.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    let first_terms = terms();
+    let publication = gws[0].config.database.publication.clone();
+    db.exec(&format!("DROP PUBLICATION \"{publication}\""))
+        .await;
+    db.exec("UPDATE users SET name = 'while it was dropped' WHERE id = 5")
+        .await;
+    eventually("a relay term relaying again after the drop", || async {
+        terms() > first_terms
+    })
+    .await;
+    // As installed (`install_feed` may have done it already).
+    db.exec(&format!(
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT FROM pg_publication WHERE pubname = '{publication}') THEN
+             CREATE PUBLICATION \"{publication}\" FOR TABLE users
+               WITH (publish_via_partition_root = true);
+           END IF;
+         END $$"
+    ))
+    .await;
+    wait_all_on_bus(&gws).await;
+    db.exec("UPDATE users SET name = 'after the repair' WHERE id = 5")
+        .await;
+    for g in &gws {
+        fresh(g, "/users/5", |r| r.json()["name"] == "after the repair").await;
+        // Vouched for: answered from the cache again.
+        fresh(g, "/users/5", |r| {
+            r.header("cache-status") == "bloomgate; hit"
+        })
+        .await;
+    }
+    assert_eq!(walsenders(&db).await, 1, "the relay's alone");
+    for g in &gws {
+        g.stop();
+    }
+    drop(redis);
+    fleet.drop_slot(&db).await;
+}
+
 /// Redis stopped under three gateways, on a quiet database: the bus is a
 /// dependency every gateway shares, so none leaves the load balancer for
 /// it (`server.readiness = "local"`): `/readyz` stays 200, saying

@@ -98,6 +98,7 @@ impl Feed {
             install: false,
             start_position: None,
             idle_confirm_applied: false,
+            broken_slot: Default::default(),
         };
         let task = tokio::spawn(feed::wal::run(
             opts,

@@ -212,6 +212,7 @@ impl Supervisor {
                     install: cfg.install_feed,
                     start_position: None,
                     idle_confirm_applied: false,
+                    broken_slot: Default::default(),
                 };
                 if let Some(b) = &self.bus {
                     return Some((
@@ -272,6 +273,8 @@ impl Supervisor {
         let relay = bus::relay::RelayOptions {
             wal: wal::WalOptions {
                 slot: Some(b.config.slot.clone()),
+                // The relay's own, shared by its terms.
+                broken_slot: Default::default(),
                 ..direct.clone()
             },
             batch_window: b.config.batch_window,

@@ -48,6 +48,8 @@ pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(10);
 /// After catching up: the WAL feed's second, visible-phase delivery
 /// (every 5 ms) has run.
 const SETTLE: Duration = Duration::from_millis(100);
+/// Mixed into the seed for the bus's `max_direct_fallback` draw.
+const FALLBACK_DRAW: u64 = 0xFA11_BAC4_D1EC_7000;
 const READERS: usize = 2;
 
 pub struct Opts {
@@ -268,12 +270,18 @@ impl World {
         let (redis, bus, fleet) = if on_bus {
             let fleet = 2 + rng.below(2);
             let max_lag = if rng.chance(50) { "1s" } else { "5s" };
+            // Fewer direct-feed slots than gateways, so a bus lost past
+            // `max_lag` leaves some of the fleet unvouched. Drawn apart
+            // (a stream of its own), so the seeds' other choices stay as
+            // they were.
+            let max_direct_fallback = Rng::new(opts.seed ^ FALLBACK_DRAW).below(fleet);
             let redis = Redis::start().await;
             let bus = BusSetup {
                 url: redis.url(),
                 slot: slot.clone().unwrap(),
                 prefix: format!("truth_{tag}"),
                 max_lag,
+                max_direct_fallback,
             };
             (Some(redis), Some(bus), fleet)
         } else {
@@ -287,8 +295,9 @@ impl World {
                     .unwrap_or_default(),
                 if let Some(b) = &bus {
                     format!(
-                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, redis-server on port {}",
+                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, bus.max_direct_fallback {}, redis-server on port {}",
                         b.max_lag,
+                        b.max_direct_fallback,
                         redis.as_ref().unwrap().port
                     )
                 } else if !opts.feed.is_wal() {
@@ -763,16 +772,32 @@ impl World {
     /// let close, then every path is compared on every ready gateway.
     async fn quiesce(&mut self, label: &str) {
         // An open failover or outage ends first: gateways that cannot
-        // reach the database cannot catch up.
+        // reach the database cannot catch up. So does a lost bus where no
+        // gateway may fall back to a direct feed (`max_direct_fallback`
+        // 0): none can be vouched for until Redis is back, by design.
+        let no_fallback = self
+            .bus
+            .as_ref()
+            .is_some_and(|b| b.max_direct_fallback == 0);
+        let ends_first = |a: &Action| {
+            matches!(a, Action::Promote | Action::Restore)
+                || (no_fallback && matches!(a, Action::RedisBack(_)))
+        };
         let ends: Vec<Action> = self
             .due
             .iter()
-            .filter(|(_, a)| matches!(a, Action::Promote | Action::Restore))
+            .filter(|(_, a)| ends_first(a))
             .map(|(_, a)| *a)
             .collect();
-        self.due
-            .retain(|(_, a)| !matches!(a, Action::Promote | Action::Restore));
+        self.due.retain(|(_, a)| !ends_first(a));
         for a in ends {
+            if let Action::RedisBack(_) = a {
+                // Down as long as the fault drew.
+                let now = self.now();
+                if self.redis_back_at > now {
+                    tokio::time::sleep(self.redis_back_at - now).await;
+                }
+            }
             self.act(a).await;
         }
         let (marker, lsn) = self.write_marker().await;

@@ -35,8 +35,12 @@
 //! with the same `[bus]`: that server, a permanent `bus.slot`, and
 //! `bus.max_lag` of 1 s (a consumer falls back to its own WAL feed before
 //! a relay's failover completes) or 5 s, the default (it waits for the
-//! failover), as the seed chooses. The readers read every gateway of the
-//! fleet, and every one that says ready is compared at quiescence, as for
+//! failover), as the seed chooses; and `bus.max_direct_fallback` below
+//! the fleet's size (0 to one less, from a draw of its own so that the
+//! seeds' other choices are what they were before it was drawn): a bus
+//! lost past `max_lag` always leaves some of the fleet without a direct
+//! feed, unvouched, answering from the database or 503. The readers read
+//! every gateway of the fleet, and every one that says ready is compared at quiescence, as for
 //! the `second-gateway` fault (which the bus feed leaves out: it is a
 //! fleet already). Each gateway of the fleet runs on a tokio runtime of
 //! its own (two workers), every task of it there and every request to it
@@ -138,7 +142,8 @@
 //! failover takes one look of the candidates (every second) plus starting
 //! a session, and the new relay starts at the stream's newest entry; a
 //! consumer without proof for `bus.max_lag` (1 s in half the histories)
-//! starts its own WAL feed, which resyncs before its first heartbeat; and meanwhile a
+//! starts its own WAL feed if it wins one of the `max_direct_fallback`
+//! slots, which resyncs before its first heartbeat; and meanwhile a
 //! consumer that cannot prove itself current is not vouched for (the
 //! gateway's `freshness_bound`, 1.5 s, is inside the oracle's 2 s), so it
 //! answers 503, not stale rows, whatever `bus.max_lag` is. Redis back,

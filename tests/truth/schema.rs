@@ -162,6 +162,8 @@ pub struct BusSetup {
     pub prefix: String,
     /// `bus.max_lag`, as TOML text (`"1s"`).
     pub max_lag: &'static str,
+    /// `bus.max_direct_fallback`: below the fleet's size.
+    pub max_direct_fallback: usize,
 }
 
 pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
@@ -197,8 +199,8 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
     let mut text = format!("[database]\n{db}\n");
     if let Some(b) = s.bus {
         text.push_str(&format!(
-            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\n\n",
-            b.url, b.slot, b.prefix, b.max_lag
+            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\nmax_direct_fallback = {}\n\n",
+            b.url, b.slot, b.prefix, b.max_lag, b.max_direct_fallback
         ));
     }
     for r in Res::ALL {

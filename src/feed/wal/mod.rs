@@ -176,7 +176,7 @@ mod slot;
 mod transport;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -221,6 +221,14 @@ pub struct WalOptions {
     /// and a slot confirmed past the bus would make the next relay see a
     /// gap that is none.
     pub idle_confirm_applied: bool,
+    /// Set when decoding the permanent slot failed on a publication that
+    /// did not exist (dropped, then created again past the slot's
+    /// position: decoding reads the catalog as of each change, so the
+    /// slot fails from the same place every time); the next open of the
+    /// slot drops and creates it again, and clears it. Shared by every
+    /// feed made from clones of these options: the relay runs one feed
+    /// per term, and its next term must know what the last one found.
+    pub broken_slot: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for WalOptions {
@@ -434,7 +442,6 @@ pub async fn run(
         server: None,
         changed: None,
         tracker: Tracker::default(),
-        slot_broken: false,
         streamed: false,
         ready: Some(ready),
         throttle: LogThrottle::default(),
@@ -460,7 +467,9 @@ pub async fn run(
         let why = e.to_string();
         // Decoding past a dropped publication fails from the same place
         // every time: a permanent slot must start again elsewhere.
-        feed.slot_broken = feed.opts.slot.is_some() && e.is_missing_publication();
+        if feed.opts.slot.is_some() && e.is_missing_publication() {
+            feed.opts.broken_slot.store(true, Ordering::Relaxed);
+        }
         feed.health.waiting(why.clone());
         if feed.tx.send(Event::Interrupted(why.clone())).await.is_err() {
             return;
@@ -505,8 +514,6 @@ struct Feed {
     /// the next).
     changed: Option<String>,
     tracker: Tracker,
-    /// The last session ended on a missing publication (see `run`).
-    slot_broken: bool,
     /// This session's stream started.
     streamed: bool,
     ready: Option<oneshot::Sender<Result<(), String>>>,

@@ -39,7 +39,7 @@ pub(super) async fn open_permanent(
                 .fetch_add(1, Ordering::Relaxed);
             Some("it was invalidated (max_slot_wal_keep_size)")
         }
-        Some(_) if feed.slot_broken => {
+        Some(_) if feed.opts.broken_slot.load(Ordering::Relaxed) => {
             Some("decoding it failed on a publication that did not exist")
         }
         Some(_) => None,
@@ -50,7 +50,7 @@ pub(super) async fn open_permanent(
             .bind(name)
             .execute(&mut *conn)
             .await?;
-        feed.slot_broken = false;
+        feed.opts.broken_slot.store(false, Ordering::Relaxed);
     }
     match (&state, recreate) {
         (Some(s), None) => {
