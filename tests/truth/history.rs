@@ -808,6 +808,12 @@ impl World {
             self.caught_up(&g, label).await;
             ready.push(g);
         }
+        let open = self.shared.model.lock().unwrap().still_open();
+        if !open.is_empty() {
+            self.shared.violation(format!(
+                "{label}: checker: compared while {open:?} is still open"
+            ));
+        }
         let quiet = self.shared.model.lock().unwrap().quiet_from();
         let now = self.now();
         if quiet > now {

@@ -183,6 +183,17 @@ impl Model {
     }
 
     /// When the last window closes.
+    /// Windows and outages opened and not closed yet: a comparison while
+    /// one is open would judge leniently what should be strict.
+    pub fn still_open(&self) -> Vec<String> {
+        self.windows
+            .iter()
+            .chain(self.outages.iter())
+            .filter(|w| w.until == Duration::MAX)
+            .map(|w| w.what.clone())
+            .collect()
+    }
+
     pub fn quiet_from(&self) -> Duration {
         self.windows
             .iter()
@@ -377,6 +388,7 @@ mod tests {
         // No outage: stale is never right, even the latest version.
         assert!(m.judge(&p, b.as_ref(), ms(2_000), ms(2_001), true).is_err());
         m.outage_began("outage", ms(10_000));
+        assert_eq!(m.still_open(), ["outage"]);
         // Inside it, what was current when it began; not what was gone
         // long before.
         assert!(
@@ -405,6 +417,7 @@ mod tests {
         m.stage(ms(69_500), vec![(p.clone(), b.clone())]);
         m.committed(ms(69_510));
         m.open_window("failover", ms(70_000));
+        assert_eq!(m.still_open(), ["failover"], "the outage above ended");
         assert!(
             m.judge(&p, c.as_ref(), ms(71_900), ms(71_901), false)
                 .is_ok(),
@@ -412,6 +425,7 @@ mod tests {
         );
         m.reset(ms(72_000), vec![(p.clone(), c.clone())]);
         m.close_window("failover", ms(75_000));
+        assert!(m.still_open().is_empty());
         assert!(
             m.judge(&p, b.as_ref(), ms(74_000), ms(74_001), false)
                 .is_ok()

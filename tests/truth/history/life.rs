@@ -142,21 +142,27 @@ impl Life {
     /// position the new primary reaches for its first 16 MB of WAL. Only
     /// its timeline tells that it is not the primary's history; compared
     /// by LSN alone it looks current, with lag 0.
-    async fn switch_wal(&self) {
-        let Ok(mut c) = PgConnection::connect(&self.primary.url("postgres")).await else {
-            return;
+    /// What it did, for the journal: a switch that failed leaves the
+    /// failover without it (the replica then stands where the standby
+    /// did, not ahead), which a history's reader must know.
+    async fn switch_wal(&self) -> String {
+        let c = PgConnection::connect(&self.primary.url("postgres")).await;
+        let mut c = match c {
+            Ok(c) => c,
+            Err(e) => return format!("the WAL switch could not connect ({e}): played without it"),
         };
-        let Ok(switched) = sqlx::query_scalar::<_, String>("SELECT pg_switch_wal()::text")
+        let switched = sqlx::query_scalar::<_, String>("SELECT pg_switch_wal()::text")
             .fetch_one(&mut c)
-            .await
-        else {
-            return;
+            .await;
+        let switched = match switched {
+            Ok(s) => s,
+            Err(e) => return format!("the WAL switch failed ({e}): played without it"),
         };
         let Some(replica) = self.replica.as_ref().filter(|_| !self.stranded) else {
-            return;
+            return format!("WAL switched at {switched}");
         };
         let Ok(mut r) = PgConnection::connect(&replica.url("postgres")).await else {
-            return;
+            return format!("WAL switched at {switched}; the replica could not be asked");
         };
         for _ in 0..100 {
             let replayed = sqlx::query_scalar::<_, bool>(
@@ -165,11 +171,15 @@ impl Life {
             .bind(&switched)
             .fetch_one(&mut r)
             .await;
-            if !matches!(replayed, Ok(false)) {
-                return;
+            match replayed {
+                Ok(true) => return format!("WAL switched at {switched}, replayed by the replica"),
+                Ok(false) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(e) => {
+                    return format!("WAL switched at {switched}; the replica could not say ({e})");
+                }
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        format!("WAL switched at {switched}; the replica had not replayed it after 5 s")
     }
 }
 
@@ -379,7 +389,7 @@ impl World {
     /// then a new standby of the new primary for the next failover.
     pub(super) async fn promote(&mut self) {
         // Before the window opens: the primary serves throughout the switch.
-        self.life.as_ref().unwrap().switch_wal().await;
+        let switch = self.life.as_ref().unwrap().switch_wal().await;
         let t = self.now();
         {
             let mut m = self.shared.model.lock().unwrap();
@@ -407,7 +417,7 @@ impl World {
         life.stranded = life.replica.is_some();
         life.open = None;
         self.shared.note(format!(
-            "failover: the primary crashed, the standby promoted and behind the proxy in {}ms{}",
+            "failover: {switch}; the primary crashed, the standby promoted and behind the proxy in {}ms{}",
             (back - t).as_millis(),
             if life.replica.is_some() {
                 "; the replica is stranded on the old timeline"
