@@ -500,6 +500,28 @@ async fn a_first_start_builds_every_filter_once() {
     fleet.stop(&gws, &db).await;
 }
 
+/// `n` gateways on the bus with `bus.max_direct_fallback = max_direct`,
+/// each serving `/users/5` once it is on the bus.
+async fn bounded_fleet(
+    db: &TestDb,
+    redis: &Redis,
+    fleet: &Fleet,
+    n: usize,
+    max_direct: u32,
+) -> Vec<Arc<Gateway>> {
+    let mut gws = Vec::new();
+    for _ in 0..n {
+        let mut cfg = fleet.config(db, redis);
+        cfg.bus.max_direct_fallback = max_direct;
+        gws.push(started(cfg).await);
+    }
+    wait_all_on_bus(&gws).await;
+    for g in &gws {
+        assert_eq!(get(g, "/users/5").await.json()["name"], "User 5");
+    }
+    gws
+}
+
 /// The bus lost under three gateways with `bus.max_direct_fallback = 1`:
 /// one follows the WAL itself, the others follow nothing (one walsender on
 /// the primary, not three) and answer from the database, never old rows;
@@ -511,16 +533,7 @@ async fn losing_the_bus_sends_at_most_max_direct_fallback_gateways_to_the_primar
     let port = redis.port;
     let db = bus_db().await;
     let fleet = Fleet::new();
-    let mut gws = Vec::new();
-    for _ in 0..3 {
-        let mut cfg = fleet.config(&db, &redis);
-        cfg.bus.max_direct_fallback = 1;
-        gws.push(started(cfg).await);
-    }
-    wait_all_on_bus(&gws).await;
-    for g in &gws {
-        assert_eq!(get(g, "/users/5").await.json()["name"], "User 5");
-    }
+    let gws = bounded_fleet(&db, &redis, &fleet, 3, 1).await;
     redis.kill();
     eventually("one gateway direct, the others lost", || async {
         let direct = gws.iter().filter(|g| mode(g) == Mode::Direct).count();
@@ -570,16 +583,7 @@ async fn a_publication_dropped_and_created_again_costs_the_relay_its_slot_not_th
     let redis = Redis::start().await;
     let db = bus_db().await;
     let fleet = Fleet::new();
-    let mut gws = Vec::new();
-    for _ in 0..2 {
-        let mut cfg = fleet.config(&db, &redis);
-        cfg.bus.max_direct_fallback = 0;
-        gws.push(started(cfg).await);
-    }
-    wait_all_on_bus(&gws).await;
-    for g in &gws {
-        assert_eq!(get(g, "/users/5").await.json()["name"], "User 5");
-    }
+    let gws = bounded_fleet(&db, &redis, &fleet, 2, 0).await;
     let terms = || {
         gws.iter()
             .map(|g| g.bus_status().unwrap().terms.load(Ordering::Relaxed))
