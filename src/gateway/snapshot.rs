@@ -129,11 +129,7 @@ impl Gateway {
             self.resources.iter().map(|r| r.snapshot()).collect();
         let mut traffic = self.stats.traffic.snapshot();
         for r in &self.resources {
-            // The front layer's refusals among this resource's: its own
-            // load slots' refusals are counted under `shed` too.
-            let shed = r.stats.count(RequestOutcome::Shed);
-            traffic.shed_by_resources +=
-                shed.saturating_sub(r.stats.shed_loads.load(Ordering::Relaxed));
+            traffic.shed_by_resources += r.stats.shed_in_front.load(Ordering::Relaxed);
             traffic.timeouts_by_resources += r.stats.count(RequestOutcome::Timeout);
         }
         let server = &self.config.server;

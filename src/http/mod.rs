@@ -120,6 +120,7 @@ pub fn app(gateway: Arc<Gateway>) -> App {
     }
     front = front.on_shed(move |path| {
         if let Some(r) = by_path.find(path) {
+            r.stats.shed_in_front.fetch_add(1, Ordering::Relaxed);
             r.stats.record(RequestOutcome::Shed, Duration::ZERO);
         }
     });

@@ -129,6 +129,11 @@ pub struct Stats {
     /// Loads refused because `max_concurrency` loads were in flight (503),
     /// within the `shed` outcome.
     pub shed_loads: AtomicU64,
+    /// Requests refused by the front layer at `max_concurrency` requests in
+    /// flight, within the `shed` outcome: counted in the same hook as
+    /// their outcome, so the gateway's unrouted share never runs
+    /// backwards between two scrapes.
+    pub shed_in_front: AtomicU64,
     /// Lookups answered from the database past filter and cache because
     /// they were not vouched for (see [`crate::vouch`]).
     pub unvouched_loads: AtomicU64,
@@ -162,6 +167,7 @@ impl Default for Stats {
             recovered_keys: AtomicU64::default(),
             decay_rebuilds: AtomicU64::default(),
             shed_loads: AtomicU64::default(),
+            shed_in_front: AtomicU64::default(),
             unvouched_loads: AtomicU64::default(),
             unverified: AtomicU64::default(),
             last_failure_ms: AtomicU64::default(),

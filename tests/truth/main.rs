@@ -239,8 +239,10 @@ pub const CI_SEEDS: &[u64] = &[1, 2, 3];
 /// (the consumers wait for the failover) and restarts Redis empty; 1011
 /// kills the relay and restarts Redis with an older copy of its data (the
 /// stream's tail lost) after 2 s down; 1015 restarts Redis four times
-/// under a fleet of two with 1 s, down for up to 6 s (the consumers fall
-/// back to direct feeds and return).
+/// under a fleet of two with 1 s, down for up to 6 s (one consumer falls
+/// back to a direct feed, the other waits unvouched, and both return).
+/// Their `bus.max_direct_fallback` (drawn apart): 1008 two of three, 1011
+/// none of three (it drops the publication too), 1015 one of two.
 /// 2, as on the other feeds: the database's lifecycle under a fleet.
 pub const BUS_CI_SEEDS: &[u64] = &[1008, 1011, 1015, 2];
 

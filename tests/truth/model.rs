@@ -182,7 +182,6 @@ impl Model {
         });
     }
 
-    /// When the last window closes.
     /// Windows and outages opened and not closed yet: a comparison while
     /// one is open would judge leniently what should be strict.
     pub fn still_open(&self) -> Vec<String> {
@@ -194,6 +193,7 @@ impl Model {
             .collect()
     }
 
+    /// When the last window closes.
     pub fn quiet_from(&self) -> Duration {
         self.windows
             .iter()

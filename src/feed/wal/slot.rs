@@ -63,6 +63,8 @@ pub(super) async fn open_permanent(
             ))
         }
         _ => {
+            // A new slot has nothing to be broken by.
+            feed.opts.broken_slot.store(false, Ordering::Relaxed);
             let at = create(conn, name, false).await?;
             Ok((at, had.is_some()))
         }

@@ -142,6 +142,7 @@ impl Life {
     /// position the new primary reaches for its first 16 MB of WAL. Only
     /// its timeline tells that it is not the primary's history; compared
     /// by LSN alone it looks current, with lag 0.
+    ///
     /// What it did, for the journal: a switch that failed leaves the
     /// failover without it (the replica then stands where the standby
     /// did, not ahead), which a history's reader must know.
