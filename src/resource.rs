@@ -479,9 +479,11 @@ impl Resource {
         }
     }
 
-    /// A key the filter passed that the database does not have, once per
-    /// query (not per request collapsed onto it): an observed false
-    /// positive, or a deleted row the filter still holds.
+    /// A key the database does not have, once per query (not per request
+    /// collapsed onto it): an observed false positive, or a deleted row
+    /// the filter still holds; also, today, an absent key the filter
+    /// rejected and the gateway checked anyway (above the high-water mark,
+    /// or while not vouched for), which the count does not tell apart.
     fn observe_load(&self, collapsed: bool, absent: bool) {
         if absent && !collapsed && self.config.filter.enabled {
             self.stats.observed_absent.fetch_add(1, Ordering::Relaxed);

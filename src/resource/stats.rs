@@ -7,7 +7,8 @@
 //! one where its lookup is dropped): one latency sample, in that outcome's
 //! histogram. `bloomgate_requests_total` is those histograms' counts, so
 //! it and the latency cannot disagree, and the sum over outcomes is all
-//! traffic to the resource, refused (shed, timed out) included. The other
+//! traffic to the resource, refused (shed, timed out) included, except a
+//! request whose client left before its answer, counted nowhere. The other
 //! counters here are details within an outcome (`unverified` within
 //! `unavailable`, `shed_loads` within `shed`) or are not about requests.
 
