@@ -389,7 +389,7 @@ impl Resource {
         let loaded = self.db.fetch_key(sql, key, tally, ReadFrom::Primary).await;
         match loaded {
             Ok(row) => {
-                self.observe_load(false, row.is_none());
+                self.observe_load(false, row.is_none(), !rejected);
                 Ok(Lookup::Unvouched(row.map(|b| Arc::new(Row::new(b)))))
             }
             Err(e) => {
@@ -444,7 +444,7 @@ impl Resource {
         };
         match loaded {
             Ok(outcome) => {
-                self.observe(&outcome);
+                self.observe(&outcome, kind == QueryKind::Row);
                 Ok(Lookup::Cached(outcome))
             }
             Err(e) => {
@@ -470,22 +470,23 @@ impl Resource {
     }
 
     /// What a load tells of the filter (the request itself is counted
-    /// where it is answered: see `resource::stats`).
-    fn observe(&self, outcome: &Outcome) {
+    /// where it is answered: see `resource::stats`); `passed`: the filter
+    /// passed the key (a load of a key it rejected is a verification).
+    fn observe(&self, outcome: &Outcome, passed: bool) {
         match outcome {
             Outcome::Hit(_) | Outcome::NegativeHit | Outcome::Loaded { .. } => {}
-            Outcome::Absent { collapsed } => self.observe_load(*collapsed, true),
-            Outcome::Bypassed(row) => self.observe_load(false, row.is_none()),
+            Outcome::Absent { collapsed } => self.observe_load(*collapsed, true, passed),
+            Outcome::Bypassed(row) => self.observe_load(false, row.is_none(), passed),
         }
     }
 
-    /// A key the database does not have, once per query (not per request
-    /// collapsed onto it): an observed false positive, or a deleted row
-    /// the filter still holds; also, today, an absent key the filter
-    /// rejected and the gateway checked anyway (above the high-water mark,
-    /// or while not vouched for), which the count does not tell apart.
-    fn observe_load(&self, collapsed: bool, absent: bool) {
-        if absent && !collapsed && self.config.filter.enabled {
+    /// A key the filter passed and the database does not have, once per
+    /// query (not per request collapsed onto it): an observed false
+    /// positive, or a deleted row the filter still holds. An absent key the
+    /// filter rejected and the gateway checked anyway (above the high-water
+    /// mark, or while not vouched for) says nothing against the filter.
+    fn observe_load(&self, collapsed: bool, absent: bool, passed: bool) {
+        if absent && passed && !collapsed && self.config.filter.enabled {
             self.stats.observed_absent.fetch_add(1, Ordering::Relaxed);
         }
     }

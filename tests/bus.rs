@@ -589,11 +589,19 @@ async fn a_publication_dropped_and_created_again_costs_the_relay_its_slot_not_th
             .map(|g| g.bus_status().unwrap().terms.load(Ordering::Relaxed))
             .sum::<u64>()
     };
+    // Cached everywhere, then changed only while the publication is gone:
+    // no later change repairs it, only the resync of the slot made anew.
+    for g in &gws {
+        fresh(g, "/users/6", |r| {
+            r.header("cache-status") == "bloomgate; hit"
+        })
+        .await;
+    }
     let first_terms = terms();
     let publication = gws[0].config.database.publication.clone();
     db.exec(&format!("DROP PUBLICATION \"{publication}\""))
         .await;
-    db.exec("UPDATE users SET name = 'while it was dropped' WHERE id = 5")
+    db.exec("UPDATE users SET name = 'while it was dropped' WHERE id IN (5, 6)")
         .await;
     eventually("a relay term relaying again after the drop", || async {
         terms() > first_terms
@@ -614,6 +622,10 @@ async fn a_publication_dropped_and_created_again_costs_the_relay_its_slot_not_th
         .await;
     for g in &gws {
         fresh(g, "/users/5", |r| r.json()["name"] == "after the repair").await;
+        fresh(g, "/users/6", |r| {
+            r.json()["name"] == "while it was dropped"
+        })
+        .await;
         // Vouched for: answered from the cache again.
         fresh(g, "/users/5", |r| {
             r.header("cache-status") == "bloomgate; hit"

@@ -572,6 +572,16 @@ async fn keys_above_the_high_water_mark_are_verified_within_budget() {
         get(&gw, "/users/2003").await.header("cache-status"),
         "bloomgate; detail=filter-absent"
     );
+    // The filter rejected 2001 and 2002 and was right: checking them
+    // anyway found no false positive.
+    let users = gw.resource("users").unwrap();
+    assert_eq!(
+        users
+            .stats
+            .observed_absent
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
 }
 
 #[tokio::test]

@@ -262,8 +262,16 @@ async fn a_slow_database_gets_504s_bounded_loads_and_leaves_hits_fast() {
     let left = tokio::time::timeout(Duration::from_millis(300), get(&gw, "/slow/51")).await;
     assert!(left.is_err(), "the client left before an answer");
     assert_eq!(timeouts(), 1);
+    // A HEAD, served through the router rather than the dispatch, alike.
+    let r = app
+        .clone()
+        .oneshot(Request::head("/slow/52").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(timeouts(), 2);
     let traffic = gw.snapshot().traffic;
-    assert_eq!((traffic.timeouts, traffic.timeouts_by_resources), (1, 1));
+    assert_eq!((traffic.timeouts, traffic.timeouts_by_resources), (2, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

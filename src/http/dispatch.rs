@@ -145,48 +145,9 @@ where
                 // headers go on, for the validators and the coding.
                 let headers: HeaderMap = req.into_parts().0.headers;
                 DispatchFuture::Lookup(Box::pin(async move {
-                    let mut deadline = DeadlineGuard {
-                        route: &route,
-                        began,
-                        armed: true,
-                    };
-                    let resp =
-                        lookup::finish(&route, load, caller, allowance, &headers, began).await;
-                    deadline.armed = false;
-                    resp
+                    lookup::finish(&route, load, caller, allowance, &headers, began).await
                 }))
             }
-        }
-    }
-}
-
-/// Counts a lookup dropped at its deadline under its resource, as a
-/// timeout; a lookup dropped because its client went away is not one.
-///
-/// Which of the two it is, the guard tells by the clock alone: the front
-/// layer drops a handler no sooner than `request_timeout` after its first
-/// poll, and `began` was taken before that poll, so a drop at the
-/// deadline always finds `request_timeout` elapsed. A client that leaves
-/// earlier finds it not elapsed, except in the microseconds between
-/// `began` and that first poll, where its request has run past
-/// `request_timeout` anyway.
-struct DeadlineGuard<'a> {
-    route: &'a Route,
-    began: Instant,
-    armed: bool,
-}
-
-impl Drop for DeadlineGuard<'_> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let elapsed = self.began.elapsed();
-        if elapsed >= self.route.request_timeout {
-            self.route
-                .resource
-                .stats
-                .record(crate::resource::RequestOutcome::Timeout, elapsed);
         }
     }
 }

@@ -29,7 +29,7 @@
 //!    is counted in `timeouts`; its handler future is dropped then, no
 //!    sooner than the timeout after its first poll, so that a handler that
 //!    knows its resource can tell this drop from its client's leaving by
-//!    the time it has run, and count the timeout there (`dispatch`).
+//!    the time it has run, and count the timeout there (`lookup::finish`).
 //!
 //! # Why one layer, and what it costs
 //!

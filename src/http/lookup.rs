@@ -30,7 +30,7 @@ pub struct Route {
     pub resource: Arc<Resource>,
     pub max_key_length: usize,
     /// `server.request_timeout`: a lookup dropped later than this after it
-    /// began was dropped at the deadline (see `dispatch`'s guard).
+    /// began was dropped at the deadline (see [`finish`]'s guard).
     pub request_timeout: std::time::Duration,
     /// Which `/`-separated segment of the path is the key. The key is read
     /// from the raw path rather than from axum's path parameters, which come
@@ -235,6 +235,11 @@ pub async fn finish(
     headers: &HeaderMap,
     began: Instant,
 ) -> Response {
+    let mut deadline = DeadlineGuard {
+        route,
+        began,
+        armed: true,
+    };
     let resp = match route.resource.load(load).await {
         Ok(lookup) => {
             let (resp, outcome) = answer(route, lookup, headers, caller.as_deref());
@@ -242,7 +247,41 @@ pub async fn finish(
         }
         Err(e) => failed(route, began, e),
     };
+    deadline.armed = false;
     rated(route, resp, allowance)
+}
+
+/// Counts a lookup dropped at its deadline under its resource, as a
+/// timeout; a lookup dropped because its client went away is not one.
+///
+/// Which of the two it is, the guard tells by the clock alone: the front
+/// layer arms its deadline, `request_timeout` ahead, once the handler's
+/// first poll has returned, and `began` was taken before that poll
+/// returned (by the dispatch before it, or by [`handle`] within it), so a
+/// drop at the deadline always finds `request_timeout` elapsed (tokio's
+/// clock is `std`'s, which `began` reads, and its timers fire no sooner
+/// than their deadline). A client that leaves earlier finds it not
+/// elapsed, except within the delay between `began` and the arming, a
+/// request that has run past `request_timeout` by then anyway.
+struct DeadlineGuard<'a> {
+    route: &'a Route,
+    began: Instant,
+    armed: bool,
+}
+
+impl Drop for DeadlineGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let elapsed = self.began.elapsed();
+        if elapsed >= self.route.request_timeout {
+            self.route
+                .resource
+                .stats
+                .record(RequestOutcome::Timeout, elapsed);
+        }
+    }
 }
 
 /// Another owner's key or row: answered as absent, counted as forbidden.

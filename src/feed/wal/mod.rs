@@ -175,8 +175,10 @@ mod session;
 mod slot;
 mod transport;
 
+pub use slot::BrokenSlot;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -221,14 +223,10 @@ pub struct WalOptions {
     /// and a slot confirmed past the bus would make the next relay see a
     /// gap that is none.
     pub idle_confirm_applied: bool,
-    /// Set when decoding the permanent slot failed on a publication that
-    /// did not exist (dropped, then created again past the slot's
-    /// position: decoding reads the catalog as of each change, so the
-    /// slot fails from the same place every time); the next open of the
-    /// slot drops and creates it again, and clears it. Shared by every
-    /// feed made from clones of these options: the relay runs one feed
-    /// per term, and its next term must know what the last one found.
-    pub broken_slot: Arc<AtomicBool>,
+    /// Where the permanent slot stood when decoding it failed on a
+    /// publication that did not exist; its next open here drops and creates
+    /// it again if it still stands there (see [`BrokenSlot`]).
+    pub broken_slot: Arc<BrokenSlot>,
 }
 
 impl std::fmt::Debug for WalOptions {
@@ -443,6 +441,7 @@ pub async fn run(
         changed: None,
         tracker: Tracker::default(),
         streamed: false,
+        slot_seen: None,
         ready: Some(ready),
         throttle: LogThrottle::default(),
     };
@@ -459,6 +458,7 @@ pub async fn run(
             rand::random::<u32>()
         );
         feed.streamed = false;
+        feed.slot_seen = None;
         let r = session::run(&mut feed, &mut applied, &temp_name, &mut shutdown).await;
         if feed.tx.is_closed() || shutdown.is_fired() {
             return;
@@ -468,7 +468,10 @@ pub async fn run(
         // Decoding past a dropped publication fails from the same place
         // every time: a permanent slot must start again elsewhere.
         if feed.opts.slot.is_some() && e.is_missing_publication() {
-            feed.opts.broken_slot.store(true, Ordering::Relaxed);
+            let streamed_to = feed.position.map(|p| p.lsn);
+            feed.opts
+                .broken_slot
+                .mark(feed.slot_seen.max(streamed_to).unwrap_or(Lsn::ZERO));
         }
         feed.health.waiting(why.clone());
         if feed.tx.send(Event::Interrupted(why.clone())).await.is_err() {
@@ -516,6 +519,9 @@ struct Feed {
     tracker: Tracker,
     /// This session's stream started.
     streamed: bool,
+    /// The permanent slot's confirmed position when this session opened it
+    /// (what [`BrokenSlot`] marks, with the stream's own).
+    slot_seen: Option<Lsn>,
     ready: Option<oneshot::Sender<Result<(), String>>>,
     /// "Not streaming" and "cannot repair" at most once per interval.
     throttle: LogThrottle,

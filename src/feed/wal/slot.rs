@@ -3,7 +3,7 @@
 //! stream never starts past what this process applied without saying so
 //! (see "No gap, in LSNs" in [`super`]).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::PgConnection;
 
@@ -39,7 +39,7 @@ pub(super) async fn open_permanent(
                 .fetch_add(1, Ordering::Relaxed);
             Some("it was invalidated (max_slot_wal_keep_size)")
         }
-        Some(_) if feed.opts.broken_slot.load(Ordering::Relaxed) => {
+        Some(s) if feed.opts.broken_slot.is(s.confirmed_flush) => {
             Some("decoding it failed on a publication that did not exist")
         }
         Some(_) => None,
@@ -50,11 +50,12 @@ pub(super) async fn open_permanent(
             .bind(name)
             .execute(&mut *conn)
             .await?;
-        feed.opts.broken_slot.store(false, Ordering::Relaxed);
+        feed.opts.broken_slot.clear();
     }
     match (&state, recreate) {
         (Some(s), None) => {
             let at = s.confirmed_flush.unwrap_or(Lsn::ZERO);
+            feed.slot_seen = Some(at);
             // Confirmed past what this process applied (someone else read
             // it), or a position of another history: a gap.
             Ok((
@@ -64,9 +65,53 @@ pub(super) async fn open_permanent(
         }
         _ => {
             // A new slot has nothing to be broken by.
-            feed.opts.broken_slot.store(false, Ordering::Relaxed);
+            feed.opts.broken_slot.clear();
             let at = create(conn, name, false).await?;
+            feed.slot_seen = Some(at);
             Ok((at, had.is_some()))
+        }
+    }
+}
+
+/// Where a permanent slot stood when decoding it failed on a publication
+/// that did not exist (dropped, then created again past the slot's
+/// position: decoding reads the catalog as of each change, so the slot
+/// fails at the same change every time it is opened). Shared by every feed
+/// made from clones of the same options: the relay runs one feed per term,
+/// and its next term must know what the last one found.
+///
+/// Guarantee: the slot that failed is recreated at its next open here,
+/// and a slot created anew since (by another gateway that found the same
+/// failure) is not. The broken slot cannot be confirmed past the change it
+/// fails at, so it stands at or before the mark, the furthest this feed
+/// knew it or the stream to be; a slot created since starts where the WAL
+/// was at its creation, past that change, so past the mark. Where another
+/// feed advanced the broken slot beyond the mark (a keepalive's position),
+/// it is left once more, fails once more with a mark that covers it, and
+/// is recreated then: one failure more, never a healthy slot dropped for
+/// it. Either way a slot created anew is a gap, answered by a resync.
+#[derive(Debug, Default)]
+pub struct BrokenSlot(
+    /// The mark's LSN; 0 (no valid LSN) while no failure is known.
+    AtomicU64,
+);
+
+impl BrokenSlot {
+    /// Decoding failed with the slot and stream known up to `at`.
+    pub(super) fn mark(&self, at: Lsn) {
+        self.0.store(at.0.max(1), Ordering::Relaxed);
+    }
+
+    pub(super) fn clear(&self) {
+        self.0.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether a slot confirmed up to `confirmed` is the one that failed.
+    /// A slot that does not say how far it is confirmed counts as it.
+    pub(super) fn is(&self, confirmed: Option<Lsn>) -> bool {
+        match self.0.load(Ordering::Relaxed) {
+            0 => false,
+            mark => confirmed.is_none_or(|c| c.0 <= mark),
         }
     }
 }
@@ -137,5 +182,41 @@ pub(super) fn in_use(e: SessionError, slot: &str) -> SessionError {
             SessionError::Wait(format!("replication slot {slot}: {}", d.message()))
         }
         e => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_failure_known_recreates_nothing() {
+        let b = BrokenSlot::default();
+        assert!(!b.is(Some(Lsn(0x100))));
+        assert!(!b.is(None));
+    }
+
+    #[test]
+    fn the_slot_that_failed_is_recreated_and_a_slot_created_since_is_not() {
+        let b = BrokenSlot::default();
+        b.mark(Lsn(0x500));
+        // The broken slot, where it was or behind the stream's furthest.
+        assert!(b.is(Some(Lsn(0x500))));
+        assert!(b.is(Some(Lsn(0x480))));
+        assert!(b.is(None));
+        // Another gateway's slot, created past the failing change.
+        assert!(!b.is(Some(Lsn(0x501))));
+        // A failure seen further on covers it.
+        b.mark(Lsn(0x600));
+        assert!(b.is(Some(Lsn(0x501))));
+        b.clear();
+        assert!(!b.is(Some(Lsn(0x480))));
+    }
+
+    #[test]
+    fn a_failure_at_the_zero_lsn_still_marks() {
+        let b = BrokenSlot::default();
+        b.mark(Lsn::ZERO);
+        assert!(b.is(Some(Lsn::ZERO)));
     }
 }
