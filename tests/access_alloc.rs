@@ -94,8 +94,14 @@ fn subscriber(filter: &str) -> impl tracing::Subscriber + Send + Sync {
 #[test]
 fn access_lines_add_no_allocation_on_or_off_and_one_line_per_request() {
     const N: u64 = 20_000;
-    let with =
-        |filter: &str| tracing::subscriber::with_default(subscriber(filter), || per_request(N));
+    // The switch as the binary sets it: read from the filter once it is in
+    // place.
+    let with = |filter: &str| {
+        tracing::subscriber::with_default(subscriber(filter), || {
+            bloomgate::telemetry::read_access_switch();
+            per_request(N)
+        })
+    };
     // Before the logger is installed: nothing to write to.
     let (bare, bare_ns) = per_request(N);
 

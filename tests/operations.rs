@@ -147,6 +147,22 @@ async fn access_audit_and_startup_lines_are_typed_json() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+    // Each way to a line names the route: told by the dispatch (a GET),
+    // matched from the path the router kept (a HEAD, the gateway's own
+    // paths), none for a path nothing serves.
+    for (method, path, id) in [
+        (reqwest::Method::HEAD, "/users/4", "req-head"),
+        (reqwest::Method::GET, "/users/999999", "req-absent"),
+        (reqwest::Method::GET, "/healthz", "req-health"),
+        (reqwest::Method::GET, "/nowhere/1", "req-none"),
+    ] {
+        client()
+            .request(method, format!("http://{public}{path}"))
+            .header("x-request-id", id)
+            .send()
+            .await
+            .unwrap();
+    }
     assert_eq!(
         status(
             &format!("http://{admin}/admin/resources"),
@@ -164,6 +180,7 @@ async fn access_audit_and_startup_lines_are_typed_json() {
     assert!(purged.status().is_success(), "{}", purged.status());
     gw.wait_log("admin action").await;
     gw.wait_log("\"request_id\":\"req-42\"").await;
+    gw.wait_log("\"request_id\":\"req-none\"").await;
     let lines: Vec<serde_json::Value> = gw
         .log()
         .lines()
@@ -208,6 +225,27 @@ async fn access_audit_and_startup_lines_are_typed_json() {
     // The id is a field of the line; a hit gets no span (it waits for
     // nothing, and nothing is logged inside it).
     assert!(access[0].get("span").is_none(), "{:?}", access[0]);
+    for (id, method, route, resource, status) in [
+        ("req-head", "HEAD", "/users/{id}", "users", 200),
+        ("req-absent", "GET", "/users/{id}", "users", 404),
+        ("req-health", "GET", "/healthz", "", 200),
+        ("req-none", "GET", "", "", 404),
+    ] {
+        let f = &lines
+            .iter()
+            .find(|l| l["fields"]["request_id"] == id)
+            .unwrap_or_else(|| panic!("no access line for {id}"))["fields"];
+        assert_eq!(
+            (&f["method"], &f["route"], &f["resource"], &f["status"]),
+            (
+                &serde_json::json!(method),
+                &serde_json::json!(route),
+                &serde_json::json!(resource),
+                &serde_json::json!(status)
+            ),
+            "{id}: {f}"
+        );
+    }
 
     let refused = find("admin token refused");
     assert_eq!(refused.len(), 1, "{refused:?}");

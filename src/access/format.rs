@@ -28,7 +28,7 @@ use std::cell::Cell;
 use std::net::IpAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::Line;
+use super::{Line, Text};
 
 /// Bytes a line of fixed fields can take at most, beyond its strings: the
 /// JSON frame and field names (about 190 bytes), the timestamp (27), the
@@ -42,7 +42,9 @@ pub(super) fn bound(line: &Line<'_>) -> usize {
     FIXED
         + line.route.0.len()
         + line.resource.0.len()
-        + 6 * (line.method.len() + line.cache_status.len() + line.request_id.len())
+        + 6 * (line.method.as_str().len()
+            + line.cache_status.as_str().len()
+            + line.request_id.as_str().len())
 }
 
 /// A wall-clock time, as written in a line.
@@ -143,16 +145,25 @@ fn fixed<const N: usize>(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&buf);
 }
 
-/// `n` (0..=255) in decimal, unpadded.
-fn small(out: &mut Vec<u8>, n: u8) {
-    if n >= 100 {
-        out.push(b'0' + n / 100);
+/// `n` (0..=255) in decimal, unpadded: its digits (padded with zeros past
+/// the last) and how many there are. A table: an address's four octets
+/// are a quarter of the rest of a line's digits.
+static OCTETS: [([u8; 3], u8); 256] = {
+    let mut t = [([0u8; 3], 0u8); 256];
+    let mut n = 0;
+    while n < 256 {
+        let d = [(n / 100) as u8, (n / 10 % 10) as u8, (n % 10) as u8];
+        t[n] = if n >= 100 {
+            ([b'0' + d[0], b'0' + d[1], b'0' + d[2]], 3)
+        } else if n >= 10 {
+            ([b'0' + d[1], b'0' + d[2], 0], 2)
+        } else {
+            ([b'0' + d[2], 0, 0], 1)
+        };
+        n += 1;
     }
-    if n >= 10 {
-        out.push(b'0' + n / 10 % 10);
-    }
-    out.push(b'0' + n % 10);
-}
+    t
+};
 
 /// `n` in decimal, zero-padded to `width` digits.
 fn digits(out: &mut Vec<u8>, mut n: u64, width: usize) {
@@ -211,10 +222,17 @@ fn any_escape(s: &[u8]) -> bool {
     chunks.remainder().iter().any(|&b| needs_escape(b))
 }
 
-/// `s` between double quotes, escaped (see [`escape`]).
-fn quoted(out: &mut Vec<u8>, s: &str) {
+/// `s` between double quotes, escaped (see [`escape`]) unless it is
+/// [`Text::Clean`].
+fn quoted(out: &mut Vec<u8>, s: Text<'_>) {
     out.push(b'"');
-    escape(out, s);
+    match s {
+        Text::Clean(s) => {
+            debug_assert!(!any_escape(s.as_bytes()), "{s:?} is not clean");
+            out.extend_from_slice(s.as_bytes());
+        }
+        Text::Raw(s) => escape(out, s),
+    }
     out.push(b'"');
 }
 
@@ -257,14 +275,20 @@ pub(super) fn escape(out: &mut Vec<u8>, s: &str) {
 fn client(out: &mut Vec<u8>, ip: Option<IpAddr>) {
     match ip {
         Some(IpAddr::V4(v4)) => {
-            let [a, b, c, d] = v4.octets();
-            small(out, a);
-            out.push(b'.');
-            small(out, b);
-            out.push(b'.');
-            small(out, c);
-            out.push(b'.');
-            small(out, d);
+            // `255.255.255.255` at most: built on the stack, copied once.
+            let mut buf = [0u8; 15];
+            let mut len = 0;
+            for (i, o) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    buf[len] = b'.';
+                    len += 1;
+                }
+                let (digits, n) = OCTETS[usize::from(o)];
+                // At most 12 bytes before the last octet's 3.
+                buf[len..len + 3].copy_from_slice(&digits);
+                len += usize::from(n);
+            }
+            out.extend_from_slice(&buf[..len]);
         }
         Some(ip @ IpAddr::V6(_)) => {
             use std::io::Write as _;
@@ -381,12 +405,12 @@ pub(super) fn notice(
         out.extend_from_slice(b"{\"timestamp\":\"");
         timestamp(out, t);
         out.extend_from_slice(b"\",\"level\":");
-        quoted(out, level);
+        quoted(out, Text::Raw(level));
         out.extend_from_slice(b",\"target\":\"bloomgate::access\",\"fields\":{\"message\":");
-        quoted(out, message);
+        quoted(out, Text::Raw(message));
         for (name, n) in counts {
             out.push(b',');
-            quoted(out, name);
+            quoted(out, Text::Raw(name));
             out.push(b':');
             digits(out, *n, 1);
         }
@@ -423,13 +447,13 @@ mod tests {
 
     fn line<'a>(request_id: &'a str, route: &'a Escaped) -> Line<'a> {
         Line {
-            method: "GET",
+            method: Text::Clean("GET"),
             route,
             status: 200,
-            cache_status: "bloomgate; hit",
+            cache_status: Text::Clean("bloomgate; hit"),
             resource: &USERS,
             duration: Duration::from_micros(30),
-            request_id,
+            request_id: Text::Raw(request_id),
             client: Some("127.0.0.1".parse().unwrap()),
         }
     }
@@ -484,11 +508,6 @@ mod tests {
 
     #[test]
     fn numbers_are_written_as_decimal() {
-        for n in [0u8, 7, 10, 99, 100, 255] {
-            let mut out = Vec::new();
-            small(&mut out, n);
-            assert_eq!(out, n.to_string().as_bytes());
-        }
         for n in [0u16, 42, 100, 404, 999, 1000, u16::MAX] {
             let mut out = Vec::new();
             status(&mut out, n);
@@ -536,7 +555,7 @@ mod tests {
         #[test]
         fn any_string_round_trips_through_serde_json(s in any::<String>()) {
             let mut out = Vec::new();
-            quoted(&mut out, &s);
+            quoted(&mut out, Text::Raw(&s));
             let back: String = serde_json::from_slice(&out).unwrap();
             prop_assert_eq!(back, s);
             prop_assert!(!out.contains(&b'\n'));
@@ -583,6 +602,14 @@ mod tests {
             prop_assert!(out.len() <= bound(&l));
             prop_assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
             prop_assert_eq!(out.last(), Some(&b'\n'));
+        }
+
+        /// An IPv4 client is written as `Display` writes it.
+        #[test]
+        fn any_ipv4_address_is_written_as_display_writes_it(a in any::<std::net::Ipv4Addr>()) {
+            let mut out = Vec::new();
+            client(&mut out, Some(IpAddr::V4(a)));
+            prop_assert_eq!(std::str::from_utf8(&out).unwrap(), a.to_string());
         }
 
         /// The timestamp is what humantime writes, whatever the second.

@@ -50,12 +50,13 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::body::HttpBody;
-use axum::http::{HeaderMap, HeaderValue, Method, Request, header};
+use axum::http::{HeaderMap, HeaderValue, Method, Request, Uri, header};
 use axum::response::Response;
 use axum::routing::future::RouteFuture;
 use tower::Service;
 
-use super::lookup::{self, Begun, Route};
+use super::front::{Tells, Told};
+use super::lookup::{self, Begun, CacheStatus, Route};
 use super::templates::Templates;
 use crate::auth::peer::{self, PeerAddr};
 
@@ -65,7 +66,9 @@ pub struct Dispatch(Arc<Inner>);
 
 struct Inner {
     router: Router,
-    direct: Templates<Arc<Route>>,
+    /// Each direct route with its index among the access lines' templates
+    /// (see [`Dispatch::with_peer`]).
+    direct: Templates<(usize, Arc<Route>)>,
     /// Some resource limits callers by address: requests the router
     /// serves carry the client address as an extension (see `auth::peer`).
     peer_to_router: bool,
@@ -74,13 +77,22 @@ struct Inner {
 impl Dispatch {
     /// `router` serves everything; `direct` names the `GET`s answered
     /// without it (none for the admin router).
-    pub fn new(router: Router, direct: Templates<Arc<Route>>) -> Self {
+    pub fn new(router: Router, direct: Templates<(usize, Arc<Route>)>) -> Self {
         Self::with_peer(router, direct, false)
     }
 
     /// As [`Dispatch::new`]; `peer_to_router`: hand the client address to
-    /// the requests the router serves.
-    pub fn with_peer(router: Router, direct: Templates<Arc<Route>>, peer_to_router: bool) -> Self {
+    /// the requests the router serves. Each direct route comes with its
+    /// index among the front layer's access templates, which it tells the
+    /// access line ([`Tells`]) in place of a second match: the access
+    /// templates must hold every direct template at that index and no
+    /// template the direct ones lack, so that a path exactly one direct
+    /// template could match is matched by that one there too.
+    pub fn with_peer(
+        router: Router,
+        direct: Templates<(usize, Arc<Route>)>,
+        peer_to_router: bool,
+    ) -> Self {
         Self(Arc::new(Inner {
             router,
             direct,
@@ -123,56 +135,104 @@ where
             true => self.0.direct.find(req.uri().path()),
             false => None,
         };
-        let Some(route) = route else {
+        let Some((index, route)) = route else {
             let mut req = req;
             if self.0.peer_to_router
                 && let Some(ip) = peer::current()
             {
                 req.extensions_mut().insert(PeerAddr(ip));
             }
-            return DispatchFuture::Router(self.0.router.clone().call(req));
+            // The access line matches this path itself (off the fast paths).
+            let uri = req.uri().clone();
+            return DispatchFuture {
+                state: Dispatched::Router(Box::new((self.0.router.clone().call(req), uri))),
+                route: None,
+                cache_status: None,
+            };
         };
+        let index = *index;
         let began = Instant::now();
         let peer = match route.guarded {
             true => peer::current(),
             false => None,
         };
         match lookup::begin(route, req.uri().path(), req.headers(), peer, began) {
-            Begun::Answered(answered) => DispatchFuture::Ready(Some(answered)),
+            Begun::Answered(answered, cache_status) => DispatchFuture {
+                state: Dispatched::Ready(Some(answered)),
+                route: Some(index),
+                cache_status,
+            },
             Begun::Load(load, caller, allowance) => {
                 let route = route.clone();
                 // The body is never read (every route is a GET): only the
                 // headers go on, for the validators and the coding.
                 let headers: HeaderMap = req.into_parts().0.headers;
-                DispatchFuture::Lookup(Box::pin(async move {
-                    lookup::finish(&route, load, caller, allowance, &headers, began).await
-                }))
+                DispatchFuture {
+                    state: Dispatched::Lookup(Box::pin(async move {
+                        lookup::finish(&route, load, caller, allowance, &headers, began).await
+                    })),
+                    route: Some(index),
+                    cache_status: None,
+                }
             }
         }
     }
 }
 
-/// [`Dispatch`]'s response future.
-pub enum DispatchFuture {
+/// [`Dispatch`]'s response future, and what it tells the access line.
+pub struct DispatchFuture {
+    state: Dispatched,
+    /// The route's index among the access templates; `None` for the router.
+    route: Option<usize>,
+    /// Set with the response, when it is a lookup's fixed value.
+    cache_status: CacheStatus,
+}
+
+enum Dispatched {
     /// Answered inside `call`.
     Ready(Option<Response>),
     /// A key the cache must be asked about.
-    Lookup(Pin<Box<dyn Future<Output = Response> + Send>>),
-    Router(RouteFuture<Infallible>),
+    Lookup(Pin<Box<dyn Future<Output = (Response, CacheStatus)> + Send>>),
+    /// With the request's target, for the access line to match. Boxed:
+    /// axum's future is three times the size of the others, and a hit's
+    /// future is moved whole, more than once, on its way to the
+    /// connection; the router allocates on every request anyway.
+    Router(Box<(RouteFuture<Infallible>, Uri)>),
 }
 
 impl Future for DispatchFuture {
     type Output = Result<Response, Infallible>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // Every variant is `Unpin` (the lookup is boxed, `RouteFuture` is
-        // `Unpin`), so the enum is too.
-        let response = match self.get_mut() {
-            DispatchFuture::Ready(response) => response.take().expect("polled after completion"),
-            DispatchFuture::Lookup(lookup) => ready!(lookup.as_mut().poll(cx)),
-            DispatchFuture::Router(router) => return Pin::new(router).poll(cx),
+        // Every field is `Unpin` (the lookup is boxed, `RouteFuture` is
+        // `Unpin`), so the future is too.
+        let this = self.get_mut();
+        let response = match &mut this.state {
+            Dispatched::Ready(response) => response.take().expect("polled after completion"),
+            Dispatched::Lookup(lookup) => {
+                let (response, cache_status) = ready!(lookup.as_mut().poll(cx));
+                this.cache_status = cache_status;
+                response
+            }
+            Dispatched::Router(router) => return Pin::new(&mut router.0).poll(cx),
         };
         Poll::Ready(Ok(with_content_length(response)))
+    }
+}
+
+impl Tells<DispatchFuture> for Dispatch {
+    const ROUTE: bool = true;
+
+    fn route(future: &DispatchFuture) -> Told<'_> {
+        match (&future.state, future.route) {
+            (_, Some(index)) => Told::Index(index),
+            (Dispatched::Router(router), None) => Told::Path(router.1.path()),
+            (_, None) => Told::Unknown,
+        }
+    }
+
+    fn cache_status(future: &DispatchFuture) -> CacheStatus {
+        future.cache_status
     }
 }
 

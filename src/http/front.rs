@@ -16,7 +16,11 @@
 //!    than the line). With access lines off: `request` at DEBUG with
 //!    method, path and id, and one DEBUG event with status and latency;
 //!    neither built, no clock read and nothing allocated while both are
-//!    off (one cached check of the target's level per request).
+//!    off (one atomic load per request: `telemetry::access_on`, set when
+//!    the filter is). The service below tells the line what it found
+//!    ([`Tells`]): the dispatch, the route it matched and the lookup's
+//!    `Cache-Status`, which the line would otherwise match and read back
+//!    from the headers again (about 40 % of what the line costs a hit).
 //! 3. **Body limit.** A request declaring a body over `server.max_body_bytes`
 //!    gets 413 before any other work. Bodies are never read (every route is
 //!    a GET), so a smaller one is simply ignored.
@@ -89,7 +93,7 @@ use tower::{Layer, Service};
 use tracing::Span;
 
 use super::response::json_error;
-use crate::access::Escaped;
+use crate::access::{Escaped, Text};
 use crate::error::Error;
 use crate::telemetry::ACCESS;
 use crate::traffic::Traffic;
@@ -154,6 +158,8 @@ struct AccessRoutes {
 struct Access {
     began: std::time::Instant,
     method: axum::http::Method,
+    /// The request id is one the layer made (a UUID: nothing to escape).
+    id_made: bool,
     route: Option<usize>,
     client: Option<std::net::IpAddr>,
 }
@@ -258,7 +264,8 @@ fn new_request_id() -> HeaderValue {
 
 impl<S, B> Service<Request<B>> for Front<S>
 where
-    S: Service<Request<B>, Response = Response, Error = std::convert::Infallible>,
+    S: Service<Request<B>, Response = Response, Error = std::convert::Infallible>
+        + Tells<<S as Service<Request<B>>>::Future>,
 {
     type Response = Response;
     type Error = std::convert::Infallible;
@@ -270,7 +277,7 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = &mut self.inner;
-        start(&self.shared, req, |req| inner.call(req))
+        start::<B, _, S>(&self.shared, req, |req| inner.call(req))
     }
 }
 
@@ -278,26 +285,64 @@ where
 /// "Called in place" in the module doc.
 impl<S, B> hyper::service::Service<Request<B>> for Front<S>
 where
-    S: hyper::service::Service<Request<B>, Response = Response, Error = std::convert::Infallible>,
+    S: hyper::service::Service<Request<B>, Response = Response, Error = std::convert::Infallible>
+        + Tells<<S as hyper::service::Service<Request<B>>>::Future>,
 {
     type Response = Response;
     type Error = std::convert::Infallible;
     type Future = FrontFuture<S::Future>;
 
     fn call(&self, req: Request<B>) -> Self::Future {
-        start(&self.shared, req, |req| self.inner.call(req))
+        start::<B, _, S>(&self.shared, req, |req| self.inner.call(req))
     }
 }
 
-/// The front layer's work before the inner service, then `call_inner`.
-fn start<B, F>(
+/// What the service under the front layer tells the access line that it
+/// knows already, so that the line need not find it again: the route it
+/// matched and its answer's `Cache-Status`. The defaults tell nothing:
+/// the line then matches the path and reads the header itself.
+pub trait Tells<F> {
+    /// Whether [`Tells::route`] tells the route; if not, the front layer
+    /// matches the path before calling the service.
+    const ROUTE: bool = false;
+
+    /// The route of the request `future` answers, asked once the service
+    /// has been called, before the future is first polled.
+    fn route(_future: &F) -> Told<'_> {
+        Told::Unknown
+    }
+
+    /// The `Cache-Status` of the response `future` has just answered with,
+    /// when it is a fixed value (no line need escape or look it up).
+    fn cache_status(_future: &F) -> Option<&'static str> {
+        None
+    }
+}
+
+/// A function made a service tells nothing (tests, tools).
+impl<T, F> Tells<F> for tower::util::ServiceFn<T> {}
+
+/// The route a service tells ([`Tells::route`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Told<'a> {
+    /// Its index among the access templates ([`FrontLayer::with_access`]).
+    Index(usize),
+    /// The request's path, for the line to match.
+    Path(&'a str),
+    /// Nothing: the line names no route.
+    Unknown,
+}
+
+/// The front layer's work before the inner service, then `call_inner`;
+/// `S` tells the access line what it knows ([`Tells`]).
+fn start<B, F, S: Tells<F>>(
     shared: &Arc<Shared>,
     mut req: Request<B>,
     call_inner: impl FnOnce(Request<B>) -> F,
 ) -> FrontFuture<F> {
-    let id = match req.headers().get(&X_REQUEST_ID) {
-        Some(v) => v.clone(),
-        None => new_request_id(),
+    let (id, id_made) = match req.headers().get(&X_REQUEST_ID) {
+        Some(v) => (v.clone(), false),
+        None => (new_request_id(), true),
     };
     if shared.peer_extension
         && let Some(peer) = crate::auth::peer::current()
@@ -305,15 +350,17 @@ fn start<B, F>(
         req.extensions_mut()
             .insert(crate::auth::peer::PeerAddr(peer));
     }
-    let access = match &shared.access {
-        Some(routes)
-            if tracing::enabled!(target: ACCESS, tracing::Level::INFO)
-                && crate::access::global().is_some() =>
-        {
+    let mut access = match &shared.access {
+        Some(routes) if crate::telemetry::access_on() && crate::access::global().is_some() => {
             Some(Access {
                 began: std::time::Instant::now(),
                 method: req.method().clone(),
-                route: routes.templates.find(req.uri().path()).copied(),
+                id_made,
+                // Told by the inner service once called if it tells it.
+                route: match S::ROUTE {
+                    true => None,
+                    false => routes.templates.find(req.uri().path()).copied(),
+                },
                 client: crate::auth::peer::current(),
             })
         }
@@ -371,20 +418,40 @@ fn start<B, F>(
             let _entered = span.enter();
             call_inner(req)
         };
-        State::Running {
-            inner,
-            sleep: None,
-            slot: Some(slot),
+        if S::ROUTE
+            && let Some(a) = &mut access
+            && let Some(routes) = &shared.access
+        {
+            a.route = match S::route(&inner) {
+                Told::Index(i) => Some(i),
+                Told::Path(path) => routes.templates.find(path).copied(),
+                Told::Unknown => None,
+            };
         }
+        return FrontFuture {
+            state: State::Running {
+                inner,
+                sleep: None,
+                slot: Some(slot),
+            },
+            id: Some(id),
+            span,
+            began,
+            timeout: shared.timeout,
+            access,
+            cache_status: S::cache_status,
+        };
     };
     // Refused before any handler: the line now, while the layer's route
     // templates are at hand (the future holds no reference to them).
-    let mut access = access;
     if let State::Ready { response: Some(r) } = &state
         && let Some(routes) = &shared.access
-        && let Some(a) = access.take()
+        && let Some(mut a) = access.take()
     {
-        access_line(&a, routes, r, id.to_str().unwrap_or_default());
+        if S::ROUTE {
+            a.route = routes.templates.find(req.uri().path()).copied();
+        }
+        access_line(&a, routes, r, id.to_str().unwrap_or_default(), None);
     }
     FrontFuture {
         state,
@@ -393,6 +460,7 @@ fn start<B, F>(
         began,
         timeout: shared.timeout,
         access,
+        cache_status: S::cache_status,
     }
 }
 
@@ -437,7 +505,14 @@ fn refused_target<B>(req: &Request<B>, traffic: &crate::traffic::Traffic) -> Opt
 /// `request_id` (the client's or the one made for it; a handler's own
 /// `x-request-id`, which none sets, would go to the client but not here:
 /// reading it back would cost a lookup per request).
-fn access_line(a: &Access, routes: &AccessRoutes, response: &Response, request_id: &str) {
+/// `told`: the `Cache-Status` the service told ([`Tells::cache_status`]).
+fn access_line(
+    a: &Access,
+    routes: &AccessRoutes,
+    response: &Response,
+    request_id: &str,
+    told: Option<&'static str>,
+) {
     let Some(logger) = crate::access::global() else {
         return;
     };
@@ -452,25 +527,33 @@ fn access_line(a: &Access, routes: &AccessRoutes, response: &Response, request_i
         .route
         .and_then(|i| routes.names.get(i))
         .map_or((&Escaped::EMPTY, &Escaped::EMPTY), |(t, r)| (t, r));
-    let cache_status = text(&CACHE_STATUS);
+    let cache_status = match told {
+        Some(fixed) => Text::Clean(fixed),
+        None => Text::Raw(text(&CACHE_STATUS)),
+    };
     let status = response.status();
     // The filter answered and nothing else was touched (`http::lookup`'s
     // `filter-absent`): the one answer an attack can have at any rate, so
     // its lines are limited (`log.access_filtered_rate`).
-    let class = if status == StatusCode::NOT_FOUND && cache_status.ends_with(FILTER_ABSENT) {
+    let class = if status == StatusCode::NOT_FOUND && cache_status.as_str().ends_with(FILTER_ABSENT)
+    {
         crate::access::Class::Filtered
     } else {
         crate::access::Class::Every
     };
     let now = std::time::Instant::now();
     let line = crate::access::Line {
-        method: a.method.as_str(),
+        // `http` holds a method to RFC 9110's token characters.
+        method: Text::Clean(a.method.as_str()),
         route,
         status: status.as_u16(),
         cache_status,
         resource,
         duration: now.saturating_duration_since(a.began),
-        request_id,
+        request_id: match a.id_made {
+            true => Text::Clean(request_id),
+            false => Text::Raw(request_id),
+        },
         client: a.client,
     };
     logger.log(&line, class, now);
@@ -516,6 +599,8 @@ pin_project! {
         began: Option<std::time::Instant>,
         timeout: Option<Duration>,
         access: Option<Access>,
+        // The inner service's [`Tells::cache_status`], asked when it answers.
+        cache_status: fn(&F) -> Option<&'static str>,
     }
 }
 
@@ -528,16 +613,20 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let _entered = (!this.span.is_disabled()).then(|| this.span.clone().entered());
+        let mut told = None;
         let (mut response, slot) = match this.state.as_mut().project() {
             StateProj::Ready { response } => {
                 (response.take().expect("polled after completion"), None)
             }
             StateProj::Running {
-                inner,
+                mut inner,
                 mut sleep,
                 slot,
-            } => match inner.poll(cx) {
-                Poll::Ready(Ok(response)) => (response, slot.take()),
+            } => match inner.as_mut().poll(cx) {
+                Poll::Ready(Ok(response)) => {
+                    told = (this.cache_status)(inner.as_ref().get_ref());
+                    (response, slot.take())
+                }
                 Poll::Ready(Err(never)) => match never {},
                 Poll::Pending => {
                     if this.access.is_some() && this.span.is_none() {
@@ -578,7 +667,7 @@ where
             && let Some(routes) = &slot.0.access
         {
             let id = id.as_ref().and_then(|v| v.to_str().ok());
-            access_line(&a, routes, &response, id.unwrap_or_default());
+            access_line(&a, routes, &response, id.unwrap_or_default(), told);
         }
         drop(slot);
         if let Some(id) = id {

@@ -141,18 +141,25 @@ pub async fn handle(route: Arc<Route>, req: Request<Body>) -> Response {
     let peer = req.extensions().get::<PeerAddr>().map(|p| p.0);
     match begin(&route, req.uri().path(), req.headers(), peer, began) {
         Begun::Load(load, caller, allowance) => {
-            finish(&route, load, caller, allowance, req.headers(), began).await
+            finish(&route, load, caller, allowance, req.headers(), began)
+                .await
+                .0
         }
-        Begun::Answered(answered) => answered,
+        Begun::Answered(answered, _) => answered,
     }
 }
+
+/// A response's `Cache-Status` when it is one of this module's fixed
+/// values, handed to the access line so that it need not be read back
+/// from the headers (`http::front::Tells`); `None` for an error's answer.
+pub type CacheStatus = Option<&'static str>;
 
 /// What [`begin`] found.
 pub enum Begun {
     /// The whole answer (400 for a malformed key, 404 for a key the filter
     /// rejects, 503 before the first build, a cache hit or negative hit),
     /// already counted.
-    Answered(Response),
+    Answered(Response, CacheStatus),
     /// A key the filter and cache could not answer at once ([`finish`]),
     /// with the caller when its row must be checked for its owner, and
     /// what the rate limiter said.
@@ -172,13 +179,13 @@ pub fn begin(
 ) -> Begun {
     let key = match key_of(route, path) {
         Ok(key) => key,
-        Err(e) => return Begun::Answered(rated(route, failed(route, began, e), None)),
+        Err(e) => return Begun::Answered(rated(route, failed(route, began, e), None), None),
     };
     let (caller, allowance) = match route.guarded {
         false => (Caller::Anonymous, None),
         true => match route.auth.check(route.policy(), headers, peer, began) {
             Ok(admitted) => admitted,
-            Err(e) => return Begun::Answered(rated(route, failed(route, began, e), None)),
+            Err(e) => return Begun::Answered(rated(route, failed(route, began, e), None), None),
         },
     };
     if route.owner_on_key
@@ -189,14 +196,15 @@ pub fn begin(
     {
         // Exactly a key the filter rejects: the caller learns nothing of
         // other owners' keys, and nothing past this point is asked.
-        let (resp, _) = filtered(route);
+        let (resp, _, cache_status) = filtered(route);
         let resp = refused_as_absent(route, began, resp);
-        return Begun::Answered(rated(route, resp, allowance));
+        return Begun::Answered(rated(route, resp, allowance), Some(cache_status));
     }
     match route.resource.lookup_now(key) {
         Ok(Now::Answered(lookup)) => {
-            let (resp, outcome) = answer(route, lookup, headers, caller.verified());
-            Begun::Answered(rated(route, done(route, began, resp, outcome), allowance))
+            let (resp, outcome, cache_status) = answer(route, lookup, headers, caller.verified());
+            let resp = rated(route, done(route, began, resp, outcome), allowance);
+            Begun::Answered(resp, Some(cache_status))
         }
         Ok(Now::Load(load)) => {
             let caller = match route.owner_on_row {
@@ -205,7 +213,7 @@ pub fn begin(
             };
             Begun::Load(load, caller, allowance)
         }
-        Err(e) => Begun::Answered(rated(route, failed(route, began, e), allowance)),
+        Err(e) => Begun::Answered(rated(route, failed(route, began, e), allowance), None),
     }
 }
 
@@ -234,21 +242,21 @@ pub async fn finish(
     allowance: Option<Allowance>,
     headers: &HeaderMap,
     began: Instant,
-) -> Response {
+) -> (Response, CacheStatus) {
     let mut deadline = DeadlineGuard {
         route,
         began,
         armed: true,
     };
-    let resp = match route.resource.load(load).await {
+    let (resp, cache_status) = match route.resource.load(load).await {
         Ok(lookup) => {
-            let (resp, outcome) = answer(route, lookup, headers, caller.as_deref());
-            done(route, began, resp, outcome)
+            let (resp, outcome, cache_status) = answer(route, lookup, headers, caller.as_deref());
+            (done(route, began, resp, outcome), Some(cache_status))
         }
-        Err(e) => failed(route, began, e),
+        Err(e) => (failed(route, began, e), None),
     };
     deadline.armed = false;
-    rated(route, resp, allowance)
+    (rated(route, resp, allowance), cache_status)
 }
 
 /// Counts a lookup dropped at its deadline under its resource, as a
@@ -343,12 +351,13 @@ fn row_of(lookup: &Lookup) -> Option<&Row> {
     }
 }
 
+/// The response to a lookup, its outcome and its `Cache-Status`.
 fn answer(
     route: &Route,
     lookup: Lookup,
     headers: &HeaderMap,
     caller: Option<&Verified>,
-) -> (Response, RequestOutcome) {
+) -> (Response, RequestOutcome, &'static str) {
     if route.owner_on_row
         && let (Some(v), Some(row)) = (caller, row_of(&lookup))
         && !route.auth.owns_row(
@@ -358,86 +367,87 @@ fn answer(
             route.resource.owner_comparison(),
         )
     {
-        return (not_found(route, HIDDEN), RequestOutcome::Forbidden);
+        let (resp, cache_status) = not_found(route, HIDDEN);
+        return (resp, RequestOutcome::Forbidden, cache_status);
     }
-    match lookup {
-        Lookup::Filtered => filtered(route),
+    let (row, cache_status, outcome) = match lookup {
+        Lookup::Filtered => return filtered(route),
         // An outage (see "Outages" in `resource`): labelled, with `Age`
         // counted from the moment the feed last vouched for it.
         Lookup::Stale { row, cached, age } => {
-            let mut resp = match (row, cached) {
-                (Some(row), _) => found(route, row, headers, "bloomgate; hit; detail=stale"),
+            let (mut resp, cache_status) = match (row, cached) {
+                (Some(row), _) => {
+                    let cache_status = "bloomgate; hit; detail=stale";
+                    (found(route, row, headers, cache_status), cache_status)
+                }
                 (None, true) => not_found(route, "bloomgate; hit; detail=stale"),
                 (None, false) => not_found(route, "bloomgate; detail=stale"),
             };
             resp.headers_mut()
                 .insert(header::AGE, HeaderValue::from(age.as_secs()));
-            (resp, RequestOutcome::Stale)
+            return (resp, RequestOutcome::Stale, cache_status);
         }
-        Lookup::Unvouched(Some(row)) => (
-            found(
-                route,
-                row,
-                headers,
-                "bloomgate; fwd=bypass; detail=unverified",
-            ),
-            RequestOutcome::Miss,
-        ),
-        Lookup::Unvouched(None) => (
-            not_found(route, "bloomgate; fwd=bypass; detail=unverified"),
+        Lookup::Unvouched(row) => (
+            row,
+            "bloomgate; fwd=bypass; detail=unverified",
             RequestOutcome::Miss,
         ),
         Lookup::Cached(o) => match o {
-            Outcome::Hit(row) => (
-                found(route, row, headers, "bloomgate; hit"),
-                RequestOutcome::Hit,
-            ),
+            Outcome::Hit(row) => (Some(row), "bloomgate; hit", RequestOutcome::Hit),
             Outcome::Loaded {
                 row,
                 collapsed: false,
             } => (
-                found(route, row, headers, "bloomgate; fwd=miss; stored"),
+                Some(row),
+                "bloomgate; fwd=miss; stored",
                 RequestOutcome::Miss,
             ),
             Outcome::Loaded {
                 row,
                 collapsed: true,
             } => (
-                found(route, row, headers, "bloomgate; fwd=miss; collapsed"),
+                Some(row),
+                "bloomgate; fwd=miss; collapsed",
                 RequestOutcome::Collapsed,
             ),
-            Outcome::Bypassed(Some(row)) => (
-                found(route, row, headers, "bloomgate; fwd=bypass"),
-                RequestOutcome::Miss,
-            ),
+            Outcome::Bypassed(row) => (row, "bloomgate; fwd=bypass", RequestOutcome::Miss),
             Outcome::NegativeHit => (
-                not_found(route, "bloomgate; hit; detail=negative"),
+                None,
+                "bloomgate; hit; detail=negative",
                 RequestOutcome::NegativeHit,
             ),
             Outcome::Absent { collapsed: false } => (
-                not_found(route, "bloomgate; fwd=miss; stored; detail=negative"),
+                None,
+                "bloomgate; fwd=miss; stored; detail=negative",
                 RequestOutcome::Miss,
             ),
             Outcome::Absent { collapsed: true } => (
-                not_found(route, "bloomgate; fwd=miss; collapsed; detail=negative"),
+                None,
+                "bloomgate; fwd=miss; collapsed; detail=negative",
                 RequestOutcome::Collapsed,
             ),
-            Outcome::Bypassed(None) => (
-                not_found(route, "bloomgate; fwd=bypass"),
-                RequestOutcome::Miss,
-            ),
         },
+    };
+    match row {
+        Some(row) => (
+            found(route, row, headers, cache_status),
+            outcome,
+            cache_status,
+        ),
+        None => {
+            let (resp, cache_status) = not_found(route, cache_status);
+            (resp, outcome, cache_status)
+        }
     }
 }
 
-fn filtered(route: &Route) -> (Response, RequestOutcome) {
-    (
-        not_found(route, "bloomgate; detail=filter-absent"),
-        RequestOutcome::Filtered,
-    )
+fn filtered(route: &Route) -> (Response, RequestOutcome, &'static str) {
+    let (resp, cache_status) = not_found(route, "bloomgate; detail=filter-absent");
+    (resp, RequestOutcome::Filtered, cache_status)
 }
 
-fn not_found(route: &Route, cache_status: &'static str) -> Response {
+/// The 404 and the `Cache-Status` it says.
+fn not_found(route: &Route, cache_status: &'static str) -> (Response, &'static str) {
     let cache_status = match route.hide_absence {
         true => HIDDEN,
         false => cache_status,
@@ -447,7 +457,7 @@ fn not_found(route: &Route, cache_status: &'static str) -> Response {
     h.insert(header::CONTENT_LENGTH, route.not_found_length.clone());
     h.insert(CACHE_STATUS, HeaderValue::from_static(cache_status));
     h.insert(header::CACHE_CONTROL, route.not_found_cache_control.clone());
-    resp
+    (resp, cache_status)
 }
 
 const VARY: HeaderValue = HeaderValue::from_static("accept-encoding");

@@ -63,9 +63,11 @@ pub fn app(gateway: Arc<Gateway>) -> App {
     gateway.auth.start();
     let routes = resource_routes(&gateway);
     let (router, doc) = with_resources(&routes).split_for_parts();
+    // Route i is template i of the access lines' too (built below, in the
+    // same order), which the dispatch tells them (see `Dispatch::with_peer`).
     let mut direct = Templates::default();
-    for route in &routes {
-        direct.add(&route.resource.config.route, Some(route.clone()));
+    for (i, route) in routes.iter().enumerate() {
+        direct.add(&route.resource.config.route, Some((i, route.clone())));
     }
     // Every other path the router serves, so that a path two templates
     // could match is left to the router's precedence. Those are the
