@@ -505,9 +505,16 @@ async fn an_outage_is_logged_once_per_interval_not_once_per_request() {
         .count();
     // One per 10 s window: this loop takes well under 10 s on a healthy
     // machine, a few windows on a very slow one, never one per request.
+    let users = gw.resource("users").unwrap();
     assert!(
         (1..=5).contains(&load_lines),
-        "{load_lines} 'row load failed' lines for 300 failures:\n{text}"
+        "{load_lines} 'row load failed' lines for 300 failures (unverified {}, vouched {}, {:?}):\n{text}",
+        users
+            .stats
+            .unverified
+            .load(std::sync::atomic::Ordering::Relaxed),
+        users.vouch.ok(),
+        gw.snapshot().traffic,
     );
     // Nor a line per response at the shipped level: the front layer's
     // per-request event is DEBUG.
@@ -518,4 +525,21 @@ async fn an_outage_is_logged_once_per_interval_not_once_per_request() {
     // What is logged names no SQL and no credentials.
     assert!(!text.contains("SELECT"), "{text}");
     proxy.restore();
+}
+
+/// `capture_logs` sees an event whose callsite a thread without a
+/// subscriber reached first: tracing caches a callsite's interest once,
+/// process-wide (see `capture_logs`), and a sibling test's failing load
+/// could otherwise blind `an_outage_is_logged_once_per_interval_not_once_per_request`.
+#[test]
+fn a_callsite_reached_first_by_a_thread_without_a_subscriber_is_still_captured() {
+    let (logs, _guard) = capture_logs();
+    let emit = || tracing::warn!("reached first on another thread");
+    std::thread::spawn(emit).join().unwrap();
+    emit();
+    assert!(
+        logs.text().contains("reached first on another thread"),
+        "{}",
+        logs.text()
+    );
 }

@@ -940,6 +940,18 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 /// Captures INFO and above, human format, on this thread until the guard
 /// drops: under a `current_thread` runtime that is every task of the test.
 pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+    // tracing-core caches each callsite's interest once, process-wide, when
+    // the callsite is first reached; while exactly one `Dispatch` is
+    // registered it asks the *reaching thread's* default (tokio-rs/tracing
+    // #3611). A sibling test without a subscriber that reaches a callsite
+    // first (another test's failing row load) then caches `never` for it,
+    // and this capture misses every later event of it: 2 runs in 10 of
+    // `tests/hostile.rs` under load. A second dispatcher, kept for the
+    // life of the process, sends tracing down its general path, which asks
+    // every registered dispatcher; this one wants every callsite, so none
+    // is ever cached as `never`.
+    static PINNED: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    PINNED.get_or_init(|| tracing::Dispatch::new(tracing_subscriber::registry()));
     let logs = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)
