@@ -112,8 +112,10 @@ pub fn init(cfg: &LogConfig) {
         .try_init();
     if installed.is_ok() {
         let _ = RELOAD.set(handle);
-        read_access_switch();
     }
+    // Whichever subscriber is in force: this one, or one installed before
+    // (an embedder, a test harness).
+    read_access_switch();
 }
 
 /// Applies a new `log.level` / `log.access` (SIGHUP). An invalid filter is

@@ -4,7 +4,8 @@
 //! `http::front` hands each answered request's [`Line`] to the process's
 //! [`Logger`] ([`global`]) while the `bloomgate::access` target is enabled
 //! at `info` (the switch operators know: `log.access`, `log.level`,
-//! `RUST_LOG`). The logger formats it ([`format`]: `human` or `json`, the
+//! `RUST_LOG`), as the filter said when it was set: at start-up and on
+//! SIGHUP (`telemetry::access_on`). The logger formats it ([`format`]: `human` or `json`, the
 //! same fields as the rest of the log's frame) into the calling thread's
 //! buffer, and its writer thread ([`writer`]) writes the buffers out in
 //! batches, to standard output or to `log.access_file`.

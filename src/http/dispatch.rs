@@ -142,8 +142,9 @@ where
             {
                 req.extensions_mut().insert(PeerAddr(ip));
             }
-            // The access line matches this path itself (off the fast paths).
-            let uri = req.uri().clone();
+            // The access line matches this path itself (off the fast paths;
+            // kept only while lines are on).
+            let uri = crate::telemetry::access_on().then(|| req.uri().clone());
             return DispatchFuture {
                 state: Dispatched::Router(Box::new((self.0.router.clone().call(req), uri))),
                 route: None,
@@ -197,7 +198,7 @@ enum Dispatched {
     /// axum's future is three times the size of the others, and a hit's
     /// future is moved whole, more than once, on its way to the
     /// connection; the router allocates on every request anyway.
-    Router(Box<(RouteFuture<Infallible>, Uri)>),
+    Router(Box<(RouteFuture<Infallible>, Option<Uri>)>),
 }
 
 impl Future for DispatchFuture {
@@ -226,7 +227,10 @@ impl Tells<DispatchFuture> for Dispatch {
     fn route(future: &DispatchFuture) -> Told<'_> {
         match (&future.state, future.route) {
             (_, Some(index)) => Told::Index(index),
-            (Dispatched::Router(router), None) => Told::Path(router.1.path()),
+            (Dispatched::Router(router), None) => match &router.1 {
+                Some(uri) => Told::Path(uri.path()),
+                None => Told::Unknown,
+            },
             (_, None) => Told::Unknown,
         }
     }

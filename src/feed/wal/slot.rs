@@ -42,7 +42,14 @@ pub(super) async fn open_permanent(
         Some(s) if feed.opts.broken_slot.is(s.confirmed_flush) => {
             Some("decoding it failed on a publication that did not exist")
         }
-        Some(_) => None,
+        Some(_) => {
+            // Kept: a mark it does not match is spent (the next failure
+            // marks anew), so that no later slot on another history (a
+            // restore, another cluster behind the address) is taken for
+            // the one that failed.
+            feed.opts.broken_slot.clear();
+            None
+        }
     };
     if let Some(why) = recreate {
         tracing::warn!(slot = %name, why, "recreating the replication slot; every filter is rebuilt");
@@ -84,12 +91,17 @@ pub(super) async fn open_permanent(
 /// and a slot created anew since (by another gateway that found the same
 /// failure) is not. The broken slot cannot be confirmed past the change it
 /// fails at, so it stands at or before the mark, the furthest this feed
-/// knew it or the stream to be; a slot created since starts where the WAL
-/// was at its creation, past that change, so past the mark. Where another
-/// feed advanced the broken slot beyond the mark (a keepalive's position),
-/// it is left once more, fails once more with a mark that covers it, and
-/// is recreated then: one failure more, never a healthy slot dropped for
-/// it. Either way a slot created anew is a gap, answered by a resync.
+/// knew it (its confirmed position at this session's open) or its own
+/// position to be (which may be one the bus handed it: at most the end of
+/// this server's WAL at the failure either way); a slot created since
+/// starts where the WAL was at its creation, past that change, so past the
+/// mark. The mark is spent at the next open whatever it finds: a slot kept
+/// clears it too, so a mark never outlives the history it was made on.
+/// Where another feed advanced the broken slot beyond the mark (a
+/// keepalive's position), it is kept once more, fails once more with a mark
+/// that covers it, and is recreated then: one failure more, never a healthy
+/// slot dropped for it. Either way a slot created anew is a gap, answered
+/// by a resync.
 #[derive(Debug, Default)]
 pub struct BrokenSlot(
     /// The mark's LSN; 0 (no valid LSN) while no failure is known.
