@@ -1,193 +1,24 @@
 //! The bus on Redis Sentinel (`bus.sentinels`, `bus.sentinel_master`):
 //! each test starts its own Redis primary, a replica and three sentinels
-//! (`redis-server --sentinel`) on free ports. The data nodes have no
-//! default user, only an ACL user with a password; the sentinels have a
-//! password of their own. The Postgres side is the throwaway
+//! (`redis-server --sentinel`) on free ports (`common::sentinel::Site`,
+//! which the checker's `redis-failover` fault shares). The data nodes
+//! have no default user, only an ACL user with a password; the sentinels
+//! have a password of their own. The Postgres side is the throwaway
 //! `wal_level = logical` primary of `scripts/test.sh`.
 
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bloomgate::feed::bus::Mode;
 use common::redis_server::*;
+use common::sentinel::*;
 use common::*;
-
-const USER: &str = "bg";
-const PASSWORD: &str = "s3cret-bus-password";
-const SENTINEL_PASSWORD: &str = "s3cret-sentinel-password";
-const MASTER: &str = "bgm";
 
 /// Tests that kill servers and count walsenders run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// A primary, its replica and three sentinels watching them.
-struct Site {
-    primary: Redis,
-    replica: Redis,
-    sentinels: Vec<(Child, u16)>,
-    dir: PathBuf,
-}
-
-impl Site {
-    async fn start() -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("bloomgate-sentinel-{:x}", rand::random::<u32>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let login = format!("{USER}:{PASSWORD}");
-        let acl = |extra: &[String]| {
-            let mut a: Vec<String> = [
-                "--user",
-                "default",
-                "off",
-                "--user",
-                USER,
-                "on",
-                &format!(">{PASSWORD}"),
-                "~*",
-                "&*",
-                "+@all",
-                "--user",
-                "repl",
-                "on",
-                &format!(">{PASSWORD}"),
-                "+@all",
-                "--masteruser",
-                "repl",
-                "--masterauth",
-                PASSWORD,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            a.extend_from_slice(extra);
-            a
-        };
-        let primary = Redis::start_with(free_port(), &acl(&[]), Some(&login)).await;
-        let replica = Redis::start_with(
-            free_port(),
-            &acl(&[
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                primary.port.to_string(),
-            ]),
-            Some(&login),
-        )
-        .await;
-        let bin = std::env::var("BLOOMGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let mut sentinels = Vec::new();
-        for i in 0..3 {
-            let port = free_port();
-            let conf = dir.join(format!("sentinel{i}.conf"));
-            // Sentinel rewrites its file: each has its own.
-            std::fs::write(
-                &conf,
-                format!(
-                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                     sentinel monitor {MASTER} 127.0.0.1 {p} 2\n\
-                     sentinel down-after-milliseconds {MASTER} 1000\n\
-                     sentinel failover-timeout {MASTER} 4000\n\
-                     sentinel auth-user {MASTER} {USER}\n\
-                     sentinel auth-pass {MASTER} {PASSWORD}\n\
-                     requirepass {SENTINEL_PASSWORD}\n\
-                     sentinel sentinel-pass {SENTINEL_PASSWORD}\n",
-                    dir = dir.display(),
-                    p = primary.port,
-                ),
-            )
-            .unwrap();
-            let child = Command::new(&bin)
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server --sentinel");
-            sentinels.push((child, port));
-        }
-        let site = Site {
-            primary,
-            replica,
-            sentinels,
-            dir,
-        };
-        // A failover needs the sentinels to know the replica and each
-        // other.
-        eventually("the sentinels know the replica and each other", || async {
-            let mut all = true;
-            for (_, port) in &site.sentinels {
-                let replicas = site.sentinel_count(*port, "replicas").await;
-                let others = site.sentinel_count(*port, "sentinels").await;
-                all &= replicas == Some(1) && others == Some(2);
-            }
-            all
-        })
-        .await;
-        site
-    }
-
-    /// How many `what` (`replicas`, `sentinels`) the sentinel on `port`
-    /// knows of the master.
-    async fn sentinel_count(&self, port: u16, what: &str) -> Option<usize> {
-        let client =
-            redis::Client::open(format!("redis://:{SENTINEL_PASSWORD}@127.0.0.1:{port}")).ok()?;
-        let mut c = client.get_multiplexed_async_connection().await.ok()?;
-        let v: Vec<redis::Value> = redis::cmd("SENTINEL")
-            .arg(what)
-            .arg(MASTER)
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        Some(v.len())
-    }
-
-    /// The primary's port as the first sentinel names it.
-    async fn primary_port(&self) -> Option<u16> {
-        let port = self.sentinels[0].1;
-        let client =
-            redis::Client::open(format!("redis://:{SENTINEL_PASSWORD}@127.0.0.1:{port}")).ok()?;
-        let mut c = client.get_multiplexed_async_connection().await.ok()?;
-        let (_, p): (String, u16) = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(MASTER)
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        Some(p)
-    }
-
-    /// The `[bus]` section: the sentinels' URLs (with their password), the
-    /// master's name, and a URL whose host is the master's name (not
-    /// used) and whose user and password are the data nodes'.
-    fn bus_toml(&self, fleet: &Fleet, password: &str, sentinel_password: &str) -> String {
-        let sentinels: Vec<String> = self
-            .sentinels
-            .iter()
-            .map(|(_, p)| format!("\"redis://:{sentinel_password}@127.0.0.1:{p}\""))
-            .collect();
-        format!(
-            "[bus]\nurl = \"redis://{USER}:{password}@{MASTER}/0\"\nsentinels = [{}]\n\
-             sentinel_master = \"{MASTER}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"1s\"\n",
-            sentinels.join(", "),
-            fleet.slot,
-            fleet.prefix
-        )
-    }
-}
-
-impl Drop for Site {
-    fn drop(&mut self) {
-        for (c, _) in &mut self.sentinels {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// The newest entry ID of the stream on `redis`.
 async fn last_id(redis: &Redis, stream: &str) -> String {
@@ -369,21 +200,7 @@ async fn a_fleet_on_sentinel_follows_a_redis_failover_and_never_answers_wrong() 
 
     // The replica loses its link (its replication user turned away); the
     // primary goes on for a while, then dies with entries only it had.
-    let mut c = site.primary.conn().await.unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("repl")
-        .arg("off")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("USER")
-        .arg("repl")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    site.cut_replication().await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     let lost_from = last_id(&site.primary, &stream).await;
     site.primary.kill();

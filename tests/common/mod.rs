@@ -9,6 +9,7 @@
 
 pub mod cluster;
 pub mod redis_server;
+pub mod sentinel;
 
 use std::net::SocketAddr;
 use std::str::FromStr;

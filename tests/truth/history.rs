@@ -25,6 +25,7 @@ use faults::{Action, Resume};
 use reads::{Answer, get, is_ready, reader};
 
 use crate::common::TestDb;
+use crate::common::sentinel::{MASTER, PASSWORD, SENTINEL_PASSWORD, Site};
 use crate::model::{Model, secs};
 use crate::ops::{End, Gen, Part, Step};
 use crate::redis::Redis;
@@ -50,6 +51,12 @@ pub const CATCH_UP_LIMIT: Duration = Duration::from_secs(10);
 const SETTLE: Duration = Duration::from_millis(100);
 /// Mixed into the seed for the bus's `max_direct_fallback` draw.
 const FALLBACK_DRAW: u64 = 0xFA11_BAC4_D1EC_7000;
+/// Mixed into the seed for the Sentinel stream: whether a bus history runs
+/// on Redis Sentinel, and which rounds fail its primary over. Any salt
+/// would do; this one keeps CI's `restart-redis` seeds (1008, 1011, 1015)
+/// on one `redis-server`, where that fault is played, and puts 2 on
+/// Sentinel (see [`crate::BUS_CI_SEEDS`]).
+const SENTINEL_DRAW: u64 = 0xAA3F_C17D_9BA8_45E4;
 const READERS: usize = 2;
 
 pub struct Opts {
@@ -186,6 +193,13 @@ struct World {
     open_redis: bool,
     /// `restart-redis`: not started again before this.
     redis_back_at: Duration,
+    /// A Sentinel history's site (`redis` is then `None`), and its stream
+    /// of choices (see [`sentinel_draw`]).
+    site: Option<Site>,
+    sentinel_rng: Option<Rng>,
+    /// `redis-failover` under way: when its primary was killed (`None`
+    /// while the replica's link is cut and the kill is still to come).
+    failover: Option<Option<Duration>>,
     /// The database's lifecycle faults: the history's own cluster.
     life: Option<Life>,
     report: Report,
@@ -264,6 +278,8 @@ impl World {
             } else {
                 Vec::new()
             };
+        let sentinel_rng = sentinel_draw(&opts);
+        let mut site_slot = None;
         // A fleet of two or three; `bus.max_lag` short (a consumer falls
         // back to its own feed before a failover completes) or the default
         // (it waits for the failover, not vouched for meanwhile).
@@ -275,15 +291,31 @@ impl World {
             // (a stream of its own), so the seeds' other choices stay as
             // they were.
             let max_direct_fallback = Rng::new(opts.seed ^ FALLBACK_DRAW).below(fleet);
-            let redis = Redis::start().await;
+            let (redis, url, sentinels, sentinel_master) = if sentinel_rng.is_some() {
+                let site = Site::start().await;
+                let sentinels = site.sentinel_urls(SENTINEL_PASSWORD);
+                site_slot = Some(site);
+                (
+                    None,
+                    Site::url(PASSWORD),
+                    sentinels,
+                    Some(MASTER.to_string()),
+                )
+            } else {
+                let redis = Redis::start().await;
+                let url = redis.url();
+                (Some(redis), url, Vec::new(), None)
+            };
             let bus = BusSetup {
-                url: redis.url(),
+                url,
+                sentinels,
+                sentinel_master,
                 slot: slot.clone().unwrap(),
                 prefix: format!("truth_{tag}"),
                 max_lag,
                 max_direct_fallback,
             };
-            (Some(redis), Some(bus), fleet)
+            (redis, Some(bus), fleet)
         } else {
             (None, None, 1)
         };
@@ -295,10 +327,19 @@ impl World {
                     .unwrap_or_default(),
                 if let Some(b) = &bus {
                     format!(
-                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, bus.max_direct_fallback {}, redis-server on port {}",
+                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, bus.max_direct_fallback {}, {}",
                         b.max_lag,
                         b.max_direct_fallback,
-                        redis.as_ref().unwrap().port
+                        match (&redis, &site_slot) {
+                            (Some(r), _) => format!("redis-server on port {}", r.port),
+                            (None, Some(site)) => format!(
+                                "Redis Sentinel (primary on port {}, replica on {}, sentinels on {:?})",
+                                site.primary.port,
+                                site.replica.port,
+                                site.sentinels.iter().map(|(_, p)| *p).collect::<Vec<_>>()
+                            ),
+                            (None, None) => unreachable!(),
+                        }
                     )
                 } else if !opts.feed.is_wal() {
                     "none".to_string()
@@ -366,6 +407,9 @@ impl World {
             fleet,
             open_redis: false,
             redis_back_at: Duration::ZERO,
+            site: site_slot,
+            sentinel_rng,
+            failover: None,
             life,
             report,
             readers: Vec::new(),
@@ -607,7 +651,7 @@ impl World {
             .faults
             .iter()
             .copied()
-            .filter(|f| !f.is_lifecycle())
+            .filter(|f| !f.is_lifecycle() && *f != Fault::RedisFailover)
             .collect();
         faults.sort_by_key(|f| f.name());
         let lifecycle: Vec<Fault> = self
@@ -628,9 +672,16 @@ impl World {
             } else {
                 None
             };
+            // `redis-failover` from the Sentinel stream (see
+            // [`sentinel_draw`]), for the same reason.
+            if let Some(r) = &mut self.sentinel_rng
+                && (faults.is_empty() || r.chance(50))
+            {
+                fault = Some((r.below(steps / 2 + 1), Fault::RedisFailover));
+            }
             if let Some(l) = &mut self.life
                 && !lifecycle.is_empty()
-                && (faults.is_empty() || l.rng.chance(60))
+                && ((faults.is_empty() && self.sentinel_rng.is_none()) || l.rng.chance(60))
             {
                 fault = Some((l.rng.below(steps / 2 + 1), *l.rng.pick(&lifecycle)));
             }
@@ -790,6 +841,18 @@ impl World {
             .map(|(_, a)| *a)
             .collect();
         self.due.retain(|(_, a)| !ends_first(a));
+        // So does a Redis failover: the gateways cannot be back on the bus
+        // before the sentinels have promoted the replica, and its window
+        // from the promotion must be open before the comparison waits it
+        // out.
+        if self.failover.is_some() {
+            self.due
+                .retain(|(_, a)| !matches!(a, Action::FailoverKill | Action::RedisPromoted));
+            if self.failover == Some(None) {
+                self.failover_kill().await;
+            }
+            self.failover_promoted(true).await;
+        }
         for a in ends {
             if let Action::RedisBack(_) = a {
                 // Down as long as the fault drew.
@@ -821,6 +884,24 @@ impl World {
         }
         tokio::time::sleep(SETTLE).await;
         self.compare(&ready, label).await;
+        if self.site.is_some() {
+            // Whether a failover lost entries shows here: a continuity
+            // break (a resync) on each consumer that had read them.
+            for g in &ready {
+                if let Some(b) = g.gw.bus_status() {
+                    let c = b.counters();
+                    self.shared.note(format!(
+                        "{label}: gw{} on the bus: {:?}, breaks {}, fallbacks {}, returns {}, terms as relay {}",
+                        g.id,
+                        b.get().mode,
+                        c.breaks,
+                        c.fallbacks,
+                        c.returns,
+                        c.terms
+                    ));
+                }
+            }
+        }
     }
 
     /// A new marker row, and the WAL insert position read just before its
@@ -1100,6 +1181,25 @@ impl World {
         report.journal = std::mem::take(&mut *self.shared.journal.lock().unwrap());
         report
     }
+}
+
+/// Whether a bus history runs on Redis Sentinel, and if so the stream it
+/// draws its failovers from: one of its own (the seed mixed with
+/// [`SENTINEL_DRAW`]), so that the seeds' other choices, CI's among them,
+/// stay what they were before the fault existed. Never without
+/// `redis-failover` among the faults; always when it is the only one on the
+/// bus (a replay of the fault alone plays it), else half the seeds.
+fn sentinel_draw(opts: &Opts) -> Option<Rng> {
+    if opts.feed != Feed::Bus || !opts.faults.contains(&Fault::RedisFailover) {
+        return None;
+    }
+    let mut rng = Rng::new(opts.seed ^ SENTINEL_DRAW);
+    let drawn = rng.chance(50);
+    let only = opts
+        .faults
+        .iter()
+        .all(|f| *f == Fault::RedisFailover || f.is_lifecycle());
+    (drawn || only).then_some(rng)
 }
 
 /// Whether Postgres aborted the transaction for a deadlock or a

@@ -47,6 +47,24 @@
 //! served there, as a process of its own: that is what lets `kill-relay`
 //! end one as a crash does (below).
 //!
+//! A bus history with `redis-failover` among its faults may run on **Redis
+//! Sentinel** instead ([`common::sentinel::Site`], shared with
+//! tests/bus_sentinel.rs: a primary, its replica and three sentinels, an
+//! ACL user and a sentinel password): every gateway's `[bus]` names the
+//! sentinels and the master (`bus.sentinels`, `bus.sentinel_master`, both
+//! passwords), and finds the primary through them at every connection.
+//! Whether it does, and which of its rounds fail Redis over, come from a
+//! stream of the seed's own, as the database's lifecycle does (below):
+//! drawn apart, so that the other seeds, CI's among them, keep the
+//! histories they had before the fault existed. It does on half the seeds,
+//! always when `redis-failover` is the only bus fault selected (a replay of
+//! the fault alone plays it); there each round's fault is a failover half
+//! the time (every round when it is alone), and the lifecycle's faults,
+//! where the history has them, come first. `restart-redis` is drawn there
+//! as elsewhere but not injected (so the draws after it stay in step):
+//! the primary restarted in place would race the sentinels' promotion of
+//! its replica, and a lost primary is what `redis-failover` plays.
+//!
 //! # The oracle
 //! For every path the checker keeps the versions Postgres committed: the
 //! body (`row_to_json` of the resource's columns, the gateway's own query)
@@ -103,7 +121,8 @@
 //! | `partition` | all | a table with rows attached to `events`, or an attached one detached | `WATCHED` |
 //! | `add-column` | all | `ALTER TABLE … ADD COLUMN` on a served table | none |
 //! | `kill-relay` | bus | the gateway holding `bus.slot` (its status says it relays) killed right after caching a few rows that are updated next; a new gateway started in its place | `FEED_GAP` |
-//! | `restart-redis` | bus | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later and no sooner than 0, 2 or 6 s after the kill (as the seed chooses: within either `bus.max_lag`, past 1 s, past 5 s; the writer goes on meanwhile), empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
+//! | `restart-redis` | bus, not on Sentinel | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later and no sooner than 0, 2 or 6 s after the kill (as the seed chooses: within either `bus.max_lag`, past 1 s, past 5 s; the writer goes on meanwhile), empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
+//! | `redis-failover` | bus, on Sentinel | once the replica is in sync and every sentinel sees it up (else not injected), `SIGKILL` of the primary right after caching rows that are updated next, the writer going on; half the time (as the seed chooses) the replica's link is cut 2-6 transactions before the kill (its replication user turned away), so the primary dies with entries the replica never had, asynchronous replication's loss made certain; the sentinels promote the replica (about 2 s), and the killed node is started again, empty, as the new primary's replica, so a later round fails over again | `FEED_GAP` from the kill and from the promotion (seen when every sentinel names the replica and it says it is a master); a quiescence waits for the promotion first |
 //! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
 //!
 //! | `failover` | all, on a cluster of the history's own | the standby stopped (it falls behind), 2-5 transactions later the primary's WAL segment switched (`pg_switch_wal()`, as the audit did; the read replica replays it, so once stranded it stands ahead of the new primary's positions for 16 MB of WAL) and the primary crashed (`-m immediate`), the standby promoted (a new timeline) and every gateway's connections sent to it (the proxy in front of the cluster retargeted), the writer on it; the commits the standby never had are lost, and the read replica, which had them, is stranded on the old timeline; a new standby is made of the new primary | from the crash until `FEED_GAP` after the new primary answers; the crash to the promotion is an outage |
@@ -150,8 +169,17 @@
 //! empty or shorter than what a consumer read, is a continuity break to
 //! it (the next entry's predecessor is not the one it read last): a
 //! resync, as a direct feed's after a gap, hence `FEED_GAP` again from
-//! the restart. Where the other windows say "the gateway", on the bus
-//! it is every gateway of the fleet.
+//! the restart. A Sentinel failover is the same two events with the
+//! sentinels in between: the primary killed is Redis lost, the promotion
+//! is Redis back, possibly without the entries the replica never had
+//! (whatever a consumer read of them makes the next entry a break, and the
+//! relay refuses to append below what it saw: `src/feed/bus/redis.rs`, "A
+//! stream that went back"). So it gets the same two windows, not one from
+//! the kill to past the promotion: while the sentinels decide (longer than
+//! `FEED_GAP` at times), a consumer is unproven and must not be vouched
+//! for, which is what the gap between them checks, as a `restart-redis`
+//! down for 6 s does. Where the other windows say "the gateway", on the
+//! bus it is every gateway of the fleet.
 //!
 //! `kill-relay` is as abrupt as the checker's in-process gateways allow:
 //! the runtime the relay runs on is shut down (`shutdown_background`), so
@@ -307,6 +335,7 @@ pub enum Fault {
     ReplicaPause,
     KillRelay,
     RestartRedis,
+    RedisFailover,
     Failover,
     Crash,
     SyncHold,
@@ -314,7 +343,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 17] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -327,6 +356,7 @@ impl Fault {
         Fault::ReplicaPause,
         Fault::KillRelay,
         Fault::RestartRedis,
+        Fault::RedisFailover,
         Fault::Failover,
         Fault::Crash,
         Fault::SyncHold,
@@ -356,6 +386,7 @@ impl Fault {
             Fault::ReplicaPause => "replica-pause",
             Fault::KillRelay => "kill-relay",
             Fault::RestartRedis => "restart-redis",
+            Fault::RedisFailover => "redis-failover",
             Fault::Failover => "failover",
             Fault::Crash => "crash",
             Fault::SyncHold => "sync-hold",
@@ -370,7 +401,7 @@ impl Fault {
             | Fault::Publication
             | Fault::ReplicaIdentity => feed.is_wal(),
             Fault::KillListener => !feed.is_wal(),
-            Fault::KillRelay | Fault::RestartRedis => feed == Feed::Bus,
+            Fault::KillRelay | Fault::RestartRedis | Fault::RedisFailover => feed == Feed::Bus,
             // A bus history is a fleet already.
             Fault::SecondGateway => feed != Feed::Bus,
             _ => true,

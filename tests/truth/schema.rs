@@ -157,6 +157,11 @@ pub struct Setup<'a> {
 /// The `[bus]` every gateway of a bus history shares.
 pub struct BusSetup {
     pub url: String,
+    /// `bus.sentinels` (with their password) and `bus.sentinel_master`,
+    /// on a Sentinel history; `url` then names the master (not used as a
+    /// host) with the data nodes' user and password.
+    pub sentinels: Vec<String>,
+    pub sentinel_master: Option<String>,
     /// `bus.slot`, the relay's permanent slot.
     pub slot: String,
     pub prefix: String,
@@ -199,9 +204,17 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
     let mut text = format!("[database]\n{db}\n");
     if let Some(b) = s.bus {
         text.push_str(&format!(
-            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\nmax_direct_fallback = {}\n\n",
+            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\nmax_direct_fallback = {}\n",
             b.url, b.slot, b.prefix, b.max_lag, b.max_direct_fallback
         ));
+        if let Some(master) = &b.sentinel_master {
+            let urls: Vec<String> = b.sentinels.iter().map(|u| format!("\"{u}\"")).collect();
+            text.push_str(&format!(
+                "sentinels = [{}]\nsentinel_master = \"{master}\"\n",
+                urls.join(", ")
+            ));
+        }
+        text.push('\n');
     }
     for r in Res::ALL {
         let columns: Vec<String> = r.columns().iter().map(|c| format!("\"{c}\"")).collect();

@@ -7,6 +7,12 @@ use sqlx::{Executor, PgPool};
 
 use super::reads::get;
 use super::{FEED_GAP, WATCHED, World};
+
+/// `redis-failover`: the sentinels must have promoted the replica within
+/// this of the kill (they take about 2 s: 1 s to call the primary down,
+/// an election, the promotion); past it the test's Redis set-up is
+/// broken, not the gateway.
+const PROMOTION_LIMIT: Duration = Duration::from_secs(60);
 use crate::model::secs;
 use crate::ops::{Focus, Table, user_paths};
 use crate::redis::Restart;
@@ -24,6 +30,10 @@ pub(super) enum Action {
     /// `restart-redis`, with a copy of its data taken some steps before.
     RedisKill(Restart),
     RedisBack(Restart),
+    /// `redis-failover`: the kill, some steps after the replica's link was
+    /// cut; then the promotion looked for until the sentinels have made it.
+    FailoverKill,
+    RedisPromoted,
     /// `failover`'s second half (see `life`).
     Promote,
     /// `outage`'s end.
@@ -235,6 +245,7 @@ impl World {
                     true
                 }
             }
+            Fault::RedisFailover => self.redis_failover().await,
             Fault::ReplicaPause => {
                 if self.replica_admin.is_none() || self.paused.is_some() {
                     false
@@ -364,6 +375,111 @@ impl World {
             6,
         );
         self.later(1, 8, Action::RedisBack(with));
+    }
+
+    /// `redis-failover` on a Sentinel history: once the replica is in sync
+    /// and every sentinel sees it (else not injected), half the time its
+    /// link is cut first (its replication user turned away), so that the
+    /// primary, killed 2-6 transactions later, dies with entries the
+    /// replica never had (asynchronous replication's loss, made certain);
+    /// else the primary is killed at once.
+    async fn redis_failover(&mut self) -> bool {
+        if self.failover.is_some() || self.site.is_none() {
+            return false;
+        }
+        let site = self.site.as_ref().unwrap();
+        if let Err(why) = site.wait_steady(Duration::from_secs(20)).await {
+            self.shared.note(format!(
+                "fault redis-failover: not injected, no promotion possible within 20 s: {why}"
+            ));
+            return false;
+        }
+        self.failover = Some(None);
+        if self.writes.rng.chance(50) {
+            site.cut_replication().await;
+            self.shared.note(format!(
+                "fault redis-failover: the replica's link cut (port {} turns its replication user away); the primary killed some transactions later",
+                site.primary.port
+            ));
+            self.later(2, 6, Action::FailoverKill);
+        } else {
+            self.failover_kill().await;
+        }
+        true
+    }
+
+    /// `redis-failover`'s kill: the Sentinel site's primary `SIGKILL`ed
+    /// right after caching rows that are updated next, while the writer
+    /// goes on; the sentinels promote the replica on their own.
+    pub(super) async fn failover_kill(&mut self) {
+        let paths = self.warm(6, false).await;
+        let site = self.site.as_mut().unwrap();
+        let (old, new) = (site.primary.port, site.replica.port);
+        site.primary.kill();
+        let now = self.now();
+        self.failover = Some(Some(now));
+        self.shared.note(format!(
+            "fault redis-failover: the primary (port {old}) killed (SIGKILL); the sentinels are to promote the replica (port {new})"
+        ));
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("redis-failover: killed", now, FEED_GAP);
+        self.writes.focus(
+            Focus::Update {
+                paths,
+                emails: false,
+            },
+            6,
+        );
+        self.later(1, 8, Action::RedisPromoted);
+    }
+
+    /// Whether the sentinels have promoted the replica (every sentinel
+    /// names it, it says it is a master): if so the window from the
+    /// promotion opens, as `restart-redis`'s from the restart, and the
+    /// killed node joins again as the new primary's replica (empty), so a
+    /// later round can fail over again; if not, asked again a few
+    /// transactions later, or, with `wait` (a quiescence), until it is.
+    pub(super) async fn failover_promoted(&mut self, wait: bool) {
+        let Some(Some(killed)) = self.failover else {
+            return;
+        };
+        while !self.site.as_ref().unwrap().promoted().await {
+            assert!(
+                self.now() < killed + PROMOTION_LIMIT,
+                "seed {}: the sentinels have not promoted the replica within {PROMOTION_LIMIT:?} of the kill",
+                self.opts.seed
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            if !wait {
+                self.later(1, 3, Action::RedisPromoted);
+                return;
+            }
+        }
+        let now = self.now();
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .window("redis-failover: promoted", now, FEED_GAP);
+        let paths = self.warm(6, false).await;
+        let site = self.site.as_mut().unwrap();
+        let (old, new) = (site.primary.port, site.replica.port);
+        site.rejoin().await;
+        self.shared.note(format!(
+            "redis-failover: the replica (port {new}) promoted, seen {} after the kill; the killed node (port {old}) back as its replica, empty",
+            crate::model::secs(now - killed)
+        ));
+        self.writes.focus(
+            Focus::Update {
+                paths,
+                emails: false,
+            },
+            6,
+        );
+        self.failover = None;
     }
 
     /// Kills the feed's own connections (not the pool's): the walsender
@@ -536,6 +652,8 @@ impl World {
                 }
             }
             Action::RedisKill(with) => self.redis_kill(with).await,
+            Action::FailoverKill => self.failover_kill().await,
+            Action::RedisPromoted => self.failover_promoted(false).await,
             Action::RedisBack(with) => {
                 if self.now() < self.redis_back_at {
                     // Not down long enough yet: a few transactions more
