@@ -74,6 +74,9 @@ fn node(dir: &std::path::Path, port: u16, mut args: Vec<String>) -> Vec<String> 
     let own = dir.join(format!("node-{port}"));
     std::fs::create_dir_all(&own).unwrap();
     args.extend(["--dir".to_string(), own.to_str().unwrap().to_string()]);
+    // A replica's full sync at once, not after the 5 s a primary waits by
+    // default for more replicas to share it.
+    args.extend(["--repl-diskless-sync-delay".to_string(), "0".to_string()]);
     args
 }
 
@@ -128,8 +131,12 @@ impl Site {
             sentinels,
             dir,
         };
-        // A failover needs the sentinels to know the replica and each
-        // other.
+        // A failover needs the replica in sync, and the sentinels to know
+        // it and each other.
+        eventually("the replica in sync with the primary", || async {
+            replica_in_sync(&site.replica).await.is_ok()
+        })
+        .await;
         eventually("the sentinels know the replica and each other", || async {
             let mut all = true;
             for (_, port) in &site.sentinels {
@@ -242,13 +249,24 @@ impl Site {
 
     /// After a promotion: the killed primary started again on its port
     /// (empty: the data nodes keep nothing on disk) as a replica of the
-    /// new one, and the roles swapped.
+    /// new one, and the roles swapped. If what answers there is not a
+    /// replica, another process took the port while it was free (ours then
+    /// could not bind it; a 10-minute run of the checker met that once and
+    /// starved its later failovers): on a new port, which the sentinels
+    /// learn from the primary.
     pub async fn rejoin(&mut self) {
-        let port = self.primary.port;
-        let _ = std::fs::remove_dir_all(self.dir.join(format!("node-{port}")));
-        let args = node(&self.dir, port, replica_of(self.replica.port));
-        let rejoined = Redis::start_with(port, &args, Some(&login())).await;
-        self.primary = std::mem::replace(&mut self.replica, rejoined);
+        let mut port = self.primary.port;
+        for _ in 0..3 {
+            let _ = std::fs::remove_dir_all(self.dir.join(format!("node-{port}")));
+            let args = node(&self.dir, port, replica_of(self.replica.port));
+            let rejoined = Redis::start_with(port, &args, Some(&login())).await;
+            if is_replica(&rejoined).await {
+                self.primary = std::mem::replace(&mut self.replica, rejoined);
+                return;
+            }
+            port = free_port();
+        }
+        panic!("the killed primary could not be started again as a replica");
     }
 
     /// Whether another failover can promote the replica (`Err`: why
@@ -258,29 +276,7 @@ impl Site {
     /// replica up and knows the two other sentinels (a leader needs a
     /// majority).
     pub async fn steady(&self) -> Result<(), String> {
-        let Some(mut c) = self.replica.conn().await else {
-            return Err(format!(
-                "the replica (port {}) does not answer",
-                self.replica.port
-            ));
-        };
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut c)
-            .await
-            .map_err(|e| format!("INFO on the replica: {e}"))?;
-        if !info.contains("master_link_status:up") {
-            let said: Vec<&str> = info
-                .lines()
-                .filter(|l| l.starts_with("role") || l.starts_with("master_"))
-                .map(str::trim)
-                .collect();
-            return Err(format!(
-                "the replica (port {}) is not in sync: {}",
-                self.replica.port,
-                said.join(" ")
-            ));
-        }
+        replica_in_sync(&self.replica).await?;
         for (_, port) in &self.sentinels {
             let named = Self::named_by(*port).await;
             if named != Some(self.primary.port) {
@@ -326,6 +322,40 @@ impl Site {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// `Ok` once `r`, a replica, has finished its sync with its primary.
+async fn replica_in_sync(r: &Redis) -> Result<(), String> {
+    let Some(mut c) = r.conn().await else {
+        return Err(format!("the replica (port {}) does not answer", r.port));
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut c)
+        .await
+        .map_err(|e| format!("INFO on the replica: {e}"))?;
+    if info.contains("master_link_status:up") {
+        return Ok(());
+    }
+    let said: Vec<&str> = info
+        .lines()
+        .filter(|l| l.starts_with("role") || l.starts_with("master_"))
+        .map(str::trim)
+        .collect();
+    Err(format!(
+        "the replica (port {}) is not in sync: {}",
+        r.port,
+        said.join(" ")
+    ))
+}
+
+/// Whether `r` says it is a replica (`ROLE`).
+async fn is_replica(r: &Redis) -> bool {
+    let Some(mut c) = r.conn().await else {
+        return false;
+    };
+    let role: Result<Vec<redis::Value>, _> = redis::cmd("ROLE").query_async(&mut c).await;
+    matches!(role.as_deref(), Ok([redis::Value::BulkString(r), ..]) if r == b"slave")
 }
 
 impl Drop for Site {

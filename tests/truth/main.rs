@@ -271,7 +271,10 @@ pub const CI_SEEDS: &[u64] = &[1, 2, 3];
 /// back to a direct feed, the other waits unvouched, and both return).
 /// Their `bus.max_direct_fallback` (drawn apart): 1008 two of three, 1011
 /// none of three (it drops the publication too), 1015 one of two.
-/// 2, as on the other feeds: the database's lifecycle under a fleet.
+/// 2, as on the other feeds: the database's lifecycle under a fleet, and
+/// the fleet on Redis Sentinel (its own draw: the three above keep one
+/// `redis-server`), whose primary it kills twice under writes, the second
+/// time after cutting the replica's link (`redis-failover`).
 pub const BUS_CI_SEEDS: &[u64] = &[1008, 1011, 1015, 2];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
