@@ -176,6 +176,7 @@ mod slot;
 mod transport;
 
 pub use slot::BrokenSlot;
+use slot::broken_at;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -468,10 +469,9 @@ pub async fn run(
         // Decoding past a dropped publication fails from the same place
         // every time: a permanent slot must start again elsewhere.
         if feed.opts.slot.is_some() && e.is_missing_publication() {
-            let streamed_to = feed.position.map(|p| p.lsn);
             feed.opts
                 .broken_slot
-                .mark(feed.slot_seen.max(streamed_to).unwrap_or(Lsn::ZERO));
+                .mark(broken_at(feed.slot_seen, feed.position));
         }
         feed.health.waiting(why.clone());
         if feed.tx.send(Event::Interrupted(why.clone())).await.is_err() {
@@ -521,7 +521,7 @@ struct Feed {
     streamed: bool,
     /// The permanent slot's confirmed position when this session opened it
     /// (what [`BrokenSlot`] marks, with the stream's own).
-    slot_seen: Option<Lsn>,
+    slot_seen: Option<Position>,
     ready: Option<oneshot::Sender<Result<(), String>>>,
     /// "Not streaming" and "cannot repair" at most once per interval.
     throttle: LogThrottle,

@@ -3,7 +3,8 @@
 //! stream never starts past what this process applied without saying so
 //! (see "No gap, in LSNs" in [`super`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 
 use sqlx::PgConnection;
 
@@ -39,7 +40,7 @@ pub(super) async fn open_permanent(
                 .fetch_add(1, Ordering::Relaxed);
             Some("it was invalidated (max_slot_wal_keep_size)")
         }
-        Some(s) if feed.opts.broken_slot.is(s.confirmed_flush) => {
+        Some(s) if feed.opts.broken_slot.is(timeline, s.confirmed_flush) => {
             Some("decoding it failed on a publication that did not exist")
         }
         Some(_) => {
@@ -62,7 +63,7 @@ pub(super) async fn open_permanent(
     match (&state, recreate) {
         (Some(s), None) => {
             let at = s.confirmed_flush.unwrap_or(Lsn::ZERO);
-            feed.slot_seen = Some(at);
+            feed.slot_seen = Some(Position::new(timeline, at));
             // Confirmed past what this process applied (someone else read
             // it), or a position of another history: a gap.
             Ok((
@@ -74,7 +75,7 @@ pub(super) async fn open_permanent(
             // A new slot has nothing to be broken by.
             feed.opts.broken_slot.clear();
             let at = create(conn, name, false).await?;
-            feed.slot_seen = Some(at);
+            feed.slot_seen = Some(Position::new(timeline, at));
             Ok((at, had.is_some()))
         }
     }
@@ -95,36 +96,54 @@ pub(super) async fn open_permanent(
 /// position to be (which may be one the bus handed it: at most the end of
 /// this server's WAL at the failure either way); a slot created since
 /// starts where the WAL was at its creation, past that change, so past the
-/// mark. The mark is spent at the next open whatever it finds: a slot kept
-/// clears it too, so a mark never outlives the history it was made on.
+/// mark. The mark is a position: it holds only on its own timeline (a
+/// slot on another history, after a promotion or a restore, is never
+/// compared with it, as no LSN is compared across histories), and it is
+/// spent at the next open whatever it finds: a slot kept clears it too, so
+/// a mark never outlives the history it was made on.
 /// Where another feed advanced the broken slot beyond the mark (a
-/// keepalive's position), it is kept once more, fails once more with a mark
-/// that covers it, and is recreated then: one failure more, never a healthy
-/// slot dropped for it. Either way a slot created anew is a gap, answered
-/// by a resync.
+/// keepalive's position), or the broken slot stands on another timeline
+/// (a PostgreSQL 17 failover slot synchronised to a promoted standby), it
+/// is kept once more, fails once more with a mark that covers it, and is
+/// recreated then: one failure more, never a healthy slot dropped for it.
+/// Either way a slot created anew is a gap, answered by a resync.
 #[derive(Debug, Default)]
 pub struct BrokenSlot(
-    /// The mark's LSN; 0 (no valid LSN) while no failure is known.
-    AtomicU64,
+    /// The mark; `None` while no failure is known. Read and written only
+    /// when a session opens or fails, never per change.
+    Mutex<Option<Position>>,
 );
 
 impl BrokenSlot {
     /// Decoding failed with the slot and stream known up to `at`.
-    pub(super) fn mark(&self, at: Lsn) {
-        self.0.store(at.0.max(1), Ordering::Relaxed);
+    pub(super) fn mark(&self, at: Position) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
     }
 
     pub(super) fn clear(&self) {
-        self.0.store(0, Ordering::Relaxed);
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// Whether a slot confirmed up to `confirmed` is the one that failed.
-    /// A slot that does not say how far it is confirmed counts as it.
-    pub(super) fn is(&self, confirmed: Option<Lsn>) -> bool {
-        match self.0.load(Ordering::Relaxed) {
-            0 => false,
-            mark => confirmed.is_none_or(|c| c.0 <= mark),
-        }
+    /// Whether the slot on `timeline` (the server's), confirmed up to
+    /// `confirmed`, is the one that failed: the mark's timeline, at or
+    /// before it. A slot that does not say how far it is confirmed counts
+    /// as it on that timeline.
+    pub(super) fn is(&self, timeline: Timeline, confirmed: Option<Lsn>) -> bool {
+        let mark = *self.0.lock().unwrap_or_else(|e| e.into_inner());
+        mark.is_some_and(|m| m.reaches(&Position::new(timeline, confirmed.unwrap_or(Lsn::ZERO))))
+    }
+}
+
+/// What a failed session marks: the furthest it knew the slot to be, its
+/// confirmed position at the open (`seen`) or the stream's own position
+/// when that is further on the same timeline. A stream position of another
+/// history (one handed over from before a promotion) says nothing of this
+/// slot.
+pub(super) fn broken_at(seen: Option<Position>, streamed: Option<Position>) -> Position {
+    match (seen, streamed) {
+        (Some(s), Some(p)) if p.timeline == s.timeline && p.lsn > s.lsn => p,
+        (Some(s), _) => s,
+        (None, p) => p.unwrap_or(Position::ZERO),
     }
 }
 
@@ -201,34 +220,68 @@ pub(super) fn in_use(e: SessionError, slot: &str) -> SessionError {
 mod tests {
     use super::*;
 
+    const TL1: Timeline = Timeline { system: 7, id: 1 };
+    const TL2: Timeline = Timeline { system: 7, id: 2 };
+
+    fn at(lsn: u64) -> Position {
+        Position::new(TL1, Lsn(lsn))
+    }
+
     #[test]
     fn no_failure_known_recreates_nothing() {
         let b = BrokenSlot::default();
-        assert!(!b.is(Some(Lsn(0x100))));
-        assert!(!b.is(None));
+        assert!(!b.is(TL1, Some(Lsn(0x100))));
+        assert!(!b.is(TL1, None));
     }
 
     #[test]
     fn the_slot_that_failed_is_recreated_and_a_slot_created_since_is_not() {
         let b = BrokenSlot::default();
-        b.mark(Lsn(0x500));
+        b.mark(at(0x500));
         // The broken slot, where it was or behind the stream's furthest.
-        assert!(b.is(Some(Lsn(0x500))));
-        assert!(b.is(Some(Lsn(0x480))));
-        assert!(b.is(None));
+        assert!(b.is(TL1, Some(Lsn(0x500))));
+        assert!(b.is(TL1, Some(Lsn(0x480))));
+        assert!(b.is(TL1, None));
         // Another gateway's slot, created past the failing change.
-        assert!(!b.is(Some(Lsn(0x501))));
+        assert!(!b.is(TL1, Some(Lsn(0x501))));
         // A failure seen further on covers it.
-        b.mark(Lsn(0x600));
-        assert!(b.is(Some(Lsn(0x501))));
+        b.mark(at(0x600));
+        assert!(b.is(TL1, Some(Lsn(0x501))));
         b.clear();
-        assert!(!b.is(Some(Lsn(0x480))));
+        assert!(!b.is(TL1, Some(Lsn(0x480))));
+    }
+
+    #[test]
+    fn a_mark_says_nothing_of_a_slot_on_another_history() {
+        let b = BrokenSlot::default();
+        b.mark(at(0x500));
+        // Behind the mark in LSN, but on the promoted timeline or another
+        // cluster: not comparable, so kept.
+        assert!(!b.is(TL2, Some(Lsn(0x100))));
+        assert!(!b.is(TL2, None));
+        assert!(!b.is(Timeline { system: 8, id: 1 }, Some(Lsn(0x100))));
+        // Nor a mark made where the timeline was not known.
+        b.mark(Position::new(Timeline::UNKNOWN, Lsn(0x500)));
+        assert!(!b.is(Timeline::UNKNOWN, Some(Lsn(0x100))));
+    }
+
+    #[test]
+    fn a_failed_session_marks_the_furthest_it_knew_on_the_slots_timeline() {
+        let seen = Some(at(0x500));
+        assert_eq!(broken_at(seen, Some(at(0x600))), at(0x600));
+        assert_eq!(broken_at(seen, Some(at(0x400))), at(0x500));
+        assert_eq!(broken_at(seen, None), at(0x500));
+        // A stream position of another history is not compared.
+        let other = Position::new(TL2, Lsn(0x900));
+        assert_eq!(broken_at(seen, Some(other)), at(0x500));
+        assert_eq!(broken_at(None, Some(other)), other);
+        assert_eq!(broken_at(None, None), Position::ZERO);
     }
 
     #[test]
     fn a_failure_at_the_zero_lsn_still_marks() {
         let b = BrokenSlot::default();
-        b.mark(Lsn::ZERO);
-        assert!(b.is(Some(Lsn::ZERO)));
+        b.mark(at(0));
+        assert!(b.is(TL1, Some(Lsn::ZERO)));
     }
 }
