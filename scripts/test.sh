@@ -19,6 +19,12 @@ ensure_replica_pair
 ensure_second_replica
 # tests/tls.rs: a throwaway TLS-only server (hostssl) with its own CA.
 ensure_tls_server
+# tests/standby.rs: a cluster in permanent recovery on its fixed port
+# (54334), started here, before any test asks the kernel for a free port:
+# a server a test starts on a port the kernel chose may hold 54334 when the
+# standby's binary runs, and the standby then cannot bind it (seen when two
+# runs shared the machine).
+scripts/standby.sh >/dev/null
 # The status-page test drives a headless Chromium.
 if [ -z "${BLOOMGATE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
   echo "test.sh: installing chromium for the status-page test" >&2
