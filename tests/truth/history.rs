@@ -125,6 +125,10 @@ struct Shared {
     /// fault is open, `WATCHED` past its repair after (the gateway checks
     /// what the feed depends on within that), `None` before the first.
     identity_excuse: Mutex<Option<Duration>>,
+    /// The same for a start-up refused because the publication lacks a
+    /// served table (the `publication` fault; a gateway of the fleet may
+    /// still be starting when it is injected).
+    publication_excuse: Mutex<Option<Duration>>,
     stop: AtomicBool,
     trace: bool,
 }
@@ -373,6 +377,7 @@ impl World {
             checks: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
             identity_excuse: Mutex::new(None),
+            publication_excuse: Mutex::new(None),
             stop: AtomicBool::new(false),
             trace: opts.trace,
         });
@@ -561,12 +566,13 @@ impl World {
                 Err(e) => {
                     shared.note(format!("gw{} failed to start: {e}", g2.id));
                     let e = e.to_string();
-                    let excused = e.contains("a replica identity without it")
-                        && shared
-                            .identity_excuse
-                            .lock()
-                            .unwrap()
-                            .is_some_and(|until| shared.now() < until);
+                    let now = shared.now();
+                    let open = |excuse: &Mutex<Option<Duration>>| {
+                        excuse.lock().unwrap().is_some_and(|until| now < until)
+                    };
+                    let excused = (e.contains("a replica identity without it")
+                        && open(&shared.identity_excuse))
+                        || (e.contains("publication") && open(&shared.publication_excuse));
                     *g2.failed.lock().unwrap() = Some((e, excused));
                 }
             }
@@ -962,11 +968,12 @@ impl World {
                     if excused {
                         // The documented refusal of a gateway started while
                         // the replica-identity fault has `users` without
-                        // its old email or id (`install_feed` changes
-                        // nothing): right, not a violation. Replaced, as a
-                        // supervisor would restart it. The same refusal
-                        // once the identity is back (past `WATCHED`) is
-                        // one.
+                        // its old email or id, or the publication fault
+                        // has the publication without a served table
+                        // (`install_feed` is off): right, not a violation.
+                        // Replaced, as a supervisor would restart it. The
+                        // same refusal once the repair is past `WATCHED`
+                        // is one.
                         refused.push(g.clone());
                     } else {
                         self.shared
@@ -979,7 +986,7 @@ impl World {
             }
             for g in refused {
                 self.shared.note(format!(
-                    "{label}: gw{} refused to start while users lacks an old key (replica-identity)",
+                    "{label}: gw{} refused to start while a fault had what the feed needs (replica-identity, publication)",
                     g.id
                 ));
                 self.retire(&g);

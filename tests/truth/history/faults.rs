@@ -155,6 +155,7 @@ impl World {
                 } else {
                     self.edit_publication().await;
                     self.open_publication = true;
+                    *self.shared.publication_excuse.lock().unwrap() = Some(Duration::MAX);
                     self.later(8, 30, Action::RepairPublication);
                     true
                 }
@@ -606,6 +607,7 @@ impl World {
                 self.open_publication = false;
                 self.shared.note("repair: publication as installed".into());
                 let now = self.now();
+                *self.shared.publication_excuse.lock().unwrap() = Some(now + WATCHED);
                 self.shared
                     .model
                     .lock()
