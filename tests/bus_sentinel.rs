@@ -151,51 +151,12 @@ fn check(written: &Written, path_id: i64, sent: Instant, r: &Resp, bound: Durati
 async fn a_fleet_on_sentinel_follows_a_redis_failover_and_never_answers_wrong() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut site = Site::start().await;
-    let db = bus_db().await;
-    let fleet = Fleet::new();
-    let bus = site.bus_toml(&fleet, PASSWORD, SENTINEL_PASSWORD);
-    let config = || wal_config(&db, &format!("{BY_EMAIL}\n{bus}"));
-    let gws = vec![started(config()).await, started(config()).await];
-    wait_all_on_bus(&gws).await;
-    let stream = gws[0].bus_status().unwrap().get().stream;
+    let (db, fleet, gws, stream) = fleet_on(&site).await;
     assert!(
         site.primary.xlen(&stream).await > 0,
         "the relay appends to the primary"
     );
-
-    let written = Arc::new(Mutex::new(Written::default()));
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let writes = writer(&db, written.clone(), stop.clone());
-    let bound = Duration::from_secs(2);
-    let reading = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let mut readers = Vec::new();
-    for gw in &gws {
-        let (gw, written, reading) = (gw.clone(), written.clone(), reading.clone());
-        readers.push(tokio::spawn(async move {
-            let mut checked = 0u64;
-            let mut i = 0i64;
-            while reading.load(std::sync::atomic::Ordering::Relaxed) {
-                i += 1;
-                let key = match i % 3 {
-                    0 => written
-                        .lock()
-                        .unwrap()
-                        .inserted
-                        .iter()
-                        .rev()
-                        .nth((i % 7) as usize)
-                        .map_or(1, |(k, _)| *k),
-                    _ => i % 10 + 1,
-                };
-                let sent = Instant::now();
-                let r = get(&gw, &format!("/users/{key}")).await;
-                check(&written.lock().unwrap(), key, sent, &r, bound);
-                checked += 1;
-                tokio::time::sleep(Duration::from_millis(3)).await;
-            }
-            checked
-        }));
-    }
+    let traffic = Traffic::start(&db, &gws);
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The replica loses its link (its replication user turned away); the
@@ -222,39 +183,165 @@ async fn a_fleet_on_sentinel_follows_a_redis_failover_and_never_answers_wrong() 
     .await;
     // Writes and reads go on past the failover for a few bounds.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.notify_one();
-    writes.await.unwrap();
-    reading.store(false, std::sync::atomic::Ordering::Relaxed);
-    let mut checked = 0;
-    for r in readers {
-        checked += r.await.unwrap();
+    let checked = traffic.finish().await;
+    eprintln!("lost {kept}..{lost_from}");
+    every_row_fresh(&db, &gws, checked).await;
+    fleet.stop(&gws, &db).await;
+}
+
+/// A switchover an operator asks the sentinels for (`SENTINEL FAILOVER`,
+/// the primary alive throughout): the fleet follows it with no wrong
+/// answer, and the test site follows it too ([`Site::follow`], which the
+/// checker relies on when the sentinels fail over on their own).
+#[tokio::test]
+async fn a_switchover_the_sentinels_make_is_followed_by_the_fleet_and_the_site() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut site = Site::start().await;
+    let (db, fleet, gws, stream) = fleet_on(&site).await;
+    let traffic = Traffic::start(&db, &gws);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let (old, new) = (site.primary.port, site.replica.port);
+    assert_eq!(site.follow().await, None, "nothing to follow before it");
+    let client = redis::Client::open(site.sentinel_urls(SENTINEL_PASSWORD)[0].as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let said = loop {
+        if let Some(said) = site.follow().await {
+            break said;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the site never saw the switchover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("the sentinel said: {said}");
+    assert_eq!((site.primary.port, site.replica.port), (new, old));
+    assert!(said.contains("+switch-master"), "{said}");
+    wait_all_on_bus(&gws).await;
+    let now = last_id(&site.primary, &stream).await;
+    eventually("the relay appends to the new primary", || async {
+        id(&last_id(&site.primary, &stream).await) > id(&now)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let checked = traffic.finish().await;
+    every_row_fresh(&db, &gws, checked).await;
+    fleet.stop(&gws, &db).await;
+}
+
+/// Two gateways on the bus through `site`'s sentinels, and their stream.
+async fn fleet_on(site: &Site) -> (TestDb, Fleet, Vec<Arc<bloomgate::gateway::Gateway>>, String) {
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let bus = site.bus_toml(&fleet, PASSWORD, SENTINEL_PASSWORD);
+    let config = || wal_config(&db, &format!("{BY_EMAIL}\n{bus}"));
+    let gws = vec![started(config()).await, started(config()).await];
+    wait_all_on_bus(&gws).await;
+    let stream = gws[0].bus_status().unwrap().get().stream;
+    (db, fleet, gws, stream)
+}
+
+/// The writer and, on each gateway, a reader checking every answer
+/// ([`check`], bound 2 s) while a test fails Redis over.
+struct Traffic {
+    stop: Arc<tokio::sync::Notify>,
+    writes: tokio::task::JoinHandle<()>,
+    reading: Arc<std::sync::atomic::AtomicBool>,
+    readers: Vec<tokio::task::JoinHandle<u64>>,
+}
+
+impl Traffic {
+    fn start(db: &TestDb, gws: &[Arc<bloomgate::gateway::Gateway>]) -> Self {
+        let written = Arc::new(Mutex::new(Written::default()));
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let writes = writer(db, written.clone(), stop.clone());
+        let bound = Duration::from_secs(2);
+        let reading = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let mut readers = Vec::new();
+        for gw in gws {
+            let (gw, written, reading) = (gw.clone(), written.clone(), reading.clone());
+            readers.push(tokio::spawn(async move {
+                let mut checked = 0u64;
+                let mut i = 0i64;
+                while reading.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let key = match i % 3 {
+                        0 => written
+                            .lock()
+                            .unwrap()
+                            .inserted
+                            .iter()
+                            .rev()
+                            .nth((i % 7) as usize)
+                            .map_or(1, |(k, _)| *k),
+                        _ => i % 10 + 1,
+                    };
+                    let sent = Instant::now();
+                    let r = get(&gw, &format!("/users/{key}")).await;
+                    check(&written.lock().unwrap(), key, sent, &r, bound);
+                    checked += 1;
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+                checked
+            }));
+        }
+        Self {
+            stop,
+            writes,
+            reading,
+            readers,
+        }
     }
+
+    /// Stops the writer, then the readers; the answers they checked.
+    async fn finish(self) -> u64 {
+        self.stop.notify_one();
+        self.writes.await.unwrap();
+        self.reading
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        let mut checked = 0;
+        for r in self.readers {
+            checked += r.await.unwrap();
+        }
+        checked
+    }
+}
+
+/// After a failover: enough answers were checked, one relay again, and
+/// every row's newest version on every gateway, back on the bus.
+async fn every_row_fresh(db: &TestDb, gws: &[Arc<bloomgate::gateway::Gateway>], checked: u64) {
     assert!(checked > 100, "{checked} answers checked");
-    for gw in &gws {
+    for gw in gws {
         let b = gw.bus_status().unwrap();
         eprintln!(
-            "lost {kept}..{lost_from}; {checked} answers checked; breaks {}, fallbacks {}, terms {}",
+            "{checked} answers checked; breaks {}, fallbacks {}, terms {}",
             b.breaks.load(std::sync::atomic::Ordering::Relaxed),
             b.fallbacks.load(std::sync::atomic::Ordering::Relaxed),
             b.terms.load(std::sync::atomic::Ordering::Relaxed),
         );
     }
-    assert_eq!(walsenders(&db).await, 1, "one relay again");
-    // Every row's newest version, on every gateway.
+    assert_eq!(walsenders(db).await, 1, "one relay again");
     let rows: Vec<(i64, String)> = sqlx::query_as("SELECT id, name FROM users ORDER BY id")
         .fetch_all(&db.pool)
         .await
         .unwrap();
-    for gw in &gws {
+    for gw in gws {
         assert_eq!(mode(gw), Mode::Bus);
-        for (key, name) in &rows {
+        for (key, name) in rows.iter() {
             fresh(gw, &format!("/users/{key}"), |r| {
                 r.status == 200 && r.json()["name"] == name.as_str()
             })
             .await;
         }
     }
-    fleet.stop(&gws, &db).await;
 }
 
 /// Wrong passwords, the data nodes' or the sentinels': the gateway does

@@ -151,6 +151,22 @@ struct AccessRoutes {
     names: Vec<(Escaped, Escaped)>,
 }
 
+/// Route templates as access lines name them: `(template, resource)`, the
+/// resource `None` for routes that serve none ([`FrontLayer::with_access`]).
+pub type AccessTemplates = Vec<(String, Option<String>)>;
+
+/// The access lines' matcher for `routes` (as [`FrontLayer::with_access`]
+/// takes them): a path's template by its index among them.
+pub(super) fn access_index(
+    routes: &[(String, Option<String>)],
+) -> super::templates::Templates<usize> {
+    let mut templates = super::templates::Templates::default();
+    for (i, (template, _)) in routes.iter().enumerate() {
+        templates.add(template, Some(i));
+    }
+    templates
+}
+
 /// What an access line needs from the start of the request; made only
 /// while access lines are on, and kept in the response future (no box).
 /// The route templates are read from the layer's shared state when the
@@ -187,16 +203,17 @@ impl FrontLayer {
     /// Access lines name these route templates (`(template, resource)`,
     /// the resource empty for routes that serve none); a path no template
     /// matches alone is logged with an empty route. Call before cloning.
-    pub fn with_access(mut self, routes: Vec<(String, Option<String>)>) -> Self {
-        let mut templates = super::templates::Templates::default();
-        let mut names = Vec::with_capacity(routes.len());
-        for (i, (template, resource)) in routes.into_iter().enumerate() {
-            templates.add(&template, Some(i));
-            names.push((
-                Escaped::new(&template),
-                Escaped::new(resource.as_deref().unwrap_or_default()),
-            ));
-        }
+    pub fn with_access(mut self, routes: AccessTemplates) -> Self {
+        let templates = access_index(&routes);
+        let names = routes
+            .iter()
+            .map(|(template, resource)| {
+                (
+                    Escaped::new(template),
+                    Escaped::new(resource.as_deref().unwrap_or_default()),
+                )
+            })
+            .collect();
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.access = Some(Arc::new(AccessRoutes { templates, names }));
         }
@@ -379,23 +396,19 @@ fn start<B, F, S: Tells<F>>(
         )
     };
     let began = (access.is_none() && !span.is_disabled()).then(std::time::Instant::now);
-    let state = if let Some(response) = refused_target(&req, &shared.counters.traffic) {
-        State::Ready {
-            response: Some(response),
-        }
+    let refused = if let Some(response) = refused_target(&req, &shared.counters.traffic) {
+        Some(response)
     } else if declared_body(&req).is_some_and(|n| n > shared.max_body) {
         shared
             .counters
             .traffic
             .body_too_large
             .fetch_add(1, Ordering::Relaxed);
-        State::Ready {
-            response: Some(json_error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                &format!("request bodies are limited to {} bytes", shared.max_body),
-            )),
-        }
+        Some(json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            &format!("request bodies are limited to {} bytes", shared.max_body),
+        ))
     } else if shared
         .in_flight
         // Never above the limit, not even for a moment: a refused
@@ -409,50 +422,50 @@ fn start<B, F, S: Tells<F>>(
         if let Some(on_shed) = &shared.counters.on_shed {
             on_shed(req.uri().path());
         }
-        State::Ready {
-            response: Some(Error::Overloaded.into_response()),
-        }
+        Some(Error::Overloaded.into_response())
     } else {
-        let slot = Slot(shared.clone());
-        let inner = {
-            let _entered = span.enter();
-            call_inner(req)
-        };
-        if S::ROUTE
-            && let Some(a) = &mut access
-            && let Some(routes) = &shared.access
-        {
-            a.route = match S::route(&inner) {
-                Told::Index(i) => Some(i),
-                Told::Path(path) => routes.templates.find(path).copied(),
-                Told::Unknown => None,
-            };
+        None
+    };
+    let state = match refused {
+        Some(response) => {
+            // Refused before any handler: the line now, while the layer's
+            // route templates are at hand (the future holds no reference
+            // to them).
+            if let Some(routes) = &shared.access
+                && let Some(mut a) = access.take()
+            {
+                if S::ROUTE {
+                    a.route = routes.templates.find(req.uri().path()).copied();
+                }
+                access_line(&a, routes, &response, id.to_str().unwrap_or_default(), None);
+            }
+            State::Ready {
+                response: Some(response),
+            }
         }
-        return FrontFuture {
-            state: State::Running {
+        None => {
+            let slot = Slot(shared.clone());
+            let inner = {
+                let _entered = span.enter();
+                call_inner(req)
+            };
+            if S::ROUTE
+                && let Some(a) = &mut access
+                && let Some(routes) = &shared.access
+            {
+                a.route = match S::route(&inner) {
+                    Told::Index(i) => Some(i),
+                    Told::Path(path) => routes.templates.find(path).copied(),
+                    Told::Unknown => None,
+                };
+            }
+            State::Running {
                 inner,
                 sleep: None,
                 slot: Some(slot),
-            },
-            id: Some(id),
-            span,
-            began,
-            timeout: shared.timeout,
-            access,
-            cache_status: S::cache_status,
-        };
-    };
-    // Refused before any handler: the line now, while the layer's route
-    // templates are at hand (the future holds no reference to them).
-    if let State::Ready { response: Some(r) } = &state
-        && let Some(routes) = &shared.access
-        && let Some(mut a) = access.take()
-    {
-        if S::ROUTE {
-            a.route = routes.templates.find(req.uri().path()).copied();
+            }
         }
-        access_line(&a, routes, r, id.to_str().unwrap_or_default(), None);
-    }
+    };
     FrontFuture {
         state,
         id: Some(id),

@@ -63,15 +63,8 @@ pub fn app(gateway: Arc<Gateway>) -> App {
     gateway.auth.start();
     let routes = resource_routes(&gateway);
     let (router, doc) = with_resources(&routes).split_for_parts();
-    // Route i is template i of the access lines' too (built below, in the
-    // same order), which the dispatch tells them (see `Dispatch::with_peer`).
-    let mut direct = Templates::default();
-    for (i, route) in routes.iter().enumerate() {
-        direct.add(&route.resource.config.route, Some((i, route.clone())));
-    }
-    // Every other path the router serves, so that a path two templates
-    // could match is left to the router's precedence. Those are the
-    // gateway's own, which no resource may take (`config::route`).
+    // The router serves nothing but the resources and its own paths, which
+    // no resource may take (`config::route`): the lists below name them all.
     for path in doc.paths.paths.keys() {
         debug_assert!(
             routes.iter().any(|r| r.resource.config.route == *path)
@@ -79,29 +72,13 @@ pub fn app(gateway: Arc<Gateway>) -> App {
             "{path} is served but not in config::route::SERVED"
         );
     }
-    for path in route::SERVED {
-        direct.add(path, None);
-    }
-    let mut templates: Vec<(String, Option<String>)> = routes
-        .iter()
-        .map(|r| {
-            (
-                r.resource.config.route.clone(),
-                Some(r.resource.name().to_string()),
-            )
-        })
-        .collect();
-    for path in doc
-        .paths
-        .paths
-        .keys()
-        .map(String::as_str)
-        .chain(["/openapi.json"])
-    {
-        if !templates.iter().any(|(t, _)| t == path) {
-            templates.push((path.to_string(), None));
-        }
-    }
+    let (direct, templates) = route_templates(routes.iter().map(|r| {
+        (
+            r.resource.config.route.clone(),
+            r.resource.name().to_string(),
+            r.clone(),
+        )
+    }));
     let doc = Arc::new(openapi::Served::new(doc, gateway.clone()));
     let router = router.route(
         "/openapi.json",
@@ -135,6 +112,30 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         &front,
         Dispatch::with_peer(router, direct, gateway.auth.limits_any()),
     )
+}
+
+/// The route templates the dispatch and the access lines match, from one
+/// list so that the two cannot drift: resource `i` is template `i` of both
+/// (the dispatch tells the access line that index in place of a second
+/// match, see [`Dispatch::with_peer`]), then the router's own paths
+/// ([`route::SERVED`]), which the dispatch leaves to the router (a path two
+/// templates could match goes by the router's precedence) and the access
+/// lines name. `resources`: each resource's template, name and target.
+/// `a_told_route_is_the_route_the_access_line_would_match` checks it.
+fn route_templates<T>(
+    resources: impl IntoIterator<Item = (String, String, T)>,
+) -> (Templates<(usize, T)>, front::AccessTemplates) {
+    let mut direct = Templates::default();
+    let mut access = Vec::new();
+    for (i, (template, name, target)) in resources.into_iter().enumerate() {
+        direct.add(&template, Some((i, target)));
+        access.push((template, Some(name)));
+    }
+    for path in route::SERVED {
+        direct.add(path, None);
+        access.push((path.to_string(), None));
+    }
+    (direct, access)
 }
 
 /// Every public route with its OpenAPI entry, except `/openapi.json` itself
@@ -317,4 +318,122 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
 async fn no_route(State(gw): State<Arc<Gateway>>) -> Response {
     gw.stats.traffic.no_route.fetch_add(1, Ordering::Relaxed);
     json_error(StatusCode::NOT_FOUND, "no_route", "no such route")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LITERALS: &[&str] = &[
+        "users",
+        "articles",
+        "v1",
+        "a",
+        "healthz",
+        "readyz",
+        "openapi.json",
+        "admin",
+    ];
+
+    /// A template a config can hold (`route::check`: literal segments and
+    /// exactly one parameter, not reserved), or `None` (one under
+    /// `/admin`, which `route::check` refuses).
+    fn template() -> impl Strategy<Value = Option<String>> {
+        (
+            prop::collection::vec(prop::sample::select(LITERALS.to_vec()), 0..4),
+            0usize..4,
+        )
+            .prop_map(|(mut segments, at)| {
+                segments.insert(at.min(segments.len()), "{id}");
+                let t = format!("/{}", segments.join("/"));
+                route::check(&t).is_ok().then_some(t)
+            })
+    }
+
+    /// Up to four distinct templates, and paths: each either random
+    /// segments or one of the templates with its parameter filled in (so
+    /// that most cases reach a direct route).
+    fn case() -> impl Strategy<Value = (Vec<String>, Vec<String>)> {
+        prop::collection::vec(template(), 1..5).prop_flat_map(|ts| {
+            let mut set: Vec<String> = Vec::new();
+            for t in ts.into_iter().flatten() {
+                if !set.contains(&t) {
+                    set.push(t);
+                }
+            }
+            let random = prop::collection::vec(
+                prop::sample::select(
+                    LITERALS
+                        .iter()
+                        .copied()
+                        .chain(["", "5", "x.y", "%2F"])
+                        .collect::<Vec<_>>(),
+                ),
+                0..5,
+            )
+            .prop_map(|s| format!("/{}", s.join("/")));
+            let filled = (
+                prop::sample::select(if set.is_empty() {
+                    vec!["/".to_string()]
+                } else {
+                    set.clone()
+                }),
+                prop::sample::select(vec!["5", "users", "healthz", "x.y", "%2F"]),
+            )
+                .prop_map(|(t, v)| t.replace("{id}", v));
+            let paths = prop::collection::vec(prop_oneof![random, filled], 1..16);
+            (Just(set), paths)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Wherever the dispatch takes the direct path (and tells the
+        /// access line the route's index, in place of a second match),
+        /// the access line's own match names the same route.
+        #[test]
+        fn a_told_route_is_the_route_the_access_line_would_match((set, paths) in case()) {
+            let (direct, access) = route_templates(
+                set.iter().enumerate().map(|(i, t)| (t.clone(), format!("r{i}"), ())),
+            );
+            // Each resource's entry names it, at its index.
+            for (i, t) in set.iter().enumerate() {
+                prop_assert_eq!(&access[i], &(t.clone(), Some(format!("r{i}"))));
+            }
+            let access = front::access_index(&access);
+            for path in &paths {
+                let told = direct.find(path).map(|(i, ())| *i);
+                let matched = access.find(path).copied();
+                if let Some(i) = told {
+                    prop_assert_eq!(matched, Some(i), "set {:?} path {}", set, path);
+                }
+            }
+        }
+    }
+
+    /// The lists hold the resources first, in order, then the router's
+    /// own paths, which the dispatch leaves to the router.
+    #[test]
+    fn the_lists_name_resources_first_then_the_routers_own_paths() {
+        let (direct, access) = route_templates([
+            ("/users/{id}".to_string(), "users".to_string(), 'u'),
+            ("/{id}".to_string(), "root".to_string(), 'r'),
+        ]);
+        let mut want = vec![
+            ("/users/{id}".to_string(), Some("users".to_string())),
+            ("/{id}".to_string(), Some("root".to_string())),
+        ];
+        want.extend(route::SERVED.iter().map(|p| (p.to_string(), None)));
+        assert_eq!(access, want);
+        assert_eq!(direct.find("/users/5"), Some(&(0, 'u')));
+        assert_eq!(direct.find("/5"), Some(&(1, 'r')));
+        // `/{id}` could match it too: the router's precedence decides.
+        assert_eq!(direct.find("/healthz"), None);
+        let index = front::access_index(&access);
+        assert_eq!(index.find("/users/5"), Some(&0));
+        assert_eq!(index.find("/healthz"), None);
+        assert_eq!(index.find("/a/b"), None);
+    }
 }

@@ -9,7 +9,6 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use super::eventually;
 use super::redis_server::{Fleet, Redis, free_port};
@@ -110,7 +109,8 @@ impl Site {
                      sentinel auth-user {MASTER} {USER}\n\
                      sentinel auth-pass {MASTER} {PASSWORD}\n\
                      requirepass {SENTINEL_PASSWORD}\n\
-                     sentinel sentinel-pass {SENTINEL_PASSWORD}\n",
+                     sentinel sentinel-pass {SENTINEL_PASSWORD}\n\
+                     logfile {dir}/sentinel{i}.log\n",
                     dir = dir.display(),
                     p = primary.port,
                 ),
@@ -269,6 +269,30 @@ impl Site {
         panic!("the killed primary could not be started again as a replica");
     }
 
+    /// Follows a failover the sentinels made on their own (they judged
+    /// the primary down: on a loaded machine a primary can miss
+    /// `down-after-milliseconds`): once it is done ([`Site::promoted`]),
+    /// the roles are swapped, and `Some` says what the first sentinel
+    /// logged of it (its last `+odown` and `+switch-master`). Without this
+    /// the site would go on calling the new primary its replica, and no
+    /// later failover could be injected.
+    pub async fn follow(&mut self) -> Option<String> {
+        if !self.promoted().await {
+            return None;
+        }
+        std::mem::swap(&mut self.primary, &mut self.replica);
+        let log = std::fs::read_to_string(self.dir.join("sentinel0.log")).unwrap_or_default();
+        let last = |what: &str| {
+            log.lines()
+                .rev()
+                .find(|l| l.contains(what))
+                .map(str::trim)
+                .unwrap_or("(not in its log)")
+                .to_string()
+        };
+        Some(format!("{} | {}", last("+odown"), last("+switch-master")))
+    }
+
     /// Whether another failover can promote the replica (`Err`: why
     /// not): it has finished its sync with the primary (its own word: the
     /// sentinels ask a replica every 10 s, and every second once the
@@ -309,18 +333,6 @@ impl Site {
             }
         }
         Ok(())
-    }
-
-    /// Waits (up to `limit`) until [`Site::steady`]; `Err`: why not, last.
-    pub async fn wait_steady(&self, limit: Duration) -> Result<(), String> {
-        let began = std::time::Instant::now();
-        loop {
-            let r = self.steady().await;
-            if r.is_ok() || began.elapsed() > limit {
-                return r;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 }
 

@@ -9,15 +9,14 @@ use std::sync::atomic::Ordering;
 use sqlx::PgConnection;
 
 use super::{Feed, SessionError};
-use crate::db::publication;
+use crate::db::publication::{self, SlotState};
 use crate::feed::replication::ReplError;
 use crate::feed::{Lsn, Position, Timeline};
 
 /// Opens the permanent slot `name`: creates it if it does not exist, creates
 /// it again if it is lost (invalidated by `max_slot_wal_keep_size`) or stuck
 /// behind a dropped publication; returns where its stream starts and whether
-/// that is a gap (its confirmed position past this process's, or on another
-/// timeline than `timeline`, the server's). Err(Wait) while another backend
+/// that is a gap ([`plan`] decides both). Err(Wait) while another backend
 /// holds it.
 pub(super) async fn open_permanent(
     feed: &mut Feed,
@@ -25,58 +24,118 @@ pub(super) async fn open_permanent(
     name: &str,
     timeline: Timeline,
 ) -> Result<(Lsn, bool), SessionError> {
-    let had = feed.position;
     let state = publication::slot(conn, name).await?;
     if let Some(s) = &state
         && let Some(pid) = s.active_pid
     {
         return Err(held_by(name, pid));
     }
-    let recreate = match &state {
-        None => None,
-        Some(s) if s.lost => {
-            feed.stats
-                .slot_invalidations
-                .fetch_add(1, Ordering::Relaxed);
-            Some("it was invalidated (max_slot_wal_keep_size)")
-        }
-        Some(s) if feed.opts.broken_slot.is(timeline, s.confirmed_flush) => {
-            Some("decoding it failed on a publication that did not exist")
-        }
-        Some(_) => {
-            // Kept: a mark it does not match is spent (the next failure
-            // marks anew), so that no later slot on another history (a
-            // restore, another cluster behind the address) is taken for
-            // the one that failed.
+    match plan(
+        feed.position,
+        state.as_ref(),
+        &feed.opts.broken_slot,
+        timeline,
+    ) {
+        Open::Keep { at, gap } => {
+            // A mark it does not match is spent (the next failure marks
+            // anew), so that no later slot on another history (a restore,
+            // another cluster behind the address) is taken for the one
+            // that failed.
             feed.opts.broken_slot.clear();
-            None
-        }
-    };
-    if let Some(why) = recreate {
-        tracing::warn!(slot = %name, why, "recreating the replication slot; every filter is rebuilt");
-        sqlx::query("SELECT pg_drop_replication_slot($1)")
-            .bind(name)
-            .execute(&mut *conn)
-            .await?;
-        feed.opts.broken_slot.clear();
-    }
-    match (&state, recreate) {
-        (Some(s), None) => {
-            let at = s.confirmed_flush.unwrap_or(Lsn::ZERO);
             feed.slot_seen = Some(Position::new(timeline, at));
-            // Confirmed past what this process applied (someone else read
-            // it), or a position of another history: a gap.
-            Ok((
-                at,
-                had.is_some_and(|p| !p.reaches(&Position::new(timeline, at))),
-            ))
+            Ok((at, gap))
         }
-        _ => {
-            // A new slot has nothing to be broken by.
+        Open::Create { again, gap } => {
+            if let Some(why) = again {
+                if why == Again::Invalidated {
+                    feed.stats
+                        .slot_invalidations
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                tracing::warn!(slot = %name, why = why.text(), "recreating the replication slot; every filter is rebuilt");
+                sqlx::query("SELECT pg_drop_replication_slot($1)")
+                    .bind(name)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            // A new slot has nothing to be broken by. Cleared only once the
+            // broken one is dropped: a failed drop is tried again.
             feed.opts.broken_slot.clear();
             let at = create(conn, name, false).await?;
             feed.slot_seen = Some(Position::new(timeline, at));
-            Ok((at, had.is_some()))
+            Ok((at, gap))
+        }
+    }
+}
+
+/// What opening the permanent slot does with what it found ([`plan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    /// The slot is kept: its stream starts at `at`.
+    Keep { at: Lsn, gap: bool },
+    /// A slot is created (`again`: after dropping the one found, and why).
+    Create { again: Option<Again>, gap: bool },
+}
+
+/// Why a slot found is dropped and created again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Again {
+    Invalidated,
+    Broken,
+}
+
+impl Again {
+    fn text(self) -> &'static str {
+        match self {
+            Again::Invalidated => "it was invalidated (max_slot_wal_keep_size)",
+            Again::Broken => "decoding it failed on a publication that did not exist",
+        }
+    }
+}
+
+/// The permanent slot's fate, from this process's position `had`, the slot
+/// found (`state`, not held by anyone), the broken-slot mark and the
+/// server's `timeline`. Guarantee: the stream never starts past what this
+/// process applied without `gap` saying so:
+/// - a slot created (none found, or one dropped) starts at the WAL's end:
+///   a gap whenever this process had applied anything;
+/// - a slot kept starts at its confirmed position: a gap when that does
+///   not lie within this process's history up to its position (confirmed
+///   past it, by another reader, or on another timeline than the one this
+///   process applied on, as no LSN is compared across histories).
+///
+/// A lost slot is created again whatever the mark says; a slot the mark
+/// names ([`BrokenSlot::is`]) too; any other is kept.
+fn plan(
+    had: Option<Position>,
+    state: Option<&SlotState>,
+    broken: &BrokenSlot,
+    timeline: Timeline,
+) -> Open {
+    let Some(s) = state else {
+        return Open::Create {
+            again: None,
+            gap: had.is_some(),
+        };
+    };
+    let again = if s.lost {
+        Some(Again::Invalidated)
+    } else if broken.is(timeline, s.confirmed_flush) {
+        Some(Again::Broken)
+    } else {
+        None
+    };
+    match again {
+        Some(_) => Open::Create {
+            again,
+            gap: had.is_some(),
+        },
+        None => {
+            let at = s.confirmed_flush.unwrap_or(Lsn::ZERO);
+            Open::Keep {
+                at,
+                gap: had.is_some_and(|p| !p.reaches(&Position::new(timeline, at))),
+            }
         }
     }
 }
@@ -99,8 +158,9 @@ pub(super) async fn open_permanent(
 /// mark. The mark is a position: it holds only on its own timeline (a
 /// slot on another history, after a promotion or a restore, is never
 /// compared with it, as no LSN is compared across histories), and it is
-/// spent at the next open whatever it finds: a slot kept clears it too, so
-/// a mark never outlives the history it was made on.
+/// spent at the next open whatever it finds (a slot kept clears it too, so
+/// a mark never outlives the history it was made on), unless that open
+/// fails before the slot it names is dropped: the next open tries again.
 /// Where another feed advanced the broken slot beyond the mark (a
 /// keepalive's position), or the broken slot stands on another timeline
 /// (a PostgreSQL 17 failover slot synchronised to a promoted standby), it
@@ -276,6 +336,93 @@ mod tests {
         assert_eq!(broken_at(seen, Some(other)), at(0x500));
         assert_eq!(broken_at(None, Some(other)), other);
         assert_eq!(broken_at(None, None), Position::ZERO);
+    }
+
+    fn slot(confirmed: Option<u64>, lost: bool) -> SlotState {
+        SlotState {
+            active_pid: None,
+            lost,
+            confirmed_flush: confirmed.map(Lsn),
+        }
+    }
+
+    #[test]
+    fn a_slot_created_is_a_gap_whenever_the_process_had_applied_anything() {
+        let none = BrokenSlot::default();
+        let create = |again, gap| Open::Create { again, gap };
+        assert_eq!(plan(None, None, &none, TL1), create(None, false));
+        assert_eq!(plan(Some(at(0x500)), None, &none, TL1), create(None, true));
+        // Invalidated: created again, mark or no mark, position or none.
+        let lost = slot(Some(0x400), true);
+        let inv = Some(Again::Invalidated);
+        assert_eq!(plan(None, Some(&lost), &none, TL1), create(inv, false));
+        assert_eq!(
+            plan(Some(at(0x500)), Some(&lost), &none, TL1),
+            create(inv, true)
+        );
+        let marked = BrokenSlot::default();
+        marked.mark(at(0x500));
+        assert_eq!(
+            plan(Some(at(0x500)), Some(&lost), &marked, TL1),
+            create(inv, true)
+        );
+        // The broken slot: created again, a gap for a process that had applied.
+        let broken = slot(Some(0x480), false);
+        let brk = Some(Again::Broken);
+        assert_eq!(
+            plan(Some(at(0x480)), Some(&broken), &marked, TL1),
+            create(brk, true)
+        );
+        assert_eq!(plan(None, Some(&broken), &marked, TL1), create(brk, false));
+    }
+
+    #[test]
+    fn a_slot_kept_is_a_gap_unless_it_lies_within_what_the_process_applied() {
+        let none = BrokenSlot::default();
+        let keep = |lsn, gap| Open::Keep { at: Lsn(lsn), gap };
+        let s = slot(Some(0x400), false);
+        // Behind or at this process's position on its timeline: no gap.
+        assert_eq!(
+            plan(Some(at(0x500)), Some(&s), &none, TL1),
+            keep(0x400, false)
+        );
+        assert_eq!(
+            plan(Some(at(0x400)), Some(&s), &none, TL1),
+            keep(0x400, false)
+        );
+        // Confirmed past it (another reader consumed what it lacks): a gap.
+        assert_eq!(
+            plan(Some(at(0x3ff)), Some(&s), &none, TL1),
+            keep(0x400, true)
+        );
+        // On another history than the one applied on: a gap, however the
+        // LSNs compare.
+        assert_eq!(
+            plan(Some(at(0x900)), Some(&s), &none, TL2),
+            keep(0x400, true)
+        );
+        let unknown = Position::new(Timeline::UNKNOWN, Lsn(0x900));
+        assert_eq!(plan(Some(unknown), Some(&s), &none, TL1), keep(0x400, true));
+        // Nothing applied yet: nothing to miss.
+        assert_eq!(plan(None, Some(&s), &none, TL1), keep(0x400, false));
+        // A slot that says nothing of its position starts at zero.
+        let blank = slot(None, false);
+        assert_eq!(
+            plan(Some(at(0x500)), Some(&blank), &none, TL1),
+            keep(0, false)
+        );
+        // A mark of another slot (created since, past it) or of another
+        // history keeps it.
+        let marked = BrokenSlot::default();
+        marked.mark(at(0x3ff));
+        assert_eq!(
+            plan(Some(at(0x500)), Some(&s), &marked, TL1),
+            keep(0x400, false)
+        );
+        assert_eq!(
+            plan(Some(at(0x500)), Some(&s), &marked, TL2),
+            keep(0x400, true)
+        );
     }
 
     #[test]

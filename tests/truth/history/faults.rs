@@ -388,12 +388,28 @@ impl World {
         if self.failover.is_some() || self.site.is_none() {
             return false;
         }
-        let site = self.site.as_ref().unwrap();
-        if let Err(why) = site.wait_steady(Duration::from_secs(20)).await {
-            self.shared.note(format!(
-                "fault redis-failover: not injected, no promotion possible within 20 s: {why}"
-            ));
-            return false;
+        let site = self.site.as_mut().unwrap();
+        // Steady within 20 s, following any failover the sentinels make
+        // on their own meanwhile (one under way when the wait begins
+        // included).
+        let began = Instant::now();
+        loop {
+            if let Some(said) = site.follow().await {
+                self.shared.note(format!(
+                    "redis-failover: the sentinels failed over on their own; the primary is now on port {} (sentinel: {said})",
+                    site.primary.port
+                ));
+            }
+            match site.steady().await {
+                Ok(()) => break,
+                Err(why) if began.elapsed() > Duration::from_secs(20) => {
+                    self.shared.note(format!(
+                        "fault redis-failover: not injected, no promotion possible within 20 s: {why}"
+                    ));
+                    return false;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
         }
         self.failover = Some(None);
         if self.writes.rng.chance(50) {
