@@ -11,6 +11,70 @@
 
 bg_pg_log() { echo "pg.sh: $*" >&2; }
 
+# Every server below is a throwaway this script made, in a directory of its
+# own; a run may end without stopping them (a CI job cancelled, a machine
+# stopped under a session), and the next run on the machine starts them
+# again. Two rules make that start dependable:
+# - fsync=off on every one of them: PostgreSQL fsyncs the whole data
+#   directory before it replays a crash, unless fsync is off (minutes, for
+#   a replica that has replayed a long run's databases), and a throwaway
+#   server has no data to keep.
+# - a throwaway server that will not start is made anew (bg_pg_up): it
+#   holds nothing a test needs, and a run that reports its log instead
+#   fails every test for a server's sake.
+
+# bg_pg_start BINDIR DIR OPTIONS [RUNNER...]: starts the server whose data
+# is in DIR and waits until it accepts connections (its crash replay
+# included); prints the end of its log when it does not.
+bg_pg_start() {
+  local bindir=$1 dir=$2 opts=$3
+  shift 3
+  "$@" "$bindir/pg_ctl" -D "$dir" -w -t 300 -l "$dir/server.log" -o "$opts" start >&2 && return 0
+  bg_pg_log "the server in $dir did not start; the end of its log:"
+  tail -n 20 "$dir/server.log" >&2 2>/dev/null || true
+  return 1
+}
+
+# bg_pg_discard BINDIR DIR [RUNNER...]: stops the server in DIR, if one
+# runs there (immediately: its data is about to go), and removes DIR.
+bg_pg_discard() {
+  local bindir=$1 dir=$2
+  shift 2
+  if [ -s "$dir/postmaster.pid" ]; then
+    "$@" "$bindir/pg_ctl" -D "$dir" -m immediate stop >/dev/null 2>&1 || true
+  fi
+  rm -rf "$dir"
+}
+
+# bg_pg_up BINDIR DIR OPTIONS MAKE [RUNNER...]: starts the throwaway server
+# in DIR; MAKE (a function) makes its data directory first when there is
+# none. When a server that was already there does not start, it is
+# discarded, made again and started once more.
+bg_pg_up() {
+  local bindir=$1 dir=$2 opts=$3 make=$4 made=0
+  shift 4
+  if [ ! -s "$dir/PG_VERSION" ]; then
+    "$make" || return 1
+    made=1
+  fi
+  bg_pg_start "$bindir" "$dir" "$opts" "$@" && return 0
+  [ "$made" -eq 1 ] && return 1
+  bg_pg_log "making the throwaway server in $dir anew"
+  bg_pg_discard "$bindir" "$dir" "$@"
+  "$make" || return 1
+  bg_pg_start "$bindir" "$dir" "$opts" "$@"
+}
+
+# bg_pg_init BINDIR DIR [RUNNER...]: a new, empty cluster in DIR.
+bg_pg_init() {
+  local bindir=$1 dir=$2
+  shift 2
+  rm -rf "$dir" && mkdir -p "$dir"
+  [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
+  "$@" "$bindir/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >"$dir.initdb.log" 2>&1 \
+    || { cat "$dir.initdb.log" >&2; return 1; }
+}
+
 bg_pg_bindir() {
   local d
   d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
@@ -30,7 +94,7 @@ bg_pg_install() {
 
 ensure_postgres() {
   local host=${PGHOST_BG:-127.0.0.1} port=${PGPORT_BG:-5432}
-  if command -v pg_isready >/dev/null 2>&1 && pg_isready -q -h "$host" -p "$port"; then
+  if command -v pg_isready >/dev/null 2>&1 && pg_isready -U postgres -q -h "$host" -p "$port"; then
     export PG_BASE_URL="postgres://postgres@$host:$port"
     return 0
   fi
@@ -42,7 +106,7 @@ ensure_postgres() {
   fi
   local dir=${BLOOMGATE_PG_DIR:-/tmp/bloomgate-pg} tport=${BLOOMGATE_PG_PORT:-54329}
   export PG_BASE_URL="postgres://postgres@127.0.0.1:$tport"
-  if "$bindir/pg_isready" -q -h 127.0.0.1 -p "$tport"; then
+  if "$bindir/pg_isready" -U postgres -q -h 127.0.0.1 -p "$tport"; then
     return 0
   fi
   # initdb and postgres refuse to run as root: run them as an unprivileged
@@ -52,16 +116,12 @@ ensure_postgres() {
     id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
     run=(runuser -u postgres --)
   fi
-  if [ ! -s "$dir/PG_VERSION" ]; then
+  bg_pg_make_cluster() {
     bg_pg_log "starting a throwaway cluster in $dir on port $tport"
-    rm -rf "$dir" && mkdir -p "$dir"
-    [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
-    "${run[@]}" "$bindir/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >"$dir.initdb.log" 2>&1 \
-      || { cat "$dir.initdb.log" >&2; return 1; }
-  fi
-  "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
-    -o "-p $tport -c listen_addresses=127.0.0.1 -k $dir -c max_connections=300 -c fsync=off" start >&2 \
-    || { cat "$dir/server.log" >&2; return 1; }
+    bg_pg_init "$bindir" "$dir" "${run[@]}"
+  }
+  bg_pg_up "$bindir" "$dir" "-p $tport -c listen_addresses=127.0.0.1 -k $dir -c max_connections=300 -c fsync=off" \
+    bg_pg_make_cluster "${run[@]}"
 }
 
 stop_throwaway_postgres() {
@@ -84,7 +144,7 @@ ensure_replica_pair() {
   # max_prepared_transactions: tests/truth.rs commits with PREPARE
   # TRANSACTION / COMMIT PREPARED; the replica must allow as many.
   local popts="-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB -c max_prepared_transactions=20"
-  local ropts="-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
+  local ropts="-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c fsync=off -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
   bindir=$(bg_pg_bindir)
   if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
     bg_pg_install || return 1
@@ -96,18 +156,17 @@ ensure_replica_pair() {
   fi
   export BLOOMGATE_TEST_PRIMARY_URL="postgres://postgres@127.0.0.1:$pport"
   export BLOOMGATE_TEST_REPLICA_URL="postgres://postgres@127.0.0.1:$rport"
-  if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$pport"; then
-    if [ ! -s "$pdir/PG_VERSION" ]; then
-      bg_pg_log "starting a throwaway primary in $pdir on port $pport"
-      rm -rf "$pdir" && mkdir -p "$pdir"
-      [ "$(id -u)" -eq 0 ] && chown postgres "$pdir"
-      "${run[@]}" "$bindir/initdb" -D "$pdir" -U postgres --auth=trust -E UTF8 >"$pdir.initdb.log" 2>&1 \
-        || { cat "$pdir.initdb.log" >&2; return 1; }
-      # Replication connections from 127.0.0.1 (initdb's trust lines cover
-      # "replication" for local sockets and 127.0.0.1 already).
-    fi
-    "${run[@]}" "$bindir/pg_ctl" -D "$pdir" -w -t 60 -l "$pdir/server.log" -o "$popts" start >&2 \
-      || { cat "$pdir/server.log" >&2; return 1; }
+  # A primary made anew has a new system identifier: replicas of the old one
+  # could never stream from it, so they go with it (and are made again).
+  bg_pg_make_primary() {
+    bg_pg_log "starting a throwaway primary in $pdir on port $pport"
+    bg_pg_discard "$bindir" "$rdir" "${run[@]}"
+    bg_pg_discard "$bindir" "${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}" "${run[@]}"
+    # initdb's trust lines cover replication connections from 127.0.0.1.
+    bg_pg_init "$bindir" "$pdir" "${run[@]}"
+  }
+  if ! "$bindir/pg_isready" -U postgres -q -h 127.0.0.1 -p "$pport"; then
+    bg_pg_up "$bindir" "$pdir" "$popts" bg_pg_make_primary "${run[@]}" || return 1
   fi
   # Three roles that must give a password, one per method the WAL feed's
   # replication client speaks (tests/replication_auth.rs); every other role
@@ -125,44 +184,48 @@ ensure_replica_pair() {
     cat "$hba" >"$pdir/pg_hba.conf" && rm -f "$hba"
     "${run[@]}" "$bindir/pg_ctl" -D "$pdir" reload >&2
   fi
-  if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$rport"; then
-    if [ ! -s "$rdir/PG_VERSION" ]; then
-      bg_pg_log "making a streaming replica of it in $rdir on port $rport (pg_basebackup)"
-      rm -rf "$rdir" && mkdir -p "$rdir"
-      [ "$(id -u)" -eq 0 ] && chown postgres "$rdir"
-      chmod 700 "$rdir"
-      # A physical slot keeps the WAL the replica has not received (tests
-      # stop and pause it), so it can always catch up.
-      "$bindir/psql" -h 127.0.0.1 -p "$pport" -U postgres -d postgres -qAtc \
-        "SELECT pg_drop_replication_slot('bloomgate_replica') FROM pg_replication_slots WHERE slot_name = 'bloomgate_replica'" >/dev/null
-      "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$rdir" -R -X stream \
-        -C -S bloomgate_replica >&2 || return 1
-    fi
-    "${run[@]}" "$bindir/pg_ctl" -D "$rdir" -w -t 60 -l "$rdir/server.log" -o "$ropts" start >&2 \
-      || { cat "$rdir/server.log" >&2; return 1; }
+  bg_pg_make_replica() {
+    bg_pg_log "making a streaming replica of it in $rdir on port $rport (pg_basebackup)"
+    rm -rf "$rdir" && mkdir -p "$rdir"
+    [ "$(id -u)" -eq 0 ] && chown postgres "$rdir"
+    chmod 700 "$rdir"
+    # A physical slot keeps the WAL the replica has not received (tests
+    # stop and pause it), so it can always catch up.
+    "$bindir/psql" -h 127.0.0.1 -p "$pport" -U postgres -d postgres -qAtc \
+      "SELECT pg_drop_replication_slot('bloomgate_replica') FROM pg_replication_slots WHERE slot_name = 'bloomgate_replica'" >/dev/null
+    "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$rdir" -R -X stream \
+      -C -S bloomgate_replica >&2
+  }
+  if ! "$bindir/pg_isready" -U postgres -q -h 127.0.0.1 -p "$rport"; then
+    bg_pg_up "$bindir" "$rdir" "$ropts" bg_pg_make_replica "${run[@]}" || return 1
   fi
-  # A pair started by an older version of this script runs without
+  # A pair an older version of this script started may run without
   # max_prepared_transactions (tests/truth.rs commits with PREPARE
-  # TRANSACTION): restarted with it, the replica first, since a standby
-  # must allow at least as many as its primary or it stops replaying.
-  # Only servers whose data directory is ours are restarted.
-  bg_pg_restart_without_2pc "$bindir" "$rport" "$rdir" "$ropts" "${run[@]}" || return 1
-  bg_pg_restart_without_2pc "$bindir" "$pport" "$pdir" "$popts" "${run[@]}" || return 1
+  # TRANSACTION) or with fsync on: restarted with today's options, the
+  # replica first, since a standby must allow at least as many prepared
+  # transactions as its primary or it stops replaying. Only servers whose
+  # data directory is ours are restarted.
+  bg_pg_restart_if_stale "$bindir" "$rport" "$rdir" "$ropts" "${run[@]}" || return 1
+  bg_pg_restart_if_stale "$bindir" "$pport" "$pdir" "$popts" "${run[@]}" || return 1
 }
 
-# bg_pg_restart_without_2pc BINDIR PORT DATADIR OPTIONS [RUNNER...]: restarts
+# bg_pg_restart_if_stale BINDIR PORT DATADIR OPTIONS [RUNNER...]: restarts
 # the server on PORT with OPTIONS if its data directory is DATADIR (one this
-# script started) and max_prepared_transactions is 0.
-bg_pg_restart_without_2pc() {
+# script started) and it runs with max_prepared_transactions 0 or fsync on.
+bg_pg_restart_if_stale() {
   local bindir=$1 port=$2 dir=$3 opts=$4 got
   shift 4
   got=$("$bindir/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc \
-    "SELECT current_setting('data_directory') || '|' || current_setting('max_prepared_transactions')" 2>/dev/null) \
+    "SELECT current_setting('data_directory') || '|' || current_setting('max_prepared_transactions') || '|' || current_setting('fsync')" 2>/dev/null) \
     || return 0
-  [ "${got%|*}" = "$(readlink -f "$dir")" ] && [ "${got##*|}" = 0 ] || return 0
-  bg_pg_log "restarting the server in $dir with max_prepared_transactions (for PREPARE TRANSACTION)"
-  "$@" "$bindir/pg_ctl" -D "$dir" -w -t 60 -m fast -l "$dir/server.log" -o "$opts" restart >&2 \
-    || { cat "$dir/server.log" >&2; return 1; }
+  [ "${got%%|*}" = "$(readlink -f "$dir")" ] || return 0
+  case "$got" in
+    *"|0|"* | *"|on") ;;
+    *) return 0 ;;
+  esac
+  bg_pg_log "restarting the server in $dir with today's options (prepared transactions, fsync off)"
+  "$@" "$bindir/pg_ctl" -D "$dir" -w -t 300 -m fast -l "$dir/server.log" -o "$opts" restart >&2 \
+    || { tail -n 20 "$dir/server.log" >&2; return 1; }
 }
 
 # A second streaming replica of that primary, for tests/truth: its
@@ -175,16 +238,17 @@ ensure_second_replica() {
   ensure_replica_pair || return 1
   local bindir run=() pport=${BLOOMGATE_PRIMARY_PORT:-54332} port=${BLOOMGATE_REPLICA2_PORT:-54336}
   local dir=${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}
-  local opts="-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=300 -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
+  local opts="-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=300 -c fsync=off -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
   bindir=$(bg_pg_bindir)
   if [ "$(id -u)" -eq 0 ]; then
     run=(runuser -u postgres --)
   fi
   export BLOOMGATE_TEST_REPLICA2_URL="postgres://postgres@127.0.0.1:$port"
-  if "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port"; then
-    return 0
+  if "$bindir/pg_isready" -U postgres -q -h 127.0.0.1 -p "$port"; then
+    bg_pg_restart_if_stale "$bindir" "$port" "$dir" "$opts" "${run[@]}"
+    return
   fi
-  if [ ! -s "$dir/PG_VERSION" ]; then
+  bg_pg_make_replica2() {
     bg_pg_log "making a second streaming replica in $dir on port $port (pg_basebackup)"
     rm -rf "$dir" && mkdir -p "$dir"
     [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
@@ -192,10 +256,9 @@ ensure_second_replica() {
     "$bindir/psql" -h 127.0.0.1 -p "$pport" -U postgres -d postgres -qAtc \
       "SELECT pg_drop_replication_slot('bloomgate_replica2') FROM pg_replication_slots WHERE slot_name = 'bloomgate_replica2'" >/dev/null
     "${run[@]}" "$bindir/pg_basebackup" -h 127.0.0.1 -p "$pport" -U postgres -D "$dir" -R -X stream \
-      -C -S bloomgate_replica2 >&2 || return 1
-  fi
-  "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" -o "$opts" start >&2 \
-    || { cat "$dir/server.log" >&2; return 1; }
+      -C -S bloomgate_replica2 >&2
+  }
+  bg_pg_up "$bindir" "$dir" "$opts" bg_pg_make_replica2 "${run[@]}"
 }
 
 stop_replica_pair() {
@@ -240,15 +303,11 @@ ensure_tls_server() {
   export BLOOMGATE_TEST_TLS_URL="postgres://postgres@localhost:$port"
   export BLOOMGATE_TEST_TLS_CA="$certs/ca.crt"
   export BLOOMGATE_TEST_TLS_OTHER_CA="$certs/other-ca.crt"
-  if "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port" && [ -s "$certs/ca.crt" ] && [ -s "$dir/server.crt" ]; then
+  if "$bindir/pg_isready" -U postgres -q -h 127.0.0.1 -p "$port" && [ -s "$certs/ca.crt" ] && [ -s "$dir/server.crt" ]; then
     return 0
   fi
-  if [ ! -s "$dir/PG_VERSION" ] || [ ! -s "$certs/ca.crt" ]; then
+  bg_pg_make_tls() {
     bg_pg_log "starting a throwaway TLS-only server in $dir on port $port"
-    # A data directory of ours that is running without its certificates is
-    # stopped before it is made again.
-    # (`|| true`: a stale pid file must not end a `set -e` caller.)
-    { [ -s "$dir/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop >&2; } || true
     rm -rf "$dir" "$certs" && mkdir -p "$dir" "$certs"
     local ext
     ext=$(mktemp)
@@ -276,10 +335,15 @@ ensure_tls_server() {
     # TCP only with TLS; the Unix socket (for pg_ctl and psql here) stays.
     printf 'local all all trust\nlocal replication all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl replication all 127.0.0.1/32 trust\n' \
       >"$dir/pg_hba.conf"
+  }
+  # A data directory of ours that runs, or would start, without its
+  # certificates is made again.
+  if [ ! -s "$certs/ca.crt" ] || [ ! -s "$dir/server.crt" ]; then
+    bg_pg_discard "$bindir" "$dir" "${run[@]}"
   fi
-  "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
-    -o "-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=100 -c fsync=off -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10" start >&2 \
-    || { cat "$dir/server.log" >&2; return 1; }
+  bg_pg_up "$bindir" "$dir" \
+    "-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=100 -c fsync=off -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10" \
+    bg_pg_make_tls "${run[@]}"
 }
 
 stop_tls_server() {

@@ -30,17 +30,15 @@ case "${1:-start}" in
     # inherit the lock's descriptor (9>&- below), or it holds it for good.
     exec 9>"$dir.lock"
     flock 9
-    if ! "$bindir/pg_isready" -q -h 127.0.0.1 -p "$port"; then
-      if [ ! -s "$dir/PG_VERSION" ]; then
-        rm -rf "$dir" && mkdir -p "$dir"
-        [ "$(id -u)" -eq 0 ] && chown postgres "$dir"
-        "${run[@]}" "$bindir/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >"$dir.initdb.log" 2>&1 9>&- \
-          || { cat "$dir.initdb.log" >&2; exit 1; }
-      fi
-      "${run[@]}" touch "$dir/standby.signal"
-      "${run[@]}" "$bindir/pg_ctl" -D "$dir" -w -t 60 -l "$dir/server.log" \
-        -o "-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c hot_standby=on" start >&2 9>&- \
-        || { cat "$dir/server.log" >&2; exit 1; }
+    if ! "$bindir/pg_isready" -U postgres -q -h 127.0.0.1 -p "$port"; then
+      # (9>&-: the server must not inherit the lock's descriptor.)
+      bg_pg_make_standby() {
+        bg_pg_init "$bindir" "$dir" "${run[@]}" 9>&- || return 1
+        "${run[@]}" touch "$dir/standby.signal"
+      }
+      if [ -s "$dir/PG_VERSION" ]; then "${run[@]}" touch "$dir/standby.signal"; fi
+      bg_pg_up "$bindir" "$dir" "-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c hot_standby=on" \
+        bg_pg_make_standby "${run[@]}" 9>&- || exit 1
     fi
     echo "postgres://postgres@127.0.0.1:$port"
     ;;
