@@ -196,12 +196,11 @@ impl Drop for Site {
 fn every_throwaway_server_runs_without_fsync() {
     let site = Site::new("fsync");
     site.ensure();
-    for i in 0..3 {
+    for (i, name) in NAMES.iter().enumerate() {
         assert_eq!(
             site.psql(i, "SHOW fsync").as_deref(),
             Some("off"),
-            "{}: fsync on makes a crash replay wait for an fsync of the whole data directory",
-            NAMES[i]
+            "{name}: fsync on makes a crash replay wait for an fsync of the whole data directory"
         );
     }
 }
@@ -229,13 +228,12 @@ fn servers_killed_with_their_run_start_again_with_their_data() {
         !said.contains("anew"),
         "a server that only crashed replays its WAL, it is not made anew:\n{said}"
     );
-    for i in 0..3 {
+    for (i, name) in NAMES.iter().enumerate() {
         assert_eq!(
             site.psql(i, "SELECT count(*) FROM pg_class WHERE relname = 'kept'")
                 .as_deref(),
             Some("1"),
-            "{} kept its data",
-            NAMES[i]
+            "{name} kept its data"
         );
     }
     site.replicas_follow();
