@@ -21,7 +21,11 @@ bg_pg_log() { echo "pg.sh: $*" >&2; }
 #   server has no data to keep.
 # - a throwaway server that will not start is made anew (bg_pg_up): it
 #   holds nothing a test needs, and a run that reports its log instead
-#   fails every test for a server's sake.
+#   fails every test for a server's sake. Not when the cause is elsewhere:
+#   a postmaster of that directory still running (another run's start, a
+#   crash replay) is waited for, a port someone else holds fails the run,
+#   and a pid file left by a killed server is never used to signal anyone
+#   (after a machine's restart its pid may name any process).
 
 # bg_pg_start BINDIR DIR OPTIONS [RUNNER...]: starts the server whose data
 # is in DIR and waits until it accepts connections (its crash replay
@@ -35,32 +39,64 @@ bg_pg_start() {
   return 1
 }
 
-# bg_pg_discard BINDIR DIR [RUNNER...]: stops the server in DIR, if one
-# runs there (immediately: its data is about to go), and removes DIR.
+# bg_pg_live DIR: the pid in DIR's postmaster.pid, if that process is a
+# postmaster of DIR (a postmaster's working directory is its data
+# directory); nothing otherwise.
+bg_pg_live() {
+  local dir=$1 pid
+  pid=$(head -n 1 "$dir/postmaster.pid" 2>/dev/null) || return 1
+  [ -n "$pid" ] && [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$(readlink -f "$dir")" ] || return 1
+  echo "$pid"
+}
+
+# bg_pg_discard BINDIR DIR [RUNNER...]: stops the server in DIR if one of
+# DIR's own runs (immediately: its data is about to go), and removes DIR.
+# Fails, keeping DIR, if that server does not stop.
 bg_pg_discard() {
   local bindir=$1 dir=$2
   shift 2
-  if [ -s "$dir/postmaster.pid" ]; then
-    "$@" "$bindir/pg_ctl" -D "$dir" -m immediate stop >/dev/null 2>&1 || true
+  if bg_pg_live "$dir" >/dev/null; then
+    "$@" "$bindir/pg_ctl" -D "$dir" -m immediate -t 60 stop >/dev/null 2>&1 \
+      || { bg_pg_log "the server in $dir does not stop; it is kept"; return 1; }
   fi
   rm -rf "$dir"
 }
 
 # bg_pg_up BINDIR DIR OPTIONS MAKE [RUNNER...]: starts the throwaway server
-# in DIR; MAKE (a function) makes its data directory first when there is
-# none. When a server that was already there does not start, it is
-# discarded, made again and started once more.
+# in DIR (OPTIONS begin with `-p PORT`); MAKE (a function, which sees the
+# caller's locals) makes its data directory first when there is none.
+# When a server that was already there does not start: a postmaster of
+# DIR still running is waited for; a port held by another process fails;
+# a pid file naming no postmaster of DIR is removed and the start tried
+# again; only then is the server discarded, made again and started once
+# more.
 bg_pg_up() {
-  local bindir=$1 dir=$2 opts=$3 make=$4 made=0
+  local bindir=$1 dir=$2 opts=$3 make=$4 made=0 port
   shift 4
+  port=${opts#-p }
+  port=${port%% *}
   if [ ! -s "$dir/PG_VERSION" ]; then
     "$make" || return 1
     made=1
   fi
   bg_pg_start "$bindir" "$dir" "$opts" "$@" && return 0
   [ "$made" -eq 1 ] && return 1
+  if bg_pg_live "$dir" >/dev/null; then
+    bg_pg_log "a postmaster of $dir runs: waiting for it to accept connections"
+    "$bindir/pg_isready" -U postgres -q -t 300 -h 127.0.0.1 -p "$port"
+    return
+  fi
+  if tail -n 20 "$dir/server.log" 2>/dev/null | grep -q "could not bind\|Address already in use"; then
+    bg_pg_log "port $port is held by another process: $dir is kept"
+    return 1
+  fi
+  if [ -e "$dir/postmaster.pid" ]; then
+    bg_pg_log "removing the pid file a killed server left in $dir"
+    rm -f "$dir/postmaster.pid"
+    bg_pg_start "$bindir" "$dir" "$opts" "$@" && return 0
+  fi
   bg_pg_log "making the throwaway server in $dir anew"
-  bg_pg_discard "$bindir" "$dir" "$@"
+  bg_pg_discard "$bindir" "$dir" "$@" || return 1
   "$make" || return 1
   bg_pg_start "$bindir" "$dir" "$opts" "$@"
 }
@@ -160,8 +196,8 @@ ensure_replica_pair() {
   # could never stream from it, so they go with it (and are made again).
   bg_pg_make_primary() {
     bg_pg_log "starting a throwaway primary in $pdir on port $pport"
-    bg_pg_discard "$bindir" "$rdir" "${run[@]}"
-    bg_pg_discard "$bindir" "${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}" "${run[@]}"
+    bg_pg_discard "$bindir" "$rdir" "${run[@]}" || return 1
+    bg_pg_discard "$bindir" "${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}" "${run[@]}" || return 1
     # initdb's trust lines cover replication connections from 127.0.0.1.
     bg_pg_init "$bindir" "$pdir" "${run[@]}"
   }
@@ -339,7 +375,7 @@ ensure_tls_server() {
   # A data directory of ours that runs, or would start, without its
   # certificates is made again.
   if [ ! -s "$certs/ca.crt" ] || [ ! -s "$dir/server.crt" ]; then
-    bg_pg_discard "$bindir" "$dir" "${run[@]}"
+    bg_pg_discard "$bindir" "$dir" "${run[@]}" || return 1
   fi
   bg_pg_up "$bindir" "$dir" \
     "-p $port -c listen_addresses=127.0.0.1 -k $dir -c max_connections=100 -c fsync=off -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10" \

@@ -16,7 +16,11 @@
 //! - a server whose data directory will not start is made anew, and a
 //!   primary made anew takes its replicas with it (they could never stream
 //!   from a new system identifier): every server answers and both
-//!   replicas stream from the primary.
+//!   replicas stream from the primary;
+//! - but a server that does not start for a cause outside its data is
+//!   kept: a port another process holds fails the run, and a pid file
+//!   naming a process that is not its postmaster (pids are reused after a
+//!   machine's restart) is neither signalled nor a reason to discard.
 //!
 //! Real servers, no timing: each assertion waits for the state it checks.
 
@@ -24,12 +28,30 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// A free port on 127.0.0.1 no other site of this process was given, and
+/// none of the fixed ports `scripts/test.sh`'s own servers listen on.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if port != 5432 && !(54329..=54336).contains(&port) && !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
+/// Whether the tests run as root (the servers then run as `postgres`).
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
 }
 
 /// Three servers `scripts/pg.sh replica2` keeps, in a directory of this
@@ -87,6 +109,16 @@ impl Site {
             out.status.success(),
             "scripts/pg.sh replica2 failed:\n{said}"
         );
+        // Each port is this site's server (not one another test or run
+        // left there, which pg_isready would have taken for it).
+        for (i, name) in NAMES.iter().enumerate() {
+            let dir = std::fs::canonicalize(self.dir(i)).unwrap();
+            assert_eq!(
+                self.psql(i, "SHOW data_directory").map(PathBuf::from),
+                Some(dir),
+                "{name}'s port is served from its own directory"
+            );
+        }
         said
     }
 
@@ -271,6 +303,91 @@ fn a_primary_made_anew_takes_its_replicas_with_it() {
         site.psql(0, id).unwrap(),
         before,
         "the primary was made anew"
+    );
+    site.replicas_follow();
+}
+
+#[test]
+fn a_server_whose_port_another_process_holds_is_kept() {
+    let site = Site::new("port");
+    site.ensure();
+    site.psql(0, "CREATE TABLE kept ()").unwrap();
+    site.wait_for(
+        1,
+        "SELECT count(*) FROM pg_class WHERE relname = 'kept'",
+        "1",
+    );
+    site.crash(1);
+    let holder = std::net::TcpListener::bind(("127.0.0.1", site.ports[1]))
+        .expect("the crashed replica's port");
+    let out = site.pg_sh("replica2");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a server that cannot listen does not start:\n{said}"
+    );
+    assert!(!said.contains("anew"), "its data is kept:\n{said}");
+    assert!(said.contains("held by another process"), "{said}");
+    drop(holder);
+    let said = site.ensure();
+    assert!(!said.contains("anew"), "{said}");
+    site.wait_for(
+        1,
+        "SELECT count(*) FROM pg_class WHERE relname = 'kept'",
+        "1",
+    );
+    site.replicas_follow();
+}
+
+#[test]
+fn a_pid_file_naming_another_process_is_neither_signalled_nor_a_reason_to_discard() {
+    let site = Site::new("pid");
+    site.ensure();
+    site.psql(0, "CREATE TABLE kept ()").unwrap();
+    site.wait_for(
+        1,
+        "SELECT count(*) FROM pg_class WHERE relname = 'kept'",
+        "1",
+    );
+    site.crash(1);
+    // The pid a killed replica left now names a live process of the
+    // server's owner that is not a postmaster (PostgreSQL itself then
+    // refuses to start: the pid may be a postmaster's it cannot tell).
+    let mut sleeper = if is_root() {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid=postgres",
+            "--regid=postgres",
+            "--clear-groups",
+            "sleep",
+            "600",
+        ]);
+        c
+    } else {
+        let mut c = Command::new("sleep");
+        c.arg("600");
+        c
+    }
+    .spawn()
+    .expect("a process of the server's owner");
+    let other = sleeper.id();
+    let pidfile = site.dir(1).join("postmaster.pid");
+    let old = std::fs::read_to_string(&pidfile).unwrap();
+    let rest: String = old.lines().skip(1).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&pidfile, format!("{other}\n{rest}")).unwrap();
+    let said = site.ensure();
+    let signalled = sleeper.try_wait().unwrap();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    assert_eq!(
+        signalled, None,
+        "the process the pid file named was signalled"
+    );
+    assert!(!said.contains("anew"), "the replica kept its data:\n{said}");
+    site.wait_for(
+        1,
+        "SELECT count(*) FROM pg_class WHERE relname = 'kept'",
+        "1",
     );
     site.replicas_follow();
 }
