@@ -215,6 +215,22 @@ impl Site {
     }
 }
 
+impl Site {
+    /// A started site whose replica replayed a table `kept`, then crashed.
+    fn with_a_crashed_replica(name: &str) -> Site {
+        let site = Site::new(name);
+        site.ensure();
+        site.psql(0, "CREATE TABLE kept ()").unwrap();
+        site.wait_for(
+            1,
+            "SELECT count(*) FROM pg_class WHERE relname = 'kept'",
+            "1",
+        );
+        site.crash(1);
+        site
+    }
+}
+
 impl Drop for Site {
     fn drop(&mut self) {
         let _ = self.pg_sh("stop");
@@ -309,15 +325,7 @@ fn a_primary_made_anew_takes_its_replicas_with_it() {
 
 #[test]
 fn a_server_whose_port_another_process_holds_is_kept() {
-    let site = Site::new("port");
-    site.ensure();
-    site.psql(0, "CREATE TABLE kept ()").unwrap();
-    site.wait_for(
-        1,
-        "SELECT count(*) FROM pg_class WHERE relname = 'kept'",
-        "1",
-    );
-    site.crash(1);
+    let site = Site::with_a_crashed_replica("port");
     let holder = std::net::TcpListener::bind(("127.0.0.1", site.ports[1]))
         .expect("the crashed replica's port");
     let out = site.pg_sh("replica2");
@@ -341,15 +349,7 @@ fn a_server_whose_port_another_process_holds_is_kept() {
 
 #[test]
 fn a_pid_file_naming_another_process_is_neither_signalled_nor_a_reason_to_discard() {
-    let site = Site::new("pid");
-    site.ensure();
-    site.psql(0, "CREATE TABLE kept ()").unwrap();
-    site.wait_for(
-        1,
-        "SELECT count(*) FROM pg_class WHERE relname = 'kept'",
-        "1",
-    );
-    site.crash(1);
+    let site = Site::with_a_crashed_replica("pid");
     // The pid a killed replica left now names a live process of the
     // server's owner that is not a postmaster (PostgreSQL itself then
     // refuses to start: the pid may be a postmaster's it cannot tell).
