@@ -20,6 +20,12 @@
 //! the WAL position read after it (a slight overestimate), and until a
 //! reader has read an entry at or past it (delivery only).
 //!
+//! With a read tier (`REPLICAS`: `url|pid` of each replica of the Redis
+//! primary, comma-separated, as bench/fleet.sh sets it): the readers are
+//! spread over the replicas, round robin, and the real gateways read with
+//! `bus.read_from = "replicas"`; each replica's CPU is counted apart from
+//! the primary's.
+//!
 //! Arguments: `DB_URL REDIS_URL REDIS_PID READERS CONSUMERS RATE SECS`.
 //! Prints one line of `key=value`.
 
@@ -37,6 +43,11 @@ const PREFIX: &str = "fleetsim";
 fn config(db: &str, redis: &str) -> Config {
     // `bus.batch_window` as bench/fleet.sh's BATCH_WINDOW says.
     let window = std::env::var("BATCH_WINDOW").unwrap_or_else(|_| "2ms".into());
+    let read_from = if replicas().is_empty() {
+        "primary"
+    } else {
+        "replicas"
+    };
     let text = format!(
         r#"
 [database]
@@ -50,6 +61,7 @@ url = "{redis}"
 slot = "{SLOT}"
 prefix = "{PREFIX}"
 batch_window = "{window}"
+read_from = "{read_from}"
 [filter]
 rebuild_interval = "0s"
 rebuild_insert_fraction = 0
@@ -115,6 +127,19 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// `REPLICAS`: each replica's URL and process id.
+fn replicas() -> Vec<(String, u32)> {
+    std::env::var("REPLICAS")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            let (url, pid) = r.split_once('|').expect("REPLICAS: url|pid,…");
+            (url.to_string(), pid.parse().expect("REPLICAS: a pid"))
+        })
+        .collect()
 }
 
 /// Markers: (LSN after the commit, when the commit returned).
@@ -189,7 +214,16 @@ fn last_id(v: &redis::Value) -> Option<String> {
 /// and its length: what a second of retention costs Redis.
 async fn stream_size(url: &str, stream: &str) -> (i64, i64) {
     let client = redis::Client::open(url).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    // A Redis that 256 readers keep busy may not accept a connection
+    // within redis-rs' default time-out at once.
+    let mut tries = 0;
+    let mut c = loop {
+        match client.get_multiplexed_async_connection().await {
+            Ok(c) => break c,
+            Err(e) if tries >= 10 => panic!("Redis: {e}"),
+            Err(_) => tries += 1,
+        }
+    };
     let bytes: Option<i64> = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(stream)
@@ -251,9 +285,14 @@ fn main() {
     let markers: Markers = Arc::default();
     let delivered = Arc::new(Mutex::new(Vec::new()));
     let mut reader_tasks = Vec::new();
-    for _ in 0..readers {
+    let replicas = replicas();
+    for i in 0..readers {
+        let url = match replicas.len() {
+            0 => redis_url.clone(),
+            k => replicas[i % k].0.clone(),
+        };
         reader_tasks.push(readers_rt.spawn(reader(
-            redis_url.clone(),
+            url,
             stream.clone(),
             stop.clone(),
             markers.clone(),
@@ -301,6 +340,9 @@ fn main() {
         thread_ticks("gws"),
         thread_ticks("readers"),
     );
+    let replica_ticks =
+        || -> Vec<u64> { replicas.iter().map(|(_, p)| process_ticks(*p)).collect() };
+    let replicas0 = replica_ticks();
     let (bytes0, entries0) = main_rt.block_on(stream_size(&redis_url, &stream));
     let began = Instant::now();
     let marker_task = main_rt.spawn({
@@ -361,6 +403,7 @@ fn main() {
         thread_ticks("gws"),
         thread_ticks("readers"),
     );
+    let replicas1 = replica_ticks();
     let elapsed = began.elapsed().as_secs_f64();
     let (bytes1, entries1) = main_rt.block_on(stream_size(&redis_url, &stream));
     stop.store(true, Ordering::Relaxed);
@@ -382,13 +425,22 @@ fn main() {
             applied_ms.lock().await.clone(),
         )
     });
+    let on_replicas: Vec<f64> = replicas0
+        .iter()
+        .zip(&replicas1)
+        .map(|(a, b)| per(b - a))
+        .collect();
     println!(
         "readers={readers} consumers={consumers} rate={rate} commits={txns} commits_per_s={:.0} \
+         replicas={} replicas_us_per_commit={:.1} busiest_replica_us_per_commit={:.1} \
          redis_us_per_commit={:.1} relay_us_per_commit={:.1} consumer_us_per_commit={:.1} \
          readers_us_per_commit={:.1} delivered_ms_p50={:.1} delivered_ms_p99={:.1} \
          servable_ms_p50={:.1} servable_ms_p99={:.1} entries_per_s={:.0} \
          stream_bytes_per_entry={:.0} stream_bytes_per_s={:.0}",
         n / elapsed,
+        replicas.len(),
+        on_replicas.iter().sum::<f64>(),
+        on_replicas.iter().copied().fold(0.0, f64::max),
         per(r1 - r0),
         per(relay1 - relay0),
         per(gws1 - gws0) / consumers.max(1) as f64,

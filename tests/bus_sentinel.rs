@@ -195,9 +195,29 @@ async fn a_fleet_on_sentinel_follows_a_redis_failover_and_never_answers_wrong() 
 /// checker relies on when the sentinels fail over on their own).
 #[tokio::test]
 async fn a_switchover_the_sentinels_make_is_followed_by_the_fleet_and_the_site() {
+    switchover("").await;
+}
+
+/// The same with the fleet reading the replicas (`bus.read_from`, "A read
+/// tier" in `feed::bus::redis`): the sentinels name the primary, whose
+/// `INFO replication` names the replica the fleet reads, before the
+/// switchover and after it.
+#[tokio::test]
+async fn a_fleet_reading_replicas_follows_a_switchover() {
+    switchover("read_from = \"replicas\"\n").await;
+}
+
+async fn switchover(bus_extra: &str) {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut site = Site::start().await;
-    let (db, fleet, gws, stream) = fleet_on(&site).await;
+    let (db, fleet, gws, stream) = fleet_with(&site, bus_extra).await;
+    if !bus_extra.is_empty() {
+        eventually("the fleet reads the replica", || async {
+            site.replica.xreads().await > 0
+        })
+        .await;
+        assert_eq!(site.primary.xreads().await, 0, "the primary served reads");
+    }
     let traffic = Traffic::start(&db, &gws);
     tokio::time::sleep(Duration::from_secs(2)).await;
 
@@ -232,6 +252,15 @@ async fn a_switchover_the_sentinels_make_is_followed_by_the_fleet_and_the_site()
     })
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    if !bus_extra.is_empty() {
+        // The old primary, now the replica, in sync: the fleet reads it
+        // once a connection is opened again (each consumer's was dropped
+        // by the switchover).
+        eventually("the fleet reads the new replica", || async {
+            site.replica.xreads().await > 0
+        })
+        .await;
+    }
     let checked = traffic.finish().await;
     every_row_fresh(&db, &gws, checked).await;
     fleet.stop(&gws, &db).await;
@@ -239,9 +268,20 @@ async fn a_switchover_the_sentinels_make_is_followed_by_the_fleet_and_the_site()
 
 /// Two gateways on the bus through `site`'s sentinels, and their stream.
 async fn fleet_on(site: &Site) -> (TestDb, Fleet, Vec<Arc<bloomgate::gateway::Gateway>>, String) {
+    fleet_with(site, "").await
+}
+
+/// [`fleet_on`] with `bus_extra` added to `[bus]`.
+async fn fleet_with(
+    site: &Site,
+    bus_extra: &str,
+) -> (TestDb, Fleet, Vec<Arc<bloomgate::gateway::Gateway>>, String) {
     let db = bus_db().await;
     let fleet = Fleet::new();
-    let bus = site.bus_toml(&fleet, PASSWORD, SENTINEL_PASSWORD);
+    let bus = format!(
+        "{}{bus_extra}",
+        site.bus_toml(&fleet, PASSWORD, SENTINEL_PASSWORD)
+    );
     let config = || wal_config(&db, &format!("{BY_EMAIL}\n{bus}"));
     let gws = vec![started(config()).await, started(config()).await];
     wait_all_on_bus(&gws).await;

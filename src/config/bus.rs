@@ -84,6 +84,27 @@ pub struct BusConfig {
     /// The name the sentinels know the primary by (`sentinel monitor
     /// <name> …`); set with `sentinels`. Default none.
     pub sentinel_master: Option<String>,
+    /// Where gateways read the stream from. `primary`: the Redis node the
+    /// relay appends to (or the one the sentinels name). `replicas`: an
+    /// online replica of it, chosen at random for each connection among
+    /// those its `INFO replication` lists (their announced addresses, with
+    /// `url`'s scheme, credentials and database), so Redis' read fan-out,
+    /// which grows with the fleet, is spread over its replicas and the
+    /// primary carries the appends and one replication stream each
+    /// (docs/src/bus.md, "A read tier"). The primary is read when no
+    /// replica is online, and a replica that falls behind is left for
+    /// another choice once the bus is unproven for `max_lag`. Default
+    /// `primary`.
+    pub read_from: ReadFrom,
+}
+
+/// `bus.read_from`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadFrom {
+    #[default]
+    Primary,
+    Replicas,
 }
 
 impl Default for BusConfig {
@@ -102,6 +123,7 @@ impl Default for BusConfig {
             max_direct_fallback: 2,
             sentinels: Vec::new(),
             sentinel_master: None,
+            read_from: ReadFrom::Primary,
         }
     }
 }
@@ -122,6 +144,7 @@ impl std::fmt::Debug for BusConfig {
             .field("max_direct_fallback", &self.max_direct_fallback)
             .field("sentinels", &self.redacted_sentinels())
             .field("sentinel_master", &self.sentinel_master)
+            .field("read_from", &self.read_from)
             .finish()
     }
 }

@@ -119,9 +119,10 @@ pub(super) async fn bus(
         crate::feed::Timeline { system: 0, id: 1 },
         b.retention,
     );
-    let answered = match probe {
-        Err(e) => Err(e.to_string()),
-        Ok(mut bus) => match tokio::time::timeout(Duration::from_secs(10), bus.head()).await {
+    let mut probe = probe.map_err(|e| e.to_string());
+    let answered = match &mut probe {
+        Err(e) => Err(e.clone()),
+        Ok(bus) => match tokio::time::timeout(Duration::from_secs(10), bus.head()).await {
             Err(_) => Err("no answer within 10 s".into()),
             Ok(r) => r.map(|_| ()).map_err(|e| e.to_string()),
         },
@@ -131,6 +132,23 @@ pub(super) async fn bus(
         Err(e) => r.missing(format!(
             "bus: Redis ({shown}): {e}; until it answers every gateway follows the WAL itself (at most bus.max_direct_fallback of them) or nothing"
         )),
+    }
+    if b.read_from == crate::config::ReadFrom::Replicas
+        && let Ok(bus) = &mut probe
+    {
+        let listed = tokio::time::timeout(Duration::from_secs(10), bus.replicas_online()).await;
+        match listed {
+            Ok(Ok(online)) if !online.is_empty() => r.ok(format!(
+                "bus.read_from = \"replicas\": the primary lists {} online ({}); each must know the gateways' ACL user, and answer at that address",
+                online.len(),
+                online.join(", ")
+            )),
+            Ok(Ok(_)) => r.note(
+                "bus.read_from = \"replicas\": the primary lists no online replica; the gateways read the primary until one is".into(),
+            ),
+            Ok(Err(e)) => r.note(format!("bus.read_from = \"replicas\": the primary's replicas could not be listed ({e})")),
+            Err(_) => r.note("bus.read_from = \"replicas\": the primary's replicas could not be listed (no answer within 10 s)".into()),
+        }
     }
     let slot: Option<(Option<String>, bool)> =
         sqlx::query_as("SELECT wal_status, active FROM pg_replication_slots WHERE slot_name = $1")

@@ -24,6 +24,8 @@
 //! the primary has room for the relay's walsender and slot plus the
 //! `bus.max_direct_fallback` gateways that may follow the WAL themselves
 //! while the bus is down (`max_wal_senders`, `max_replication_slots`).
+//! With `bus.read_from = "replicas"`, the online replicas the primary
+//! lists (a note, not a failure, when there are none: the primary is read).
 //!
 //! Nothing is changed. The statements are printed for an administrator to
 //! run; the exit status is 1 while anything is missing.

@@ -181,6 +181,49 @@ impl Redis {
         }
     }
 
+    /// Replication as `user` is refused from now on, and its connections
+    /// are cut: a replica logging in as it loses its link and keeps what it
+    /// had.
+    pub async fn turn_away(&self, user: &str) {
+        let mut c = self.conn().await.unwrap();
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg("off")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let _: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("USER")
+            .arg(user)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+
+    /// `INFO section`; empty if the server does not answer.
+    pub async fn info(&self, section: &str) -> String {
+        let Some(mut c) = self.conn().await else {
+            return String::new();
+        };
+        redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut c)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// `XREAD`s the server has served (its `INFO commandstats`).
+    pub async fn xreads(&self) -> u64 {
+        self.info("commandstats")
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_xread:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// The keys matching `pattern`.
     pub async fn keys(&self, pattern: &str) -> Vec<String> {
         let mut c = self.conn().await.unwrap();

@@ -215,21 +215,7 @@ impl Site {
     /// The replica loses its link: its replication user is turned away on
     /// the primary, which goes on taking writes the replica will not have.
     pub async fn cut_replication(&self) {
-        let mut c = self.primary.conn().await.unwrap();
-        let _: () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg("repl")
-            .arg("off")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        let _: i64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("USER")
-            .arg("repl")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        self.primary.turn_away("repl").await;
     }
 
     /// Whether the promotion is done as every client sees it: every

@@ -57,6 +57,11 @@ const FALLBACK_DRAW: u64 = 0xFA11_BAC4_D1EC_7000;
 /// on one `redis-server`, where that fault is played, and puts 2 on
 /// Sentinel (see [`crate::BUS_CI_SEEDS`]).
 const SENTINEL_DRAW: u64 = 0xAA3F_C17D_9BA8_45E4;
+/// Mixed into the seed for whether a Sentinel history's fleet reads the
+/// replica (`bus.read_from = "replicas"`): a stream of its own, so no other
+/// choice of any seed changes. This salt puts CI's Sentinel seed (2) on
+/// the replica (and 5, 7 and 12 of 1..12).
+const READ_FROM_DRAW: u64 = 0x4EAD_F40E_2E91_1CA7;
 const READERS: usize = 2;
 
 pub struct Opts {
@@ -295,6 +300,14 @@ impl World {
             // (a stream of its own), so the seeds' other choices stay as
             // they were.
             let max_direct_fallback = Rng::new(opts.seed ^ FALLBACK_DRAW).below(fleet);
+            // On Sentinel, half the seeds read the replica: its link cut
+            // before a kill strands the fleet's reads there.
+            let read_from =
+                if sentinel_rng.is_some() && Rng::new(opts.seed ^ READ_FROM_DRAW).chance(50) {
+                    "replicas"
+                } else {
+                    "primary"
+                };
             let (redis, url, sentinels, sentinel_master) = if sentinel_rng.is_some() {
                 let site = Site::start().await;
                 let sentinels = site.sentinel_urls(SENTINEL_PASSWORD);
@@ -318,6 +331,7 @@ impl World {
                 prefix: format!("truth_{tag}"),
                 max_lag,
                 max_direct_fallback,
+                read_from,
             };
             (redis, Some(bus), fleet)
         } else {
@@ -331,9 +345,10 @@ impl World {
                     .unwrap_or_default(),
                 if let Some(b) = &bus {
                     format!(
-                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, bus.max_direct_fallback {}, {}",
+                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, bus.max_direct_fallback {}, bus.read_from {}, {}",
                         b.max_lag,
                         b.max_direct_fallback,
+                        b.read_from,
                         match (&redis, &site_slot) {
                             (Some(r), _) => format!("redis-server on port {}", r.port),
                             (None, Some(site)) => format!(

@@ -53,6 +53,9 @@
 //! ACL user and a sentinel password): every gateway's `[bus]` names the
 //! sentinels and the master (`bus.sentinels`, `bus.sentinel_master`, both
 //! passwords), and finds the primary through them at every connection.
+//! On half of those seeds (a draw of its own) the fleet reads the replica
+//! (`bus.read_from = "replicas"`), so a failover's cut link strands its
+//! reads before the kill.
 //! Whether it does, and which of its rounds fail Redis over, come from a
 //! stream of the seed's own, as the database's lifecycle does (below):
 //! drawn apart, so that the other seeds, CI's among them, keep the

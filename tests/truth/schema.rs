@@ -169,6 +169,8 @@ pub struct BusSetup {
     pub max_lag: &'static str,
     /// `bus.max_direct_fallback`: below the fleet's size.
     pub max_direct_fallback: usize,
+    /// `bus.read_from`: `"replicas"` on half the Sentinel histories.
+    pub read_from: &'static str,
 }
 
 pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
@@ -204,8 +206,8 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
     let mut text = format!("[database]\n{db}\n");
     if let Some(b) = s.bus {
         text.push_str(&format!(
-            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\nmax_direct_fallback = {}\n",
-            b.url, b.slot, b.prefix, b.max_lag, b.max_direct_fallback
+            "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\nmax_direct_fallback = {}\nread_from = \"{}\"\n",
+            b.url, b.slot, b.prefix, b.max_lag, b.max_direct_fallback, b.read_from
         ));
         if let Some(master) = &b.sentinel_master {
             let urls: Vec<String> = b.sentinels.iter().map(|u| format!("\"{u}\"")).collect();

@@ -84,6 +84,9 @@ pub async fn run<B: Bus>(
         if shutdown.is_fired() || tx.is_closed() {
             return;
         }
+        // The server it read may be what is behind (a Redis replica whose
+        // link broke): the next look opens a new connection.
+        bus.reconnect();
         Status::count(&opts.status.fallbacks);
         if let Some(not_logged) = throttle.permit() {
             tracing::warn!(why = %why, not_logged, "bus: not current; following the WAL with a direct feed of this gateway's own (within bus.max_direct_fallback) until it is");
@@ -182,6 +185,8 @@ async fn follow<B: Bus>(
     // a quiet database no reading goes unproven, but nothing would tell
     // this gateway of the next commit either).
     let mut failing: Option<Instant> = None;
+    // Whether this unproven spell has had its new connection (below).
+    let mut moved_on = false;
     loop {
         if shutdown.is_fired() || tx.is_closed() {
             return Ended::Shutdown;
@@ -364,6 +369,21 @@ async fn follow<B: Bus>(
             oldest.map_or(0, |d| d.as_millis() as u64),
             std::sync::atomic::Ordering::Relaxed,
         );
+        // A Redis replica that stopped following its primary freezes the
+        // stream without an error. Halfway to `max_lag`, one new
+        // connection: the node is chosen again (see "A read tier" in
+        // `redis`), and the read goes on after `last` there. Every node
+        // holds the one stream with the same IDs and `p`s, so the
+        // continuity check covers the move, and no resync is owed.
+        match oldest {
+            Some(d) if d >= opts.max_lag / 2 => {
+                if !moved_on {
+                    moved_on = true;
+                    bus.reconnect();
+                }
+            }
+            _ => moved_on = false,
+        }
         if oldest.is_some_and(|d| d >= opts.max_lag) {
             return Ended::Unhealthy(match failing {
                 Some(_) => "the bus is unreachable".into(),
@@ -544,7 +564,8 @@ impl Direct {
 }
 
 /// Whether the stream of the primary's timeline reaches the primary's
-/// flush position read now, within a second.
+/// flush position read now, within a second. Not: the next look opens a
+/// new connection (a Redis replica behind is left for another choice).
 async fn current<B: Bus>(bus: &mut B, pool: &PgPool) -> bool {
     let Some((server, p)) = primary(pool).await else {
         return false;
@@ -558,5 +579,6 @@ async fn current<B: Bus>(bus: &mut B, pool: &PgPool) -> bool {
             Err(_) => return false,
         }
     }
+    bus.reconnect();
     false
 }

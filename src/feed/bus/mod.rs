@@ -68,7 +68,8 @@
 //! the stream goes on. A stream of a timeline no relay appends to any
 //! more stays in Redis (at most `bus.retention` entries) until deleted.
 //!
-//! # Guarantees (tested in `tests/bus.rs`)
+//! # Guarantees (tested in `tests/bus.rs`; reading Redis replicas, in
+//! `tests/bus_replicas.rs`)
 //! - **Nothing lost at a failover.** The relay's WAL feed confirms the
 //!   slot only up to what the bus acknowledged ([`relay`]), so a new relay
 //!   starts at or before the stream's newest entry: what it decodes again
@@ -84,7 +85,10 @@
 //!   entries (a restart without persistence, a failover of its
 //!   asynchronous replication) shows as a break: the consumer resyncs
 //!   (every cache emptied, every filter rebuilt), as a direct feed does
-//!   after a gap.
+//!   after a gap. The same holds across Redis nodes: a consumer that
+//!   moves to another node (a replica of the read tier, or after a
+//!   failover) reads on after the same ID there, and the `p`s tell it
+//!   whether anything is missing.
 //! - **No gap at start-up.** The relay appends a commit only once it is
 //!   visible on the primary. A consumer starts reading after the stream's
 //!   newest entry, read before the first scan: a commit in the stream by
@@ -215,6 +219,9 @@ pub trait Bus: Send + 'static {
     ) -> impl Future<Output = Result<(), BusError>> + Send;
     /// Who relays, as last announced.
     fn relay(&mut self) -> impl Future<Output = Result<Option<String>, BusError>> + Send;
+    /// The next call opens a new connection (a consumer leaving a server
+    /// that did not keep it current: see "A read tier" in [`redis`]).
+    fn reconnect(&mut self);
 }
 
 /// Which the consumer follows.

@@ -32,6 +32,35 @@
 //! handle of their own, built for each connection (so a rotated TLS file
 //! is read again), bounded by the connection timeout.
 //!
+//! # A read tier (`bus.read_from = "replicas"`)
+//! Redis pays for every entry once per reader: each blocked `XREAD` it
+//! wakes and each reply it writes (BENCHMARKS.md, "The fleet simulator").
+//! A consumer's handle ([`RedisBus::reader`]) may read an online replica
+//! of the primary instead, so that cost is spread over the replicas and
+//! the primary carries the appends and one replication stream per replica.
+//! Nothing of the consumer's reasoning changes: a replica applies the
+//! primary's stream in order with the same entry IDs (the append script
+//! is replicated by its effects), so what a replica holds is a prefix of
+//! the primary's stream, every entry with the same `p`; a replica behind
+//! only delays the entries and heartbeats a consumer reads, and a replica
+//! that lost entries (a full resync from a new primary) shows as a
+//! continuity break. The consumer vouches only with readings of the
+//! Postgres primary's position that the stream has reached, whichever
+//! node served it.
+//!
+//! Which replica: at each new connection, one chosen at random among those
+//! the primary's `INFO replication` lists as `online` and acknowledging
+//! within a second, at its announced address (`replica-announce-ip`
+//! behind NAT; with TLS its certificate must name that address), with
+//! `bus.url`'s scheme, credentials, database and files; accepted only if
+//! it says it is a replica whose link to the primary is up. No such
+//! replica: the primary is read. A replica that stops following its
+//! primary while in use (its link broken: it keeps serving what it had,
+//! without an error) leaves the consumer unproven; halfway to
+//! `bus.max_lag` the consumer drops the connection ([`Bus::reconnect`]),
+//! and the next one chooses again, among the replicas the primary still
+//! lists online; the consumer reads on after its last entry there.
+//!
 //! # TLS (`rediss://`)
 //! redis-rs's rustls (`tokio-rustls-comp`), on the gateway's one TLS stack
 //! (rustls, `ring`; see `Cargo.toml`). The server's certificate is checked
@@ -327,6 +356,8 @@ pub struct RedisBus {
     stream: String,
     relay_key: String,
     retention: u64,
+    /// Read an online replica of the primary (see "A read tier").
+    replicas: bool,
     conn: Option<MultiplexedConnection>,
     /// The newest position this handle has seen on `stream` (see "A
     /// stream that went back"): the append script refuses to append
@@ -390,6 +421,7 @@ impl RedisBus {
             base,
             epoch,
             retention,
+            replicas: false,
             conn: None,
             seen: EntryId::START,
             append: Script::new(APPEND),
@@ -407,10 +439,21 @@ impl RedisBus {
             stream: self.stream.clone(),
             relay_key: self.relay_key.clone(),
             retention: self.retention,
+            replicas: false,
             conn: None,
             seen: EntryId::START,
             append: Script::new(APPEND),
             head: Script::new(HEAD),
+        }
+    }
+
+    /// [`Self::another`] for a consumer: with `replicas`
+    /// (`bus.read_from = "replicas"`), it reads an online replica of the
+    /// primary when there is one (see "A read tier"). It never appends.
+    pub fn reader(&self, replicas: bool) -> Self {
+        Self {
+            replicas,
+            ..self.another()
         }
     }
 
@@ -438,12 +481,85 @@ impl RedisBus {
             (Target::Server(c), None) => (**c).clone(),
             (Target::Sentinel(s), tls) => s.primary(tls.as_ref()).await?,
         };
-        let c = client
+        let mut c = client
             .get_multiplexed_async_connection_with_config(&cfg)
             .await
             .map_err(|e| connecting(e, self.tls.is_some()))?;
+        if self.replicas
+            && let Some(r) = self.replica(&client, &mut c, &cfg).await
+        {
+            c = r;
+        }
         self.conn = Some(c.clone());
         Ok(c)
+    }
+
+    /// The replicas a reader could choose now (see "A read tier"): those
+    /// the primary lists online and acknowledging, as `host:port`.
+    pub async fn replicas_online(&mut self) -> Result<Vec<String>, BusError> {
+        let mut conn = self.conn(Duration::ZERO).await?;
+        let r: Result<String, _> = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await;
+        let info = self.forget_on_error(r)?;
+        Ok(online_replicas(&info)
+            .into_iter()
+            .map(|(h, p)| format!("{h}:{p}"))
+            .collect())
+    }
+
+    /// A connection to an online replica of the primary `primary` is
+    /// connected to, chosen as "A read tier" says; `None`: read the
+    /// primary.
+    async fn replica(
+        &self,
+        client: &Client,
+        primary: &mut MultiplexedConnection,
+        cfg: &AsyncConnectionConfig,
+    ) -> Option<MultiplexedConnection> {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(primary)
+            .await
+            .ok()?;
+        let mut online = online_replicas(&info);
+        while !online.is_empty() {
+            let (host, port) = online.swap_remove(random_below(online.len()));
+            let addr = match client.get_connection_info().addr() {
+                ConnectionAddr::TcpTls { .. } => ConnectionAddr::TcpTls {
+                    host: host.clone(),
+                    port,
+                    insecure: false,
+                    tls_params: None,
+                },
+                _ => ConnectionAddr::Tcp(host.clone(), port),
+            };
+            let info = client.get_connection_info().clone().set_addr(addr);
+            let replica = match &self.tls {
+                Some(files) => match files.certificates() {
+                    Ok(certs) => Client::build_with_tls(info, certs),
+                    Err(_) => return None,
+                },
+                None => Client::open(info),
+            };
+            let Ok(replica) = replica else { continue };
+            let Ok(mut c) = replica
+                .get_multiplexed_async_connection_with_config(cfg)
+                .await
+            else {
+                continue;
+            };
+            let said: Result<String, _> = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c)
+                .await;
+            if said.is_ok_and(|i| replica_link_up(&i)) {
+                tracing::debug!(replica = %format!("{host}:{port}"), "bus: reading a replica");
+                return Some(c);
+            }
+        }
+        None
     }
 
     /// Runs `f` on the connection; a failure drops the connection, so the
@@ -454,6 +570,57 @@ impl RedisBus {
         }
         r.map_err(failed)
     }
+}
+
+/// The replicas a primary's `INFO replication` lists as `online` and
+/// acknowledging within a second (`lag` ≤ 1), as (announced host, port).
+fn online_replicas(info: &str) -> Vec<(String, u16)> {
+    let mut out = Vec::new();
+    for line in info.lines() {
+        let Some((name, fields)) = line.trim_end().split_once(':') else {
+            continue;
+        };
+        if !name.starts_with("slave") || !name[5..].bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let field = |k: &str| {
+            fields
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+        };
+        let (Some(ip), Some(port), Some("online"), Some(lag)) =
+            (field("ip"), field("port"), field("state"), field("lag"))
+        else {
+            continue;
+        };
+        let (Ok(port), Ok(lag)) = (port.parse::<u16>(), lag.parse::<u64>()) else {
+            continue;
+        };
+        if lag <= 1 && !ip.is_empty() {
+            out.push((ip.to_string(), port));
+        }
+    }
+    out
+}
+
+/// Whether a node's `INFO replication` says it is a replica whose link to
+/// its primary is up.
+fn replica_link_up(info: &str) -> bool {
+    let lines: Vec<&str> = info.lines().map(str::trim_end).collect();
+    lines.contains(&"role:slave") && lines.contains(&"master_link_status:up")
+}
+
+/// A number below `n` (> 0), different from one connection to the next:
+/// spreads a fleet's readers over the replicas.
+fn random_below(n: usize) -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    (h.finish() % n as u64) as usize
 }
 
 /// A connection that could not be opened: [`failed`]'s words, and for a
@@ -678,6 +845,10 @@ impl Bus for RedisBus {
         self.forget_on_error(r)
     }
 
+    fn reconnect(&mut self) {
+        self.conn = None;
+    }
+
     async fn relay(&mut self) -> Result<Option<String>, BusError> {
         let mut conn = self.conn(Duration::ZERO).await?;
         let r: Result<Option<String>, _> = redis::cmd("GET")
@@ -685,5 +856,58 @@ impl Bus for RedisBus {
             .query_async(&mut conn)
             .await;
         self.forget_on_error(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Redis 7's `INFO replication` of a primary with three replicas: one
+    /// online, one still loading its snapshot, one online but not
+    /// acknowledging for 5 s.
+    const PRIMARY: &str = "# Replication\r\nrole:master\r\nconnected_slaves:3\r\n\
+        slave0:ip=10.0.0.5,port=6379,state=online,offset=8123,lag=0\r\n\
+        slave1:ip=10.0.0.6,port=6380,state=wait_bgsave,offset=0,lag=0\r\n\
+        slave2:ip=10.0.0.7,port=6379,state=online,offset=7000,lag=5\r\n\
+        slave3:ip=redis-3.internal,port=6381,state=online,offset=8123,lag=1\r\n\
+        master_failover_state:no-failover\r\nmaster_replid:abc\r\n";
+
+    #[test]
+    fn only_online_replicas_that_acknowledge_within_a_second_are_read() {
+        assert_eq!(
+            online_replicas(PRIMARY),
+            vec![
+                ("10.0.0.5".to_string(), 6379),
+                ("redis-3.internal".to_string(), 6381)
+            ]
+        );
+        assert!(
+            online_replicas("# Replication\r\nrole:master\r\nconnected_slaves:0\r\n").is_empty()
+        );
+        // A replica's own INFO lists no replicas (and `slave_read_only` or
+        // `slave_repl_offset` are not replicas).
+        assert!(online_replicas(REPLICA).is_empty());
+    }
+
+    const REPLICA: &str = "# Replication\r\nrole:slave\r\nmaster_host:10.0.0.4\r\n\
+        master_port:6379\r\nmaster_link_status:up\r\nslave_repl_offset:8123\r\n\
+        slave_read_only:1\r\nconnected_slaves:0\r\n";
+
+    #[test]
+    fn a_replica_is_read_only_while_its_link_is_up() {
+        assert!(replica_link_up(REPLICA));
+        assert!(!replica_link_up(
+            &REPLICA.replace("master_link_status:up", "master_link_status:down")
+        ));
+        // A replica promoted meanwhile is a primary: not read as a replica.
+        assert!(!replica_link_up(PRIMARY));
+    }
+
+    #[test]
+    fn the_choice_stays_in_range_and_varies() {
+        let picks: std::collections::HashSet<usize> = (0..200).map(|_| random_below(4)).collect();
+        assert!(picks.iter().all(|&i| i < 4));
+        assert!(picks.len() > 1, "{picks:?}");
     }
 }
