@@ -92,9 +92,9 @@ pub struct BusConfig {
     /// which grows with the fleet, is spread over its replicas and the
     /// primary carries the appends and one replication stream each
     /// (docs/src/bus.md, "A read tier"). The primary is read when no
-    /// replica is online, and a replica that falls behind is left for
-    /// another choice once the bus is unproven for `max_lag`. Default
-    /// `primary`.
+    /// replica is online (a replica is looked for again every 10 s), and
+    /// a replica that stops following is left halfway to `max_lag`.
+    /// Default `primary`.
     pub read_from: ReadFrom,
 }
 

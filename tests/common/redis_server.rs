@@ -224,6 +224,20 @@ impl Redis {
             .unwrap_or(0)
     }
 
+    /// Connections whose last command was a (blocking) `XREAD`: the
+    /// consumers reading this server now.
+    pub async fn clients_reading(&self) -> usize {
+        let Some(mut c) = self.conn().await else {
+            return 0;
+        };
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut c)
+            .await
+            .unwrap_or_default();
+        list.lines().filter(|l| l.contains(" cmd=xread ")).count()
+    }
+
     /// The keys matching `pattern`.
     pub async fn keys(&self, pattern: &str) -> Vec<String> {
         let mut c = self.conn().await.unwrap();

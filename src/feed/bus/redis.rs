@@ -50,16 +50,27 @@
 //!
 //! Which replica: at each new connection, one chosen at random among those
 //! the primary's `INFO replication` lists as `online` and acknowledging
-//! within a second, at its announced address (`replica-announce-ip`
+//! (`lag` ≤ 2 s), at its announced address (`replica-announce-ip`
 //! behind NAT; with TLS its certificate must name that address), with
 //! `bus.url`'s scheme, credentials, database and files; accepted only if
-//! it says it is a replica whose link to the primary is up. No such
-//! replica: the primary is read. A replica that stops following its
+//! it says it is a replica whose link is up and that follows this
+//! primary's replication ID (`master_replid`: not another deployment's
+//! Redis answering at a reused address). No such
+//! replica (or none found within 3 s, every one tried included): the
+//! primary is read. A replica that stops following its
 //! primary while in use (its link broken: it keeps serving what it had,
 //! without an error) leaves the consumer unproven; halfway to
 //! `bus.max_lag` the consumer drops the connection ([`Bus::reconnect`]),
 //! and the next one chooses again, among the replicas the primary still
-//! lists online; the consumer reads on after its last entry there.
+//! lists online other than the one it left (that one alone: the primary);
+//! the consumer reads on after its last entry there. A reader on the
+//! primary for want of a replica chooses again every 10 s, so replicas
+//! that come back take the reads again.
+//!
+//! Trust: the gateway sends `bus.url`'s credentials to the addresses the
+//! primary lists, which whoever may `CONFIG SET replica-announce-ip` on a
+//! replica chooses; with TLS, give `bus.ca_file` (a private CA) rather
+//! than the host's store, so only your replicas' certificates pass.
 //!
 //! # TLS (`rediss://`)
 //! redis-rs's rustls (`tokio-rustls-comp`), on the gateway's one TLS stack
@@ -149,6 +160,14 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long opening a connection may take; with Sentinel, asking the
 /// sentinels too.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long choosing a replica to read may take, every one tried
+/// included (see "A read tier"); then the primary is read.
+const REPLICA_CHOICE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a reader meant for the replicas reads the primary before it
+/// looks for a replica again.
+const CHOOSE_AGAIN_EVERY: Duration = Duration::from_secs(10);
 
 /// `bus.sentinels` and `bus.sentinel_master`, as [`RedisBus::new`] takes them.
 #[derive(Clone, Debug, Default)]
@@ -358,6 +377,12 @@ pub struct RedisBus {
     retention: u64,
     /// Read an online replica of the primary (see "A read tier").
     replicas: bool,
+    /// With `replicas`: the replica `conn` reads (`None`: the primary, and
+    /// since when), and the one a [`Bus::reconnect`] left, not chosen
+    /// again at once.
+    reading: Option<(String, u16)>,
+    on_primary_since: Option<std::time::Instant>,
+    left: Option<(String, u16)>,
     conn: Option<MultiplexedConnection>,
     /// The newest position this handle has seen on `stream` (see "A
     /// stream that went back"): the append script refuses to append
@@ -422,6 +447,9 @@ impl RedisBus {
             epoch,
             retention,
             replicas: false,
+            reading: None,
+            on_primary_since: None,
+            left: None,
             conn: None,
             seen: EntryId::START,
             append: Script::new(APPEND),
@@ -440,6 +468,9 @@ impl RedisBus {
             relay_key: self.relay_key.clone(),
             retention: self.retention,
             replicas: false,
+            reading: None,
+            on_primary_since: None,
+            left: None,
             conn: None,
             seen: EntryId::START,
             append: Script::new(APPEND),
@@ -470,6 +501,15 @@ impl RedisBus {
     }
 
     async fn conn(&mut self, wait: Duration) -> Result<MultiplexedConnection, BusError> {
+        // Reading the primary for want of a replica: choose again now and
+        // then, so replicas that came (back) take the reads again.
+        if self
+            .on_primary_since
+            .is_some_and(|t| t.elapsed() >= CHOOSE_AGAIN_EVERY)
+        {
+            self.conn = None;
+            self.left = None;
+        }
         if let Some(c) = &self.conn {
             return Ok(c.clone());
         }
@@ -485,10 +525,23 @@ impl RedisBus {
             .get_multiplexed_async_connection_with_config(&cfg)
             .await
             .map_err(|e| connecting(e, self.tls.is_some()))?;
-        if self.replicas
-            && let Some(r) = self.replica(&client, &mut c, &cfg).await
-        {
-            c = r;
+        // Bounded as a whole: replicas that accept and then hang would
+        // otherwise cost a connection and a response time-out each.
+        if self.replicas {
+            let chosen =
+                tokio::time::timeout(REPLICA_CHOICE_TIMEOUT, self.replica(&client, &mut c, &cfg))
+                    .await;
+            match chosen {
+                Ok(Some((r, at))) => {
+                    c = r;
+                    self.reading = Some(at);
+                    self.on_primary_since = None;
+                }
+                _ => {
+                    self.reading = None;
+                    self.on_primary_since = Some(std::time::Instant::now());
+                }
+            }
         }
         self.conn = Some(c.clone());
         Ok(c)
@@ -517,13 +570,17 @@ impl RedisBus {
         client: &Client,
         primary: &mut MultiplexedConnection,
         cfg: &AsyncConnectionConfig,
-    ) -> Option<MultiplexedConnection> {
+    ) -> Option<(MultiplexedConnection, (String, u16))> {
         let info: String = redis::cmd("INFO")
             .arg("replication")
             .query_async(primary)
             .await
             .ok()?;
+        let replid = field(&info, "master_replid")?.to_string();
         let mut online = online_replicas(&info);
+        // Not the one just left (it did not keep the stream current) while
+        // another is online; alone, the primary is read instead.
+        online.retain(|r| Some(r) != self.left.as_ref());
         while !online.is_empty() {
             let (host, port) = online.swap_remove(random_below(online.len()));
             let addr = match client.get_connection_info().addr() {
@@ -554,9 +611,11 @@ impl RedisBus {
                 .arg("replication")
                 .query_async(&mut c)
                 .await;
-            if said.is_ok_and(|i| replica_link_up(&i)) {
+            if said.is_ok_and(|i| {
+                replica_link_up(&i) && field(&i, "master_replid") == Some(replid.as_str())
+            }) {
                 tracing::debug!(replica = %format!("{host}:{port}"), "bus: reading a replica");
-                return Some(c);
+                return Some((c, (host, port)));
             }
         }
         None
@@ -573,7 +632,8 @@ impl RedisBus {
 }
 
 /// The replicas a primary's `INFO replication` lists as `online` and
-/// acknowledging within a second (`lag` ≤ 1), as (announced host, port).
+/// acknowledging (`lag` ≤ 2 s: replicas acknowledge every second), as
+/// (announced host, port).
 fn online_replicas(info: &str) -> Vec<(String, u16)> {
     let mut out = Vec::new();
     for line in info.lines() {
@@ -596,11 +656,17 @@ fn online_replicas(info: &str) -> Vec<(String, u16)> {
         let (Ok(port), Ok(lag)) = (port.parse::<u16>(), lag.parse::<u64>()) else {
             continue;
         };
-        if lag <= 1 && !ip.is_empty() {
+        if lag <= 2 && !ip.is_empty() {
             out.push((ip.to_string(), port));
         }
     }
     out
+}
+
+/// The value of `key` in an `INFO` reply.
+fn field<'a>(info: &'a str, key: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.trim_end().strip_prefix(key)?.strip_prefix(':'))
 }
 
 /// Whether a node's `INFO replication` says it is a replica whose link to
@@ -846,7 +912,11 @@ impl Bus for RedisBus {
     }
 
     fn reconnect(&mut self) {
-        self.conn = None;
+        // Reading the primary, a new connection would reach the same node.
+        if self.replicas {
+            self.left = self.reading.take();
+            self.conn = None;
+        }
     }
 
     async fn relay(&mut self) -> Result<Option<String>, BusError> {
@@ -902,6 +972,13 @@ mod tests {
         ));
         // A replica promoted meanwhile is a primary: not read as a replica.
         assert!(!replica_link_up(PRIMARY));
+    }
+
+    #[test]
+    fn info_fields_are_read_by_their_whole_name() {
+        assert_eq!(field(PRIMARY, "master_replid"), Some("abc"));
+        assert_eq!(field(PRIMARY, "master_repl"), None);
+        assert_eq!(field(REPLICA, "master_port"), Some("6379"));
     }
 
     #[test]
