@@ -259,12 +259,7 @@ async fn by_default_the_fleet_reads_the_primary() {
     let pair = Pair::start(None).await;
     let db = bus_db().await;
     let fleet = Fleet::new();
-    let config = || {
-        wal_config(
-            &db,
-            &format!("{BY_EMAIL}\n{}", fleet.bus_toml(&pair.primary)),
-        )
-    };
+    let config = || fleet.config(&db, &pair.primary);
     let gws = vec![started(config()).await, started(config()).await];
     wait_all_on_bus(&gws).await;
     rename(&db, 3, "through the primary").await;
