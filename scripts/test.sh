@@ -4,10 +4,12 @@
 # Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
 # Without arguments (the whole suite, as CI runs it) tests/freshness.rs runs
 # a second time on the WAL feed streamed, a third on it polled, a fourth
-# on the queue feed and three more times as a least-privilege role (wal, notify, queue), the randomized checker (tests/truth) runs its CI
-# seeds, and the outside checks follow: Schemathesis and REDbot against the live gateway
-# (scripts/contract.sh), then the book's Getting started page, run as written
-# (scripts/walk.py); BLOOMGATE_SKIP_CONTRACT=1 leaves both out.
+# on the queue feed and three more times as a least-privilege role (wal,
+# notify, queue), two lanes side by side; then the randomized checker
+# (tests/truth) runs its CI seeds, beside the outside checks: Schemathesis
+# and REDbot against the live gateway (scripts/contract.sh), then the book's
+# Getting started page, run as written (scripts/walk.py).
+# BLOOMGATE_SKIP_CONTRACT=1 leaves all of these out (cargo test alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
@@ -103,23 +105,68 @@ fi
 "$PROMTOOL" check rules deploy/prometheus/bloomgate.rules.yml
 (cd deploy/prometheus && "$PROMTOOL" test rules tests.yml)
 phase "cargo test" cargo test --locked
-# Every freshness test once more, on the WAL feed (tests/common: wal_mode).
-phase "freshness wal" env BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness
-# And on the WAL feed polled (`database.wal_poll_interval`).
-phase "freshness wal-poll" env BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --locked --test freshness
-# And on the triggers writing to the change table (`freshness = "queue"`).
-phase "freshness queue" env BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness
-# The WAL, notify and queue feeds once more with every gateway connecting as a
-# role of its own that holds only the book's documented grants (docs/src/production.md)
-# (tests/common: least_privilege), not as the superuser.
-phase "freshness least wal" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness
-phase "freshness least notify" env BLOOMGATE_TEST_ROLE=least cargo test --locked --test freshness
-phase "freshness least queue" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness
+# What follows runs two at a time, side by side: each mostly waits on
+# servers (the machine is two thirds idle under one), and each creates its
+# own databases (and counts only its own slots and walsenders). The WAL
+# feed's reruns share one lane, so the walsenders and slots held at once
+# stay what one rerun holds (the throwaway primary's max_wal_senders is
+# 20); the checker, the heaviest, starts after them, beside the outside
+# checks (one gateway on the bus at most).
+# Every freshness test once more, on the WAL feed (tests/common: wal_mode),
+# on the WAL feed polled (`database.wal_poll_interval`), and with every
+# gateway connecting as a role of its own that holds only the book's
+# documented grants (docs/src/production.md; tests/common: least_privilege),
+# not as the superuser.
+wal_reruns() {
+  local s=0
+  phase "freshness wal" env BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness || s=1
+  phase "freshness wal-poll" env BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --locked --test freshness || s=1
+  phase "freshness least wal" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness || s=1
+  return $s
+}
+# On the triggers writing to the change table (`freshness = "queue"`), and
+# the notify and queue feeds as the least-privilege role.
+other_reruns() {
+  local s=0
+  phase "freshness queue" env BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness || s=1
+  phase "freshness least notify" env BLOOMGATE_TEST_ROLE=least cargo test --locked --test freshness || s=1
+  phase "freshness least queue" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness || s=1
+  return $s
+}
 # The randomized checker (tests/truth, ignored in the run above): its CI
 # seeds on every feed (the bus's among them), about three minutes, with its
 # one-line summaries.
-phase "checker seeds" cargo test --locked --test truth -- --ignored --nocapture
-phase "contract" scripts/contract.sh
-# The book's Getting started page, every block of it, as a newcomer runs it
-# (a served row, a row behind a token, two gateways on the bus).
-phase "book walk" python3 scripts/walk.py
+checker_seeds() {
+  phase "checker seeds" cargo test --locked --test truth -- --ignored --nocapture
+}
+# Schemathesis and REDbot, then the book's Getting started page, every
+# block of it, as a newcomer runs it (a served row, a row behind a token,
+# two gateways on the bus).
+outside_checks() {
+  local s=0
+  phase "contract" scripts/contract.sh || s=1
+  phase "book walk" python3 scripts/walk.py || s=1
+  return $s
+}
+# side_by_side FUNCTION...: runs each in the background, its output into a
+# file of its own, waits for all, then prints each output whole, in the
+# order given; fails if any failed.
+side_by_side() {
+  local dir i status=0
+  local -a pids=()
+  dir=$(mktemp -d)
+  for i in $(seq 0 $(($# - 1))); do
+    "${@:$((i + 1)):1}" >"$dir/$i" 2>&1 &
+    pids+=("$!")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || status=1
+  done
+  for i in "${!pids[@]}"; do
+    cat "$dir/$i"
+  done
+  rm -rf "$dir"
+  return "$status"
+}
+phase "freshness reruns (side by side)" side_by_side wal_reruns other_reruns
+phase "checker and outside checks (side by side)" side_by_side checker_seeds outside_checks
