@@ -90,7 +90,7 @@ async fn a_fleet_on_the_bus_has_one_walsender_and_every_gateway_stays_fresh() {
 async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
     use bloomgate::feed::bus::redis::RedisBus;
     use bloomgate::feed::bus::{Appended, Bus, Entry, EntryId};
-    use bloomgate::feed::{Commit, Lsn, Phase, Resync};
+    use bloomgate::feed::{Lsn, Resync};
     let redis = Redis::start().await;
     let mut bus = RedisBus::new(
         &redis.url(),
@@ -101,16 +101,6 @@ async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
     )
     .unwrap();
     assert_eq!(bus.head().await.unwrap(), EntryId::START);
-    let commit = |lsn: u64| {
-        Entry::Commit(Commit {
-            xid: Some(1),
-            position: Some(bloomgate::feed::Position::new(TL, Lsn(lsn))),
-            committed_at: None,
-            phase: Phase::Visible,
-            changes: Vec::new(),
-            truncated: Vec::new(),
-        })
-    };
     let at = |lsn, seq| Appended::At(EntryId { lsn, seq });
     assert_eq!(bus.append(&commit(100)).await.unwrap(), at(100, 0));
     assert_eq!(bus.append(&commit(100)).await.unwrap(), Appended::Already);
@@ -124,9 +114,11 @@ async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
         at(150, 1)
     );
     assert_eq!(bus.append(&commit(150)).await.unwrap(), Appended::Already);
-    assert_eq!(
-        bus.append(&Resync::all("x").into_entry()).await.unwrap(),
-        at(150, 2)
+    // Not a commit: placed after the heartbeat at 150, by a random step.
+    let resync = bus.append(&Resync::all("x").into_entry()).await.unwrap();
+    assert!(
+        matches!(resync, Appended::At(EntryId { lsn: 150, seq }) if seq > 1),
+        "{resync:?}"
     );
     assert_eq!(bus.append(&commit(200)).await.unwrap(), at(200, 0));
     // An LSN past 2^53 (Lua's doubles) still compares exactly.
@@ -160,22 +152,11 @@ async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
 #[tokio::test]
 async fn a_relay_never_appends_to_a_stream_that_lost_entries() {
     use bloomgate::feed::bus::redis::RedisBus;
-    use bloomgate::feed::bus::{Appended, Bus, Entry, EntryId};
-    use bloomgate::feed::{Commit, Lsn, Phase};
+    use bloomgate::feed::bus::{Appended, Bus, EntryId};
     let redis = Redis::start().await;
     let key = "t:lost";
     let mut bus = RedisBus::new(&redis.url(), &Default::default(), key.into(), TL, 1000).unwrap();
     let stream = bus.stream().to_string();
-    let commit = |lsn: u64| {
-        Entry::Commit(Commit {
-            xid: Some(1),
-            position: Some(bloomgate::feed::Position::new(TL, Lsn(lsn))),
-            committed_at: None,
-            phase: Phase::Visible,
-            changes: Vec::new(),
-            truncated: Vec::new(),
-        })
-    };
     assert_eq!(bus.head().await.unwrap(), EntryId::START);
     for lsn in [100, 200, 300] {
         assert!(matches!(
@@ -183,26 +164,8 @@ async fn a_relay_never_appends_to_a_stream_that_lost_entries() {
             Appended::At(_)
         ));
     }
-    // The stream as a replica that had only the first entry holds it: the
-    // same entry, and Redis' last ID back at it.
-    let mut c = redis.conn().await.unwrap();
-    let first: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg(&stream)
-        .arg("-")
-        .arg("+")
-        .arg("COUNT")
-        .arg(1)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&stream)
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let mut xadd = redis::cmd("XADD");
-    xadd.arg(&stream).arg(&first[0].0).arg(&first[0].1);
-    let _: String = xadd.query_async(&mut c).await.unwrap();
+    // The stream as a replica that had only the first entry holds it.
+    lose_all_but(&redis, &stream, 1).await;
     // A consumer that read only the first entry is at 100-0. Appended
     // now, the next commit would name 100-0 as the entry before it, and
     // that consumer would skip 200 and 300 without a break.
@@ -222,6 +185,97 @@ async fn a_relay_never_appends_to_a_stream_that_lost_entries() {
         next.append(&commit(400)).await.unwrap(),
         Appended::At(_)
     ));
+}
+
+/// A commit at `lsn` on [`TL`], with no change in it.
+fn commit(lsn: u64) -> bloomgate::feed::bus::Entry {
+    use bloomgate::feed::{Commit, Lsn, Phase, Position};
+    bloomgate::feed::bus::Entry::Commit(Commit {
+        xid: Some(1),
+        position: Some(Position::new(TL, Lsn(lsn))),
+        committed_at: None,
+        phase: Phase::Visible,
+        changes: Vec::new(),
+        truncated: Vec::new(),
+    })
+}
+
+/// The stream as a Redis that lost all but its first `keep` entries holds
+/// it (a replica promoted before it had them): the same entries, and
+/// Redis' last ID back at the last of them.
+async fn lose_all_but(redis: &Redis, stream: &str, keep: usize) {
+    let mut c = redis.conn().await.unwrap();
+    let kept: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+        .arg(stream)
+        .arg("-")
+        .arg("+")
+        .arg("COUNT")
+        .arg(keep)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), keep);
+    let _: () = redis::cmd("DEL")
+        .arg(stream)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    for (id, fields) in kept {
+        let mut xadd = redis::cmd("XADD");
+        xadd.arg(stream).arg(id).arg(fields);
+        let _: String = xadd.query_async(&mut c).await.unwrap();
+    }
+}
+
+/// Entries that are not commits (a resync, a coverage change, an
+/// interruption) have no LSN of their own: they are placed after the
+/// newest entry. Two relays placing one after the same entry, one on a
+/// Redis that then lost it, must not give them the same ID: a consumer
+/// that read the lost one reads on after that ID, and would skip the
+/// other, and the `p` of the entry after it would match its position. The
+/// commits the lost tail held would be gone without a break. Tried
+/// several times: whichever of the two comes first, the consumer sees a
+/// break.
+#[tokio::test]
+async fn an_entry_lost_with_its_redis_never_shares_an_id_with_the_next_terms() {
+    use bloomgate::feed::Resync;
+    use bloomgate::feed::bus::redis::RedisBus;
+    use bloomgate::feed::bus::{Appended, Bus, EntryId};
+    let redis = Redis::start().await;
+    for round in 0..8 {
+        let key = format!("t:lineage{round}");
+        let mut old =
+            RedisBus::new(&redis.url(), &Default::default(), key.clone(), TL, 1000).unwrap();
+        let stream = old.stream().to_string();
+        assert_eq!(old.head().await.unwrap(), EntryId::START);
+        old.append(&commit(100)).await.unwrap();
+        let Appended::At(lost) = old
+            .append(&Resync::all("coverage").into_entry())
+            .await
+            .unwrap()
+        else {
+            panic!("not appended");
+        };
+        // A commit the consumer never read, acknowledged to the old relay
+        // (its slot confirmed past it), then lost.
+        old.append(&commit(300)).await.unwrap();
+        lose_all_but(&redis, &stream, 1).await;
+        // The next term: its slot is past the stream, so a resync first.
+        let mut next = RedisBus::new(&redis.url(), &Default::default(), key, TL, 1000).unwrap();
+        assert_eq!(next.head().await.unwrap(), EntryId { lsn: 100, seq: 0 });
+        next.append(&Resync::all("gap").into_entry()).await.unwrap();
+        next.append(&commit(400)).await.unwrap();
+        // The consumer that had read the lost entry reads on after it.
+        let read = next
+            .read(lost, Duration::from_millis(10), 10)
+            .await
+            .unwrap();
+        let first = read.first().expect("the commit at 400 is after it");
+        assert_ne!(
+            first.prev, lost,
+            "round {round}: {first:?} continues from the lost entry {lost}"
+        );
+    }
 }
 
 trait IntoEntry {

@@ -160,6 +160,12 @@ async fn serves(gws: &[Arc<Gateway>], id: i64, name: &str) {
     }
 }
 
+/// `gw`'s bus status names `redis` as the node it reads, in `role`.
+fn reads(gw: &Gateway, role: &str, redis: &Redis) -> bool {
+    let node = gw.bus_status().unwrap().get().reading;
+    node == format!("{role} 127.0.0.1:{}", redis.port)
+}
+
 async fn rename(db: &TestDb, id: i64, name: &str) -> Instant {
     sqlx::query("UPDATE users SET name = $1 WHERE id = $2")
         .bind(name)
@@ -192,6 +198,11 @@ async fn the_fleet_reads_the_replica_and_leaves_it_when_stranded(certs: Option<A
         },
     )
     .await;
+    // And each says so (the admin view, the status page).
+    eventually("both gateways say they read the replica", || async {
+        gws.iter().all(|gw| reads(gw, "replica", &pair.replica))
+    })
+    .await;
 
     // Cached on both, then stranded on the replica.
     for gw in &gws {
@@ -223,6 +234,10 @@ async fn the_fleet_reads_the_replica_and_leaves_it_when_stranded(certs: Option<A
 
     eventually("both gateways reading the primary", || async {
         pair.primary.xreads().await > 10 && pair.primary.clients_reading().await == 2
+    })
+    .await;
+    eventually("both gateways say they read the primary", || async {
+        gws.iter().all(|gw| reads(gw, "primary", &pair.primary))
     })
     .await;
     rename(&db, 5, "through the primary").await;
@@ -266,6 +281,9 @@ async fn by_default_the_fleet_reads_the_primary() {
     serves(&gws, 3, "through the primary").await;
     assert!(pair.primary.xreads().await > 0);
     assert_eq!(pair.replica.xreads().await, 0);
+    for gw in &gws {
+        assert!(reads(gw, "primary", &pair.primary));
+    }
     fleet.stop(&gws, &db).await;
 }
 

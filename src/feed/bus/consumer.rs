@@ -274,6 +274,7 @@ async fn follow<B: Bus>(
         };
         match read {
             Ok(entries) => {
+                opts.status.set_reading(bus.node());
                 if failing.take().is_some() {
                     opts.health.streaming();
                     opts.status.set_mode(Mode::Bus, None);

@@ -44,7 +44,9 @@
 //!   ends at or before it is in the stream before it) gets `P-1`, and is
 //!   left out unless `P` is past the newest entry's LSN;
 //! - a resync, a coverage change or an interruption (relation-level
-//!   events) gets the newest entry's LSN with its sequence plus one.
+//!   events) gets the newest entry's LSN with a greater sequence, by a
+//!   step drawn at random, so that two relays never give two such entries
+//!   one ID (`redis`, "Lineage").
 //!
 //! Every entry carries `p`, the ID of the entry before it, read in the
 //! same atomic step. So the stream is the relay's sequence of commits in
@@ -198,6 +200,9 @@ pub trait Bus: Send + 'static {
     fn epoch(&self) -> Timeline;
     /// The name of the stream in use (the status page).
     fn stream(&self) -> &str;
+    /// The node the handle's connection reached, its role and address
+    /// (the status page; empty before the first connection).
+    fn node(&self) -> &str;
     /// Appends `entry` at the position the rules give it, atomically with
     /// reading the newest entry (its `p`).
     fn append(&mut self, entry: &Entry) -> impl Future<Output = Result<Appended, BusError>> + Send;
@@ -302,6 +307,9 @@ pub struct StatusState {
     /// The Redis URL, password redacted.
     pub url: String,
     pub stream: String,
+    /// The Redis node the consumer reads (`primary HOST:PORT`, `replica
+    /// HOST:PORT`; see "A read tier"), empty before its first read.
+    pub reading: String,
     /// Why it is not on the bus, or the last error; safe to show.
     pub detail: Option<String>,
 }
@@ -350,6 +358,13 @@ impl Status {
         let mut s = self.lock();
         if s.stream != stream {
             s.stream = stream.to_string();
+        }
+    }
+
+    fn set_reading(&self, node: &str) {
+        let mut s = self.lock();
+        if s.reading != node {
+            s.reading = node.to_string();
         }
     }
 

@@ -23,6 +23,22 @@
 //! a resync appended before anything else ("Nothing lost at a failover"
 //! in [`super`]).
 //!
+//! # Lineage
+//! A commit's ID is its LSN and a heartbeat's the primary's flush
+//! position: whoever appends them, the same ID says the same thing on one
+//! timeline. A resync, a coverage change or an interruption has no LSN of
+//! its own and is placed after the newest entry, at the same LSN with a
+//! greater sequence. Were that sequence the next one, two relays placing
+//! such an entry after the same entry would give both one ID: the old
+//! relay's on a Redis that then lost it (with commits after it), the new
+//! relay's gap resync on the node promoted in its place. A consumer that
+//! read the lost one reads on *after* that ID, skips the resync, and finds
+//! the next entry's `p` equal to its position: the lost commits gone
+//! without a break. So the sequence steps by a number drawn at random per
+//! append (1 to 2^32): two such entries share an ID with odds of 2^-32,
+//! and otherwise the consumer sees a break whichever comes first (tested
+//! in `tests/bus.rs`). IDs still increase; consumers need nothing new.
+//!
 //! # Sentinel
 //! With `bus.sentinels`, every new connection asks the sentinels for the
 //! primary named `bus.sentinel_master` (redis-rs checks that the server
@@ -109,7 +125,11 @@ use crate::feed::Timeline;
 /// (already there), or `{2, prev}` when the stream's newest position is
 /// below `ARGV[5]`, the newest this handle saw (see "A stream that went
 /// back"). LSNs travel as decimal strings (Lua's numbers are doubles) and
-/// are compared as such.
+/// are compared as such. An entry without an LSN of its own is placed
+/// `ARGV[6]` (drawn at random, see "Lineage") after the newest entry's
+/// sequence; sequences stay below 2^53, where doubles are exact: past it
+/// the step is 1 (after 2^21 such entries on one LSN, which no stream
+/// reaches: every commit and heartbeat moves the LSN on).
 const APPEND: &str = r#"
 local function after(a, b)
   if #a ~= #b then return #a > #b end
@@ -137,7 +157,9 @@ if kind == 'c' or kind == 'b' or kind == 'h' then
   if not after(lsn, tl) then return {0, prev} end
   if kind == 'h' then id = lsn .. '-1' else id = lsn .. '-0' end
 else
-  id = tl .. '-' .. string.format('%d', ts + 1)
+  local step = tonumber(ARGV[6])
+  if ts + step >= 9007199254740992 then step = 1 end
+  id = tl .. '-' .. string.format('%d', ts + step)
 end
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], id, 'k', kind, 'p', prev, 'd', ARGV[3])
 return {1, id}
@@ -381,6 +403,9 @@ pub struct RedisBus {
     /// since when), and the one a [`Bus::reconnect`] left, not chosen
     /// again at once.
     reading: Option<(String, u16)>,
+    /// The node the last connection reached, for the status page:
+    /// `primary HOST:PORT` or `replica HOST:PORT`.
+    node: String,
     on_primary_since: Option<std::time::Instant>,
     left: Option<(String, u16)>,
     conn: Option<MultiplexedConnection>,
@@ -448,6 +473,7 @@ impl RedisBus {
             retention,
             replicas: false,
             reading: None,
+            node: String::new(),
             on_primary_since: None,
             left: None,
             conn: None,
@@ -469,6 +495,7 @@ impl RedisBus {
             retention: self.retention,
             replicas: false,
             reading: None,
+            node: String::new(),
             on_primary_since: None,
             left: None,
             conn: None,
@@ -543,6 +570,10 @@ impl RedisBus {
                 }
             }
         }
+        self.node = match &self.reading {
+            Some((host, port)) => format!("replica {host}:{port}"),
+            None => format!("primary {}", client.get_connection_info().addr()),
+        };
         self.conn = Some(c.clone());
         Ok(c)
     }
@@ -819,6 +850,10 @@ impl Bus for RedisBus {
         &self.stream
     }
 
+    fn node(&self) -> &str {
+        &self.node
+    }
+
     async fn append(&mut self, entry: &Entry) -> Result<Appended, BusError> {
         let mut conn = self.conn(Duration::ZERO).await?;
         let r: Result<(i64, String), _> = self
@@ -829,6 +864,7 @@ impl Bus for RedisBus {
             .arg(entry.encode())
             .arg(self.retention)
             .arg(self.seen.to_string())
+            .arg(u64::from(rand::random::<u32>()) + 1)
             .invoke_async(&mut conn)
             .await;
         let (added, id) = self.forget_on_error(r)?;

@@ -160,6 +160,8 @@ pub struct StatsView {
 struct BusView {
     url: String,
     stream: String,
+    /// The Redis node read: `primary HOST:PORT` or `replica HOST:PORT`.
+    reading: String,
     mode: &'static str,
     relaying: bool,
     relay: Option<String>,
@@ -194,6 +196,7 @@ pub(super) fn stats_view(gw: &Gateway) -> StatsView {
             BusView {
                 url: st.url,
                 stream: st.stream,
+                reading: st.reading,
                 mode: st.mode.name(),
                 relaying: st.relaying,
                 relay: st.relay,
