@@ -111,7 +111,7 @@ phase "cargo test" cargo test --locked
 # feed's reruns share one lane, so the walsenders and slots held at once
 # stay what one rerun holds (the throwaway primary's max_wal_senders is
 # 20); the checker, the heaviest, starts after them, beside the outside
-# checks (one gateway on the bus at most).
+# checks.
 # Every freshness test once more, on the WAL feed (tests/common: wal_mode),
 # on the WAL feed polled (`database.wal_poll_interval`), and with every
 # gateway connecting as a role of its own that holds only the book's
@@ -148,25 +148,39 @@ outside_checks() {
   phase "book walk" python3 scripts/walk.py || s=1
   return $s
 }
-# side_by_side FUNCTION...: runs each in the background, its output into a
-# file of its own, waits for all, then prints each output whole, in the
-# order given; fails if any failed.
+# side_by_side FUNCTION...: runs them at once, the first one's output
+# live, each other's into a file of its own, printed whole once all are
+# done (a lane at a time, readable); fails if any failed. Each runs in a
+# process group of its own (job control), so an interrupted run (Ctrl-C,
+# a CI job cancelled) takes every lane down with its tests, and prints
+# what the others had written.
 side_by_side() {
-  local dir i status=0
+  local dir fn status=0
   local -a pids=()
-  dir=$(mktemp -d)
-  for i in $(seq 0 $(($# - 1))); do
-    "${@:$((i + 1)):1}" >"$dir/$i" 2>&1 &
+  dir=$(mktemp -d) || return 1
+  set -m
+  "$1" &
+  pids+=("$!")
+  for fn in "${@:2}"; do
+    "$fn" >"$dir/$fn" 2>&1 &
     pids+=("$!")
   done
-  for i in "${!pids[@]}"; do
-    wait "${pids[$i]}" || status=1
+  set +m
+  # shellcheck disable=SC2064 # the lanes and the directory of this call
+  trap "kill -- ${pids[*]/#/-} 2>/dev/null; cat $dir/* 2>/dev/null; exit 130" INT TERM
+  for fn in "${pids[@]}"; do
+    wait "$fn" || status=1
   done
-  for i in "${!pids[@]}"; do
-    cat "$dir/$i"
+  trap - INT TERM
+  for fn in "${@:2}"; do
+    cat "$dir/$fn"
   done
   rm -rf "$dir"
   return "$status"
 }
+# contract.sh and walk.py run the gateway's binary, which `cargo build`
+# builds with other features than the tests' (dev-dependencies unify only
+# there): built now, not while the checker runs beside them.
+phase "build (the binary)" cargo build --locked --bin bloomgate
 phase "freshness reruns (side by side)" side_by_side wal_reruns other_reruns
 phase "checker and outside checks (side by side)" side_by_side checker_seeds outside_checks

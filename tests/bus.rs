@@ -270,12 +270,62 @@ async fn an_entry_lost_with_its_redis_never_shares_an_id_with_the_next_terms() {
             .read(lost, Duration::from_millis(10), 10)
             .await
             .unwrap();
-        let first = read.first().expect("the commit at 400 is after it");
+        let first = read.first().expect("the commit at 400 at least");
         assert_ne!(
             first.prev, lost,
             "round {round}: {first:?} continues from the lost entry {lost}"
         );
     }
+}
+
+/// Lua's numbers are doubles, exact below 2^53: a sequence the random
+/// step would carry past it steps by one instead, and stays exact.
+#[tokio::test]
+async fn a_sequence_near_2_pow_53_steps_by_one_and_stays_exact() {
+    use bloomgate::feed::Resync;
+    use bloomgate::feed::bus::redis::RedisBus;
+    use bloomgate::feed::bus::{Appended, Bus, EntryId};
+    let redis = Redis::start().await;
+    let mut bus = RedisBus::new(
+        &redis.url(),
+        &Default::default(),
+        "t:exact".into(),
+        TL,
+        1000,
+    )
+    .unwrap();
+    let stream = bus.stream().to_string();
+    let near = (1u64 << 53) - 2;
+    let mut c = redis.conn().await.unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg(format!("100-{near}"))
+        .arg(&["k", "r", "p", "0-0", "d", "{}"])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(
+        bus.head().await.unwrap(),
+        EntryId {
+            lsn: 100,
+            seq: near
+        }
+    );
+    let at = bus.append(&Resync::all("x").into_entry()).await.unwrap();
+    assert_eq!(
+        at,
+        Appended::At(EntryId {
+            lsn: 100,
+            seq: near + 1
+        })
+    );
+    // A commit moves the LSN on, and the steps are random again.
+    bus.append(&commit(200)).await.unwrap();
+    let Appended::At(next) = bus.append(&Resync::all("y").into_entry()).await.unwrap() else {
+        panic!("not appended");
+    };
+    assert_eq!(next.lsn, 200);
+    assert!(next.seq >= 1, "{next:?}");
 }
 
 trait IntoEntry {

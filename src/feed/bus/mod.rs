@@ -45,8 +45,8 @@
 //!   left out unless `P` is past the newest entry's LSN;
 //! - a resync, a coverage change or an interruption (relation-level
 //!   events) gets the newest entry's LSN with a greater sequence, by a
-//!   step drawn at random, so that two relays never give two such entries
-//!   one ID (`redis`, "Lineage").
+//!   step drawn at random, so that two relays all but never (odds of
+//!   about 2^-32) give two such entries one ID (`redis`, "Lineage").
 //!
 //! Every entry carries `p`, the ID of the entry before it, read in the
 //! same atomic step. So the stream is the relay's sequence of commits in
@@ -308,7 +308,8 @@ pub struct StatusState {
     pub url: String,
     pub stream: String,
     /// The Redis node the consumer reads (`primary HOST:PORT`, `replica
-    /// HOST:PORT`; see "A read tier"), empty before its first read.
+    /// HOST:PORT`; see "A read tier"): the one its last read reached;
+    /// empty off the bus and before its first read.
     pub reading: String,
     /// Why it is not on the bus, or the last error; safe to show.
     pub detail: Option<String>,
@@ -352,6 +353,9 @@ impl Status {
         let mut s = self.lock();
         s.mode = mode;
         s.detail = detail;
+        if mode != Mode::Bus {
+            s.reading.clear();
+        }
     }
 
     fn set_stream(&self, stream: &str) {

@@ -35,9 +35,12 @@
 //! read the lost one reads on *after* that ID, skips the resync, and finds
 //! the next entry's `p` equal to its position: the lost commits gone
 //! without a break. So the sequence steps by a number drawn at random per
-//! append (1 to 2^32): two such entries share an ID with odds of 2^-32,
-//! and otherwise the consumer sees a break whichever comes first (tested
-//! in `tests/bus.rs`). IDs still increase; consumers need nothing new.
+//! append (1 to 2^32): a later such entry on the same LSN lands on the
+//! lost one's ID with odds of about 2^-32, and otherwise the consumer sees
+//! a break whichever comes first (tested in `tests/bus.rs`). IDs still
+//! increase and consumers need nothing new; relays do: an older relay
+//! steps by one, so during a rolling upgrade the guarantee holds where
+//! the relay after the failover runs this code.
 //!
 //! # Sentinel
 //! With `bus.sentinels`, every new connection asks the sentinels for the
@@ -129,7 +132,9 @@ use crate::feed::Timeline;
 /// `ARGV[6]` (drawn at random, see "Lineage") after the newest entry's
 /// sequence; sequences stay below 2^53, where doubles are exact: past it
 /// the step is 1 (after 2^21 such entries on one LSN, which no stream
-/// reaches: every commit and heartbeat moves the LSN on).
+/// reaches: every commit and heartbeat moves the LSN on). Printed with
+/// `%.0f`, exact below 2^53 on any build: `%d` goes through a C `long`,
+/// 32 bits on a 32-bit Redis.
 const APPEND: &str = r#"
 local function after(a, b)
   if #a ~= #b then return #a > #b end
@@ -159,7 +164,7 @@ if kind == 'c' or kind == 'b' or kind == 'h' then
 else
   local step = tonumber(ARGV[6])
   if ts + step >= 9007199254740992 then step = 1 end
-  id = tl .. '-' .. string.format('%d', ts + step)
+  id = tl .. '-' .. string.format('%.0f', ts + step)
 end
 redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], id, 'k', kind, 'p', prev, 'd', ARGV[3])
 return {1, id}
