@@ -88,18 +88,10 @@ async fn a_fleet_on_the_bus_has_one_walsender_and_every_gateway_stays_fresh() {
 /// real Redis (the Lua script).
 #[tokio::test]
 async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
-    use bloomgate::feed::bus::redis::RedisBus;
     use bloomgate::feed::bus::{Appended, Bus, Entry, EntryId};
     use bloomgate::feed::{Lsn, Resync};
     let redis = Redis::start().await;
-    let mut bus = RedisBus::new(
-        &redis.url(),
-        &Default::default(),
-        "t:stream".into(),
-        TL,
-        1000,
-    )
-    .unwrap();
+    let mut bus = handle(&redis, "t:stream");
     assert_eq!(bus.head().await.unwrap(), EntryId::START);
     let at = |lsn, seq| Appended::At(EntryId { lsn, seq });
     assert_eq!(bus.append(&commit(100)).await.unwrap(), at(100, 0));
@@ -151,11 +143,10 @@ async fn the_stream_refuses_a_commit_appended_twice_and_chains_every_entry() {
 /// and resyncs.
 #[tokio::test]
 async fn a_relay_never_appends_to_a_stream_that_lost_entries() {
-    use bloomgate::feed::bus::redis::RedisBus;
     use bloomgate::feed::bus::{Appended, Bus, EntryId};
     let redis = Redis::start().await;
     let key = "t:lost";
-    let mut bus = RedisBus::new(&redis.url(), &Default::default(), key.into(), TL, 1000).unwrap();
+    let mut bus = handle(&redis, key);
     let stream = bus.stream().to_string();
     assert_eq!(bus.head().await.unwrap(), EntryId::START);
     for lsn in [100, 200, 300] {
@@ -179,12 +170,24 @@ async fn a_relay_never_appends_to_a_stream_that_lost_entries() {
     assert!(read.is_empty(), "{read:?}");
     // The next term starts at the stream's head, and may append (its slot,
     // confirmed past it, makes the gap a resync first).
-    let mut next = RedisBus::new(&redis.url(), &Default::default(), key.into(), TL, 1000).unwrap();
+    let mut next = handle(&redis, key);
     assert_eq!(next.head().await.unwrap(), EntryId { lsn: 100, seq: 0 });
     assert!(matches!(
         next.append(&commit(400)).await.unwrap(),
         Appended::At(_)
     ));
+}
+
+/// A handle on the streams `key` of `redis`, on [`TL`], in plaintext.
+fn handle(redis: &Redis, key: &str) -> bloomgate::feed::bus::redis::RedisBus {
+    bloomgate::feed::bus::redis::RedisBus::new(
+        &redis.url(),
+        &Default::default(),
+        key.into(),
+        TL,
+        1000,
+    )
+    .unwrap()
 }
 
 /// A commit at `lsn` on [`TL`], with no change in it.
@@ -239,13 +242,11 @@ async fn lose_all_but(redis: &Redis, stream: &str, keep: usize) {
 #[tokio::test]
 async fn an_entry_lost_with_its_redis_never_shares_an_id_with_the_next_terms() {
     use bloomgate::feed::Resync;
-    use bloomgate::feed::bus::redis::RedisBus;
     use bloomgate::feed::bus::{Appended, Bus, EntryId};
     let redis = Redis::start().await;
     for round in 0..8 {
         let key = format!("t:lineage{round}");
-        let mut old =
-            RedisBus::new(&redis.url(), &Default::default(), key.clone(), TL, 1000).unwrap();
+        let mut old = handle(&redis, &key);
         let stream = old.stream().to_string();
         assert_eq!(old.head().await.unwrap(), EntryId::START);
         old.append(&commit(100)).await.unwrap();
@@ -261,7 +262,7 @@ async fn an_entry_lost_with_its_redis_never_shares_an_id_with_the_next_terms() {
         old.append(&commit(300)).await.unwrap();
         lose_all_but(&redis, &stream, 1).await;
         // The next term: its slot is past the stream, so a resync first.
-        let mut next = RedisBus::new(&redis.url(), &Default::default(), key, TL, 1000).unwrap();
+        let mut next = handle(&redis, &key);
         assert_eq!(next.head().await.unwrap(), EntryId { lsn: 100, seq: 0 });
         next.append(&Resync::all("gap").into_entry()).await.unwrap();
         next.append(&commit(400)).await.unwrap();
@@ -283,17 +284,9 @@ async fn an_entry_lost_with_its_redis_never_shares_an_id_with_the_next_terms() {
 #[tokio::test]
 async fn a_sequence_near_2_pow_53_steps_by_one_and_stays_exact() {
     use bloomgate::feed::Resync;
-    use bloomgate::feed::bus::redis::RedisBus;
     use bloomgate::feed::bus::{Appended, Bus, EntryId};
     let redis = Redis::start().await;
-    let mut bus = RedisBus::new(
-        &redis.url(),
-        &Default::default(),
-        "t:exact".into(),
-        TL,
-        1000,
-    )
-    .unwrap();
+    let mut bus = handle(&redis, "t:exact");
     let stream = bus.stream().to_string();
     let near = (1u64 << 53) - 2;
     let mut c = redis.conn().await.unwrap();
