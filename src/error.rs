@@ -65,6 +65,11 @@ pub enum Error {
     /// keys can be checked (503).
     #[error("the gateway is starting: the token signing keys are not loaded yet")]
     AuthNotReady,
+    /// The key matched two rows: the resource's key columns do not name
+    /// one row (a view repeating rows, a unique index dropped). Neither row
+    /// is served (500); see `db::Queries::row`.
+    #[error("the key matches more than one row: this resource's key is not unique")]
+    KeyNotUnique,
     /// A bug: an invariant of ours did not hold (500).
     #[error("internal error")]
     Internal(String),
@@ -85,6 +90,7 @@ impl Error {
             Error::Forbidden { .. } => "insufficient_scope",
             Error::RateLimited { .. } => "rate_limited",
             Error::AuthNotReady => "not_ready",
+            Error::KeyNotUnique => "key_not_unique",
             Error::Internal(_) => "internal",
         }
     }

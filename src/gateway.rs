@@ -18,7 +18,6 @@
 //! the server and the journal closed (guards in `resource` and `db`), and
 //! every waiting [`crate::rebuild::Ticket`] resolves.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -31,7 +30,7 @@ use crate::config::{Config, Freshness};
 use crate::db::catalog::{self, RelKind, TableName};
 use crate::db::{Db, DbError};
 use crate::feed::supervisor::{self, Supervisor};
-use crate::feed::{self, Position, Watch, WatchedColumn, WatchedTable, notify};
+use crate::feed::{self, Position, Watch, WatchedColumn, notify};
 use crate::key::compare::Comparison;
 use crate::metrics::Metrics;
 use crate::resource::{RebuildError, Resource};
@@ -335,7 +334,7 @@ impl Gateway {
     async fn resolve(&self) -> Result<(Vec<Follower>, Watch), StartError> {
         let pool = self.db.pool();
         let mut followers = Vec::new();
-        let mut tables: BTreeMap<TableName, Vec<WatchedColumn>> = BTreeMap::new();
+        let mut watch = Watch::default();
         for r in &self.resources {
             let c = &r.config;
             let bad = |problem: String| StartError::Schema {
@@ -358,6 +357,11 @@ impl Gateway {
                     c.key_type.sql_type(),
                     c.key_type.accepted()
                 )));
+            }
+            // One key, one row: a key that names several (part of a
+            // tenant's primary key, say) would serve any of them.
+            if catalog::Uniqueness::NotUnique == served.uniqueness(&[&c.key_column]) {
+                return Err(bad(served.not_unique(&[&c.key_column])));
             }
             // How the key and owner columns compare (`key::compare`):
             // a column the gateway cannot reproduce is refused here.
@@ -411,25 +415,20 @@ impl Gateway {
                 )));
             };
             let column: Arc<str> = Arc::from(c.key_column.as_str());
-            let watched = tables.entry(source.name.clone()).or_default();
-            if !watched.iter().any(|w| w.name == column) {
-                watched.push(WatchedColumn {
+            watch.follow(
+                &source.name,
+                WatchedColumn {
                     name: column.clone(),
                     ty: key.column_type(),
-                });
-            }
+                    unique: c.source_table == c.table,
+                },
+            );
             followers.push(Follower {
                 table: source.name.clone(),
                 column,
                 resource: r.clone(),
             });
         }
-        let watch = Watch {
-            tables: tables
-                .into_iter()
-                .map(|(name, columns)| WatchedTable { name, columns })
-                .collect(),
-        };
         Ok((followers, watch))
     }
 

@@ -154,6 +154,8 @@ pub struct Resource {
     /// "row load failed" at most once per interval: in an outage every cold
     /// key fails (each is counted as the `unavailable` outcome).
     load_failure_log: LogThrottle,
+    /// "a key matched more than one row", at most once per interval.
+    not_unique_log: LogThrottle,
     /// Slots for row loads, shared by every resource of the gateway
     /// (`server.max_concurrency`); see [`LoadError::Overloaded`].
     loads: Arc<tokio::sync::Semaphore>,
@@ -188,6 +190,7 @@ impl Resource {
             to_confirm,
             to_confirm_rx: Mutex::new(Some(rx)),
             load_failure_log: LogThrottle::default(),
+            not_unique_log: LogThrottle::default(),
             loads,
             vouch: Vouch::default(),
             stats: Stats::default(),
@@ -392,6 +395,7 @@ impl Resource {
                 self.observe_load(false, row.is_none(), !rejected);
                 Ok(Lookup::Unvouched(row.map(|b| Arc::new(Row::new(b)))))
             }
+            Err(DbError::NotUnique) => Err(self.not_unique()),
             Err(e) => {
                 if self.db.outage.is_down()
                     && let Some(age) = self.stale_age()
@@ -448,9 +452,13 @@ impl Resource {
                 Ok(Lookup::Cached(outcome))
             }
             Err(e) => {
-                if let Some(LoadError::Overloaded) = e.source() {
-                    self.stats.shed_loads.fetch_add(1, Ordering::Relaxed);
-                    return Err(Error::Overloaded);
+                match e.source() {
+                    Some(LoadError::Overloaded) => {
+                        self.stats.shed_loads.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::Overloaded);
+                    }
+                    Some(LoadError::Db(DbError::NotUnique)) => return Err(self.not_unique()),
+                    _ => {}
                 }
                 let detail = match e.source() {
                     Some(LoadError::Db(db)) => db.to_string(),
@@ -467,6 +475,23 @@ impl Resource {
                 Err(Error::Unavailable(detail))
             }
         }
+    }
+
+    /// A key that matched two rows: neither is served. Said once per
+    /// interval with the resource's name (counted per request as the
+    /// `key_not_unique` outcome).
+    fn not_unique(&self) -> Error {
+        if let Some(not_logged) = self.not_unique_log.permit() {
+            tracing::error!(
+                resource = %self.config.name,
+                table = %self.config.table,
+                key_column = %self.config.key_column,
+                not_logged,
+                "a key matched more than one row: answered 500 key_not_unique, neither row served; \
+                 key the resource by a unique set of columns (at most one such line per 10 s)"
+            );
+        }
+        Error::KeyNotUnique
     }
 
     /// What a load tells of the filter (the request itself is counted

@@ -25,6 +25,7 @@ fn watch_of(tables: &[(&str, &str, ColumnType)]) -> Watch {
                 columns: vec![WatchedColumn {
                     name: Arc::from(*c),
                     ty: *ty,
+                    unique: false,
                 }],
             })
             .collect(),

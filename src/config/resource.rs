@@ -46,7 +46,9 @@ pub struct ResourceConfig {
     /// must have the same name and values there. Default: `table` itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_table: Option<String>,
-    /// Column holding the key; should be unique (a primary key).
+    /// Column holding the key. It must be unique: the table's primary key,
+    /// or a valid, non-partial unique index on it (start-up refuses a
+    /// table without one; see `db::catalog::TableInfo::uniqueness`).
     pub key_column: String,
     /// `bigint`, `uuid` or `text`.
     pub key_type: KeyType,

@@ -12,7 +12,12 @@
 //!   ([`ColumnType`], [`canonical_text`]);
 //! - every column's type and nullability, for the response schemas;
 //! - the replica identity, which decides whether logical replication carries
-//!   a row's old key on UPDATE and DELETE.
+//!   a row's old key on UPDATE and DELETE;
+//! - the sets of columns the table holds unique ([`TableInfo::key_sets`]):
+//!   a resource is served by a key only if one of them lies within its key
+//!   columns ([`TableInfo::uniqueness`]), or one key would name several
+//!   rows and the row query would answer with any of them (another
+//!   tenant's, say).
 //!
 //! Names go to Postgres quoted (`"public"."users"`), exactly as the row and
 //! scan queries quote them, so both resolve to the same relation.
@@ -35,6 +40,31 @@ pub struct Watch {
     pub tables: Vec<WatchedTable>,
 }
 
+impl Watch {
+    /// Adds `column` of `table` (tables kept in name order, each column
+    /// once; held unique if any resource holds it so).
+    pub fn follow(&mut self, table: &TableName, column: WatchedColumn) {
+        let at = match self.tables.binary_search_by(|t| t.name.cmp(table)) {
+            Ok(at) => at,
+            Err(at) => {
+                self.tables.insert(
+                    at,
+                    WatchedTable {
+                        name: table.clone(),
+                        columns: Vec::new(),
+                    },
+                );
+                at
+            }
+        };
+        let columns = &mut self.tables[at].columns;
+        match columns.iter_mut().find(|c| c.name == column.name) {
+            Some(c) => c.unique |= column.unique,
+            None => columns.push(column),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct WatchedTable {
     pub name: TableName,
@@ -46,6 +76,11 @@ pub struct WatchedTable {
 pub struct WatchedColumn {
     pub name: Arc<str>,
     pub ty: ColumnType,
+    /// A resource serves this very table by this column, so the feeds'
+    /// checks hold it to stay unique ([`TableInfo::uniqueness`]). A view's
+    /// key, followed on its `source_table`, is not: that table's rows are
+    /// not the view's.
+    pub unique: bool,
 }
 
 /// What kind of relation a resource reads.
@@ -130,12 +165,85 @@ pub struct TableInfo {
     pub columns: Vec<ColumnInfo>,
     pub replica_identity: ReplicaIdentity,
     pub unique_indexes: Vec<UniqueIndex>,
+    /// Every set of columns the table holds unique: the key columns (not
+    /// the `INCLUDE`d ones) of its primary key and of every valid,
+    /// non-partial unique index on plain columns. Nullable columns count:
+    /// `=` never matches NULL, so a key still names at most one row.
+    pub key_sets: Vec<UniqueIndex>,
+}
+
+/// Why a resource's key columns cannot be shown to name one row at most.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Uniqueness {
+    /// A unique set lies within the key columns: this index.
+    Proven(String),
+    /// A view, or a foreign table: the catalog cannot show it (a view may
+    /// join and repeat rows). The row query's second guard applies alone.
+    Unprovable,
+    /// A table without a unique set within the key columns.
+    NotUnique,
 }
 
 impl TableInfo {
     pub fn column(&self, name: &str) -> Option<&ColumnInfo> {
         self.columns.iter().find(|c| c.name == name)
     }
+
+    /// Whether `key` (a resource's key columns) names at most one row.
+    pub fn uniqueness(&self, key: &[&str]) -> Uniqueness {
+        if !matches!(
+            self.kind,
+            RelKind::Table | RelKind::PartitionedTable | RelKind::MaterializedView
+        ) {
+            return Uniqueness::Unprovable;
+        }
+        match self
+            .key_sets
+            .iter()
+            .find(|set| set.columns.iter().all(|c| key.contains(&c.as_str())))
+        {
+            Some(set) => Uniqueness::Proven(set.name.clone()),
+            None => Uniqueness::NotUnique,
+        }
+    }
+
+    /// What to say of a resource keyed by `key` on this table when
+    /// [`TableInfo::uniqueness`] is [`Uniqueness::NotUnique`]: the unique
+    /// sets there are, and the statement that would make the key one.
+    pub fn not_unique(&self, key: &[&str]) -> String {
+        let sets = if self.key_sets.is_empty() {
+            "it has no primary key or unique index".to_string()
+        } else {
+            let named: Vec<String> = self
+                .key_sets
+                .iter()
+                .map(|s| format!("{} ({})", s.name, s.columns.join(", ")))
+                .collect();
+            format!(
+                "its unique sets are {}, none within the key",
+                named.join(", ")
+            )
+        };
+        format!(
+            "the key ({}) of {} is not unique: {sets}, so one key could name several rows \
+             (another tenant's, say) and any of them would be served; key the resource by a \
+             unique set, or make this one unique: {}",
+            key.join(", "),
+            self.name,
+            create_unique_index(&self.name, key)
+        )
+    }
+}
+
+/// `CREATE UNIQUE INDEX CONCURRENTLY ON "public"."orders" ("order_no")`:
+/// the statement that makes `key` a unique set of `table`.
+pub fn create_unique_index(table: &str, key: &[&str]) -> String {
+    let cols: Vec<String> = key.iter().map(|c| quote(c)).collect();
+    format!(
+        "CREATE UNIQUE INDEX CONCURRENTLY ON {} ({})",
+        quote_table(table),
+        cols.join(", ")
+    )
 }
 
 /// `users` → `"users"`, `app.users` → `"app"."users"`: the same quoting as
@@ -234,7 +342,10 @@ pub async fn table_info_on(
         _ => ReplicaIdentity::Nothing,
     };
 
-    let unique_indexes = sqlx::query(
+    // Usable as a replica identity: NOT NULL columns, immediate.
+    let unique_indexes = indexes(
+        conn,
+        oid,
         "SELECT ic.relname::text AS name,
                 array_agg(a.attname::text ORDER BY k.ord) AS columns
            FROM pg_index i
@@ -247,15 +358,22 @@ pub async fn table_info_on(
          HAVING bool_and(a.attnotnull)
           ORDER BY ic.relname",
     )
-    .bind(oid)
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter()
-    .map(|r| UniqueIndex {
-        name: r.get("name"),
-        columns: r.get("columns"),
-    })
-    .collect();
+    .await?;
+    let key_sets = indexes(
+        conn,
+        oid,
+        &format!(
+            "SELECT ic.relname::text AS name, array_agg(a.attname::text ORDER BY k.ord) AS columns
+               FROM pg_index i
+               JOIN pg_class ic ON ic.oid = i.indexrelid
+               JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON k.ord <= i.indnkeyatts
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+              WHERE i.indrelid = $1::oid AND {UNIQUE_SET}
+              GROUP BY ic.relname
+              ORDER BY bool_or(i.indisprimary) DESC, ic.relname"
+        ),
+    )
+    .await?;
 
     Ok(Some(TableInfo {
         name: Arc::from(format!("{schema}.{name}")),
@@ -263,7 +381,34 @@ pub async fn table_info_on(
         columns,
         replica_identity,
         unique_indexes,
+        key_sets,
     }))
+}
+
+/// The `pg_index` rows (as `i`) that make their key columns a unique set:
+/// unique, valid (a `CREATE UNIQUE INDEX CONCURRENTLY` that failed, or is
+/// still building, leaves an index that does not hold the rows unique),
+/// not partial, on plain columns. Shared with the feeds' check
+/// (`feed::watch`), so that start-up and run time judge alike.
+pub const UNIQUE_SET: &str =
+    "i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL";
+
+/// The indexes `sql` lists for the relation `$1` (`name`, `columns`).
+async fn indexes(
+    conn: &mut PgConnection,
+    oid: i64,
+    sql: &str,
+) -> Result<Vec<UniqueIndex>, sqlx::Error> {
+    Ok(sqlx::query(sql)
+        .bind(oid)
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .map(|r| UniqueIndex {
+            name: r.get("name"),
+            columns: r.get("columns"),
+        })
+        .collect())
 }
 
 /// The columns, in order, of the index of `oid` that has `flag` set
@@ -291,6 +436,78 @@ mod tests {
     fn tables_are_quoted_like_the_queries() {
         assert_eq!(quote_table("users"), r#""users""#);
         assert_eq!(quote_table("app.users"), r#""app"."users""#);
+    }
+
+    fn table(kind: RelKind, sets: &[(&str, &[&str])]) -> TableInfo {
+        TableInfo {
+            name: Arc::from("public.orders"),
+            kind,
+            columns: Vec::new(),
+            replica_identity: ReplicaIdentity::Nothing,
+            unique_indexes: Vec::new(),
+            key_sets: sets
+                .iter()
+                .map(|(name, cols)| UniqueIndex {
+                    name: name.to_string(),
+                    columns: cols.iter().map(|c| c.to_string()).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_key_is_unique_when_a_unique_set_lies_within_it() {
+        let pk_id = table(RelKind::Table, &[("orders_pkey", &["id"])]);
+        // A key with more columns than the unique set: still one row.
+        assert_eq!(
+            pk_id.uniqueness(&["tenant_id", "id"]),
+            Uniqueness::Proven("orders_pkey".into())
+        );
+        assert_eq!(
+            pk_id.uniqueness(&["id"]),
+            Uniqueness::Proven("orders_pkey".into())
+        );
+        // The leak: part of the primary key alone names a row per tenant.
+        let tenant_pk = table(
+            RelKind::PartitionedTable,
+            &[("orders_pkey", &["tenant_id", "order_no"])],
+        );
+        assert_eq!(tenant_pk.uniqueness(&["order_no"]), Uniqueness::NotUnique);
+        assert_eq!(
+            tenant_pk.uniqueness(&["order_no", "tenant_id"]),
+            Uniqueness::Proven("orders_pkey".into())
+        );
+        let why = tenant_pk.not_unique(&["order_no"]);
+        assert!(why.contains("orders_pkey (tenant_id, order_no)"), "{why}");
+        assert!(
+            why.ends_with(r#"CREATE UNIQUE INDEX CONCURRENTLY ON "public"."orders" ("order_no")"#),
+            "{why}"
+        );
+        let none = table(RelKind::Table, &[]);
+        assert_eq!(none.uniqueness(&["id"]), Uniqueness::NotUnique);
+        assert!(
+            none.not_unique(&["id"])
+                .contains("no primary key or unique index")
+        );
+        // A second unique set is found whatever the order.
+        let email = table(
+            RelKind::MaterializedView,
+            &[("pk", &["id"]), ("email_key", &["email"])],
+        );
+        assert_eq!(
+            email.uniqueness(&["email"]),
+            Uniqueness::Proven("email_key".into())
+        );
+        // A view cannot be shown unique by its catalog: the row query's
+        // guard stands alone there.
+        assert_eq!(
+            table(RelKind::View, &[]).uniqueness(&["id"]),
+            Uniqueness::Unprovable
+        );
+        assert_eq!(
+            table(RelKind::Foreign, &[]).uniqueness(&["id"]),
+            Uniqueness::Unprovable
+        );
     }
 
     #[test]

@@ -94,6 +94,11 @@ pub enum DbError {
     Sqlx(#[from] sqlx::Error),
     #[error("key stream: {0}")]
     Copy(#[from] CopyError),
+    /// The row query found two rows for one key: the key is not unique
+    /// (a view that repeats rows, or a unique index dropped). Neither row
+    /// is served.
+    #[error("the key matches more than one row")]
+    NotUnique,
 }
 
 /// The pool plus counters, and the read replicas if any.
@@ -110,8 +115,11 @@ pub struct Db {
 /// has already restricted to `[A-Za-z_][A-Za-z0-9_]*` and quoted here anyway.
 #[derive(Clone, Debug)]
 pub struct Queries {
-    /// One row as a JSON object, or no row; `$1` is the key. Shared: every
-    /// cache load holds a reference.
+    /// One row as a JSON object, or no row; `$1` is the key. It asks for
+    /// two rows: start-up proves a table's key unique, but a view cannot be
+    /// proven so, and an index may be dropped between two checks, so a
+    /// second row is the sign that the key names several (see
+    /// [`DbError::NotUnique`]). Shared: every cache load holds a reference.
     pub row: Arc<str>,
     /// Exact row count, for sizing the filter.
     pub count: String,
@@ -130,7 +138,7 @@ impl Queries {
             .join(", ");
         Self {
             row: Arc::from(format!(
-                "SELECT row_to_json(t)::text FROM (SELECT {cols} FROM {table} WHERE {key} = $1::{key_type} LIMIT 1) t"
+                "SELECT row_to_json(t)::text FROM (SELECT {cols} FROM {table} WHERE {key} = $1::{key_type} LIMIT 2) t"
             )),
             count: format!("SELECT count({key}) FROM {table}"),
             keys: format!(
@@ -422,14 +430,14 @@ impl Db {
             let began = Instant::now();
             let r = sqlx::query_scalar::<_, String>(sql)
                 .bind(key.clone())
-                .fetch_optional(replica.pool())
+                .fetch_all(replica.pool())
                 .await;
             match r {
-                Ok(row) => {
+                Ok(rows) => {
                     replica.queries.fetch_add(1, Ordering::Relaxed);
                     self.stats.query(tally, Target::Replica);
                     self.stats.row_took(Target::Replica, began.elapsed());
-                    return Ok(row.map(Bytes::from));
+                    return one_row(rows);
                 }
                 Err(e) => {
                     tracing::debug!(replica = %replica.name, error = %e, "replica load failed; using the primary");
@@ -444,7 +452,7 @@ impl Db {
                 let mut conn = self.stats.acquiring(self.pool.acquire()).await?;
                 sqlx::query_scalar::<_, String>(sql)
                     .bind(key.clone())
-                    .fetch_optional(&mut *conn)
+                    .fetch_all(&mut *conn)
                     .await
             }
             .await;
@@ -461,7 +469,7 @@ impl Db {
                     self.stats.query(tally, Target::Primary);
                     self.stats.row_took(Target::Primary, began.elapsed());
                     self.note_reach(&r);
-                    return Ok(self.count(r)?.map(Bytes::from));
+                    return one_row(self.count(r)?);
                 }
             }
         }
@@ -527,6 +535,16 @@ impl Db {
         }
         .await;
         self.count(r)
+    }
+}
+
+/// The row query's answer (at most two rows, see [`Queries::row`]): none,
+/// the row, or [`DbError::NotUnique`].
+fn one_row(mut rows: Vec<String>) -> Result<Option<Bytes>, DbError> {
+    match rows.len() {
+        0 => Ok(None),
+        1 => Ok(rows.pop().map(Bytes::from)),
+        _ => Err(DbError::NotUnique),
     }
 }
 
@@ -662,7 +680,7 @@ mod tests {
         );
         assert_eq!(
             &*q.row,
-            r#"SELECT row_to_json(t)::text FROM (SELECT "id", "name" FROM "public"."users" WHERE "id" = $1::bigint LIMIT 1) t"#
+            r#"SELECT row_to_json(t)::text FROM (SELECT "id", "name" FROM "public"."users" WHERE "id" = $1::bigint LIMIT 2) t"#
         );
         assert!(
             q.keys

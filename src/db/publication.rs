@@ -366,6 +366,7 @@ mod tests {
                 .map(|c| WatchedColumn {
                     name: Arc::from(*c),
                     ty: ColumnType::Text,
+                    unique: false,
                 })
                 .collect(),
         }

@@ -482,6 +482,7 @@ mod tests {
         let col = |n: &str| WatchedColumn {
             name: Arc::from(n),
             ty: ColumnType::Text,
+            unique: false,
         };
         Watch {
             tables: vec![WatchedTable {

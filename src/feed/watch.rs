@@ -19,12 +19,19 @@
 //!   [`Event::Coverage`] without one, then a [`Event::Resync`] of it (what
 //!   changed meanwhile was not delivered);
 //! - the first check only records (the first scan follows it), except that
-//!   a problem is reported at once.
+//!   a problem is reported at once;
+//! - a key column a resource serves its table by that is no longer a
+//!   unique set (its unique index dropped, say: see
+//!   `db::catalog::TableInfo::uniqueness`) is a problem of that table
+//!   ([`Observed::problem`]): one key could now name several rows, so its
+//!   resources answer from the database, whose row query refuses two rows.
+//!   The same check the feed's own dependency has, so every feed (and the
+//!   bus, which carries the coverage) says it.
 
 use sqlx::PgConnection;
 
-use super::{Coverage, Event, Resync, Watch};
-use crate::db::catalog::quote_table;
+use super::{Coverage, Event, Resync, Watch, WatchedTable};
+use crate::db::catalog::{UNIQUE_SET, create_unique_index, quote_table};
 use crate::db::triggers::{self, Sink};
 
 /// One watched table as the catalog has it now.
@@ -41,6 +48,35 @@ pub struct Observed {
     /// (`xmin`): an edit undone before the next check still changes them,
     /// and the changes it kept from the feed meanwhile are rescanned.
     pub dependency: String,
+    /// The watched columns held unique ([`WatchedColumn::unique`]) that no
+    /// unique set of the table lies within now.
+    pub not_unique: Vec<String>,
+}
+
+impl Observed {
+    /// What the catalog alone says keeps `t` from being followed: it does
+    /// not exist, or a key it is served by is not unique. A feed's own
+    /// problem (its publication, its trigger) comes after these.
+    pub fn problem(&self, t: &WatchedTable) -> Option<String> {
+        if self.oid.is_none() {
+            return Some(format!("table {} does not exist", t.name));
+        }
+        if self.not_unique.is_empty() {
+            return None;
+        }
+        let key: Vec<&str> = self.not_unique.iter().map(String::as_str).collect();
+        Some(format!(
+            "key column {} of {} is no longer unique (no primary key or valid unique index on \
+             it alone), so one key could name several rows: its resources answer from the \
+             database, which refuses a key with two rows; {}",
+            key.join(", "),
+            t.name,
+            key.iter()
+                .map(|c| create_unique_index(&t.name, &[c]))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+    }
 }
 
 /// Every watched table as the catalog has it now, in `watch` order: one
@@ -59,7 +95,7 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observ
     .bind(&names)
     .fetch_all(&mut *conn)
     .await?;
-    Ok(rows
+    let mut seen: Vec<Observed> = rows
         .into_iter()
         .map(|(oid, partitioned, partitions)| Observed {
             oid: oid.and_then(|o| u32::try_from(o).ok()),
@@ -69,8 +105,44 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observ
                 .filter_map(|p| u32::try_from(p).ok())
                 .collect(),
             dependency: String::new(),
+            not_unique: Vec::new(),
         })
-        .collect())
+        .collect();
+    // Each column held unique, and whether a unique set lies within it:
+    // the rule start-up applies (`TableInfo::uniqueness`), by the same
+    // `pg_index` predicate.
+    let (mut at, mut columns) = (Vec::new(), Vec::new());
+    for (i, t) in watch.tables.iter().enumerate() {
+        for c in t.columns.iter().filter(|c| c.unique) {
+            at.push(i as i32);
+            columns.push(c.name.to_string());
+        }
+    }
+    if !at.is_empty() {
+        let unique: Vec<bool> = sqlx::query_scalar(&format!(
+            "SELECT EXISTS (
+                 SELECT 1 FROM pg_index i
+                  WHERE i.indrelid = to_regclass(($1::text[])[k.at + 1]) AND {UNIQUE_SET}
+                    AND NOT EXISTS (
+                        SELECT 1 FROM unnest(i.indkey) WITH ORDINALITY u(attnum, ord)
+                          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum
+                         WHERE u.ord <= i.indnkeyatts AND a.attname::text <> k.col))
+               FROM unnest($2::int4[], $3::text[]) WITH ORDINALITY AS k(at, col, n)
+              ORDER BY k.n"
+        ))
+        .bind(&names)
+        .bind(&at)
+        .bind(&columns)
+        .fetch_all(&mut *conn)
+        .await?;
+        for ((i, column), unique) in at.into_iter().zip(columns).zip(unique) {
+            let s = &mut seen[i as usize];
+            if !unique && s.oid.is_some() {
+                s.not_unique.push(column);
+            }
+        }
+    }
+    Ok(seen)
 }
 
 /// What the checks of one feed have seen so far (kept across its sessions:
@@ -153,7 +225,7 @@ pub async fn check_triggers(
     let mut repaired = Vec::new();
     for (t, s) in watch.tables.iter().zip(&seen) {
         if s.oid.is_none() {
-            problems.push(Some(format!("table {} does not exist", t.name)));
+            problems.push(s.problem(t));
             continue;
         }
         let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
@@ -177,7 +249,7 @@ pub async fn check_triggers(
                 }
             }
         }
-        problems.push(problem);
+        problems.push(s.problem(t).or(problem));
     }
     let mut seen = seen;
     for (t, s) in watch.tables.iter().zip(&mut seen) {
@@ -218,6 +290,7 @@ mod tests {
             columns: vec![WatchedColumn {
                 name: Arc::from("id"),
                 ty: ColumnType::Int8,
+                unique: true,
             }],
         };
         Watch {
@@ -231,6 +304,7 @@ mod tests {
             partitioned: !partitions.is_empty(),
             partitions: partitions.to_vec(),
             dependency: String::new(),
+            not_unique: Vec::new(),
         }
     }
 
@@ -311,6 +385,41 @@ mod tests {
         // Dropped from the publication and added back: another row.
         assert_eq!(said(&t.update(&w, with("11:530"))), ["resync public.a"]);
         assert!(t.update(&w, with("11:530")).is_empty());
+    }
+
+    #[test]
+    fn a_key_no_longer_unique_is_a_problem_until_it_is_again() {
+        let w = watch();
+        let mut t = Tracker::default();
+        let at = |not_unique: &[&str]| {
+            let mut s = seen(1, &[]);
+            s.not_unique = not_unique.iter().map(|c| c.to_string()).collect();
+            let problem = s.problem(&w.tables[0]);
+            vec![(s, problem), (seen(2, &[]), None)]
+        };
+        t.update(&w, at(&[]));
+        let e = said(&t.update(&w, at(&["id"])));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("problem public.a: key column id of public.a is no longer unique"),
+            "{e:?}"
+        );
+        assert!(
+            e[0].ends_with(r#"CREATE UNIQUE INDEX CONCURRENTLY ON "public"."a" ("id")"#),
+            "{e:?}"
+        );
+        assert!(t.has_problem());
+        assert_eq!(
+            said(&t.update(&w, at(&[]))),
+            ["ok public.a", "resync public.a"],
+            "unique again: rows inserted meanwhile may share a key the cache holds"
+        );
+        // A missing table says that, not uniqueness.
+        let gone = Observed::default();
+        assert_eq!(
+            gone.problem(&w.tables[0]).as_deref(),
+            Some("table public.a does not exist")
+        );
     }
 
     #[test]

@@ -316,6 +316,7 @@ fn failed(route: &Route, began: Instant, e: Error) -> Response {
         Error::Unverified | Error::Unavailable(_) | Error::Internal(_) => {
             RequestOutcome::Unavailable
         }
+        Error::KeyNotUnique => RequestOutcome::KeyNotUnique,
     };
     done(route, began, e.into_response(), outcome)
 }

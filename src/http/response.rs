@@ -36,7 +36,7 @@ impl Error {
             | Error::Unavailable(_)
             | Error::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Error::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::KeyNotUnique | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -54,6 +54,7 @@ impl Error {
             Error::Unavailable(_) => "bloomgate; fwd=miss; detail=database-unavailable",
             Error::Overloaded => "bloomgate; detail=overloaded",
             Error::Timeout => "bloomgate; detail=timeout",
+            Error::KeyNotUnique => "bloomgate; fwd=miss; detail=key-not-unique",
             Error::Internal(_) => "bloomgate; detail=internal",
         }
     }

@@ -2,13 +2,12 @@
 //! its schema's `USAGE`, its columns and key type, `SELECT` on every column
 //! read; and what the feeds will then watch.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sqlx::PgConnection;
 
 use crate::config::Config;
-use crate::db::catalog::{self, TableName, Watch, WatchedColumn, WatchedTable, quote, quote_table};
+use crate::db::catalog::{self, Uniqueness, Watch, WatchedColumn, quote, quote_table};
 
 use super::{Report, Role, privilege, schema_of};
 
@@ -20,7 +19,7 @@ pub(super) async fn resources(
     role: &Role,
     r: &mut Report,
 ) -> Result<Watch, sqlx::Error> {
-    let mut tables: BTreeMap<TableName, Vec<WatchedColumn>> = BTreeMap::new();
+    let mut watch = Watch::default();
     for res in config.resolved() {
         // A schema the role may not use makes every lookup of a name in it
         // an error ("permission denied for schema"), not an absence: say
@@ -93,6 +92,23 @@ pub(super) async fn resources(
                 res.key_type.accepted()
             ));
         }
+        // One key, one row (start-up refuses the same).
+        if info.column(&res.key_column).is_some() {
+            let key = [res.key_column.as_str()];
+            match info.uniqueness(&key) {
+                Uniqueness::Proven(_) => {}
+                Uniqueness::NotUnique => {
+                    r.missing(format!("resource {}: {}", res.name, info.not_unique(&key)));
+                    r.statement(catalog::create_unique_index(&info.name, &key));
+                }
+                Uniqueness::Unprovable => r.note(format!(
+                    "resource {}: {} is not a table, so its catalog cannot show the key ({}) \
+                     unique; a lookup that finds two rows is answered 500 key_not_unique, never \
+                     with either",
+                    res.name, info.name, res.key_column
+                )),
+            }
+        }
         // A key or owner column the gateway could not compare as
         // Postgres does (`key::compare`): start-up would refuse it.
         let compared = std::iter::once(res.key_column.as_str())
@@ -151,20 +167,16 @@ pub(super) async fn resources(
             ));
             continue;
         };
-        let columns = tables.entry(source.name.clone()).or_default();
-        if !columns.iter().any(|c| *c.name == *res.key_column) {
-            columns.push(WatchedColumn {
+        watch.follow(
+            &source.name,
+            WatchedColumn {
                 name: Arc::from(res.key_column.as_str()),
                 ty: key.column_type(),
-            });
-        }
+                unique: res.source_table == res.table,
+            },
+        );
     }
-    Ok(Watch {
-        tables: tables
-            .into_iter()
-            .map(|(name, columns)| WatchedTable { name, columns })
-            .collect(),
-    })
+    Ok(watch)
 }
 
 /// The schema `table` names, if the role may not use it (`None` for a

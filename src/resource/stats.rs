@@ -57,10 +57,12 @@ pub enum RequestOutcome {
     /// 200 or 404 from what was last vouched for while the database cannot
     /// be reached (`cache.stale_if_error`).
     Stale,
+    /// 500: the key matched two rows (see `db::Queries::row`).
+    KeyNotUnique,
 }
 
 impl RequestOutcome {
-    pub const ALL: [RequestOutcome; 14] = [
+    pub const ALL: [RequestOutcome; 15] = [
         Self::Filtered,
         Self::Hit,
         Self::NegativeHit,
@@ -75,6 +77,7 @@ impl RequestOutcome {
         Self::Shed,
         Self::Timeout,
         Self::Stale,
+        Self::KeyNotUnique,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +96,7 @@ impl RequestOutcome {
             Self::Shed => "shed",
             Self::Timeout => "timeout",
             Self::Stale => "stale",
+            Self::KeyNotUnique => "key_not_unique",
         }
     }
 }

@@ -494,6 +494,7 @@ mod tests {
                 columns: vec![WatchedColumn {
                     name: Arc::from("id"),
                     ty: ColumnType::Int8,
+                    unique: false,
                 }],
             }],
         }

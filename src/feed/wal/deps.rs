@@ -52,10 +52,7 @@ pub(super) async fn check(feed: &mut Feed, conn: &mut PgConnection) -> Result<()
         .zip(checked.problems)
         .zip(&watch.tables)
         .map(|((seen, problem), t)| {
-            let problem = match seen.oid {
-                None => Some(format!("table {} does not exist", t.name)),
-                Some(_) => problem,
-            };
+            let problem = seen.problem(t).or(problem);
             (seen, problem)
         })
         .collect();
