@@ -243,6 +243,14 @@ impl Applier {
             Event::Heartbeat(at) => {
                 self.progress.heartbeat(at);
                 self.fresh.heard(at);
+                if let Some(bound) = self.fresh.bound() {
+                    // The request path's own check (see `vouch`): a gateway
+                    // that was paused does not answer from a proof its
+                    // timer has not yet found too old.
+                    for r in &self.followers {
+                        r.resource.vouch.proven_until(at + bound);
+                    }
+                }
                 self.check_fresh();
             }
             Event::Interrupted(_) => {

@@ -40,7 +40,7 @@ mod stats;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -250,9 +250,10 @@ impl Resource {
     /// answered here, without a future (`http::dispatch`); anything else
     /// is a [`Load`] for [`Resource::load`].
     #[inline]
-    pub fn lookup_now(&self, key: Key) -> Result<Now, Error> {
-        // Before the filter is read (see `vouch`).
-        let vouched = self.vouch.ok();
+    pub fn lookup_now(&self, key: Key, began: Instant) -> Result<Now, Error> {
+        // Before the filter is read (see `vouch`), and for the instant the
+        // request began, not for whatever the applier's timer last found.
+        let vouched = self.vouch.ok_at(began);
         if !vouched
             && self.db.outage.is_down()
             && let Some(age) = self.stale_age()

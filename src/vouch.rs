@@ -4,8 +4,20 @@
 //! covered by a rebuild that swapped its filter in), and the feed can
 //! follow the resource's table (no *problem*).
 //!
-//! The request path reads one flag, [`Vouch::ok`]; the applier and the
-//! rebuilds change the inputs, rarely, under a mutex that recomputes it.
+//! The request path reads one flag and one deadline, [`Vouch::ok_at`]; the
+//! applier and the rebuilds change the inputs, rarely, under a mutex that
+//! recomputes the flag.
+//!
+//! # Why a deadline as well as the flag
+//! The flag turns false when the applier's timer (every eighth of the
+//! bound) finds the latest proof too old. A gateway paused past the bound
+//! (SIGSTOP, a VM frozen, a host starved) resumes with the flag still
+//! true, and the requests queued meanwhile would run before the timer
+//! does: answered from the cache for a moment the proof does not cover.
+//! So each resource also holds the moment its latest proof expires
+//! ([`Vouch::proven_until`]), and a request compares it with the instant
+//! it began: a proof covers only requests that begin within the bound of
+//! it, whatever any timer has done.
 //!
 //! # Guarantees (tested below)
 //! - `ok` holds exactly while fresh, with no problem, and every gap opened
@@ -28,15 +40,26 @@
 //!   already never moves it back; after an interruption, not fresh until
 //!   the next proof; each change is told once, in order (the telling runs
 //!   under its lock).
+//! - [`Vouch::ok_at`] holds only while `ok` does and the instant is at or
+//!   before the latest proof's moment plus the bound (no proof told: no
+//!   limit, for a resource no feed follows or a feed that is off).
 //! - Memory order: `ok` is stored with `Release` after whatever made it
 //!   true (a filter swapped in), and the request path loads it with
 //!   `Acquire` *before* it reads the filter; so a request that sees it true
 //!   reads that filter or a later one, never the one the gap made
 //!   untrustworthy.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
+
+/// The instant [`Vouch::proven_until`]'s deadlines count from.
+static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// `at` as nanoseconds since [`BASE`] (0 for an instant before it).
+fn nanos(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(*BASE).as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// The gaps a rebuild will close once its filter is in place: those opened
 /// before its window ([`Vouch::rebuild_began`]).
@@ -47,6 +70,9 @@ pub struct Covers(u64);
 #[derive(Debug)]
 pub struct Vouch {
     ok: AtomicBool,
+    /// The latest proof's moment plus the bound, in [`nanos`]; `u64::MAX`
+    /// before any (see "Why a deadline as well as the flag").
+    until: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -75,17 +101,38 @@ impl Default for Vouch {
     fn default() -> Self {
         Self {
             ok: AtomicBool::new(false),
+            until: AtomicU64::new(u64::MAX),
             state: Mutex::default(),
         }
     }
 }
 
 impl Vouch {
-    /// Whether the filter's "absent" and the cache's answers may be given.
-    /// Read it before the filter (see the module doc).
+    /// Whether the filter's "absent" and the cache's answers may be given,
+    /// as the applier last computed it. A request asks [`Vouch::ok_at`].
     #[inline]
     pub fn ok(&self) -> bool {
         self.ok.load(Ordering::Acquire)
+    }
+
+    /// Whether they may be given to a request that began at `began`: the
+    /// flag, and the latest proof still covers that instant. Read it before
+    /// the filter (see the module doc).
+    #[inline]
+    pub fn ok_at(&self, began: Instant) -> bool {
+        self.ok.load(Ordering::Acquire) && nanos(began) <= self.until.load(Ordering::Relaxed)
+    }
+
+    /// The latest proof covers requests that begin up to `until` (a later
+    /// deadline only ever replaces an earlier one).
+    pub fn proven_until(&self, until: Instant) {
+        let until = nanos(until);
+        // The first proof replaces "no limit"; after it, only later ones.
+        let _ = self
+            .until
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                (now == u64::MAX || until > now).then_some(until)
+            });
     }
 
     fn change(&self, f: impl FnOnce(&mut State)) {
@@ -289,6 +336,29 @@ mod tests {
         assert_eq!(told(&f), stale(false));
         f.heard(Instant::now());
         assert_eq!(told(&f), fresh(false));
+    }
+
+    #[test]
+    fn a_request_is_vouched_for_only_within_the_bound_of_the_latest_proof() {
+        let v = Vouch::default();
+        v.set_fresh(true);
+        let now = Instant::now();
+        assert!(v.ok_at(now), "no proof told: no limit");
+        v.proven_until(now + Duration::from_secs(2));
+        assert!(v.ok_at(now + Duration::from_secs(2)));
+        // The timer has not run (a paused process): the flag still says
+        // yes, the deadline no.
+        assert!(v.ok());
+        assert!(!v.ok_at(now + Duration::from_millis(2001)));
+        v.proven_until(now + Duration::from_secs(1));
+        assert!(
+            v.ok_at(now + Duration::from_secs(2)),
+            "an older proof never moves it back"
+        );
+        v.proven_until(now + Duration::from_secs(5));
+        assert!(v.ok_at(now + Duration::from_secs(4)));
+        v.set_fresh(false);
+        assert!(!v.ok_at(now), "the flag still counts");
     }
 
     #[test]

@@ -72,6 +72,7 @@ async fn the_notify_source_refuses_a_standby() {
         counters: Default::default(),
         health: Default::default(),
         install: false,
+        identity: Default::default(),
     };
     let task = tokio::spawn(notify::run(
         opts,

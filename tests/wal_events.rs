@@ -100,6 +100,7 @@ impl Feed {
             start_position: None,
             idle_confirm_applied: false,
             broken_slot: Default::default(),
+            identity: None,
         };
         let task = tokio::spawn(feed::wal::run(
             opts,

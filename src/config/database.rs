@@ -120,10 +120,10 @@ pub struct DatabaseConfig {
     /// the change feed proving it is current (a heartbeat every 100 ms, see
     /// `feed`). Past it (a hung connection, a cut network, a feed far
     /// behind) keys are looked up in the database instead: a row committed
-    /// longer ago than this is never answered 404 or old. At least `500ms`
-    /// and four poll intervals; on the WAL feeds also above three of the
-    /// primary's `wal_writer_delay` (checked at start-up, see
-    /// `db::position::async_commit_lag`). Default `2s`.
+    /// longer ago than this is never answered 404 or old, and a request
+    /// that begins longer than this after the latest proof is not answered
+    /// from them (see `vouch`). At least `500ms` and four poll intervals.
+    /// Default `2s`.
     #[serde(with = "crate::config::forms::duration")]
     pub freshness_bound: Duration,
 }

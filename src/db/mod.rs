@@ -29,6 +29,7 @@ pub(crate) use system_identifier_sql;
 
 pub mod catalog;
 pub mod copy;
+pub mod identity;
 pub mod lsn;
 pub mod outage;
 pub mod position;
@@ -109,6 +110,9 @@ pub struct Db {
     /// Whether the primary can be reached, as the row loads and the checks
     /// find it (see [`outage`]).
     pub outage: outage::Outage,
+    /// The server the change feed follows, which every connection is held
+    /// to as it opens (see [`identity`]).
+    pub identity: Arc<identity::Identity>,
 }
 
 /// The SQL for one resource, built from identifiers that config validation
@@ -163,9 +167,18 @@ impl Db {
         let opts = tls::connect_options(&cfg.url)?
             .application_name("bloomgate")
             .options([("statement_timeout", timeout_ms.as_str())]);
+        let identity = Arc::new(identity::Identity::default());
         let pool = PgPoolOptions::new()
             .max_connections(cfg.pool_size)
             .acquire_timeout(cfg.acquire_timeout)
+            // Which server it reached, before any row is read from it.
+            .after_connect({
+                let identity = identity.clone();
+                move |conn, _| {
+                    let identity = identity.clone();
+                    Box::pin(async move { identity.check_primary(conn).await })
+                }
+            })
             // sqlx pings a connection when it goes back to the pool, and by
             // default again when it is taken out: with the query, three round
             // trips per cache miss. A connection released moments ago was
@@ -173,18 +186,28 @@ impl Db {
             // idea of HikariCP's aliveBypassWindow). One that died in between
             // fails its query, and `fetch_json` retries it elsewhere.
             .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for < PING_IF_IDLE_FOR {
-                        return Ok(true);
-                    }
-                    conn.ping().await.map(|()| true)
-                })
+            .before_acquire({
+                let identity = identity.clone();
+                move |conn, meta| {
+                    // Opened before the feed moved to another server: it may
+                    // be on the old one (see `identity`).
+                    let old = identity.opened_before_change(meta.age);
+                    Box::pin(async move {
+                        if old {
+                            return Ok(false);
+                        }
+                        if meta.idle_for < PING_IF_IDLE_FOR {
+                            return Ok(true);
+                        }
+                        conn.ping().await.map(|()| true)
+                    })
+                }
             })
             .connect_lazy_with(opts);
-        let replicas = replicas::Replicas::new(cfg, pool.clone())?.map(Arc::new);
+        let replicas = replicas::Replicas::new(cfg, pool.clone(), &identity)?.map(Arc::new);
         Ok(Self {
             replicas,
+            identity,
             ..Self::from_pool(pool)
         })
     }
@@ -195,6 +218,7 @@ impl Db {
             stats: stats::DbStats::default(),
             replicas: None,
             outage: outage::Outage::default(),
+            identity: Arc::default(),
         }
     }
 
@@ -264,9 +288,18 @@ impl Db {
                 .await;
                 Err(match direct {
                     Ok(Err(e)) => e.to_string(),
-                    Ok(Ok(conn)) => {
+                    Ok(Ok(mut conn)) => {
+                        // It connects: the pool's connections may be refused
+                        // for reaching another server (see `identity`).
+                        let judged = self.identity.check_primary(&mut conn).await;
                         let _ = conn.close().await;
-                        "no connection free in the pool within database.acquire_timeout".into()
+                        match judged {
+                            Err(e) => e.to_string(),
+                            Ok(()) => {
+                                "no connection free in the pool within database.acquire_timeout"
+                                    .into()
+                            }
+                        }
                     }
                     Err(_) => "connecting timed out".into(),
                 })

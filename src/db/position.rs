@@ -14,13 +14,30 @@
 //! A primary restarted in place (a crash, a restart: its postmaster start
 //! time changes) keeps its timeline, but a commit made with
 //! `synchronous_commit = off` may have been visible to other sessions
-//! (and read into a cache) before it was flushed, and is lost by a crash:
-//! up to about three `wal_writer_delay`s of such commits (600 ms by
-//! default). A change feed never saw them (logical decoding reads flushed
-//! WAL only), so nothing in its stream tells; [`Server`] therefore carries
-//! the start time too, and whoever holds state read from the primary
-//! treats a new [`Server`] as a gap for everything it holds (see "The
-//! principle" in `feed`).
+//! (and read into a cache) before it was flushed, and is lost by a crash.
+//! A change feed never saw it (logical decoding reads flushed WAL only),
+//! so nothing in its stream tells; a restore of an older copy of the data
+//! directory keeps the system identifier and the timeline too, at a lower
+//! position. [`Server`] therefore carries the start time, and whoever
+//! holds state read from the primary treats a new [`Server`] as a gap for
+//! everything it holds (see "The principle" in `feed`).
+//!
+//! # What a reading proves
+//! A commit inserts its commit record into the WAL before it becomes
+//! visible; made with `synchronous_commit = off`, it becomes visible
+//! before that record is flushed, and a walsender sends flushed WAL only.
+//! So a proof rests on the *insert* position ([`Reading::insert`]), read
+//! at moment `m`: every commit visible at `m` ends at or before it, and a
+//! stream that has sent up to it has sent each of them. How long that
+//! takes is the flush's business, not an assumption of the proof: a WAL
+//! writer delayed (a raised `wal_writer_delay`) or stalled (a stuck WAL
+//! disk) only delays the proof, and past `database.freshness_bound`
+//! nothing is vouched for. The insert position also counts WAL of
+//! transactions not committed yet, which the WAL writer may leave
+//! unflushed on a partial page for as long as nothing commits: a feed
+//! whose stream has reached the flush position but not the insert
+//! position forces the flush ([`flush_wal`]: one tiny transaction
+//! committed with `synchronous_commit = local`).
 //!
 //! # Guarantees (tested below)
 //! - [`Position::reaches`] holds only within one timeline, and there
@@ -129,21 +146,34 @@ pub struct Server {
 }
 
 impl Server {
-    /// The primary's identity and its WAL flush position, in one round
-    /// trip. Fails on a server in recovery (`pg_walfile_name` cannot run
-    /// there): a feed never follows a standby.
-    pub async fn read(conn: &mut PgConnection) -> Result<(Server, Position), sqlx::Error> {
-        let (system, file, started_us, flush): (Option<String>, String, i64, String) =
-            sqlx::query_as(READ).fetch_one(conn).await?;
+    /// The primary's identity and its WAL positions, in one round trip.
+    /// Fails on a server in recovery (`pg_walfile_name` cannot run there):
+    /// a feed never follows a standby.
+    pub async fn read<'c>(
+        conn: impl sqlx::PgExecutor<'c>,
+    ) -> Result<(Server, Reading), sqlx::Error> {
+        let (system, file, started_us, insert, flush): (
+            Option<String>,
+            String,
+            i64,
+            String,
+            String,
+        ) = sqlx::query_as(READ).fetch_one(conn).await?;
         let server = Server::from_row(system.as_deref(), &file, started_us);
-        let flush = Lsn::parse(&flush).unwrap_or(Lsn::ZERO);
-        Ok((server, Position::new(server.timeline, flush)))
+        let at = |text: &str| Position::new(server.timeline, Lsn::parse(text).unwrap_or(Lsn::ZERO));
+        Ok((
+            server,
+            Reading {
+                insert: at(&insert),
+                flush: at(&flush),
+            },
+        ))
     }
 
     /// [`Server::read`] through a pool.
-    pub async fn read_pool(pool: &sqlx::PgPool) -> Result<(Server, Position), sqlx::Error> {
+    pub async fn read_pool(pool: &sqlx::PgPool) -> Result<(Server, Reading), sqlx::Error> {
         let mut conn = pool.acquire().await?;
-        Self::read(&mut conn).await
+        Self::read(&mut *conn).await
     }
 
     fn from_row(system: Option<&str>, wal_file: &str, started_us: i64) -> Server {
@@ -173,7 +203,7 @@ impl Server {
         }
         if self.started_us != before.started_us {
             return Some(
-                "the primary restarted (commits made with synchronous_commit = off may have been lost)"
+                "the primary restarted (a crash may have lost commits made with synchronous_commit = off; a restore from a copy goes back in the WAL)"
                     .into(),
             );
         }
@@ -181,42 +211,51 @@ impl Server {
     }
 }
 
+/// The primary's WAL positions as one reading (see "What a reading
+/// proves").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reading {
+    /// `pg_current_wal_insert_lsn()`: every commit visible when it was
+    /// read ends at or before it.
+    pub insert: Position,
+    /// `pg_current_wal_flush_lsn()`: what a walsender can have sent.
+    pub flush: Position,
+}
+
 /// The system identifier where the role may read it, the current WAL
 /// file's name (whose first 8 hex digits are the timeline WAL is inserted
-/// on), the postmaster's start time and the flush position.
+/// on), the postmaster's start time, and the insert and flush positions.
 const READ: &str = concat!(
     "SELECT ",
     super::system_identifier_sql!(),
-    ", pg_walfile_name(f.l), \
-     (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8, f.l::text \
-     FROM (SELECT pg_current_wal_flush_lsn() AS l) f"
+    ", pg_walfile_name(w.i), \
+     (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8, w.i::text, w.f::text \
+     FROM (SELECT pg_current_wal_insert_lsn() AS i, pg_current_wal_flush_lsn() AS f) w"
 );
 
-/// How long a commit made with `synchronous_commit = off` may be visible
-/// to other sessions before its WAL is flushed: three `wal_writer_delay`s,
-/// PostgreSQL's documented maximum ("Asynchronous Commit"). Logical
-/// decoding reads flushed WAL only, so a reading of the flush position at
-/// moment `m` covers every commit visible at `m` minus this, not at `m`:
-/// an asynchronous commit visible then may lie past it. The WAL feeds
-/// (and the bus's consumers) therefore date each proof this much earlier
-/// ([`proof_moment`]): 600 ms with the default 200 ms, and no staleness
-/// from asynchronous commits beyond `database.freshness_bound`.
-pub async fn async_commit_lag(conn: &mut PgConnection) -> Result<std::time::Duration, sqlx::Error> {
-    let ms: i64 =
-        sqlx::query_scalar("SELECT setting::int8 FROM pg_settings WHERE name = 'wal_writer_delay'")
-            .fetch_one(conn)
-            .await?;
-    Ok(std::time::Duration::from_millis(3 * ms.max(0) as u64))
-}
-
-/// The moment a reading of the flush position taken at `read` proves
-/// every commit visible by (see [`async_commit_lag`]); `None` where the
-/// clock cannot go back that far (just after boot).
-pub fn proof_moment(
-    read: std::time::Instant,
-    lag: std::time::Duration,
-) -> Option<std::time::Instant> {
-    read.checked_sub(lag)
+/// Flushes the WAL past every record inserted before it was called: one
+/// transaction that writes one record of its own (a transactional logical
+/// decoding message, which pgoutput does not send unless asked for
+/// `messages`, and any role may emit) and commits with `synchronous_commit
+/// = local`, which flushes the WAL up to its commit record on this server,
+/// without waiting for a synchronous standby. A transaction that only takes
+/// an xid would not do: a commit that wrote no WAL of its own is not
+/// flushed. Costs one WAL flush, one transaction id and a few dozen bytes
+/// of WAL; a feed calls it only when its stream has sent what was flushed
+/// and not what was inserted (see "What a reading proves").
+pub async fn flush_wal(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    // `Executor::execute` on the connection, not `RawSql::execute`: the
+    // latter's future is not `Send` for every lifetime, and the feeds'
+    // tasks must be.
+    sqlx::Executor::execute(
+        conn,
+        sqlx::raw_sql(
+            "BEGIN READ WRITE; SET LOCAL synchronous_commit = local; \
+             SELECT pg_logical_emit_message(true, 'bloomgate', ''); COMMIT",
+        ),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// The timeline in a WAL file name (`TTTTTTTTXXXXXXXXYYYYYYYY`).

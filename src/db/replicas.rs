@@ -98,6 +98,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
+use super::identity::Identity;
 use super::lsn::Lsn;
 use super::position::{Position, Timeline, timeline_of_wal_file};
 use crate::config::DatabaseConfig;
@@ -117,6 +118,10 @@ pub struct Replica {
     usable: AtomicBool,
     /// Why not usable at the last check, for the admin API.
     detail: Mutex<Option<String>>,
+    /// Why its last new connection was refused, if it was (it reached
+    /// another server than the one the feed follows: see `db::identity`).
+    /// The pool reports such a refusal only as a time-out.
+    refused: Arc<Mutex<Option<String>>>,
     /// Lag at the last check, in milliseconds.
     lag_ms: AtomicU64,
     pub queries: AtomicU64,
@@ -255,6 +260,14 @@ const PRIMARY_WRITE_LSN: &str = concat!(
     system_identifier_sql!()
 );
 
+/// The system and timeline a replica connection reached (see
+/// `db::identity`).
+pub(crate) async fn read_timeline(conn: &mut sqlx::PgConnection) -> Result<Timeline, sqlx::Error> {
+    let (system, timeline, lsn): (Option<String>, Option<i64>, i64) =
+        sqlx::query_as(REPLAY).fetch_one(conn).await?;
+    Ok(replica_position(system.as_deref(), timeline, lsn).timeline)
+}
+
 /// A replica's position from [`REPLAY`]'s columns.
 fn replica_position(system: Option<&str>, timeline: Option<i64>, lsn: i64) -> Position {
     Position::new(
@@ -311,7 +324,13 @@ struct History {
 
 impl Replicas {
     /// `None` when no replica is configured.
-    pub fn new(cfg: &DatabaseConfig, primary: PgPool) -> Result<Option<Self>, sqlx::Error> {
+    /// `identity`: what every replica connection is held to as it opens
+    /// (see `db::identity`).
+    pub fn new(
+        cfg: &DatabaseConfig,
+        primary: PgPool,
+        identity: &Arc<Identity>,
+    ) -> Result<Option<Self>, sqlx::Error> {
         if cfg.replica_urls.is_empty() {
             return Ok(None);
         }
@@ -322,11 +341,33 @@ impl Replicas {
                 .application_name("bloomgate")
                 .options([("statement_timeout", timeout_ms.as_str())]);
             let name = format!("{}:{}", opts.get_host(), opts.get_port());
+            let refused: Arc<Mutex<Option<String>>> = Arc::default();
             let pool = PgPoolOptions::new()
                 .max_connections(cfg.pool_size)
                 // A replica that does not answer quickly is skipped for the
                 // primary, not waited on for the request's whole budget.
                 .acquire_timeout(cfg.acquire_timeout.min(Duration::from_millis(500)))
+                .after_connect({
+                    let identity = identity.clone();
+                    let refused = refused.clone();
+                    move |conn, _| {
+                        let identity = identity.clone();
+                        let refused = refused.clone();
+                        Box::pin(async move {
+                            let judged = identity.check_replica(conn).await;
+                            *refused.lock().unwrap_or_else(|p| p.into_inner()) =
+                                judged.as_ref().err().map(|e| e.to_string());
+                            judged
+                        })
+                    }
+                })
+                .before_acquire({
+                    let identity = identity.clone();
+                    move |_, meta| {
+                        let old = identity.opened_before_change(meta.age);
+                        Box::pin(async move { Ok(!old) })
+                    }
+                })
                 .connect_lazy_with(opts);
             members.push(Arc::new(Replica {
                 name,
@@ -334,6 +375,7 @@ impl Replicas {
                 replay: Mutex::new(Position::ZERO),
                 usable: AtomicBool::new(false),
                 detail: Mutex::new(Some("not checked yet".into())),
+                refused,
                 lag_ms: AtomicU64::new(0),
                 queries: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
@@ -509,7 +551,13 @@ impl Replicas {
             let state: Result<CheckRow, sqlx::Error> =
                 sqlx::query_as(CHECK).fetch_one(&r.pool).await;
             let (usable, detail) = match (state, primary) {
-                (Err(e), _) => (false, Some(format!("not answering ({e})"))),
+                (Err(e), _) => {
+                    let refused = r.refused.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    (
+                        false,
+                        Some(refused.unwrap_or_else(|| format!("not answering ({e})"))),
+                    )
+                }
                 (Ok(_), None) => (false, Some("the primary's position cannot be read".into())),
                 (Ok((in_recovery, system, timeline, replay, since_replayed)), Some(primary)) => {
                     let at = replica_position(system.as_deref(), timeline, replay);

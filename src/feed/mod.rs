@@ -80,6 +80,7 @@
 pub mod bus;
 pub mod notify;
 pub mod pgoutput;
+pub mod probes;
 pub use replication::pgpass;
 pub mod queue;
 pub mod replication;

@@ -74,6 +74,8 @@ use super::{
     CHECK_EVERY, Columns, Commit, Event, HEARTBEAT_EVERY, Health, Op, Phase, Resync, RowChange,
     TableName, Value, Watch,
 };
+use crate::db::identity::Identity;
+use crate::db::position::Server;
 use crate::db::triggers::Sink;
 use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
@@ -121,6 +123,9 @@ pub struct NotifyOptions {
     /// `database.install_triggers`: a check that finds a trigger missing or
     /// outdated installs it (and rescans its table).
     pub install: bool,
+    /// The gateway's connections follow the server the listener reached
+    /// (see `db::identity`); one of them that reached another is a move.
+    pub identity: Arc<Identity>,
 }
 
 /// The feed's connections, as `pg_stat_activity` shows them.
@@ -158,8 +163,8 @@ pub async fn run(
 ) {
     // The listener holds its connection for good; the other is for the
     // checks.
-    let pool = super::private_pool(&opts.connect, APPLICATION_NAME);
-    let mut listener = match connect(&pool).await {
+    let mut pool = super::private_pool(&opts.connect, APPLICATION_NAME);
+    let (mut listener, mut server) = match connect(&pool).await {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(error = %e, "cannot follow key changes");
@@ -167,6 +172,7 @@ pub async fn run(
             return;
         }
     };
+    opts.identity.follow(server);
     let counters = &opts.counters;
     let mut tracker = Tracker::default();
     let mut ready = Some(ready);
@@ -197,12 +203,30 @@ pub async fn run(
                 Err(e) => lost = Some(e.to_string()),
             },
             _ = beat.tick() => {
+                // A connection of the gateway reached another server than
+                // the listener's (an address moved): listen again where the
+                // address leads, on connections of a new pool.
+                if let Some(found) = opts.identity.take_mismatch()
+                    && let Some(change) = found.change_from(&server)
+                {
+                    pool = super::private_pool(&opts.connect, APPLICATION_NAME);
+                    lost = Some(format!("a connection of the gateway reached another server ({change})"));
+                } else {
                 let due = checked.is_none_or(|at| at.elapsed() >= CHECK_EVERY);
                 match heartbeat(&mut listener, &pool, &watch, &opts, &mut tracker, due).await {
                     Ok((at, pid, checks)) => {
                         if backend.is_some_and(|b| b != pid) {
                             opts.health.reconnected();
                             events.push(reconnected(counters, "the listener's connection was replaced"));
+                            // sqlx reconnected it: to whatever the address
+                            // leads to now.
+                            match Server::read(&mut listener).await {
+                                Ok((s, _)) => {
+                                    server = s;
+                                    opts.identity.follow(s);
+                                }
+                                Err(e) => lost = Some(format!("reading the listener's server: {e}")),
+                            }
                         }
                         backend = Some(pid);
                         // Notifications that came with the round trip first:
@@ -234,6 +258,7 @@ pub async fn run(
                     // The second connection's checks: the next ones retry.
                     Err(Beat::Checks(e)) => tracing::debug!(error = %e, "notify feed checks failed"),
                 }
+                }
             }
         }
         // A listener whose connection was lost is dropped, never reused:
@@ -245,12 +270,17 @@ pub async fn run(
                 return;
             }
             drop(listener);
-            listener = tokio::select! {
+            (listener, server) = tokio::select! {
                 () = shutdown.fired() => return,
                 l = listen_again(&pool) => l,
             };
+            opts.identity.follow(server);
             opts.health.reconnected();
             backend = None;
+            // Checked before the next heartbeat vouches: the listener may
+            // have reached another server, whose tables and triggers are
+            // not those last checked.
+            checked = None;
             events.push(reconnected(counters, &why));
         }
         for e in std::mem::take(&mut events) {
@@ -304,7 +334,7 @@ enum Beat {
 
 /// A new listener, however long it takes: a failover to a standby is
 /// waited out, the primary may come back.
-async fn listen_again(pool: &PgPool) -> PgListener {
+async fn listen_again(pool: &PgPool) -> (PgListener, Server) {
     loop {
         match connect(pool).await {
             Ok(l) => return l,
@@ -337,7 +367,7 @@ fn received(
 
 /// Connects and `LISTEN`s, retrying transient failures with capped
 /// back-off; a standby (or a refusal that retrying cannot fix) is returned.
-async fn connect(pool: &PgPool) -> Result<PgListener, NotifyError> {
+async fn connect(pool: &PgPool) -> Result<(PgListener, Server), NotifyError> {
     let mut delay = Duration::from_millis(100);
     loop {
         let attempt = async {
@@ -356,8 +386,11 @@ async fn connect(pool: &PgPool) -> Result<PgListener, NotifyError> {
             if standby {
                 return Ok(Err(NotifyError::Standby));
             }
+            // The server the listener reached: the one this feed follows,
+            // and every connection of the gateway with it (`db::identity`).
+            let (server, _) = Server::read(&mut l).await?;
             l.listen(CHANNEL).await?;
-            Ok::<_, sqlx::Error>(Ok(l))
+            Ok::<_, sqlx::Error>(Ok((l, server)))
         };
         match attempt.await {
             Ok(r) => return r,

@@ -103,7 +103,7 @@ impl Supervisor {
                 let (server, _) = crate::db::position::Server::read_pool(pool)
                     .await
                     .map_err(|e| format!("reading the primary's timeline for the bus: {e}"))?;
-                let stream = bus::epoch_key(&base, server.timeline);
+                let stream = bus::epoch_key(&base, &server);
                 let tls = bus::redis::TlsFiles {
                     ca_file: bus_cfg.ca_file.clone(),
                     cert_file: bus_cfg.cert_file.clone(),
@@ -121,7 +121,7 @@ impl Supervisor {
                     sentinels.as_ref(),
                     &tls,
                     base,
-                    server.timeline,
+                    server,
                     bus_cfg.retention,
                 )
                 .map_err(|e| e.to_string())?;
@@ -135,23 +135,6 @@ impl Supervisor {
                 })
             }
         };
-        // A proof is dated the asynchronous commit lag before it was read
-        // (`db::position::async_commit_lag`): a bound no larger than the
-        // lag could never be met, and the gateway would wait for a
-        // proof forever.
-        if freshness == Freshness::Wal
-            && let Some(lag) = bus::async_lag(pool).await
-            && lag >= cfg.freshness_bound
-        {
-            return Err(format!(
-                "database.freshness_bound ({} ms) must be above three wal_writer_delay of the primary \
-                 ({} ms): a commit made with synchronous_commit = off may be visible that long before \
-                 the WAL feed can decode it, so the feed could never vouch for a cached row; raise \
-                 database.freshness_bound or lower wal_writer_delay",
-                cfg.freshness_bound.as_millis(),
-                lag.as_millis()
-            ));
-        }
         match freshness {
             Freshness::Wal if cfg.install_feed => remove_triggers(db, watch).await,
             Freshness::Notify | Freshness::Queue if cfg.install_triggers => {
@@ -213,6 +196,7 @@ impl Supervisor {
                     start_position: None,
                     idle_confirm_applied: false,
                     broken_slot: Default::default(),
+                    identity: Some(db.identity.clone()),
                 };
                 if let Some(b) = &self.bus {
                     return Some((
@@ -239,6 +223,7 @@ impl Supervisor {
                     retention: cfg.queue_retention,
                     health: self.health.clone(),
                     install: cfg.install_triggers,
+                    identity: db.identity.clone(),
                 };
                 tokio::spawn(queue::run(opts, watch, tx, ready_tx, shutdown))
             }
@@ -248,6 +233,7 @@ impl Supervisor {
                     counters: self.notify_counters.clone(),
                     health: self.health.clone(),
                     install: cfg.install_triggers,
+                    identity: db.identity.clone(),
                 };
                 tokio::spawn(notify::run(opts, watch, tx, ready_tx, shutdown))
             }
@@ -275,6 +261,10 @@ impl Supervisor {
                 slot: Some(b.config.slot.clone()),
                 // The relay's own, shared by its terms.
                 broken_slot: Default::default(),
+                // The consumer names the server the gateway follows; the
+                // relay's feed ends its term on its own if its server
+                // changes.
+                identity: None,
                 ..direct.clone()
             },
             batch_window: b.config.batch_window,
@@ -297,6 +287,7 @@ impl Supervisor {
             health: self.health.clone(),
             wal_stats: self.wal_stats.clone(),
             max_direct: b.config.max_direct_fallback,
+            identity: db.identity.clone(),
         };
         let relay = bus::relay::run(b.redis.another(), relay, watch.clone(), shutdown.clone());
         let consumer = bus::consumer::run(

@@ -200,7 +200,7 @@ pub fn begin(
         let resp = refused_as_absent(route, began, resp);
         return Begun::Answered(rated(route, resp, allowance), Some(cache_status));
     }
-    match route.resource.lookup_now(key) {
+    match route.resource.lookup_now(key, began) {
         Ok(Now::Answered(lookup)) => {
             let (resp, outcome, cache_status) = answer(route, lookup, headers, caller.verified());
             let resp = rated(route, done(route, began, resp, outcome), allowance);

@@ -116,7 +116,10 @@ pub(super) async fn bus(
         sentinels.as_ref(),
         &tls,
         format!("{}:preflight", b.prefix),
-        crate::feed::Timeline { system: 0, id: 1 },
+        crate::feed::Server {
+            timeline: crate::feed::Timeline { system: 0, id: 1 },
+            started_us: 0,
+        },
         b.retention,
     );
     let mut probe = probe.map_err(|e| e.to_string());

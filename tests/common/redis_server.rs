@@ -435,7 +435,7 @@ impl Fleet {
                 .keys(&format!("{}:*", self.prefix))
                 .await
                 .into_iter()
-                .filter(|k| !k.ends_with(":relay"))
+                .filter(|k| !k.ends_with(":relay") && !k.ends_with(":epochs"))
                 .collect();
             if let Some(k) = keys.into_iter().next() {
                 return k;

@@ -9,7 +9,8 @@
 //! Files: [`entry`] (what one entry carries, and its encoding), [`redis`]
 //! (the [`Bus`] on Redis Streams), [`relay`] (the slot to the stream),
 //! [`consumer`] (the stream to the applier, and the fall-back to a direct
-//! feed). Another log (NATS JetStream, Kafka) needs only another [`Bus`].
+//! feed), `follow` (the consumer's bus mode), [`fallback`] (who may follow
+//! the WAL directly). Another log (NATS JetStream, Kafka) needs only another [`Bus`].
 //!
 //! # Who relays: the slot is the lock
 //! Every gateway is a candidate. Once a second it looks whether the slot
@@ -23,14 +24,17 @@
 //! default: lower it on the primary where that matters).
 //!
 //! # The stream
-//! One stream per database, configuration and timeline, key
-//! `{bus.prefix}:{system identifier}:{database}:{watch fingerprint}:tl{timeline}`:
+//! One stream per database, configuration and epoch of the primary, key
+//! `{bus.prefix}:{system identifier}:{database}:{watch fingerprint}:tl{timeline}:s{start}`:
 //! two clusters, or two configurations watching different columns, never
-//! share one, and neither do two timelines of one cluster (its *epochs*):
-//! LSNs order one timeline only (`db::position`), so after a failover the
-//! new primary's commits, whose LSNs may be below what the old timeline's
-//! stream reached, go to a new stream instead of being refused as
-//! duplicates of entries that were something else. Entry IDs are positions
+//! share one, and neither do two *epochs* of one cluster: its timelines,
+//! and each start of its postmaster. LSNs order one run of one history
+//! only (`db::position`): after a failover the new primary's commits,
+//! whose LSNs may be below what the old timeline's stream reached, and
+//! after a restore from an older copy (the same system identifier and
+//! timeline, at a lower position) the restored primary's, go to a new
+//! stream instead of being refused as duplicates of entries that were
+//! something else. Entry IDs are positions
 //! `lsn-seq` on the stream's timeline, chosen by [`Bus::append`]
 //! atomically with the entry (a Lua script on Redis):
 //!
@@ -40,9 +44,10 @@
 //!   is placed, and refused, by its last commit's `L`, and a consumer
 //!   skips the commits in it at or below the entry before it (a relay that
 //!   took over decodes again from the slot's confirmed position);
-//! - a heartbeat at `P` (the primary's flush position: every commit that
-//!   ends at or before it is in the stream before it) gets `P-1`, and is
-//!   left out unless `P` is past the newest entry's LSN;
+//! - a heartbeat at `P` (the primary's insert position read before the
+//!   relay's WAL feed proved itself: every commit that ends at or before
+//!   it is in the stream before it) gets `P-1`, and is left out unless `P`
+//!   is past the newest entry's LSN;
 //! - a resync, a coverage change or an interruption (relation-level
 //!   events) gets the newest entry's LSN with a greater sequence, by a
 //!   step drawn at random, so that two relays all but never (odds of
@@ -54,21 +59,23 @@
 //! stream before it.
 //!
 //! # Epochs
-//! The relay reads the primary's timeline at the start of each term and
-//! appends to that timeline's stream; a commit or a reading of the primary
-//! on another timeline ends its term (the next one starts on the new
-//! stream). Every consumer reads the primary's [`Server`] with each reading
-//! of its flush position (every 100 ms): on a new timeline it moves to
-//! that timeline's stream, after its newest entry, and resyncs (every
-//! cache and negative entry emptied, every filter rebuilt: the old
-//! timeline may have had commits the new one lacks, and loads may have
-//! cached them); it proves itself current only with entries and readings
-//! of the new timeline. A primary restarted on its timeline (its
-//! postmaster start time changed) may have lost visible commits made with
-//! `synchronous_commit = off`, which no stream ever carried (logical
-//! decoding reads flushed WAL only): every consumer resyncs on it too, and
-//! the stream goes on. A stream of a timeline no relay appends to any
-//! more stays in Redis (at most `bus.retention` entries) until deleted.
+//! The relay reads the primary's [`Server`] (system identifier, timeline,
+//! postmaster start time) at the start of each term and appends to that
+//! epoch's stream, marking the streams of other epochs to expire
+//! (`redis`, "Epochs"); a commit on another timeline or a reading of
+//! another server ends its term (the next one starts on the new stream).
+//! Every consumer reads the primary's [`Server`] with each reading of its
+//! insert position (every 100 ms): on a new epoch (a failover, a restart,
+//! a restore) it moves to that epoch's stream, after its newest entry, and
+//! resyncs (every cache and negative entry emptied, every filter rebuilt:
+//! the old epoch may have had commits the new one lacks, visible ones
+//! made with `synchronous_commit = off` that a crash lost, and loads may
+//! have cached them); it proves itself current only with entries and
+//! readings of the new epoch. A reading of the same epoch whose position
+//! is behind an earlier one is a gap too, never a proof. A connection of
+//! the gateway that reached another server than the one the consumer
+//! follows (`db::identity`) makes it read the primary on a connection of
+//! its own, where the address leads now.
 //!
 //! # Guarantees (tested in `tests/bus.rs`; reading Redis replicas, in
 //! `tests/bus_replicas.rs`)
@@ -101,14 +108,18 @@
 //!   between. So a relay that finds the stream empty owes nobody a resync,
 //!   and a fleet's start-up (or a new timeline's stream) rebuilds once.
 //! - **Current, or not vouched for.** Every 100 ms a consumer reads the
-//!   primary's flush position `P`; once it has read an entry at `P` or
-//!   past it, every change committed before that moment, less three
-//!   `wal_writer_delay`s (an asynchronous commit is visible before it is
-//!   flushed: `db::position::async_commit_lag`), is applied
-//!   ([`Event::Heartbeat`](super::Event::Heartbeat)); how far behind the
-//!   bus is (`bus.max_lag`) is measured from the reading itself. The relay appends a heartbeat whenever the
-//!   primary's flush position moved past the stream (about every 100 ms
-//!   while the WAL grows), so an idle stream proves itself without writes.
+//!   primary's insert position `P`; once it has read an entry at `P` or
+//!   past it, every change visible at that moment is applied
+//!   ([`Event::Heartbeat`](super::Event::Heartbeat)): a commit inserts its
+//!   commit record before it becomes visible, even one made with
+//!   `synchronous_commit = off` (see "What a reading proves" in
+//!   `db::position`: no delay of the WAL writer is assumed). How far
+//!   behind the bus is (`bus.max_lag`) is measured from the reading. The
+//!   relay appends a heartbeat whenever the primary's insert position
+//!   moved past the stream and its WAL feed has proven itself up to it
+//!   (about every 100 ms while the WAL grows; its feed forces the flush
+//!   of WAL left unflushed), so an idle stream proves itself without
+//!   writes.
 //! - **The bus failing never makes a gateway wrong.** Unproven for
 //!   `bus.max_lag` (Redis unreachable, no relay, a relay behind), a
 //!   consumer starts a direct WAL feed on a temporary slot, given the
@@ -124,6 +135,7 @@
 pub mod consumer;
 pub mod entry;
 pub mod fallback;
+mod follow;
 pub mod redis;
 pub mod relay;
 
@@ -137,7 +149,7 @@ use sqlx::PgPool;
 
 pub use entry::Entry;
 
-use super::{Position, Server, Timeline, Watch};
+use super::{Position, Server, Watch};
 
 /// A place in the stream: `lsn-seq`, the entry ID.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -194,10 +206,13 @@ pub struct BusError(pub String);
 /// feed and the transport. An implementation keeps the ordering and
 /// duplicate rules of "The stream" above.
 pub trait Bus: Send + 'static {
-    /// From now on, the stream of `timeline` (see "Epochs").
-    fn set_epoch(&mut self, timeline: Timeline);
-    /// The timeline of the stream in use.
-    fn epoch(&self) -> Timeline;
+    /// From now on, the stream of `server`'s epoch (see "Epochs").
+    fn set_epoch(&mut self, server: Server);
+    /// The epoch of the stream in use.
+    fn epoch(&self) -> Server;
+    /// The stream in use is the epoch's: the streams of other epochs of
+    /// the same key expire a while later (the relay, as it starts a term).
+    fn retire_others(&mut self) -> impl Future<Output = Result<(), BusError>> + Send;
     /// The name of the stream in use (the status page).
     fn stream(&self) -> &str;
     /// The node the handle's connection reached, its role and address
@@ -225,7 +240,7 @@ pub trait Bus: Send + 'static {
     /// Who relays, as last announced.
     fn relay(&mut self) -> impl Future<Output = Result<Option<String>, BusError>> + Send;
     /// The next call opens a new connection (a consumer leaving a server
-    /// that did not keep it current: see "A read tier" in [`redis`]).
+    /// that did not keep it current: see `redis::replicas`).
     fn reconnect(&mut self);
 }
 
@@ -308,7 +323,7 @@ pub struct StatusState {
     pub url: String,
     pub stream: String,
     /// The Redis node the consumer reads (`primary HOST:PORT`, `replica
-    /// HOST:PORT`; see "A read tier"): the one its last read reached;
+    /// HOST:PORT`; see `redis::replicas`): the one its last read reached;
     /// empty off the bus and before its first read.
     pub reading: String,
     /// Why it is not on the bus, or the last error; safe to show.
@@ -386,31 +401,36 @@ impl Status {
 }
 
 /// The primary as it answers now ([`Server`]: its timeline and start
-/// time) and its flush position, on that timeline: every commit a client
-/// saw complete ends at or before it.
+/// time) and its insert position, on that timeline: every commit visible
+/// when it was read ends at or before it (see "What a reading proves" in
+/// `db::position`).
 pub(crate) async fn primary(pool: &PgPool) -> Option<(Server, Position)> {
     match tokio::time::timeout(Duration::from_secs(1), Server::read_pool(pool)).await {
-        Ok(Ok(read)) => Some(read),
+        Ok(Ok((server, reading))) => Some((server, reading.insert)),
         _ => None,
     }
 }
 
-/// [`crate::db::position::async_commit_lag`] on the primary, `None` if it
-/// cannot be read now.
-pub(crate) async fn async_lag(pool: &PgPool) -> Option<Duration> {
+/// [`primary`] on a connection of its own, not the pool's: where the
+/// address leads now (see `db::identity`).
+pub(crate) async fn primary_where_the_address_leads(pool: &PgPool) -> Option<(Server, Position)> {
+    use sqlx::Connection;
     let read = async {
-        let mut conn = pool.acquire().await?;
-        crate::db::position::async_commit_lag(&mut conn).await
+        let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
+        let read = Server::read(&mut conn).await;
+        let _ = conn.close().await;
+        read
     };
-    match tokio::time::timeout(Duration::from_secs(1), read).await {
-        Ok(Ok(l)) => Some(l),
+    match tokio::time::timeout(Duration::from_secs(2), read).await {
+        Ok(Ok((server, reading))) => Some((server, reading.insert)),
         _ => None,
     }
 }
 
-/// The key of `timeline`'s stream (see "The stream").
-pub fn epoch_key(base: &str, timeline: Timeline) -> String {
-    format!("{base}:tl{}", timeline.id)
+/// The key of `server`'s epoch's stream (see "The stream"): its timeline
+/// and the moment its postmaster started.
+pub fn epoch_key(base: &str, server: &Server) -> String {
+    format!("{base}:tl{}:s{}", server.timeline.id, server.started_us)
 }
 
 /// The stream's key without its timeline (see "The stream"): the

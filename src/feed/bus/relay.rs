@@ -4,9 +4,9 @@
 //!
 //! Each term as relay is one WAL feed ([`crate::feed::wal::run`]) on the
 //! permanent slot, started at the newest position of the stream of the
-//! primary's timeline (read as the term starts: see "Epochs" in
-//! [`super`]), and ended by its first interruption, or by a commit or a
-//! reading of the primary on another timeline; then the candidate waits
+//! primary's epoch (read as the term starts: see "Epochs" in [`super`]),
+//! and ended by its first interruption, or by a commit on another timeline
+//! or a reading of another server; then the candidate waits
 //! for the slot again and starts a new term at the stream's newest
 //! position, so a term never starts from a position another relay has
 //! moved past. A slot whose confirmed position is on another timeline
@@ -34,11 +34,10 @@
 //! what the bus acknowledged (a commit appended or refused as already
 //! there; a heartbeat's LSN), and with `idle_confirm_applied` the feed
 //! confirms the slot no further than that: the slot never gets ahead of
-//! the stream. A heartbeat entry carries the primary's flush position read
-//! before the feed's heartbeat moment, so every commit ending at or before
-//! it has been delivered, and appended, before it.
+//! the stream. A heartbeat entry carries the primary's insert position
+//! read before the feed's heartbeat moment, so every commit ending at or
+//! before it has been delivered, and appended, before it.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -46,6 +45,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Appended, Bus, Entry, Status, primary};
+use crate::feed::probes::{Gap, Probes};
 use crate::feed::{Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Position, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
@@ -88,7 +88,7 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
         let Some((server, _)) = primary(&opts.pool).await else {
             continue;
         };
-        bus.set_epoch(server.timeline);
+        bus.set_epoch(server);
         opts.status.set_stream(bus.stream());
         let head = match bus.head().await {
             Ok(h) => h,
@@ -99,9 +99,15 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
                 continue;
             }
         };
+        // The streams of earlier epochs go a while later ("Epochs" in
+        // `redis`); a bus that does not answer this is one the term's
+        // first append finds out about.
+        if let Err(e) = bus.retire_others().await {
+            tracing::debug!(error = %e, "bus relay: could not retire the streams of other epochs");
+        }
         let start = Position::new(server.timeline, Lsn(head.lsn));
         let fresh = head == super::EntryId::START;
-        term(&mut bus, &opts, &watch, start, fresh, &mut shutdown).await;
+        term(&mut bus, &opts, &watch, server, start, fresh, &mut shutdown).await;
         opts.status.set_relaying(false);
         if shutdown.is_fired() {
             return;
@@ -163,10 +169,12 @@ async fn slot_free(pool: &PgPool, slot: &str) -> bool {
 
 /// One WAL feed on the slot, its events appended, until it is interrupted,
 /// the bus fails, or `shutdown` fires.
+#[allow(clippy::too_many_arguments)]
 async fn term<B: Bus>(
     bus: &mut B,
     opts: &RelayOptions,
     watch: &Watch,
+    server: crate::feed::Server,
     head: Position,
     fresh: bool,
     shutdown: &mut Shutdown,
@@ -194,14 +202,9 @@ async fn term<B: Bus>(
         signal,
     ));
     let mut relaying = false;
-    // (when read, the primary's flush position): for heartbeats.
-    let mut probes: VecDeque<(Instant, Lsn)> = VecDeque::new();
-    // The lag the readings in `probes` are dated by: the feed's own
-    // (`wal::Stats::async_lag_ms`), so that a reading and a heartbeat's
-    // moment compare (see the heartbeat below). Changed (a new session
-    // read another `wal_writer_delay`), the readings dated by the old
-    // one are dropped.
-    let mut async_lag: Option<Duration> = None;
+    // Readings of the primary, dated when answered: for heartbeats. A feed
+    // that proves nothing for a while: the newest few seconds are kept.
+    let mut probes = Probes::new(server, 100);
     let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut announced: Option<Instant> = None;
@@ -215,29 +218,13 @@ async fn term<B: Bus>(
             tokio::select! {
             () = shutdown.fired() => break "shutdown".into(),
             _ = tick.tick() => {
-                if let Some((server, p)) = primary(&opts.pool).await {
+                if let Some((now, p)) = primary(&opts.pool).await {
                     // After the answer: the position was read before it.
                     let answered = Instant::now();
-                    if server.timeline != epoch {
-                        break format!("the primary is on timeline {} now, the stream on {}", server.timeline.id, epoch.id);
-                    }
-                    let lag = match opts.stats.async_lag_ms.load(std::sync::atomic::Ordering::Relaxed) {
-                        0 => None,
-                        ms => Some(Duration::from_millis(ms)),
-                    };
-                    if lag != async_lag {
-                        probes.clear();
-                        async_lag = lag;
-                    }
-                    if let Some(m) = async_lag
-                        .and_then(|l| crate::db::position::proof_moment(answered, l))
-                    {
-                        probes.push_back((m, p.lsn));
-                    }
-                    // A feed that proves nothing for a while: keep the
-                    // newest few seconds.
-                    while probes.len() > 100 {
-                        probes.pop_front();
+                    // Another epoch (a failover, a restart, a restore): its
+                    // own stream, from the next term.
+                    if let Err(Gap(why)) = probes.read(answered, now, p.lsn) {
+                        break format!("the stream's epoch ended: {why}");
                     }
                 }
                 if relaying
@@ -278,19 +265,15 @@ async fn term<B: Bus>(
                 (Entry::Batch(batch), last)
             }
             Event::Heartbeat(at) => {
-                // The newest reading taken at or before the feed's moment.
-                // Both are dated by the same lag, from an instant after the
-                // reading (the answer) and from the instant the feed read
-                // its flush position: a reading answered before the feed's
-                // was taken before it, so its position is at or below what
-                // the feed had received, and every commit up to it has
-                // been relayed (decoding is in LSN order). Dated from the
-                // question instead, the reading could be the later one.
-                let mut p = None;
-                while probes.front().is_some_and(|(m, _)| *m <= at) {
-                    p = probes.pop_front().map(|(_, p)| p);
-                }
-                match p {
+                // The newest reading answered at or before the feed's
+                // moment (the instant the feed asked for its own reading
+                // of the insert position): a reading answered before the
+                // feed's was taken before it, so its position is at or
+                // below the one the feed's stream reached, and every
+                // commit up to it has been relayed (decoding is in LSN
+                // order). Dated from the question instead, the reading
+                // could be the later one.
+                match probes.taken_by(at) {
                     Some(p) => (Entry::Heartbeat(p), Some(p)),
                     None => continue,
                 }

@@ -113,6 +113,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::notify::Counters;
 use super::watch::{Tracker, check_triggers};
 use super::{CHECK_EVERY, Event, Health, Watch};
+use crate::db::identity::Identity;
 use crate::db::triggers::Sink;
 use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
@@ -141,6 +142,9 @@ pub struct QueueOptions {
     /// `database.install_triggers`: a check that finds a trigger missing or
     /// outdated installs it (and rescans its table).
     pub install: bool,
+    /// The gateway's connections follow the server this feed reads (see
+    /// `db::identity`); one of them that reached another is a move.
+    pub identity: Arc<Identity>,
 }
 
 /// Why the source cannot start.
@@ -183,6 +187,7 @@ pub async fn run(
             return;
         }
     };
+    opts.identity.follow(at.server);
     let mut tracker = Tracker::default();
     if first_check(&pool, &watch, &tx, opts.install, &mut tracker)
         .await
@@ -301,6 +306,13 @@ impl Feed {
             );
             self.rescan = true;
         }
+        // A connection of the gateway reached another server than the one
+        // this feed reads (an address moved): follow the address again.
+        if let Some(found) = self.opts.identity.take_mismatch()
+            && found.change_from(&self.at.server).is_some()
+        {
+            self.elsewhere();
+        }
         let began = Instant::now();
         match self.read().await {
             Ok(Polled::Stopped) => return ControlFlow::Break(()),
@@ -332,6 +344,7 @@ impl Feed {
         if self.rescan {
             restart(&self.pool, &self.tx).await.map(|p| match p {
                 Some(p) => {
+                    self.opts.identity.follow(p.server);
                     self.at = p;
                     self.rescan = false;
                     Polled::At(self.at.snapshot.clone(), self.at.backend.clone())
@@ -355,7 +368,7 @@ impl Feed {
     /// table is rescanned, on a new pool, with the pruner started afresh.
     fn elsewhere(&mut self) {
         tracing::warn!(
-            was = %self.at.identity,
+            was = ?self.at.server,
             "the database is another server history (failover or restore): every table is rescanned"
         );
         // The pool's other connection may still be on the old
@@ -366,6 +379,10 @@ impl Feed {
         self.pruner = Pruner::new(self.opts.retention);
         self.pruning = AbortOnDrop(None);
         self.rescan = true;
+        // Its tables and triggers are checked before a heartbeat vouches.
+        self.checked = Instant::now()
+            .checked_sub(CHECK_EVERY)
+            .unwrap_or_else(Instant::now);
     }
 
     /// A successful poll: the position moves to its snapshot, the watched

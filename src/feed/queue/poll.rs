@@ -9,8 +9,9 @@ use futures_util::TryStreamExt;
 use sqlx::{PgPool, Row};
 use tokio::sync::mpsc;
 
-use super::position::{IDENTITY, Position, xmin};
+use super::position::{Position, xmin};
 use super::statement::{Failure, timed};
+use crate::db::position::Server;
 use crate::feed::notify::{self, Counters};
 use crate::feed::{Event, Watch};
 use crate::telemetry::LogThrottle;
@@ -93,8 +94,8 @@ pub(super) async fn poll(
         // A new connection: is it still the same server history? Asked on
         // this connection: another in the pool (the pruner's) may still be
         // on the old server while this one reached a new one.
-        let identity: String = timed(sqlx::query_scalar(IDENTITY).fetch_one(&mut *conn)).await?;
-        if identity != at.identity {
+        let (server, _) = timed(Server::read(&mut *conn)).await?;
+        if server.change_from(&at.server).is_some() {
             return Ok(Polled::Elsewhere);
         }
     }

@@ -10,19 +10,13 @@ use tokio::sync::mpsc;
 
 use super::QueueError;
 use super::statement::{Failure, timed};
+use crate::db::position::Server;
 use crate::db::triggers::QUEUE_TABLE_CHECK;
 use crate::feed::{Event, Resync};
 
 /// Which backend a statement ran on: its pid and its server's start time
 /// (a pid alone could repeat on another server after a failover).
 const BACKEND: &str = "pg_backend_pid()::text || '@' || pg_postmaster_start_time()::text";
-
-/// Which server history snapshots belong to: the cluster's
-/// `system_identifier` and the current timeline.
-pub(super) const IDENTITY: &str =
-    "SELECT system_identifier::text || '/' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
-         || '/' || pg_postmaster_start_time()::text
-  FROM pg_control_system()";
 
 /// Where the feed stands: the snapshot of its last successful poll.
 pub(super) struct Position {
@@ -31,8 +25,9 @@ pub(super) struct Position {
     pub(super) taken: Instant,
     /// The backend that took it.
     pub(super) backend: String,
-    /// The server history it belongs to ([`IDENTITY`]).
-    pub(super) identity: String,
+    /// The server it was taken on (`db::position::Server`: its history and
+    /// start time).
+    pub(super) server: Server,
 }
 
 /// A new starting position, then a rescan of every watched table (caches
@@ -62,12 +57,12 @@ async fn position(pool: &PgPool) -> Result<Position, sqlx::Error> {
         sqlx::query_as(&format!("SELECT pg_current_snapshot()::text, {BACKEND}"))
             .fetch_one(&mut *conn)
             .await?;
-    let identity = sqlx::query_scalar(IDENTITY).fetch_one(&mut *conn).await?;
+    let (server, _) = Server::read(&mut *conn).await?;
     Ok(Position {
         snapshot,
         taken: Instant::now(),
         backend,
-        identity,
+        server,
     })
 }
 

@@ -125,18 +125,24 @@
 //! was replaced mid-session and reached another server ends the session.
 //!
 //! # Heartbeats and checks
-//! Every [`HEARTBEAT_EVERY`] the feed reads the primary's flush position
-//! `P` and asks the server for a keepalive; a keepalive that comes with
-//! nothing half read and reports the server has sent up to `P` or past it
-//! means every commit flushed before the moment `P` was read has been
-//! received. A commit made with `synchronous_commit = off` is visible
-//! before it is flushed, by up to three `wal_writer_delay`s (PostgreSQL's
-//! bound under normal I/O), so the moment proven is that much earlier
-//! (`db::position::async_commit_lag`, read at each session's start; a
-//! reload that raises `wal_writer_delay` is taken at the next session).
-//! Once those are delivered at `Visible` and applied, the feed sends
-//! [`Event::Heartbeat`] with that moment. Polled, a poll that returned
-//! everything below the flush position it read does the same. Every
+//! Every [`HEARTBEAT_EVERY`] the feed reads the primary's [`Server`] and
+//! its insert and flush positions on the side connection
+//! (`db::position::Server::read`, one round trip) and asks the server for
+//! a keepalive; a keepalive that comes with nothing half read and reports
+//! the server has sent up to the *insert* position or past it means every
+//! commit visible at the moment of the reading has been received (see
+//! "What a reading proves" in `db::position`: a commit made with
+//! `synchronous_commit = off` is visible before it is flushed, and no
+//! delay of the WAL writer is assumed). A keepalive that reaches the flush
+//! position but not the insert position makes the feed force the flush
+//! (`db::position::flush_wal`), once per reading: the rest may be WAL of a
+//! transaction still open, left on a partial page. Once those are
+//! delivered at `Visible` and applied, the feed sends [`Event::Heartbeat`]
+//! with that moment. Polled, a poll that returned everything below the
+//! flush position it read does the same, when that flush position had
+//! reached the insert position read with it (else it forces the flush, and
+//! the next poll proves). A reading of another [`Server`] than the
+//! session's ends the session. Every
 //! [`CHECK_EVERY`] it checks the publication and the watched tables
 //! ([`super::watch`], `db::publication`), repairing the publication with
 //! `database.install_feed` (and rescanning the tables it repaired);
@@ -188,7 +194,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::replication::ReplError;
 use super::watch::Tracker;
-use super::{Event, Health, Lsn, Position, Server, Timeline, Watch};
+use super::{Event, Health, Lsn, Position, Server, Watch};
 use crate::db::publication;
 use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
@@ -228,6 +234,12 @@ pub struct WalOptions {
     /// publication that did not exist; its next open here drops and creates
     /// it again if it still stands there (see [`BrokenSlot`]).
     pub broken_slot: Arc<BrokenSlot>,
+    /// The gateway's connections, held to the server this feed streams from
+    /// (see `db::identity`): each session names it, and one of them that
+    /// reached another server ends the session, so that the next follows
+    /// the address. `None`: a feed the gateway's connections do not follow
+    /// (the bus's relay).
+    pub identity: Option<Arc<crate::db::identity::Identity>>,
 }
 
 impl std::fmt::Debug for WalOptions {
@@ -265,11 +277,10 @@ pub struct Stats {
     pub lag_bytes: AtomicU64,
     /// Commit to receipt of the latest transaction, in microseconds.
     pub lag_us: AtomicU64,
-    /// The asynchronous commit lag the current session dates its proofs
-    /// by (`db::position::async_commit_lag`), in milliseconds; 0 before
-    /// the first session read it. The bus's relay dates its readings of
-    /// the primary by the same, so that they compare with the proofs.
-    pub async_lag_ms: AtomicU64,
+    /// Flushes of the primary's WAL the feed forced because its stream had
+    /// reached the flush position but not the insert position (see
+    /// "Heartbeats and checks").
+    pub forced_flushes: AtomicU64,
 }
 
 impl Stats {
@@ -288,6 +299,7 @@ impl Stats {
             applied_lsn_value: l(&self.applied_lsn),
             lag_bytes: l(&self.lag_bytes),
             lag_ms: l(&self.lag_us) as f64 / 1000.0,
+            forced_flushes: l(&self.forced_flushes),
         }
     }
 }
@@ -307,6 +319,7 @@ pub struct WalSnapshot {
     pub applied_lsn_value: u64,
     pub lag_bytes: u64,
     pub lag_ms: f64,
+    pub forced_flushes: u64,
 }
 
 impl crate::exposition::Expose for WalSnapshot {
@@ -333,6 +346,12 @@ impl crate::exposition::Expose for WalSnapshot {
             "Transactions the WAL feed delivered.",
             labels,
             self.commits as f64,
+        );
+        out.counter(
+            "bloomgate_wal_forced_flushes_total",
+            "WAL flushes the feed forced: its stream had sent all that was flushed, not all that was inserted.",
+            labels,
+            self.forced_flushes as f64,
         );
         out.counter(
             "bloomgate_wal_slot_invalidations_total",
@@ -616,25 +635,6 @@ async fn bounded<T, E: From<sqlx::Error>>(
     tokio::time::timeout(limit, query)
         .await
         .unwrap_or_else(|_| Err(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into()).into()))
-}
-
-/// The primary's flush position (what a walsender can have sent) and the
-/// timeline it is on: the heartbeat's cheap check that the connection
-/// still reaches the server the session streams from.
-async fn flush_lsn(conn: &mut PgConnection) -> Result<Position, sqlx::Error> {
-    let (text, file): (String, String) = sqlx::query_as(
-        "SELECT f.l::text, pg_walfile_name(f.l) FROM (SELECT pg_current_wal_flush_lsn() AS l) f",
-    )
-    .fetch_one(conn)
-    .await?;
-    let timeline = Timeline {
-        system: 0,
-        id: crate::db::position::timeline_of_wal_file(&file).unwrap_or(0),
-    };
-    Ok(Position::new(
-        timeline,
-        Lsn::parse(&text).unwrap_or(Lsn::ZERO),
-    ))
 }
 
 /// Whether a snapshot taken now on the primary sees every transaction in

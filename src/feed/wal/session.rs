@@ -47,15 +47,9 @@ pub(super) async fn run(
     }
     bounded(limit, deps::check(feed, &mut conn)).await?;
     let timeline = server.timeline;
-    // Each proof is dated this much before the flush position was read
-    // (`db::position::async_commit_lag`).
-    let async_lag = bounded(limit, crate::db::position::async_commit_lag(&mut conn)).await?;
-    feed.stats
-        .async_lag_ms
-        .store(async_lag.as_millis() as u64, Ordering::Relaxed);
     let (mut transport, start, gap) = match feed.opts.poll {
-        None => Streamed::open(feed, &mut conn, temp_name, timeline).await?,
-        Some(every) => Polled::open(feed, &mut conn, temp_name, every, timeline).await?,
+        None => Streamed::open(feed, &mut conn, temp_name, server).await?,
+        Some(every) => Polled::open(feed, &mut conn, temp_name, every, server).await?,
     };
     if !started(feed, server, Position::new(timeline, start), gap).await {
         return Ok(());
@@ -81,6 +75,18 @@ pub(super) async fn run(
     let mut dependencies = Instant::now();
     let mut items = Vec::new();
     loop {
+        // A connection of the gateway reached another server than this
+        // session's (an address moved: a cut-over, a restore elsewhere):
+        // the next session follows the address, and a new server there is
+        // a gap (see `db::identity`).
+        if let Some(identity) = &feed.opts.identity
+            && let Some(found) = identity.take_mismatch()
+            && let Some(change) = found.change_from(&server)
+        {
+            return Err(SessionError::Wait(format!(
+                "a connection of the gateway reached another server ({change}): following the address"
+            )));
+        }
         let wait = if pending.commits.is_empty() {
             STATUS_EVERY
         } else {
@@ -116,10 +122,7 @@ pub(super) async fn run(
                 Item::Position(at) => {
                     if !asm.in_transaction() {
                         idle_upto = Some(at);
-                        if let Some(moment) = transport
-                            .proves(at)
-                            .and_then(|m| crate::db::position::proof_moment(m, async_lag))
-                        {
+                        if let Some(moment) = transport.proves(at) {
                             proven = Some(proven.map_or(moment, |p| p.max(moment)));
                         }
                     }
@@ -147,6 +150,7 @@ pub(super) async fn run(
                 wait_visible(
                     &mut conn,
                     &connect,
+                    server,
                     &xids,
                     limit,
                     &mut transport,
@@ -217,6 +221,9 @@ async fn started(feed: &mut Feed, server: Server, start: Position, gap: bool) ->
     feed.health.streaming();
     feed.streamed = true;
     feed.server = Some(server);
+    if let Some(identity) = &feed.opts.identity {
+        identity.follow(server);
+    }
     let changed = feed.changed.take();
     let gap = gap || changed.is_some();
     let was = feed.position;
@@ -294,11 +301,15 @@ async fn deliver_visible(p: Pending, tx: &mpsc::Sender<Event>) -> bool {
 /// health says why; once the transactions are visible they are delivered
 /// and the heartbeats resume. The side connection may have been closed
 /// while idle (`idle_session_timeout`, a proxy): streamed, one new one is
-/// made, rather than a new slot and a rebuild of everything; polled, it
-/// holds the slot and the session ends.
+/// made, rather than a new slot and a rebuild of everything, and it must
+/// reach the server the session streams from (behind one address, a new
+/// connection may reach another: its snapshot says nothing of these
+/// transactions); polled, it holds the slot and the session ends.
+#[allow(clippy::too_many_arguments)]
 async fn wait_visible(
     conn: &mut PgConnection,
     connect: &PgConnectOptions,
+    server: Server,
     xids: &[u32],
     limit: Duration,
     transport: &mut Transport,
@@ -321,7 +332,14 @@ async fn wait_visible(
             Ok(false) => {}
             Err(e) if !replaced && matches!(transport, Transport::Streamed(_)) => {
                 tracing::warn!(error = %e, "WAL feed: visibility check failed; reconnecting its side connection");
-                *conn = side_connection(connect).await?;
+                let mut new = side_connection(connect).await?;
+                let (now, _) = bounded(limit, Server::read(&mut new)).await?;
+                if let Some(change) = now.change_from(&server) {
+                    return Err(SessionError::Sql(sqlx::Error::Protocol(format!(
+                        "the side connection's replacement reaches another server: {change}"
+                    ))));
+                }
+                *conn = new;
                 replaced = true;
                 continue;
             }

@@ -11,9 +11,11 @@ use bytes::Bytes;
 use sqlx::PgConnection;
 use sqlx::Row;
 
-use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, flush_lsn, slot};
+use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, slot};
+use crate::db::position::flush_wal;
+use crate::feed::probes::{Gap, Probes};
 use crate::feed::replication::{self, Endpoint, Frame, ReplError, Stream};
-use crate::feed::{HEARTBEAT_EVERY, Lsn, Timeline};
+use crate::feed::{HEARTBEAT_EVERY, Lsn, Server};
 
 /// How often the feed tells the server its position when nothing else
 /// made it (well inside `wal_sender_timeout`, 60 s by default). The
@@ -69,7 +71,7 @@ impl Transport {
     ) -> Result<(), SessionError> {
         match self {
             Transport::Streamed(s) => s.receive(conn, wait, pos, stats, items).await,
-            Transport::Polled(p) => p.receive(conn, items).await,
+            Transport::Polled(p) => p.receive(conn, stats, items).await,
         }
     }
 
@@ -139,14 +141,20 @@ pub(super) struct Streamed {
     told: Instant,
     /// The last heartbeat's request for a keepalive.
     asked: Instant,
-    /// When the flush position was read, and what it was, until a
-    /// keepalive proves it sent (see "Heartbeats and checks").
-    probe: Option<(Instant, Lsn)>,
+    /// The primary's reading for a heartbeat, one at a time, until a
+    /// keepalive proves its insert position sent (see "Heartbeats and
+    /// checks"); of the session's server only.
+    probes: Probes,
+    /// The flush was forced for the reading held, once
+    /// (`db::position::flush_wal`).
+    forced: bool,
+    /// The furthest position a keepalive reported, now and at the last
+    /// heartbeat.
+    reached: Lsn,
+    reached_before: Lsn,
     /// The server asked for a status.
     reply_owed: bool,
     silence_limit: Duration,
-    /// The timeline the session streams from (see "A new server").
-    timeline: Timeline,
 }
 
 impl Streamed {
@@ -154,8 +162,9 @@ impl Streamed {
         feed: &mut Feed,
         conn: &mut PgConnection,
         temp_name: &str,
-        timeline: Timeline,
+        server: Server,
     ) -> Result<(Transport, Lsn, bool), SessionError> {
+        let timeline = server.timeline;
         let opts = &feed.opts;
         let endpoint = Endpoint::new(&opts.connect, opts.password.clone(), "bloomgate-wal-feed");
         // TLS as the pool has it: the same options.
@@ -223,10 +232,12 @@ impl Streamed {
             told: now,
             // As if asked long ago: the first heartbeat is asked at once.
             asked: now.checked_sub(HEARTBEAT_EVERY).unwrap_or(now),
-            probe: None,
+            probes: Probes::new(server, 1),
+            forced: false,
+            reached: Lsn::ZERO,
+            reached_before: Lsn::ZERO,
             reply_owed: false,
             silence_limit: limit,
-            timeline,
         });
         Ok((transport, start, gap))
     }
@@ -240,18 +251,45 @@ impl Streamed {
         items: &mut Vec<Item>,
     ) -> Result<(), SessionError> {
         if self.asked.elapsed() >= HEARTBEAT_EVERY {
-            if self.probe.is_none() {
-                let at = Instant::now();
-                let flush = bounded(self.silence_limit, flush_lsn(conn)).await?;
-                if flush.timeline.id != self.timeline.id {
-                    return Err(ReplError::Protocol(format!(
-                        "the primary is on timeline {} now, the stream on {}",
-                        flush.timeline.id, self.timeline.id
-                    ))
-                    .into());
+            match (self.probes.oldest(), self.probes.newest()) {
+                (None, _) => {
+                    // Taken before the question: the insert position read
+                    // then covers every commit visible by this moment.
+                    let asked = Instant::now();
+                    let (now, reading) =
+                        bounded(self.silence_limit, Server::read(&mut *conn)).await?;
+                    // The whole identity, not the timeline alone: a side
+                    // connection that reached another server (a restore,
+                    // a restart, another cluster) proves nothing here.
+                    if let Err(Gap(why)) = self.probes.read(asked, now, reading.insert.lsn) {
+                        return Err(ReplError::Protocol(format!(
+                            "the side connection reaches another server than the stream: {why}"
+                        ))
+                        .into());
+                    }
+                    self.forced = false;
                 }
-                self.probe = Some((at, flush.lsn));
+                // A heartbeat later the stream has not moved, and has not
+                // sent all that was inserted: it has sent what was flushed
+                // (a keepalive reports the end of the last whole record, so
+                // the flush position itself, often mid-record, is no
+                // test), and the rest may sit on a partial page no commit
+                // flushes (a writer idle in its transaction), or behind a
+                // WAL writer that is slow or stopped. Flushed by this
+                // connection itself, once per reading.
+                (Some(asked), Some(insert))
+                    if !self.forced
+                        && self.reached < insert
+                        && self.reached == self.reached_before
+                        && asked.elapsed() >= HEARTBEAT_EVERY =>
+                {
+                    bounded(self.silence_limit, flush_wal(conn)).await?;
+                    stats.forced_flushes.fetch_add(1, Ordering::Relaxed);
+                    self.forced = true;
+                }
+                _ => {}
             }
+            self.reached_before = self.reached;
             // Asked again while unanswered: a walsender catching up sends
             // no keepalive of its own once it has.
             self.stream
@@ -299,6 +337,7 @@ impl Streamed {
                     reply_requested,
                 } => {
                     self.reply_owed |= reply_requested;
+                    self.reached = self.reached.max(wal_end);
                     stats
                         .lag_bytes
                         .store(wal_end.0.saturating_sub(pos.confirmed.0), Ordering::Relaxed);
@@ -317,22 +356,20 @@ impl Streamed {
         Ok(())
     }
 
-    /// A keepalive past the flush position read when the heartbeat asked
-    /// proves every commit before that moment sent.
+    /// A keepalive at or past the insert position read when the heartbeat
+    /// asked proves every commit visible at that moment sent.
     fn proves(&mut self, at: Lsn) -> Option<Instant> {
-        let (moment, flush) = self.probe?;
-        if at < flush {
-            return None;
-        }
-        self.probe = None;
-        Some(moment)
+        self.probes.reached(at)
     }
 }
 
 /// The slot polled with `pg_logical_slot_peek_binary_changes` on the
 /// session's connection (see "Streamed or polled" in [`super`]): once per
 /// interval, the transactions that committed before the server's flush
-/// position at that moment (`upto`).
+/// position at that moment (`upto`). A whole poll proves the moment it
+/// began only when `upto` reached the insert position read with it (every
+/// commit visible then ends at or before that); otherwise the flush is
+/// forced (`db::position::flush_wal`) and the next poll proves.
 ///
 /// The slot's confirmed position moves only past what was applied: to the
 /// last delivered commit's end once the applier has applied it, or to
@@ -351,6 +388,8 @@ pub(super) struct Polled {
     /// When the last poll began, and whether it was whole.
     began: Instant,
     whole: bool,
+    /// The last poll was whole and its `upto` reached the insert position.
+    proven: bool,
 }
 
 impl Polled {
@@ -359,8 +398,9 @@ impl Polled {
         conn: &mut PgConnection,
         temp_name: &str,
         every: Duration,
-        timeline: Timeline,
+        server: Server,
     ) -> Result<(Transport, Lsn, bool), SessionError> {
+        let timeline = server.timeline;
         let limit = feed.opts.silence_limit;
         let (slot_name, start, gap) = match feed.opts.slot.clone() {
             // Temporary: dropped when this connection ends.
@@ -385,6 +425,7 @@ impl Polled {
                 .checked_sub(every)
                 .unwrap_or_else(Instant::now),
             whole: true,
+            proven: false,
         });
         Ok((transport, start, gap))
     }
@@ -392,6 +433,7 @@ impl Polled {
     async fn receive(
         &mut self,
         conn: &mut PgConnection,
+        stats: &Stats,
         items: &mut Vec<Item>,
     ) -> Result<(), SessionError> {
         use futures_util::TryStreamExt;
@@ -400,11 +442,14 @@ impl Polled {
         }
         self.began = Instant::now();
         // Protocol 1: the SQL interface returns whole transactions only.
-        const PEEK: &str = "SELECT w.upto::text AS upto, c.lsn::text AS lsn, c.data
-              FROM (SELECT pg_current_wal_flush_lsn() AS upto) w
+        const PEEK: &str =
+            "SELECT w.ins::text AS ins, w.upto::text AS upto, c.lsn::text AS lsn, c.data
+              FROM (SELECT pg_current_wal_insert_lsn() AS ins,
+                           pg_current_wal_flush_lsn() AS upto) w
               LEFT JOIN LATERAL pg_logical_slot_peek_binary_changes(
                   $1, w.upto, $3, 'proto_version', '1', 'publication_names', $2) c ON true";
         let mut upto = Lsn::ZERO;
+        let mut inserted = Lsn::ZERO;
         let mut rows_seen = 0usize;
         let poll = async {
             let mut rows = sqlx::query(PEEK)
@@ -414,6 +459,7 @@ impl Polled {
                 .fetch(&mut *conn);
             while let Some(row) = rows.try_next().await? {
                 upto = Lsn::parse(row.try_get("upto")?).unwrap_or(Lsn::ZERO);
+                inserted = Lsn::parse(row.try_get("ins")?).unwrap_or(Lsn::ZERO);
                 if let Some(data) = row.try_get::<Option<&[u8]>, _>("data")? {
                     rows_seen += 1;
                     items.push(Item::Data(Bytes::copy_from_slice(data)));
@@ -432,15 +478,24 @@ impl Polled {
             }
         }
         self.whole = rows_seen < POLL_CHANGES as usize;
+        self.proven = self.whole && upto >= inserted;
+        if self.whole && !self.proven {
+            // What is inserted and not flushed may stay so (a writer idle
+            // in its transaction, a WAL writer stalled): the next poll
+            // finds it flushed.
+            bounded(self.timeout, flush_wal(conn)).await?;
+            stats.forced_flushes.fetch_add(1, Ordering::Relaxed);
+        }
         if self.whole {
             items.push(Item::Position(upto));
         }
         Ok(())
     }
 
-    /// Only a whole poll gives a position: every commit before it began.
+    /// Only a whole poll that reached the insert position read with it
+    /// proves: every commit visible when it began.
     fn proves(&mut self, _at: Lsn) -> Option<Instant> {
-        self.whole.then_some(self.began)
+        self.proven.then_some(self.began)
     }
 
     /// The advance and the lag in one round trip.

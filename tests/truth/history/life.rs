@@ -68,10 +68,8 @@ impl Life {
         let mut settings = vec!["max_prepared_transactions=20"];
         if async_commits {
             // An asynchronous commit reaches the disk within three of
-            // these: a crash loses the last second or so. Three stay under
-            // the gateways' freshness bound (1.5 s, `schema.rs`), or the
-            // gateway refuses to start: the WAL feeds could never vouch
-            // (`db::position::async_commit_lag`).
+            // these (or when a feed forces the flush): a crash loses the
+            // last second or so.
             settings.push("wal_writer_delay=300ms");
         }
         let primary = Server::primary(&settings);
