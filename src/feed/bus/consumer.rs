@@ -23,42 +23,18 @@
 //!   looked at: once its stream reaches an insert position of the primary
 //!   read just before, the feed is stopped and the bus followed again.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::fallback::Ticket;
-use super::follow::follow;
+pub use super::follow::ConsumerOptions;
+use super::follow::{Ended, follow};
 use super::{Bus, EntryId, Mode, Status, primary};
-use crate::db::identity::Identity;
-use crate::feed::{CHECK_EVERY, Event, Health, Position, Watch, wal};
+use crate::feed::{CHECK_EVERY, Event, Position, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
-
-pub struct ConsumerOptions {
-    pub pool: PgPool,
-    /// `bus.max_lag`.
-    pub max_lag: Duration,
-    /// The direct feed's options (a temporary slot).
-    pub direct: wal::WalOptions,
-    pub status: Arc<Status>,
-    pub health: Arc<Health>,
-    pub wal_stats: Arc<wal::Stats>,
-    /// `bus.max_direct_fallback` (see `fallback`).
-    pub max_direct: u32,
-    /// The gateway's connections, held to the server this consumer follows
-    /// (see `db::identity`).
-    pub identity: Arc<Identity>,
-}
-
-/// How the bus mode ended.
-pub(super) enum Ended {
-    Shutdown,
-    /// Why the bus is not good enough now.
-    Unhealthy(String),
-}
 
 /// Runs until `shutdown` fires or the applier goes. `ready` gets `Ok` once
 /// the first mode's stream is in place (before the first scan).

@@ -9,15 +9,41 @@
 //! reading it reached, the lag, and whether the mode must end). Each step
 //! returns `Err(Ended)` when the mode ends.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::consumer::{ConsumerOptions, Ended};
 use super::{Bus, Entry, EntryId, Mode, Read, Status, primary, primary_where_the_address_leads};
+use crate::db::identity::Identity;
 use crate::feed::probes::{Gap, Probes};
-use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Lsn, Resync, Server};
+use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Server, wal};
 use crate::shutdown::Shutdown;
+
+/// What a consumer is given (see `consumer`).
+pub struct ConsumerOptions {
+    pub pool: PgPool,
+    /// `bus.max_lag`.
+    pub max_lag: Duration,
+    /// The direct feed's options (a temporary slot).
+    pub direct: wal::WalOptions,
+    pub status: Arc<Status>,
+    pub health: Arc<Health>,
+    pub wal_stats: Arc<wal::Stats>,
+    /// `bus.max_direct_fallback` (see `fallback`).
+    pub max_direct: u32,
+    /// The gateway's connections, held to the server this consumer follows
+    /// (see `db::identity`).
+    pub identity: Arc<Identity>,
+}
+
+/// How the bus mode ended.
+pub(super) enum Ended {
+    Shutdown,
+    /// Why the bus is not good enough now.
+    Unhealthy(String),
+}
 
 /// Entries read at once.
 const BATCH: usize = 1024;
