@@ -13,7 +13,8 @@
 //! The change feed names the server it follows ([`Identity::follow`]):
 //! system identifier, timeline and postmaster start time. Every other
 //! connection reads the server it reached as it opens
-//! ([`Identity::check_primary`], [`Identity::check_replica`]), and:
+//! ([`Identity::check_primary`]; a replica's pool reads its system and
+//! timeline and asks [`Identity::judge_replica`]), and:
 //! - a primary's connection must reach that server: the same system,
 //!   timeline and start time;
 //! - a replica's must be of that system and on that timeline (it has a
@@ -181,16 +182,6 @@ impl Identity {
         }
         let (found, _) = Server::read(conn).await?;
         self.judge_primary(found)
-    }
-
-    /// Reads the system and timeline of a new replica connection and judges
-    /// them (a replica pool's `after_connect`).
-    pub async fn check_replica(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        if self.followed().is_none() {
-            return Ok(());
-        }
-        let found = super::replicas::read_timeline(conn).await?;
-        self.judge_replica(found)
     }
 }
 

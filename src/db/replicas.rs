@@ -354,7 +354,10 @@ impl Replicas {
                         let identity = identity.clone();
                         let refused = refused.clone();
                         Box::pin(async move {
-                            let judged = identity.check_replica(conn).await;
+                            let judged = match identity.followed() {
+                                None => Ok(()),
+                                Some(_) => identity.judge_replica(read_timeline(conn).await?),
+                            };
                             *refused.lock().unwrap_or_else(|p| p.into_inner()) =
                                 judged.as_ref().err().map(|e| e.to_string());
                             judged
