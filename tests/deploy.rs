@@ -1,13 +1,16 @@
-//! The shipped dashboard and alerting rules against the binary: every
-//! metric they name is exported by a live gateway (scraped over a real
-//! socket, from the metrics listener of its own that needs no token), and,
-//! when `BLOOMGATE_PROMTOOL` names promtool (scripts/test.sh sets it), the
-//! rules pass `promtool check rules` and their unit tests.
+//! The shipped deployment files against the crate and the binary: every
+//! metric the dashboard and alerting rules name is exported by a live
+//! gateway (scraped over a real socket, from the metrics listener of its
+//! own that needs no token), and, when `BLOOMGATE_PROMTOOL` names promtool
+//! (scripts/test.sh sets it), the rules pass `promtool check rules` and
+//! their unit tests; the Dockerfile's build stage copies every file the
+//! build reads (there is no Docker engine to build the image with).
 
 mod common;
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::process::Command;
 
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -194,4 +197,164 @@ fn the_rules_pass_promtool() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// The sources of the `COPY` lines of the Dockerfile's first stage (the
+/// build), as paths relative to the build context (`.` for all of it);
+/// `COPY --from=` copies from another stage, not from the context.
+fn build_stage_copies(dockerfile: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stages = 0;
+    for line in dockerfile.lines().map(str::trim) {
+        let mut words = line.split_whitespace();
+        match words.next().map(str::to_ascii_uppercase).as_deref() {
+            Some("FROM") => stages += 1,
+            Some("COPY" | "ADD") if stages == 1 => {
+                let args: Vec<&str> = words.collect();
+                assert!(
+                    !line.contains('[') && !line.ends_with('\\'),
+                    "Dockerfile: only the one-line shell form of COPY is read here: {line}"
+                );
+                if args.iter().any(|a| a.starts_with("--from=")) {
+                    continue;
+                }
+                let sources = args.iter().filter(|a| !a.starts_with("--"));
+                let sources: Vec<&&str> = sources.collect();
+                for s in &sources[..sources.len().saturating_sub(1)] {
+                    let s = s.trim_start_matches("./").trim_end_matches('/');
+                    out.push(if s.is_empty() {
+                        ".".into()
+                    } else {
+                        s.to_string()
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether `path` is `pattern` or inside it (a `.dockerignore` line, a
+/// `COPY` source).
+fn covers(pattern: &str, path: &str) -> bool {
+    pattern == "." || path == pattern || path.starts_with(&format!("{pattern}/"))
+}
+
+/// What building the crate reads: `cargo package --list` (Cargo.toml's
+/// `include`), less cargo's own additions, and `build.rs` by name (the
+/// commit in `bloomgate_build_info` comes from it: an image built without
+/// it fails to compile).
+fn build_inputs(root: &Path) -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "package",
+            "--list",
+            "--allow-dirty",
+            "--locked",
+            "--offline",
+        ])
+        .current_dir(root)
+        .output()
+        .expect("cargo package --list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files: BTreeSet<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter(|f| !matches!(*f, "Cargo.toml.orig" | ".cargo_vcs_info.json"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        files.contains("src/main.rs") && files.contains("Cargo.lock"),
+        "{files:?}"
+    );
+    files.insert("build.rs".into());
+    files
+}
+
+/// The image's build stage (`cargo build --release`, no Docker engine
+/// here to run it) gets every file the build reads: each is under a
+/// `COPY` source of the first stage and not left out by `.dockerignore`.
+/// The Dockerfile once predated build.rs, and `docker compose up --build`
+/// failed at `env!("BLOOMGATE_COMMIT")`.
+#[test]
+fn the_dockerfiles_build_stage_copies_every_file_the_build_reads() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let copies = build_stage_copies(&std::fs::read_to_string(root.join("Dockerfile")).unwrap());
+    assert!(
+        !copies.is_empty(),
+        "no COPY in the Dockerfile's build stage"
+    );
+    let ignored: Vec<String> = std::fs::read_to_string(root.join(".dockerignore"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            assert!(
+                !l.contains(['*', '?', '!', '[']),
+                ".dockerignore: {l:?}: only plain paths are read here"
+            );
+            l.trim_start_matches('/').trim_end_matches('/').to_string()
+        })
+        .collect();
+    let missing: Vec<String> = build_inputs(root)
+        .into_iter()
+        .filter(|f| !copies.iter().any(|c| covers(c, f)) || ignored.iter().any(|i| covers(i, f)))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the Dockerfile's build stage does not copy {missing:?} (COPY sources: {copies:?}, .dockerignore: {ignored:?})"
+    );
+}
+
+/// Cargo.toml's `include` (so the list above) holds every file the binary
+/// was built from, as the binary's dep-info lists them (every source file,
+/// each `include_str!`, the embedded migrations, build.rs): a new input
+/// outside it fails here, not in a Docker build.
+#[test]
+fn the_package_list_holds_every_file_the_binary_was_built_from() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dep_info = format!("{}.d", env!("CARGO_BIN_EXE_bloomgate"));
+    let text = std::fs::read_to_string(&dep_info)
+        .unwrap_or_else(|e| panic!("{dep_info} (cargo writes it beside the binary): {e}"));
+    let (_, deps) = text
+        .lines()
+        .next()
+        .and_then(|l| l.split_once(": "))
+        .expect("a dep-info line");
+    let root_text = format!("{}/", root.display());
+    let inputs = build_inputs(root);
+    let built_from: Vec<&str> = deps
+        .split_whitespace()
+        .filter_map(|d| d.strip_prefix(&root_text))
+        .filter(|d| !d.starts_with("target/"))
+        .collect();
+    assert!(
+        built_from.contains(&"src/main.rs") && built_from.contains(&"build.rs"),
+        "{built_from:?}"
+    );
+    let outside: Vec<&&str> = built_from
+        .iter()
+        .filter(|d| !inputs.contains(**d))
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "the binary was built from {outside:?}, which Cargo.toml's include leaves out"
+    );
+}
+
+#[test]
+fn the_build_stage_is_read_from_the_dockerfiles_copy_lines() {
+    let copies = build_stage_copies(
+        "FROM rust AS build\nCOPY Cargo.toml Cargo.lock ./\ncopy ./src/ ./src\n\
+         COPY --chown=1:1 build.rs .\nFROM debian\nCOPY --from=build /x /y\nCOPY config /etc\n",
+    );
+    assert_eq!(copies, ["Cargo.toml", "Cargo.lock", "src", "build.rs"]);
+    assert!(covers("src", "src/main.rs") && !covers("src", "srcx/a.rs"));
+    assert!(covers(".", "build.rs"));
 }
