@@ -3,9 +3,13 @@
 //! gateway (scraped over a real socket, from the metrics listener of its
 //! own that needs no token), and, when `BLOOMGATE_PROMTOOL` names promtool
 //! (scripts/test.sh sets it), the rules pass `promtool check rules` and
-//! their unit tests; the Dockerfile's build stage copies every file the
-//! build reads (there is no Docker engine to build the image with).
+//! their unit tests; the Kubernetes Deployment's probes and scrape get
+//! what the binary, run with its ConfigMap's config, serves on the ports
+//! they name; the Dockerfile's build stage copies every file the build
+//! reads (there is no Docker engine to build the image with).
 
+#[path = "common/binary.rs"]
+mod binary;
 mod common;
 
 use std::collections::BTreeSet;
@@ -357,4 +361,123 @@ fn the_build_stage_is_read_from_the_dockerfiles_copy_lines() {
     assert_eq!(copies, ["Cargo.toml", "Cargo.lock", "src", "build.rs"]);
     assert!(covers("src", "src/main.rs") && !covers("src", "srcx/a.rs"));
     assert!(covers(".", "build.rs"));
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The Kubernetes Deployment against the binary: the gateway run with the
+/// ConfigMap's config as written (only the database, its feed and the
+/// listeners' addresses moved to this machine), as the Deployment runs it
+/// (the admin token from the environment). Each probe's path answers 200
+/// on the port the probe names, and the port Prometheus is told to scrape
+/// answers `GET /metrics` without a token (the shipped annotation named
+/// the admin listener, which answers 401 without the admin token).
+#[tokio::test]
+async fn the_kubernetes_probes_and_scrape_get_what_the_binary_serves_there() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(root.join("scripts/check-deploy.py"))
+        .arg("--facts")
+        .output()
+        .expect("python3 (with python3-yaml)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let facts: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = facts["config"].as_str().unwrap();
+    let config: toml::Value = toml::from_str(text).unwrap();
+    let port_of = |addr: Option<&toml::Value>| {
+        addr.and_then(|a| a.as_str())
+            .and_then(|a| a.rsplit_once(':'))
+            .map(|(_, p)| p.parse::<u16>().unwrap())
+    };
+    // Each listener the config opens, by its port as the manifests name
+    // it, moved to a free port here through its environment variable.
+    let mut moved: Vec<(u16, u16, &str)> = Vec::new();
+    for (section, key, variable) in [
+        ("server", "listen", "BLOOMGATE_SERVER__LISTEN"),
+        ("admin", "listen", "BLOOMGATE_ADMIN__LISTEN"),
+        ("admin", "metrics_listen", "BLOOMGATE_ADMIN__METRICS_LISTEN"),
+    ] {
+        if let Some(port) = port_of(config.get(section).and_then(|s| s.get(key))) {
+            moved.push((port, free_port(), variable));
+        }
+    }
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    let dir = tempdir();
+    let path = dir.join("bloomgate.toml");
+    std::fs::write(&path, text).unwrap();
+    let addrs: Vec<(String, String)> = moved
+        .iter()
+        .map(|(_, to, var)| (var.to_string(), format!("127.0.0.1:{to}")))
+        .collect();
+    let mut env: Vec<(&str, &str)> = vec![
+        ("DATABASE_URL", &db.url),
+        ("BLOOMGATE_ADMIN_TOKEN", binary::TOKEN_A),
+        // The test server has no publication: the triggers' feed, which
+        // the probes and the scrape do not depend on.
+        ("BLOOMGATE_DATABASE__FRESHNESS", "notify"),
+        ("BLOOMGATE_DATABASE__INSTALL_TRIGGERS", "true"),
+    ];
+    env.extend(addrs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let gw = binary::Running::start(&path, &env);
+    let here = |port: u64| {
+        moved
+            .iter()
+            .find(|(from, ..)| u64::from(*from) == port)
+            .map(|(_, to, _)| *to)
+            .unwrap_or_else(|| panic!("port {port} is none of the config's listeners {moved:?}"))
+    };
+    let get = async |port: u16, path: &str| {
+        let began = std::time::Instant::now();
+        loop {
+            // Until it listens and has built its filters (the probe is
+            // retried so too); only "never" fails.
+            let r = binary::client()
+                .get(format!("http://127.0.0.1:{port}{path}"))
+                .send()
+                .await;
+            if let Ok(r) = r
+                && (r.status() != 503 || began.elapsed().as_secs() > 30)
+            {
+                return (r.status().as_u16(), r.text().await.unwrap());
+            }
+            assert!(
+                began.elapsed().as_secs() < 30,
+                "{path} on {port}:\n{}",
+                gw.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let probes = facts["probes"].as_array().unwrap();
+    assert!(probes.len() >= 2, "{facts}");
+    for p in probes {
+        let port = here(p["port"].as_u64().expect("a probe port that resolves"));
+        let path = p["path"].as_str().unwrap();
+        let (status, body) = get(port, path).await;
+        assert_eq!(status, 200, "{}: {path}: {body}\n{}", p["probe"], gw.log());
+    }
+    let scrape = &facts["scrape"];
+    let port = here(
+        scrape["port"]
+            .as_u64()
+            .expect("prometheus.io/scrape and its port"),
+    );
+    let (status, body) = get(port, scrape["path"].as_str().unwrap()).await;
+    assert_eq!(
+        status, 200,
+        "the scraped port answers {status} without a token: {body}"
+    );
+    assert!(body.contains("bloomgate_requests_total"), "{body}");
 }
