@@ -9,7 +9,11 @@ annotations name `admin.metrics_listen`'s port (the admin listener's
 /metrics needs a bearer token: a plain scrape there gets 401). With
 `--facts` it prints instead, as JSON, what tests/deploy.rs needs to try
 the same against the running binary (the ConfigMap's config, the probes,
-the scraped port). The systemd unit has its reload,
+the scraped port). docker-compose.yml: every dependency names a service
+(with a health check where it waits for health, and in a profile the
+dependent one is in), every named volume and mounted file exists, and
+docs/src/docker.md shows each profile (`--profile NAME`). The systemd
+unit has its reload,
 stop and limit settings (and passes `systemd-analyze verify` where that
 exists). Where `BLOOMGATE_KUBERNETES_VALIDATE` names the
 `kubernetes-validate` tool (scripts/test.sh installs it from PyPI), every
@@ -167,6 +171,42 @@ def print_facts():
     print(json.dumps(facts(c, dep, tomllib.loads(toml), toml)))
 
 
+def compose():
+    path = os.path.join(ROOT, "docker-compose.yml")
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    services = doc.get("services", {})
+    volumes = set((doc.get("volumes") or {}).keys())
+    profiles = set()
+    for name, svc in services.items():
+        mine = set(svc.get("profiles", []))
+        profiles |= mine
+        if "build" in svc:
+            context = svc["build"] if isinstance(svc["build"], str) else svc["build"].get("context", ".")
+            need(os.path.exists(os.path.join(ROOT, context, "Dockerfile")),
+                 f"{path}: {name} builds {context}, which has no Dockerfile")
+        deps = svc.get("depends_on", {})
+        for dep, how in (deps.items() if isinstance(deps, dict) else ((d, {}) for d in deps)):
+            need(dep in services, f"{path}: {name} depends on {dep}, no such service")
+            if dep not in services:
+                continue
+            theirs = set(services[dep].get("profiles", []))
+            # A service of no profile runs always; one of a profile only with it.
+            need(not theirs or (mine and mine <= theirs),
+                 f"{path}: {name} depends on {dep}, which runs only with --profile {sorted(theirs)}")
+            if (how or {}).get("condition") == "service_healthy":
+                need("healthcheck" in services[dep], f"{path}: {name} waits for {dep} to be healthy, which has no healthcheck")
+        for v in svc.get("volumes", []):
+            source = str(v).split(":")[0]
+            if source.startswith("."):
+                need(os.path.exists(os.path.join(ROOT, source)), f"{path}: {name} mounts {source}, which does not exist")
+            else:
+                need(source in volumes, f"{path}: {name} mounts volume {source}, not declared")
+    docs = open(os.path.join(ROOT, "docs/src/docker.md")).read()
+    for profile in sorted(profiles):
+        need(f"--profile {profile}" in docs, f"docs/src/docker.md does not show the compose profile {profile} (--profile {profile})")
+
+
 def systemd():
     path = os.path.join(ROOT, "deploy/systemd/bloomgate.service")
     text = open(path).read()
@@ -211,6 +251,7 @@ if sys.argv[1:] == ["--facts"]:
     print_facts()
     sys.exit(0)
 kubernetes()
+compose()
 systemd()
 schemas()
 for p in problems:
