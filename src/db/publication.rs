@@ -37,6 +37,10 @@ use super::lsn::Lsn;
 /// The fix every publication problem shares.
 const FIX: &str = "run `bloomgate install-feed` (or set database.install_feed = true)";
 
+/// A watched table's column list in the publication (`None`: every
+/// column), its `relreplident` and its identity index's columns.
+type ListAndIdentity = (Option<Vec<String>>, Option<String>, Option<Vec<String>>);
+
 /// What [`check`] found.
 #[derive(Debug)]
 pub struct Checked {
@@ -109,10 +113,9 @@ pub async fn check(
     // column of a table published without one. With it, the replica
     // identity in force (`f`: FULL; else its index's columns), which the
     // list must hold.
-    let rows: Vec<(Option<Vec<String>>, Option<String>, Option<Vec<String>>)> =
-        if version >= 150_000 {
-            sqlx::query_as(
-                "SELECT (SELECT array_agg(a.attname::text ORDER BY a.attnum)
+    let rows: Vec<ListAndIdentity> = if version >= 150_000 {
+        sqlx::query_as(
+            "SELECT (SELECT array_agg(a.attname::text ORDER BY a.attnum)
                        FROM pg_publication_rel r
                        JOIN pg_publication p ON p.oid = r.prpubid
                        JOIN pg_attribute a ON a.attrelid = r.prrelid AND a.attnum = ANY (r.prattrs)
@@ -127,14 +130,14 @@ pub async fn check(
                FROM unnest($2::text[]) WITH ORDINALITY AS t(name, i)
                LEFT JOIN pg_class c ON c.oid = to_regclass(t.name)
               ORDER BY t.i",
-            )
-            .bind(publication)
-            .bind(quoted_tables(watch))
-            .fetch_all(&mut *conn)
-            .await?
-        } else {
-            vec![(None, None, None); watch.tables.len()]
-        };
+        )
+        .bind(publication)
+        .bind(quoted_tables(watch))
+        .fetch_all(&mut *conn)
+        .await?
+    } else {
+        vec![(None, None, None); watch.tables.len()]
+    };
     let problems = watch
         .tables
         .iter()
