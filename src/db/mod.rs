@@ -29,7 +29,7 @@ pub(crate) use system_identifier_sql;
 
 pub mod catalog;
 pub mod copy;
-pub mod identity;
+pub mod replica_identity;
 pub mod lsn;
 pub mod outage;
 pub mod position;

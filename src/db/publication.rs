@@ -31,7 +31,7 @@
 use sqlx::{Connection, PgConnection, Row};
 
 use super::catalog::{self, RelKind, TableInfo, Watch, WatchedTable, quote, quote_table};
-use super::identity::{self, Needed};
+use super::replica_identity::{self, Needed};
 use super::lsn::Lsn;
 
 /// The fix every publication problem shares.
@@ -280,7 +280,7 @@ pub async fn plan(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Plan>, s
             });
             continue;
         };
-        let needed = identity::needed(t, &info);
+        let needed = replica_identity::needed(t, &info);
         let columns = column_list(t, &info, needed.columns.as_deref(), version);
         out.push(Plan {
             identity: Some(needed),
