@@ -1,7 +1,12 @@
 # Build stage: compile the release binary (migrations are embedded in it).
+# It copies what Cargo.toml's `include` lists, the files building the crate
+# reads (tests/deploy.rs holds the two together).
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+# The commit for bloomgate_build_info (build.rs; the context has no .git):
+#   docker build --build-arg BLOOMGATE_COMMIT=$(git rev-parse --short=12 HEAD) .
+ARG BLOOMGATE_COMMIT=
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
 COPY benches ./benches

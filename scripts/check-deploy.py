@@ -2,7 +2,18 @@
 """Checks deploy/: every Kubernetes manifest parses as YAML and carries what
 the book promises (readiness on /readyz, liveness on /healthz, preStop,
 resources, a termination grace period above the drain and shutdown, a
-PodDisruptionBudget, a Service), and the systemd unit has its reload,
+PodDisruptionBudget, a Service), and agrees with the config its ConfigMap
+gives the gateway: each probe's port is `server.listen`'s, each container
+port one of the config's listeners, no startupProbe, and Prometheus'
+annotations name `admin.metrics_listen`'s port (the admin listener's
+/metrics needs a bearer token: a plain scrape there gets 401). With
+`--facts` it prints instead, as JSON, what tests/deploy.rs needs to try
+the same against the running binary (the ConfigMap's config, the probes,
+the scraped port). docker-compose.yml: every dependency names a service
+(with a health check where it waits for health, and in a profile the
+dependent one is in), every named volume and mounted file exists, and
+docs/src/docker.md shows each profile (`--profile NAME`). The systemd
+unit has its reload,
 stop and limit settings (and passes `systemd-analyze verify` where that
 exists). Where `BLOOMGATE_KUBERNETES_VALIDATE` names the
 `kubernetes-validate` tool (scripts/test.sh installs it from PyPI), every
@@ -12,12 +23,14 @@ the field checks above only look for what the book promises, the schema
 catches a misspelt or misplaced field Kubernetes would reject or ignore.
 Run by tests/operations.rs; no cluster needed."""
 import glob
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import yaml
 
@@ -68,6 +81,7 @@ def kubernetes():
          > pre + seconds("shutdown_drain") + seconds("shutdown_timeout"),
          "Deployment: terminationGracePeriodSeconds <= preStop + drain + shutdown")
     need("migrate = false" in toml, "ConfigMap: the gateway must not migrate")
+    listeners(c, dep, tomllib.loads(toml))
     ports = {p["name"] for p in c["ports"]}
     for p, d in docs:
         if d["kind"] == "Service":
@@ -79,6 +93,118 @@ def kubernetes():
         if d["kind"] == "PodDisruptionBudget":
             need(d["spec"]["selector"]["matchLabels"] == labels, f"{p}: selector")
             need("maxUnavailable" in d["spec"] or "minAvailable" in d["spec"], f"{p}: no budget")
+
+
+def port_of(addr):
+    """The port of a listen address (`0.0.0.0:8080`, `[::]:8080`)."""
+    return int(str(addr).rsplit(":", 1)[1]) if addr else None
+
+
+def container_port(c, port):
+    """A probe's or annotation's port (a name or a number) as a number;
+    None for a name no container port has."""
+    by_name = {p["name"]: p["containerPort"] for p in c["ports"] if "name" in p}
+    if isinstance(port, int) or str(port).isdigit():
+        return int(port)
+    return by_name.get(port)
+
+
+def facts(c, dep, cfg, toml):
+    """What the running binary is tried against (tests/deploy.rs)."""
+    probes = []
+    for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
+        get = c.get(kind, {}).get("httpGet")
+        if get:
+            probes.append({"probe": kind, "path": get.get("path", "/"),
+                           "port": container_port(c, get.get("port"))})
+    ann = dep["spec"]["template"]["metadata"].get("annotations", {})
+    scrape = None
+    if ann.get("prometheus.io/scrape") == "true":
+        scrape = {"port": int(ann.get("prometheus.io/port", 0)),
+                  "path": ann.get("prometheus.io/path", "/metrics")}
+    return {"config": toml, "probes": probes, "scrape": scrape}
+
+
+def listeners(c, dep, cfg):
+    """The Deployment against the listeners its ConfigMap's config opens."""
+    listen = port_of(cfg.get("server", {}).get("listen", "127.0.0.1:8080"))
+    admin = port_of(cfg.get("admin", {}).get("listen"))
+    metrics = port_of(cfg.get("admin", {}).get("metrics_listen"))
+    need("startupProbe" not in c,
+         "Deployment: a startupProbe: on /healthz it guards nothing (200 at once), and on "
+         "/readyz a database or bus outage at start-up would put every new pod in a restart "
+         "loop (a failed startupProbe kills the container); readiness keeps a starting pod "
+         "out of rotation already")
+    for kind in ("readinessProbe", "livenessProbe"):
+        port = c.get(kind, {}).get("httpGet", {}).get("port")
+        need(container_port(c, port) == listen,
+             f"Deployment: {kind} port {port} is not server.listen's ({listen}), where /readyz and /healthz are served")
+    for p in c["ports"]:
+        need(p["containerPort"] in (listen, admin, metrics),
+             f"Deployment: container port {p['containerPort']} is none of the config's listeners "
+             f"(server.listen {listen}, admin.listen {admin}, admin.metrics_listen {metrics})")
+    need(metrics is not None,
+         "ConfigMap: no admin.metrics_listen: the only /metrics is then admin.listen's, which needs "
+         "the admin token (a scrape without one gets 401)")
+    ann = dep["spec"]["template"]["metadata"].get("annotations", {})
+    if ann.get("prometheus.io/scrape") == "true":
+        port = int(ann.get("prometheus.io/port", 0))
+        need(port == metrics,
+             f"Deployment: prometheus.io/port {port} is not admin.metrics_listen's port ({metrics})"
+             + (": it is admin.listen's, whose /metrics needs the admin token (401)" if port == admin else ""))
+        need(port in [p["containerPort"] for p in c["ports"]],
+             f"Deployment: prometheus.io/port {port} is no container port")
+        need(ann.get("prometheus.io/path", "/metrics") == "/metrics",
+             "Deployment: prometheus.io/path is not /metrics")
+
+
+def print_facts():
+    docs = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "deploy/kubernetes/*.yaml"))):
+        with open(path) as f:
+            for doc in yaml.safe_load_all(f):
+                if doc:
+                    docs[doc["kind"]] = doc
+    dep = docs["Deployment"]
+    (c,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "bloomgate"]
+    toml = docs["ConfigMap"]["data"]["bloomgate.toml"]
+    print(json.dumps(facts(c, dep, tomllib.loads(toml), toml)))
+
+
+def compose():
+    path = os.path.join(ROOT, "docker-compose.yml")
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    services = doc.get("services", {})
+    volumes = set((doc.get("volumes") or {}).keys())
+    profiles = set()
+    for name, svc in services.items():
+        mine = set(svc.get("profiles", []))
+        profiles |= mine
+        if "build" in svc:
+            context = svc["build"] if isinstance(svc["build"], str) else svc["build"].get("context", ".")
+            need(os.path.exists(os.path.join(ROOT, context, "Dockerfile")),
+                 f"{path}: {name} builds {context}, which has no Dockerfile")
+        deps = svc.get("depends_on", {})
+        for dep, how in (deps.items() if isinstance(deps, dict) else ((d, {}) for d in deps)):
+            need(dep in services, f"{path}: {name} depends on {dep}, no such service")
+            if dep not in services:
+                continue
+            theirs = set(services[dep].get("profiles", []))
+            # A service of no profile runs always; one of a profile only with it.
+            need(not theirs or (mine and mine <= theirs),
+                 f"{path}: {name} depends on {dep}, which runs only with --profile {sorted(theirs)}")
+            if (how or {}).get("condition") == "service_healthy":
+                need("healthcheck" in services[dep], f"{path}: {name} waits for {dep} to be healthy, which has no healthcheck")
+        for v in svc.get("volumes", []):
+            source = str(v).split(":")[0]
+            if source.startswith("."):
+                need(os.path.exists(os.path.join(ROOT, source)), f"{path}: {name} mounts {source}, which does not exist")
+            else:
+                need(source in volumes, f"{path}: {name} mounts volume {source}, not declared")
+    docs = open(os.path.join(ROOT, "docs/src/docker.md")).read()
+    for profile in sorted(profiles):
+        need(f"--profile {profile}" in docs, f"docs/src/docker.md does not show the compose profile {profile} (--profile {profile})")
 
 
 def systemd():
@@ -121,7 +247,11 @@ def schemas():
 # newest kubernetes-validate 1.37 ships.
 SCHEMA_VERSIONS = ("1.30.0", "1.37.0")
 
+if sys.argv[1:] == ["--facts"]:
+    print_facts()
+    sys.exit(0)
 kubernetes()
+compose()
 systemd()
 schemas()
 for p in problems:

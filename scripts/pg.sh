@@ -306,6 +306,55 @@ stop_replica_pair() {
   done
 }
 
+# A throwaway server with wal_level = logical, for the book's Getting
+# started (its fleet follows the WAL through the bus): from the local
+# binaries, data in ${BLOOMGATE_LOGICAL_DIR:-/tmp/bloomgate-pg-logical}, on a
+# port the kernel finds free when it starts (a fixed one may be taken on a
+# shared machine), written down beside the data directory (DIR.port) so
+# that the running server is found again. Idempotent; exports BLOOMGATE_LOGICAL_URL (no
+# database). Never touches another server.
+ensure_logical_server() {
+  local bindir run=() dir=${BLOOMGATE_LOGICAL_DIR:-/tmp/bloomgate-pg-logical} port="" found
+  bindir=$(bg_pg_bindir)
+  if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
+    bg_pg_install || return 1
+    bindir=$(bg_pg_bindir)
+  fi
+  if [ "$(id -u)" -eq 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+    run=(runuser -u postgres --)
+  fi
+  [ -s "$dir.port" ] && port=$(cat "$dir.port")
+  # The server on that port is this directory's, or another's port now.
+  if [ -n "$port" ]; then
+    found=$("$bindir/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc       "SELECT current_setting('data_directory')" 2>/dev/null) || found=""
+    if [ "$found" = "$(readlink -f "$dir")" ]; then
+      export BLOOMGATE_LOGICAL_URL="postgres://postgres@127.0.0.1:$port"
+      return 0
+    fi
+    # Stopped: it starts on a port free now. Still running on its port,
+    # which answers as another's: bg_pg_up waits for its postmaster.
+    bg_pg_live "$dir" >/dev/null || port=""
+  fi
+  [ -n "$port" ] || port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  bg_pg_make_logical() {
+    bg_pg_log "starting a throwaway server with wal_level = logical in $dir on port $port"
+    bg_pg_init "$bindir" "$dir" "${run[@]}"
+  }
+  bg_pg_up "$bindir" "$dir" \
+    "-p $port -c listen_addresses=127.0.0.1 -k $dir -c fsync=off -c wal_level=logical -c max_wal_senders=10 -c max_replication_slots=10" \
+    bg_pg_make_logical "${run[@]}" || return 1
+  echo "$port" >"$dir.port"
+  export BLOOMGATE_LOGICAL_URL="postgres://postgres@127.0.0.1:$port"
+}
+
+stop_logical_server() {
+  local bindir run=() dir=${BLOOMGATE_LOGICAL_DIR:-/tmp/bloomgate-pg-logical}
+  bindir=$(bg_pg_bindir)
+  [ "$(id -u)" -eq 0 ] && run=(runuser -u postgres --)
+  [ -s "$dir/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop >&2 || true
+}
+
 # A throwaway TLS-only server for tests/tls.rs, from the local binaries:
 # 127.0.0.1:${BLOOMGATE_TLS_PORT:-54335}, data in
 # ${BLOOMGATE_TLS_DIR:-/tmp/bloomgate-pg-tls}, `ssl = on` with a
@@ -394,9 +443,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   case "${1:-start}" in
     start) ensure_postgres && echo "$PG_BASE_URL" ;;
     replicas) ensure_replica_pair && echo "$BLOOMGATE_TEST_PRIMARY_URL $BLOOMGATE_TEST_REPLICA_URL" ;;
+    logical) ensure_logical_server && echo "$BLOOMGATE_LOGICAL_URL" ;;
     replica2) ensure_second_replica && echo "$BLOOMGATE_TEST_REPLICA2_URL" ;;
     tls) ensure_tls_server && echo "$BLOOMGATE_TEST_TLS_URL $BLOOMGATE_TEST_TLS_CA" ;;
-    stop) stop_tls_server; stop_replica_pair; stop_throwaway_postgres ;;
-    *) echo "usage: scripts/pg.sh [start|replicas|replica2|tls|stop]" >&2; exit 2 ;;
+    stop) stop_tls_server; stop_logical_server; stop_replica_pair; stop_throwaway_postgres ;;
+    *) echo "usage: scripts/pg.sh [start|replicas|logical|replica2|tls|stop]" >&2; exit 2 ;;
   esac
 fi

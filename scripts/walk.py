@@ -8,12 +8,20 @@ reader can copy.
 
 What the walk changes, so that runs share nothing with each other or with
 the machine (the reader's values stay on the page):
-  - ports 8080, 8081, 8082 (gateways) and 6390 (Redis): free ones;
   - the database: `BLOOMGATE_DB`, a name of its own, dropped at the end on
     both servers it was made on, with the bus's replication slot;
+  - the bus's slot: `BLOOMGATE_BUS__SLOT`, a name of its own;
   - /tmp/private.toml: a file in a scratch directory;
   - target/release/bloomgate: BLOOMGATE_BIN (default target/debug/bloomgate,
     built by `cargo build` first), so CI does not build a release binary.
+
+And what it holds the page to:
+  - no fixed port: the page picks free ones (a fixed port may be taken on
+    a shared machine), and the ports it once fixed (8080, 8081, 8082, 6390)
+    are held by the walk while it runs, where they are free;
+  - a second run: the database exists already on the `wal_level =
+    logical` server (`scripts/pg.sh logical`) when the page comes to it,
+    as it does when a reader runs the page again.
 
     scripts/walk.py            # exit 1 and the failing line on a failure
 """
@@ -47,23 +55,28 @@ def blocks(text):
     return out
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def hold(port):
+    """A socket listening on `port` of every address (so that nothing else
+    may bind it), or None when it is taken already."""
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", port))
+        s.listen()
+        return s
+    except OSError:
+        s.close()
+        return None
 
 
 def quote(s):
     return "'" + s.replace("'", "'\\''") + "'"
 
 
-def script(page_blocks, ports, scratch):
+def script(page_blocks, scratch):
     """One bash script of the blocks: each checked line asserts its text."""
     out = ["set -euo pipefail"]
     for first, lines in page_blocks:
         for n, line in enumerate(lines, first):
-            for page_port, port in ports.items():
-                line = re.sub(rf"(?<![0-9]){page_port}(?![0-9])", str(port), line)
             line = line.replace("target/release/bloomgate", '"$BLOOMGATE_BIN"')
             line = line.replace("/tmp/private.toml", f"{scratch}/private.toml")
             m = CHECK.match(line)
@@ -93,19 +106,20 @@ def main():
     if not binary:
         subprocess.run(["cargo", "build", "--locked", "--bin", "bloomgate"], check=True)
         binary = "target/debug/bloomgate"
-    ports = {p: free_port() for p in (8080, 8081, 8082, 6390)}
+    held = [h for h in map(hold, (8080, 8081, 8082, 6390)) if h]
     db = f"walk_{os.getpid()}"
     slot = f"walk_{os.getpid()}_bus"
+    logical = subprocess.run(["bash", "scripts/pg.sh", "logical"], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    psql(f"{logical}/postgres", f'CREATE DATABASE "{db}"')
     scratch = tempfile.mkdtemp(prefix="bloomgate-walk-")
-    text = script(blocks(open(PAGE).read()), ports, scratch)
+    text = script(blocks(open(PAGE).read()), scratch)
     open(os.path.join(scratch, "walk.sh"), "w").write(text)
     env = dict(os.environ)
     env.update(
         BLOOMGATE_BIN=os.path.abspath(binary),
         BLOOMGATE_DB=db,
         BLOOMGATE_BUS__SLOT=slot,
-        # The demo's config listens on 8080; the walk's gateway on its own port.
-        BLOOMGATE_SERVER__LISTEN=f"127.0.0.1:{ports[8080]}",
         USERS="2000",
         ARTICLES="100",
         RUST_LOG="warn",
@@ -134,10 +148,10 @@ def main():
                 except ProcessLookupError:
                     break
                 time.sleep(0.1)
-        subprocess.run(["redis-cli", "-p", str(ports[6390]), "shutdown", "nosave"],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        servers = subprocess.run(["bash", "-c", ". scripts/pg.sh; ensure_postgres >/dev/null 2>&1; echo \"$PG_BASE_URL\"; ensure_replica_pair >/dev/null 2>&1 && echo \"$BLOOMGATE_TEST_PRIMARY_URL\""],
-                                 capture_output=True, text=True).stdout.split()
+        for h in held:
+            h.close()
+        servers = subprocess.run(["bash", "-c", ". scripts/pg.sh; ensure_postgres >/dev/null 2>&1; echo \"$PG_BASE_URL\""],
+                                 capture_output=True, text=True).stdout.split() + [logical]
 
         for url in servers:
             # The gateways take up to their shutdown to let their slots go.

@@ -444,12 +444,12 @@ impl Gateway {
         Ok(supervisor::install_triggers(&self.db, &watch, sink).await)
     }
 
-    /// `bloomgate install-feed`: the publication over every resource table
-    /// (every replica identity checked first: nothing changes unless all
-    /// pass), and bloomgate's triggers removed.
+    /// `bloomgate install-feed`: the publication over every resource table,
+    /// each with its column list (every replica identity checked first:
+    /// nothing changes unless all pass), and bloomgate's triggers removed.
     pub async fn install_feed(&self) -> Result<(), StartError> {
         let (_, watch) = self.resolve().await?;
-        supervisor::install_publication(self.db.pool(), &self.config.database, &watch)
+        supervisor::install_publication(self.db.pool(), &self.config.database, &watch, true)
             .await
             .map_err(StartError::Feed)?;
         supervisor::remove_triggers(&self.db, &watch).await;

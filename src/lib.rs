@@ -41,9 +41,9 @@
 //! - [`encoding`]: a row's content codings (gzip, br, zstd), compressed once
 //!   as the row enters the cache.
 //! - [`db`]: the pool, the row query, keys streamed by binary COPY, the
-//!   catalog, the triggers' SQL, WAL positions and what a reading of them
-//!   proves, which server each connection reached ([`db::identity`]),
-//!   read replicas, TLS.
+//!   catalog, replica identities and the publication, the triggers' SQL, WAL
+//!   positions and what a reading of them proves, which server each
+//!   connection reached ([`db::identity`]), read replicas, TLS.
 //! - [`feed`]: the change feeds (`wal`, `notify`, `queue`, the bus) as one
 //!   [`feed::Event`] type; [`feed::supervisor`] picks and starts one.
 //! - [`apply`]: every feed event, in order, to every resource on its table;

@@ -437,7 +437,7 @@ async fn install_feed_refuses_a_table_without_a_replica_identity_and_changes_not
             gw.start().await.unwrap_err().to_string()
         };
         assert!(
-            err.contains("ALTER TABLE public.nopk REPLICA IDENTITY"),
+            err.contains(r#"ALTER TABLE "public"."nopk" REPLICA IDENTITY FULL"#),
             "{how}: {err}"
         );
         assert_eq!(

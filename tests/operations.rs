@@ -586,6 +586,73 @@ async fn the_books_role_blocks_run_by_whom_they_name_and_preflight_then_passes()
     }
 }
 
+/// The book's column-level form of the role's `SELECT` (docs/src/
+/// production.md, "every feed, column by column"), run by the tables'
+/// owner after the superuser's block: preflight as the role passes, and a
+/// gateway connecting as it serves both resources.
+#[tokio::test]
+async fn the_books_column_level_grants_pass_preflight_and_serve() {
+    let db = TestDb::new().await;
+    db.seed_users(3).await;
+    db.exec("INSERT INTO articles (title, body) VALUES ('T', 'B')")
+        .await;
+    let role = format!("{}_cols", db.name);
+    let quoted = format!("\"{role}\"");
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/production.md"
+    ))
+    .unwrap();
+    let marker = "-- bloomgate role, as the tables' owner: every feed, column by column\n";
+    let block = &page[page.find(marker).expect("the column-level block")..];
+    let block = block[..block.find("```").unwrap()].replace("bloomgate_gateway", &quoted);
+    assert!(
+        block.contains("GRANT SELECT (id, name, created_at) ON public.users"),
+        "{block}"
+    );
+    let superuser = documented_blocks("notify", &quoted)
+        .into_iter()
+        .find(|(who, _)| *who == Grantor::Superuser)
+        .unwrap()
+        .1;
+    for sql in [&superuser, &block] {
+        let (ok, said) = psql(&db.url, sql);
+        assert!(ok, "{sql}\n{said}");
+    }
+    // The shipped resources' columns, each granted alone.
+    let shipped = "[[resource]]\nname = \"articles\"\nroute = \"/articles/{id}\"\n\
+        table = \"articles\"\nkey_column = \"id\"\nkey_type = \"uuid\"\n\
+        columns = [\"id\", \"author_id\", \"title\", \"body\", \"published_at\"]\n";
+    let path = config_as(&db, &role, "freshness = \"off\"", shipped);
+    let (code, out) = preflight(&path);
+    assert_eq!(code, Some(0), "{out}");
+    let gw = Running::start(&path, &[("BLOOMGATE_SERVER__LISTEN", "127.0.0.1:0")]);
+    let addr = gw.addr(false).await;
+    let article: String = sqlx::query_scalar("SELECT id::text FROM articles LIMIT 1")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    for path in ["/users/2".to_string(), format!("/articles/{article}")] {
+        let began = Instant::now();
+        while status(&format!("http://{addr}/readyz"), None).await != 200 {
+            assert!(began.elapsed() < Duration::from_secs(30), "{}", gw.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            status(&format!("http://{addr}{path}"), None).await,
+            200,
+            "{path}\n{}",
+            gw.log()
+        );
+    }
+    drop(gw);
+    drop(db);
+    let admin = sqlx::PgPool::connect(&admin_url()).await.unwrap();
+    let _ = admin
+        .execute(format!("DROP ROLE IF EXISTS {quoted}").as_str())
+        .await;
+}
+
 /// The metric families the book's list names, braces expanded (`a_{b,c}`),
 /// from the `GET /metrics` row of docs/src/admin.md (`_*` ends a prefix).
 fn documented_metrics() -> (Vec<String>, Vec<String>) {

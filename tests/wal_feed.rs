@@ -358,3 +358,316 @@ async fn gateways_installing_the_publication_at_once_all_succeed() {
         // The publications of these databases go with them.
     }
 }
+
+/// The publication install-feed makes lists, on Postgres 15 and later,
+/// only the columns the feed needs (each resource's key, the replica
+/// identity's columns): the gateway is never sent another column of a row
+/// (a `password_hash`), and still gets every change, an UPDATE of a column
+/// left out included, which must take the cached row out.
+#[tokio::test]
+async fn the_publication_sends_only_the_keys_and_still_every_change() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(10).await;
+    db.exec("ALTER TABLE users ADD COLUMN password_hash text NOT NULL DEFAULT 'initial'")
+        .await;
+    let gw = started(wal_config(&db, "")).await;
+    let published: Vec<(String, Vec<String>)> = sqlx::query_as(
+        "SELECT tablename::text, attnames::text[] FROM pg_publication_tables
+          WHERE pubname = 'bloomgate' ORDER BY tablename",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let want = |t: &str| (t.to_string(), vec!["id".to_string()]);
+    assert_eq!(published, [want("articles"), want("users")]);
+
+    // A change of a column outside the list still reaches the feed, with
+    // the row's key: the cached row goes.
+    let _ = get(&gw, "/users/5").await;
+    assert_eq!(
+        get(&gw, "/users/5").await.header("cache-status"),
+        "bloomgate; hit"
+    );
+    db.exec("UPDATE users SET name = 'five' WHERE id = 5").await;
+    eventually("the renamed row served", || async {
+        get(&gw, "/users/5").await.json()["name"] == "five"
+    })
+    .await;
+    db.exec("INSERT INTO users (id, email, name) VALUES (500, 'f@x.org', 'F')")
+        .await;
+    eventually("an insert", || async {
+        get_status(&gw, "/users/500").await == StatusCode::OK
+    })
+    .await;
+    db.exec("DELETE FROM users WHERE id = 500").await;
+    eventually("a delete", || async {
+        get_status(&gw, "/users/500").await == StatusCode::NOT_FOUND
+    })
+    .await;
+    gw.stop();
+
+    // What pgoutput sends for this publication, read from a slot of the
+    // test's own: the update of the hash is sent (an 'U' message), and no
+    // byte of the hash or of the other columns.
+    let slot = format!("{}_peek", db.name);
+    db.exec(&format!(
+        "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+    ))
+    .await;
+    db.exec("UPDATE users SET password_hash = 'hunter2-secret' WHERE id = 6")
+        .await;
+    let messages: Vec<Vec<u8>> = sqlx::query_scalar(&format!(
+        "SELECT data FROM pg_logical_slot_get_binary_changes('{slot}', NULL, NULL,
+                'proto_version', '1', 'publication_names', 'bloomgate')"
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    db.exec(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+        .await;
+    let contains = |needle: &[u8]| {
+        messages
+            .iter()
+            .any(|m| m.windows(needle.len()).any(|w| w == needle))
+    };
+    assert!(
+        messages.iter().any(|m| m.first() == Some(&b'U')),
+        "{messages:?}"
+    );
+    assert!(contains(b"6"), "the key is sent: {messages:?}");
+    for left_out in [
+        &b"hunter2-secret"[..],
+        b"User 6",
+        b"u6@example.com",
+        b"password_hash",
+    ] {
+        assert!(
+            !contains(left_out),
+            "{:?} reached the slot: {messages:?}",
+            String::from_utf8_lossy(left_out)
+        );
+    }
+}
+
+/// The feed's check of the publication takes a column list that holds
+/// the keys (or more), and refuses one that leaves a key out, or the
+/// replica identity's columns (Postgres then refuses the application's
+/// UPDATE and DELETE on the table); a start with `install_feed` sets the
+/// list back. Under a list of keys and identity, an UPDATE of a key (its
+/// old value in the old row, through the identity) is followed on both
+/// routes.
+#[tokio::test]
+async fn a_column_list_is_checked_for_the_keys_and_the_identity() {
+    use bloomgate::db::publication;
+    use bloomgate::feed::{ColumnType, Watch, WatchedColumn, WatchedTable};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(10).await;
+    db.exec(
+        "CREATE UNIQUE INDEX users_id_email ON users (id, email);
+         ALTER TABLE users REPLICA IDENTITY USING INDEX users_id_email",
+    )
+    .await;
+    let gw = started(wal_config(&db, BY_EMAIL)).await;
+    let users_list = || async {
+        sqlx::query_scalar::<_, Vec<String>>(
+            "SELECT attnames::text[] FROM pg_publication_tables
+              WHERE pubname = 'bloomgate' AND tablename = 'users'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(users_list().await, ["id", "email"]);
+    assert_eq!(
+        get(&gw, "/users-by-email/u3@example.com").await.json()["id"],
+        3
+    );
+    db.exec("UPDATE users SET email = 'three@x.org' WHERE id = 3")
+        .await;
+    eventually("the old email gone, the new one served", || async {
+        get_status(&gw, "/users-by-email/u3@example.com").await == StatusCode::NOT_FOUND
+            && get_status(&gw, "/users-by-email/three@x.org").await == StatusCode::OK
+    })
+    .await;
+    gw.stop();
+
+    let column = |name: &str, ty| WatchedColumn {
+        name: name.into(),
+        ty,
+        unique: true,
+    };
+    let watch = Watch {
+        tables: vec![WatchedTable {
+            name: "public.users".into(),
+            columns: vec![
+                column("id", ColumnType::Int8),
+                column("email", ColumnType::Text),
+            ],
+        }],
+    };
+    let mut conn = db.pool.acquire().await.unwrap();
+    let mut problem = async |sql: &str| {
+        db.exec(sql).await;
+        publication::check(&mut conn, &watch, "bloomgate")
+            .await
+            .unwrap()
+            .problems
+            .remove(0)
+    };
+    assert_eq!(problem("SELECT 1").await, None, "the list installed");
+    assert_eq!(
+        problem("ALTER PUBLICATION bloomgate SET TABLE users (id, email, name)").await,
+        None,
+        "a wider list"
+    );
+    let why = problem("ALTER PUBLICATION bloomgate SET TABLE users (id, name)")
+        .await
+        .unwrap();
+    assert!(
+        why.contains("leaves email of public.users out of its column list"),
+        "{why}"
+    );
+    let why = problem("ALTER TABLE users REPLICA IDENTITY DEFAULT; ALTER PUBLICATION bloomgate SET TABLE users (email)")
+        .await
+        .unwrap();
+    assert!(why.contains("leaves id of public.users out"), "{why}");
+    let why = problem(
+        "ALTER TABLE users REPLICA IDENTITY USING INDEX users_email_key;
+         ALTER PUBLICATION bloomgate SET TABLE users (id, name)",
+    )
+    .await
+    .unwrap();
+    assert!(why.contains("leaves email of public.users out"), "{why}");
+    let why = problem(
+        "ALTER PUBLICATION bloomgate SET TABLE users (id, email);
+         ALTER TABLE users REPLICA IDENTITY FULL",
+    )
+    .await
+    .unwrap();
+    assert!(
+        why.starts_with("PostgreSQL refuses every UPDATE and DELETE on public.users (its replica identity is FULL"),
+        "{why}"
+    );
+    drop(conn);
+    // Started with install_feed: the list is what the identity needs.
+    db.exec("ALTER TABLE users REPLICA IDENTITY USING INDEX users_id_email; ALTER PUBLICATION bloomgate SET TABLE users (id)")
+        .await;
+    let gw = started(wal_config(&db, BY_EMAIL)).await;
+    assert_eq!(users_list().await, ["id", "email"]);
+    gw.stop();
+}
+
+/// Preflight's replica-identity and publication advice, applied once,
+/// makes preflight pass, for every set of resources on one table (each
+/// subset of four keys: the primary key, a citext and a text column
+/// unique and NOT NULL, a unique nullable one), from a table with its
+/// primary key as identity and no publication, and from one whose identity
+/// is the email index with a publication listing id and email. The
+/// advice used to go in a circle: with `id` and `email` served, "use the
+/// email index", then "use the primary key", and so on.
+#[tokio::test]
+async fn preflights_advice_applied_once_passes_for_every_set_of_resources() {
+    use sqlx::{Connection, Executor};
+    let db = logical_db(0).await;
+    db.exec(
+        "CREATE EXTENSION IF NOT EXISTS citext;
+         CREATE TABLE accounts (id bigint PRIMARY KEY, email citext NOT NULL UNIQUE,
+                                handle text NOT NULL UNIQUE, code text UNIQUE,
+                                password_hash text NOT NULL);
+         INSERT INTO accounts VALUES (1, 'a@x.org', 'a', NULL, 'secret')",
+    )
+    .await;
+    let keys = [
+        ("id", "bigint"),
+        ("email", "text"),
+        ("handle", "text"),
+        ("code", "text"),
+    ];
+    let starts = [
+        "ALTER TABLE accounts REPLICA IDENTITY DEFAULT",
+        "ALTER TABLE accounts REPLICA IDENTITY USING INDEX accounts_email_key;
+         CREATE PUBLICATION bloomgate FOR TABLE accounts (id, email)",
+    ];
+    for mask in 1..(1 << keys.len()) {
+        let served: Vec<(&str, &str)> = (0..keys.len())
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| keys[i])
+            .collect();
+        for start in starts {
+            db.exec(
+                "DROP PUBLICATION IF EXISTS bloomgate;
+                 ALTER TABLE accounts REPLICA IDENTITY DEFAULT;
+                 DO $$ DECLARE i text; BEGIN
+                     FOR i IN SELECT indexrelid::regclass::text FROM pg_index
+                               WHERE indrelid = 'accounts'::regclass
+                                 AND indexrelid::regclass::text LIKE '%identity'
+                     LOOP EXECUTE 'DROP INDEX ' || i; END LOOP;
+                 END $$",
+            )
+            .await;
+            db.exec(start).await;
+            let mut text = format!(
+                "[database]\nurl = \"{}\"\nfreshness = \"wal\"\ninstall_feed = false\nmigrate = false\n",
+                db.url
+            );
+            for (key, ty) in &served {
+                text.push_str(&format!(
+                    "[[resource]]\nname = \"by_{key}\"\nroute = \"/by-{key}/{{k}}\"\ntable = \"accounts\"\n\
+                     key_column = \"{key}\"\nkey_type = \"{ty}\"\ncolumns = [\"id\", \"{key}\"]\n"
+                ));
+            }
+            let cfg = bloomgate::config::Config::from_toml(&text).unwrap();
+            let case = format!("{served:?} from {start:?}");
+            let report = bloomgate::preflight::run(&cfg).await;
+            let said = report.to_string();
+            let missing: Vec<&str> = said.lines().filter(|l| l.starts_with("MISSING")).collect();
+            for (i, line) in missing.iter().enumerate() {
+                assert!(!missing[..i].contains(line), "{case}: said twice:\n{said}");
+            }
+            assert!(
+                !said.contains(", id, email"),
+                "{case}: a column twice:\n{said}"
+            );
+            if served.iter().any(|(k, _)| *k == "email") {
+                assert!(said.contains("(email citext)"), "{case}:\n{said}");
+            }
+            if !report.passed() {
+                assert!(
+                    !report.statements().is_empty(),
+                    "{case}: nothing to run:\n{said}"
+                );
+                let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
+                for sql in report.statements() {
+                    admin
+                        .execute(sql.as_str())
+                        .await
+                        .unwrap_or_else(|e| panic!("{case}: {sql}: {e}\n{said}"));
+                }
+                admin.close().await.unwrap();
+                let again = bloomgate::preflight::run(&cfg).await;
+                assert!(
+                    again.passed(),
+                    "{case}: not passed after one round:\n{said}\n{again}"
+                );
+            }
+            // Only the columns the feed needs reach it, unless the identity
+            // must be FULL (a nullable key).
+            let published: Vec<String> = sqlx::query_scalar(
+                "SELECT unnest(attnames)::text FROM pg_publication_tables
+                  WHERE pubname = 'bloomgate' AND tablename = 'accounts'",
+            )
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+            for (key, _) in &served {
+                assert!(published.iter().any(|c| c == key), "{case}: {published:?}");
+            }
+            let full = served.iter().any(|(k, _)| *k == "code");
+            assert_eq!(
+                published.iter().any(|c| c == "password_hash"),
+                full,
+                "{case}: {published:?}"
+            );
+        }
+    }
+}

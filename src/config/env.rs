@@ -1,7 +1,8 @@
 //! Where a setting comes from, later sources winning: the built-in
 //! defaults, the TOML file, `DATABASE_URL` (for `database.url`), then
 //! `BLOOMGATE_<SECTION>__<KEY>` variables; and the refusal of a variable
-//! that looks like a setting but would be ignored.
+//! that looks like a setting but would be ignored, or that names a
+//! resource (`[[resource]]` is set only in the file).
 
 use figment::Figment;
 use figment::providers::{Env, Serialized};
@@ -18,6 +19,7 @@ pub(super) fn layered(file: Figment, env: bool) -> Result<Figment, ConfigError> 
         fig = fig.merge(Serialized::default("database.url", url));
     }
     check_typos()?;
+    check_resources()?;
     // Every key settable from the environment is `SECTION__KEY`. A variable
     // without `__` is not a config path (the admin token, the scripts' own
     // BLOOMGATE_PG_PORT, ...), so it is left alone.
@@ -74,6 +76,30 @@ fn check_typos() -> Result<(), ConfigError> {
                     section.to_ascii_uppercase(),
                     key.to_ascii_uppercase()
                 ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `BLOOMGATE_RESOURCE__0__NAME`: the environment cannot set a resource
+/// (figment would read it as a table where the file has an array of them,
+/// and say only "expected a sequence, found map"): refuse it, saying where
+/// resources are set.
+fn check_resources() -> Result<(), ConfigError> {
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let Some(rest) = name.strip_prefix("BLOOMGATE_") else {
+            continue;
+        };
+        let section = rest.split("__").next().unwrap_or_default();
+        if rest.contains("__") && section.eq_ignore_ascii_case("resource") {
+            return Err(ConfigError::Invalid {
+                file: "environment".into(),
+                key: name.to_string(),
+                problem: "resources ([[resource]]) are set only in the config file, not from the environment: unset it".into(),
             });
         }
     }
@@ -156,5 +182,24 @@ mod tests {
             assert!(e.contains("BLOOMGATE_SERVER__LISTEN"), "{e}");
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API returns its own error
+    fn a_resource_from_the_environment_is_refused_saying_where_resources_are_set() {
+        for name in [
+            "BLOOMGATE_RESOURCE__0__NAME",
+            "BLOOMGATE_resource__users__ROUTE",
+        ] {
+            figment::Jail::expect_with(|jail| {
+                jail.create_file("bg.toml", MINIMAL)?;
+                jail.set_env(name, "x");
+                let e = Config::load(Path::new("bg.toml")).unwrap_err().to_string();
+                assert!(e.contains(name), "{e}");
+                assert!(e.contains("set only in the config file"), "{e}");
+                assert!(!e.contains("expected a sequence"), "{e}");
+                Ok(())
+            });
+        }
     }
 }

@@ -34,6 +34,7 @@ pub mod lsn;
 pub mod outage;
 pub mod position;
 pub mod publication;
+pub mod replica_identity;
 pub mod replicas;
 pub mod stats;
 pub mod tls;

@@ -10,18 +10,36 @@
 //! partitions' changes under the table's own name
 //! (`publish_via_partition_root`). A table's replica identity must carry
 //! every key column of its resources, or an UPDATE or DELETE does not say
-//! which key it touched; and a table without a usable replica identity must
-//! never be added at all: Postgres then refuses every UPDATE and DELETE on
-//! it, the application's writes included.
+//! which key it touched ([`super::identity`]); and a table without a usable
+//! replica identity must never be added at all: Postgres then refuses every
+//! UPDATE and DELETE on it, the application's writes included.
+//!
+//! # The column list
+//! The feed reads nothing of a change but its keys, so on Postgres 15 and
+//! later the publication it installs lists, for each plain table, only the
+//! key columns of the table's resources and its replica identity's columns
+//! ([`Plan::columns`]): no other column (a `password_hash`, say) is ever
+//! decoded or sent to the gateway, whatever its grants. pgoutput then sends
+//! only those columns of a row, and still sends every change of every row:
+//! an UPDATE of a column left out arrives, with the row's key. The identity's
+//! columns must be in the list, or Postgres refuses the table's UPDATE and
+//! DELETE (the application's); so a table whose identity is `FULL` gets no
+//! list (every column), nor does a partitioned table, whose partitions each
+//! have an identity of their own (a partition attached later with another
+//! one would have its writes refused).
 
 use sqlx::{Connection, PgConnection, Row};
 
-use super::catalog::{self, ReplicaIdentity, quote, quote_table};
-use super::catalog::{Watch, WatchedTable};
+use super::catalog::{self, RelKind, TableInfo, Watch, WatchedTable, quote, quote_table};
 use super::lsn::Lsn;
+use super::replica_identity::{self, Needed};
 
 /// The fix every publication problem shares.
 const FIX: &str = "run `bloomgate install-feed` (or set database.install_feed = true)";
+
+/// A watched table's column list in the publication (`None`: every
+/// column), its `relreplident` and its identity index's columns.
+type ListAndIdentity = (Option<Vec<String>>, Option<String>, Option<Vec<String>>);
 
 /// What [`check`] found.
 #[derive(Debug)]
@@ -31,6 +49,9 @@ pub struct Checked {
     /// Its problem for each watched table (in `watch` order), `None` where
     /// the table is followed completely.
     pub problems: Vec<Option<String>>,
+    /// The column list of each watched table in it (in `watch` order):
+    /// `None` where it publishes every column, or does not hold the table.
+    pub columns: Vec<Option<Vec<String>>>,
 }
 
 /// What the publication does not deliver, per watched table. Replica
@@ -52,6 +73,7 @@ pub async fn check(
         return Ok(Checked {
             exists: false,
             problems: vec![Some(why); watch.tables.len()],
+            columns: vec![None; watch.tables.len()],
         });
     };
     let missing_ops: Vec<&str> = [
@@ -87,11 +109,41 @@ pub async fn check(
     .bind(quoted_tables(watch))
     .fetch_all(&mut *conn)
     .await?;
+    // The list as written (`prattrs`): the view's `attnames` names every
+    // column of a table published without one. With it, the replica
+    // identity in force (`f`: FULL; else its index's columns), which the
+    // list must hold.
+    let rows: Vec<ListAndIdentity> = if version >= 150_000 {
+        sqlx::query_as(
+            "SELECT (SELECT array_agg(a.attname::text ORDER BY a.attnum)
+                       FROM pg_publication_rel r
+                       JOIN pg_publication p ON p.oid = r.prpubid
+                       JOIN pg_attribute a ON a.attrelid = r.prrelid AND a.attnum = ANY (r.prattrs)
+                      WHERE p.pubname = $1 AND r.prrelid = c.oid),
+                    c.relreplident::text,
+                    (SELECT array_agg(a.attname::text)
+                       FROM pg_index i
+                       JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+                      WHERE i.indrelid = c.oid
+                        AND CASE c.relreplident WHEN 'd' THEN i.indisprimary
+                                                WHEN 'i' THEN i.indisreplident ELSE false END)
+               FROM unnest($2::text[]) WITH ORDINALITY AS t(name, i)
+               LEFT JOIN pg_class c ON c.oid = to_regclass(t.name)
+              ORDER BY t.i",
+        )
+        .bind(publication)
+        .bind(quoted_tables(watch))
+        .fetch_all(&mut *conn)
+        .await?
+    } else {
+        vec![(None, None, None); watch.tables.len()]
+    };
     let problems = watch
         .tables
         .iter()
         .zip(partitioned)
-        .map(|(t, partitioned)| {
+        .zip(&rows)
+        .map(|((t, partitioned), (list, ident, ident_columns))| {
             let p = publication;
             if !missing_ops.is_empty() {
                 return Some(format!(
@@ -128,12 +180,39 @@ pub async fn check(
                     t.name
                 ));
             }
+            // Not the feed's loss (no such change is made), but the
+            // application's: the gateway's list is what refuses them.
+            let list = list.as_ref()?;
+            let refused = |what: String| {
+                Some(format!(
+                    "PostgreSQL refuses every UPDATE and DELETE on {} ({what}): {FIX}",
+                    t.name
+                ))
+            };
+            if ident.as_deref() == Some("f") {
+                return refused(format!(
+                    "its replica identity is FULL and publication {p:?} lists only some of its columns"
+                ));
+            }
+            let outside: Vec<&str> = ident_columns
+                .iter()
+                .flatten()
+                .filter(|c| !list.contains(c))
+                .map(String::as_str)
+                .collect();
+            if !outside.is_empty() {
+                return refused(format!(
+                    "publication {p:?} leaves its replica identity's {} out of its column list",
+                    outside.join(", ")
+                ));
+            }
             None
         })
         .collect();
     Ok(Checked {
         exists: true,
         problems,
+        columns: rows.into_iter().map(|(list, ..)| list).collect(),
     })
 }
 
@@ -174,63 +253,76 @@ pub async fn fingerprints(
         .await
 }
 
+/// What each watched table needs of its replica identity and of the
+/// publication, in `watch` order (see "The column list").
+#[derive(Debug)]
+pub struct Plan {
+    /// What the identity needs; `None` for a table that does not exist.
+    pub identity: Option<Needed>,
+    /// The column list to publish the table with once the identity is as
+    /// [`Plan::identity`] advises, in the table's column order; `None`:
+    /// every column (before Postgres 15, for `FULL`, or a partitioned
+    /// table).
+    pub columns: Option<Vec<String>>,
+}
+
+/// Each watched table's [`Plan`], read from the catalog.
+pub async fn plan(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Plan>, sqlx::Error> {
+    let version: i32 = sqlx::query_scalar("SELECT current_setting('server_version_num')::int")
+        .fetch_one(&mut *conn)
+        .await?;
+    let mut out = Vec::new();
+    for t in &watch.tables {
+        let Some(info) = catalog::table_info_on(&mut *conn, &t.name).await? else {
+            out.push(Plan {
+                identity: None,
+                columns: None,
+            });
+            continue;
+        };
+        let needed = replica_identity::needed(t, &info);
+        let columns = column_list(t, &info, needed.columns.as_deref(), version);
+        out.push(Plan {
+            identity: Some(needed),
+            columns,
+        });
+    }
+    Ok(out)
+}
+
+/// The column list `t` is published with (see "The column list"), given
+/// its identity's columns (`None`: `FULL`).
+fn column_list(
+    t: &WatchedTable,
+    info: &TableInfo,
+    identity: Option<&[String]>,
+    version: i32,
+) -> Option<Vec<String>> {
+    let identity = identity?;
+    if version < 150_000 || info.kind != RelKind::Table {
+        return None;
+    }
+    Some(
+        info.columns
+            .iter()
+            .map(|c| &c.name)
+            .filter(|c| identity.contains(c) || t.columns.iter().any(|w| *w.name == ***c))
+            .cloned()
+            .collect(),
+    )
+}
+
 /// Every watched table whose replica identity does not carry every key
 /// column of its resources, each as an error naming the fix.
 pub async fn identity_problems(
     conn: &mut PgConnection,
     watch: &Watch,
 ) -> Result<Vec<String>, sqlx::Error> {
-    let mut out = Vec::new();
-    for t in &watch.tables {
-        let Some(info) = catalog::table_info_on(&mut *conn, &t.name).await? else {
-            continue;
-        };
-        if let Some(why) = identity_problem(t, &info.replica_identity, &info.unique_indexes) {
-            out.push(why);
-        }
-    }
-    Ok(out)
-}
-
-/// Why `identity` cannot carry `t`'s key columns, naming the `ALTER TABLE`
-/// that fixes it; `None` if it can.
-fn identity_problem(
-    t: &WatchedTable,
-    identity: &ReplicaIdentity,
-    unique: &[catalog::UniqueIndex],
-) -> Option<String> {
-    let missing: Vec<&str> = t
-        .columns
-        .iter()
-        .map(|c| &*c.name)
-        .filter(|c| !identity.carries(c))
-        .collect();
-    if missing.is_empty() {
-        return None;
-    }
-    // A unique index covering every key column would do, and costs writers
-    // less than FULL (only its columns are logged).
-    let index = unique
-        .iter()
-        .find(|i| missing.iter().all(|m| i.columns.iter().any(|c| c == m)));
-    let fix = match index {
-        Some(i) => format!(
-            "ALTER TABLE {} REPLICA IDENTITY USING INDEX {}",
-            t.name,
-            quote(&i.name)
-        ),
-        None => format!("ALTER TABLE {} REPLICA IDENTITY FULL", t.name),
-    };
-    let what = match identity {
-        ReplicaIdentity::Default(cols) if cols.is_empty() => "no primary key",
-        ReplicaIdentity::Nothing => "REPLICA IDENTITY NOTHING",
-        _ => "a replica identity without it",
-    };
-    Some(format!(
-        "table {} does not carry its old {} on UPDATE and DELETE ({what}): {fix}",
-        t.name,
-        missing.join(", ")
-    ))
+    Ok(plan(conn, watch)
+        .await?
+        .into_iter()
+        .filter_map(|p| p.identity.and_then(|n| n.problem))
+        .collect())
 }
 
 /// Why the publication cannot be installed.
@@ -249,28 +341,59 @@ pub enum InstallError {
 /// replica identity: nothing changes unless every table passes.
 ///
 /// A publication that delivers them already is left as it is, tables it
-/// holds besides them included: every rewrite of its catalog rows is an
-/// edit every running feed must resync for (`feed::watch`), so a gateway
-/// that starts (a rolling deploy, a fleet's next member) would otherwise
-/// make the whole fleet rebuild its filters; and a gateway of an older
-/// config would take away tables a newer one added. When it must change,
-/// it is set to exactly the watched tables.
+/// holds besides them and wider column lists included: every rewrite of
+/// its catalog rows is an edit every running feed must resync for
+/// (`feed::watch`), so a gateway that starts (a rolling deploy, a fleet's
+/// next member) would otherwise make the whole fleet rebuild its filters;
+/// and a gateway of an older config would take away tables a newer one
+/// added. When it must change, it is set to exactly the watched tables,
+/// each with its column list ([`Plan::columns`]).
 pub async fn install(
     conn: &mut PgConnection,
     watch: &Watch,
     publication: &str,
+) -> Result<(), InstallError> {
+    install_as(conn, watch, publication, false).await
+}
+
+/// [`install`], and a publication that delivers every change but sends
+/// columns the feed does not need (one made before column lists, or by
+/// hand) narrowed to the column lists too: `bloomgate install-feed`, run by
+/// an operator who accepts that every running gateway resyncs once.
+pub async fn install_narrowed(
+    conn: &mut PgConnection,
+    watch: &Watch,
+    publication: &str,
+) -> Result<(), InstallError> {
+    install_as(conn, watch, publication, true).await
+}
+
+async fn install_as(
+    conn: &mut PgConnection,
+    watch: &Watch,
+    publication: &str,
+    narrow: bool,
 ) -> Result<(), InstallError> {
     let mut tx = conn.begin().await?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(super::INSTALL_LOCK_KEY)
         .execute(&mut *tx)
         .await?;
-    let bad = identity_problems(&mut tx, watch).await?;
+    let plans = plan(&mut tx, watch).await?;
+    let bad: Vec<String> = plans
+        .iter()
+        .filter_map(|p| p.identity.as_ref()?.problem.clone())
+        .collect();
     if !bad.is_empty() {
         return Err(InstallError::Identity(bad.join("; ")));
     }
     let now = check(&mut tx, watch, publication).await?;
-    if now.exists && now.problems.iter().all(Option::is_none) {
+    let narrowed = now
+        .columns
+        .iter()
+        .zip(&plans)
+        .all(|(now, plan)| same_columns(now.as_deref(), plan.columns.as_deref()));
+    if now.exists && now.problems.iter().all(Option::is_none) && (!narrow || narrowed) {
         tx.commit().await?;
         return Ok(());
     }
@@ -279,11 +402,21 @@ pub async fn install(
             .bind(publication)
             .fetch_optional(&mut *tx)
             .await?;
-    for sql in statements(all_tables, watch, publication) {
+    let lists: Vec<Option<Vec<String>>> = plans.into_iter().map(|p| p.columns).collect();
+    for sql in statements(all_tables, watch, publication, &lists) {
         sqlx::query(&sql).execute(&mut *tx).await?;
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Whether two column lists hold the same columns (`None`: every column).
+pub fn same_columns(a: Option<&[String]>, b: Option<&[String]>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.len() == b.len() && a.iter().all(|c| b.contains(c)),
+        _ => false,
+    }
 }
 
 /// The watched tables, each as SQL names it (`quote_table`).
@@ -292,10 +425,26 @@ fn quoted_tables(watch: &Watch) -> Vec<String> {
 }
 
 /// The DDL that makes `publication` deliver every change of every watched
-/// table, given whether it exists (`None`) and is `FOR ALL TABLES`: what
-/// [`install`] runs, and what `bloomgate preflight` prints.
-pub fn statements(all_tables: Option<bool>, watch: &Watch, publication: &str) -> Vec<String> {
-    let tables = quoted_tables(watch);
+/// table, each with its column list (`lists`, in `watch` order; `None`:
+/// every column), given whether it exists (`None`) and is `FOR ALL
+/// TABLES`: what [`install`] runs, and what `bloomgate preflight` prints.
+pub fn statements(
+    all_tables: Option<bool>,
+    watch: &Watch,
+    publication: &str,
+    lists: &[Option<Vec<String>>],
+) -> Vec<String> {
+    let tables: Vec<String> = quoted_tables(watch)
+        .into_iter()
+        .zip(lists.iter().chain(std::iter::repeat(&None)))
+        .map(|(t, list)| match list {
+            Some(cols) => {
+                let cols: Vec<String> = cols.iter().map(|c| quote(c)).collect();
+                format!("{t} ({})", cols.join(", "))
+            }
+            None => t,
+        })
+        .collect();
     let with = "publish = 'insert, update, delete, truncate', publish_via_partition_root = true";
     let p = quote(publication);
     match all_tables {
@@ -303,9 +452,10 @@ pub fn statements(all_tables: Option<bool>, watch: &Watch, publication: &str) ->
             "CREATE PUBLICATION {p} FOR TABLE {} WITH ({with})",
             tables.join(", ")
         )],
-        // FOR ALL TABLES holds every table already; its list cannot be set.
+        // FOR ALL TABLES holds every table already, every column of each;
+        // its list cannot be set.
         Some(true) => vec![format!("ALTER PUBLICATION {p} SET ({with})")],
-        // Tables named without a WHERE or a column list: none is left.
+        // Tables named without a WHERE, each with its column list.
         Some(false) => vec![
             format!("ALTER PUBLICATION {p} SET TABLE {}", tables.join(", ")),
             format!("ALTER PUBLICATION {p} SET ({with})"),
@@ -355,48 +505,53 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::db::catalog::UniqueIndex;
     use crate::db::catalog::{ColumnType, WatchedColumn};
 
-    fn table(columns: &[&str]) -> WatchedTable {
-        WatchedTable {
-            name: Arc::from("public.users"),
-            columns: columns
+    fn watch(tables: &[&str]) -> Watch {
+        Watch {
+            tables: tables
                 .iter()
-                .map(|c| WatchedColumn {
-                    name: Arc::from(*c),
-                    ty: ColumnType::Text,
-                    unique: false,
+                .map(|t| WatchedTable {
+                    name: Arc::from(*t),
+                    columns: vec![WatchedColumn {
+                        name: Arc::from("id"),
+                        ty: ColumnType::Int8,
+                        unique: true,
+                    }],
                 })
                 .collect(),
         }
     }
 
     #[test]
-    fn an_identity_problem_names_the_cheapest_fix() {
-        let pk = ReplicaIdentity::Default(vec!["id".into()]);
-        assert_eq!(identity_problem(&table(&["id"]), &pk, &[]), None);
-        let email = UniqueIndex {
-            name: "users_email_key".into(),
-            columns: vec!["email".into()],
-        };
-        let why = identity_problem(&table(&["id", "email"]), &pk, &[email]).unwrap();
-        assert!(why.contains("old email"), "{why}");
-        assert!(
-            why.ends_with(
-                r#"ALTER TABLE public.users REPLICA IDENTITY USING INDEX "users_email_key""#
-            ),
-            "{why}"
-        );
-        let why = identity_problem(&table(&["k"]), &ReplicaIdentity::Default(vec![]), &[]).unwrap();
-        assert!(
-            why.contains("no primary key") && why.ends_with("REPLICA IDENTITY FULL"),
-            "{why}"
+    fn the_statements_name_each_tables_column_list() {
+        let w = watch(&["public.users", "public.events"]);
+        let lists = [Some(vec!["id".to_string(), "email".to_string()]), None];
+        let with = "WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)";
+        assert_eq!(
+            statements(None, &w, "bloomgate", &lists),
+            [format!(
+                r#"CREATE PUBLICATION "bloomgate" FOR TABLE "public"."users" ("id", "email"), "public"."events" {with}"#
+            )]
         );
         assert_eq!(
-            identity_problem(&table(&["k"]), &ReplicaIdentity::Full, &[]),
-            None
+            statements(Some(false), &w, "bloomgate", &lists)[0],
+            r#"ALTER PUBLICATION "bloomgate" SET TABLE "public"."users" ("id", "email"), "public"."events""#
         );
+        // FOR ALL TABLES: every column of every table, its list not ours.
+        assert_eq!(statements(Some(true), &w, "bloomgate", &lists).len(), 1);
+    }
+
+    #[test]
+    fn column_lists_compare_as_sets() {
+        let l = |c: &[&str]| c.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+        assert!(same_columns(None, None));
+        assert!(same_columns(
+            Some(&l(&["id", "email"])),
+            Some(&l(&["email", "id"]))
+        ));
+        assert!(!same_columns(Some(&l(&["id"])), Some(&l(&["id", "email"]))));
+        assert!(!same_columns(None, Some(&l(&["id"]))));
     }
 
     #[test]

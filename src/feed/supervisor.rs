@@ -359,7 +359,7 @@ async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Fr
         }
         Freshness::Wal => {
             if cfg.install_feed {
-                install_publication(pool, cfg, watch).await?;
+                install_publication(pool, cfg, watch, false).await?;
             }
             wal::check(pool, watch, &cfg.publication).await?;
             tracing::info!(freshness = "wal", publication = %cfg.publication, delivery = %wal_delivery(cfg), "change feed: logical decoding of the WAL (database.freshness = wal)");
@@ -373,7 +373,7 @@ async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Fr
                 Ok(r) if !r.can_replicate => "the role lacks REPLICATION".to_string(),
                 Ok(_) => {
                     let installed = match cfg.install_feed {
-                        true => install_publication(pool, cfg, watch).await,
+                        true => install_publication(pool, cfg, watch, false).await,
                         false => Ok(()),
                     };
                     match installed {
@@ -398,19 +398,23 @@ async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Fr
 
 /// The publication over every watched table (`bloomgate install-feed`,
 /// `database.install_feed`): every replica identity checked first, one
-/// transaction.
+/// transaction. `narrow` (the command) also narrows a publication that
+/// sends columns the feed does not need (`publication::install_narrowed`).
 pub async fn install_publication(
     pool: &PgPool,
     cfg: &DatabaseConfig,
     watch: &Watch,
+    narrow: bool,
 ) -> Result<(), String> {
     let mut conn = pool
         .acquire()
         .await
         .map_err(|e| format!("reading the catalog: {e}"))?;
-    publication::install(&mut conn, watch, &cfg.publication)
-        .await
-        .map_err(|e| format!("cannot install the publication: {e}"))?;
+    let installed = match narrow {
+        true => publication::install_narrowed(&mut conn, watch, &cfg.publication).await,
+        false => publication::install(&mut conn, watch, &cfg.publication).await,
+    };
+    installed.map_err(|e| format!("cannot install the publication: {e}"))?;
     tracing::info!(publication = %cfg.publication, "publication covers every resource table");
     Ok(())
 }

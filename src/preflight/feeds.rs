@@ -43,49 +43,141 @@ pub(super) async fn wal(
     if watch.tables.is_empty() {
         return Ok(());
     }
-    let checked = publication::check(&mut *conn, watch, &cfg.publication).await?;
-    let problems: Vec<&String> = checked.problems.iter().flatten().collect();
+    let p = &cfg.publication;
+    let plans = publication::plan(&mut *conn, watch).await?;
+    let checked = publication::check(&mut *conn, watch, p).await?;
+    let mut problems: Vec<&String> = Vec::new();
+    for problem in checked.problems.iter().flatten() {
+        if !problems.contains(&problem) {
+            problems.push(problem);
+        }
+    }
+    let lists: Vec<Option<Vec<String>>> = plans.iter().map(|p| p.columns.clone()).collect();
+    let all_tables: Option<bool> =
+        sqlx::query_scalar("SELECT puballtables FROM pg_publication WHERE pubname = $1")
+            .bind(p)
+            .fetch_optional(&mut *conn)
+            .await?;
+    // The publication statements, run with the identities' in one
+    // transaction (below).
+    let mut rewrite = Vec::new();
     if checked.exists && problems.is_empty() {
         r.ok(format!(
-            "publication {:?} delivers every change of {}",
-            cfg.publication,
+            "publication {p:?} delivers every change of {}",
             names(watch)
         ));
+        // FOR ALL TABLES sends every column of every table: it has no
+        // lists to narrow.
+        if all_tables != Some(true) {
+            wider(watch, &checked, &plans, p, r);
+        }
     } else {
         let owned = owns_all(conn, watch).await?;
         if cfg.install_feed && (owned || role.superuser) {
             r.ok(format!(
-                "publication {:?} is created or repaired at start-up (database.install_feed; the role owns the tables)",
-                cfg.publication
+                "publication {p:?} is created or repaired at start-up (database.install_feed; the role owns the tables)"
             ));
         } else {
-            if !checked.exists {
-                r.missing(format!("publication {:?} does not exist", cfg.publication));
-            }
-            for p in &problems {
-                r.missing((*p).clone());
+            for problem in problems {
+                r.missing(problem.clone());
             }
             if cfg.install_feed {
                 r.note("database.install_feed = true, but only the tables' owner may add them to a publication: create it as below and set install_feed = false".into());
             }
-            let all_tables: Option<bool> =
-                sqlx::query_scalar("SELECT puballtables FROM pg_publication WHERE pubname = $1")
-                    .bind(&cfg.publication)
-                    .fetch_optional(&mut *conn)
-                    .await?;
-            for sql in publication::statements(all_tables, watch, &cfg.publication) {
-                r.statement(sql);
+            rewrite = publication::statements(all_tables, watch, p, &lists);
+        }
+    }
+    // An identity advised below with a column the table's list in the
+    // publication lacks: the list goes with it, or Postgres would refuse
+    // the table's writes from the moment it is set.
+    let outgrown =
+        watch
+            .tables
+            .iter()
+            .zip(&checked.columns)
+            .zip(&plans)
+            .any(|((_, list), plan)| {
+                let (Some(list), Some(needed)) = (list, &plan.identity) else {
+                    return false;
+                };
+                !needed.fix.is_empty()
+                    && needed
+                        .columns
+                        .as_ref()
+                        .is_none_or(|cols| cols.iter().any(|c| !list.contains(c)))
+            });
+    if outgrown && rewrite.is_empty() {
+        rewrite = publication::statements(all_tables, watch, p, &lists);
+    }
+    let mut fine = true;
+    let mut together = Vec::new();
+    for needed in plans.iter().filter_map(|p| p.identity.as_ref()) {
+        let Some(problem) = &needed.problem else {
+            continue;
+        };
+        fine = false;
+        r.missing(problem.clone());
+        for sql in &needed.fix {
+            // Not in a transaction block: Postgres refuses CONCURRENTLY there.
+            if sql.starts_with("CREATE UNIQUE INDEX CONCURRENTLY") {
+                r.statement(sql.clone());
+            } else {
+                together.push(sql.clone());
             }
         }
     }
-    let identity = publication::identity_problems(&mut *conn, watch).await?;
-    if identity.is_empty() {
+    if fine {
         r.ok("every table's replica identity carries its key columns".into());
     }
-    for p in identity {
-        r.missing(p);
+    // A new identity and a column list that holds it, at once: in either
+    // order one statement alone may leave a list without the identity's
+    // columns, and the application's writes refused until the next runs.
+    together.extend(rewrite);
+    if together.len() > 1 {
+        r.statement("BEGIN".into());
+        together.into_iter().for_each(|sql| r.statement(sql));
+        r.statement("COMMIT".into());
+    } else {
+        together.into_iter().for_each(|sql| r.statement(sql));
     }
     Ok(())
+}
+
+/// Notes each table the publication sends more columns of than the feed
+/// needs (one made before column lists, or by hand): `bloomgate
+/// install-feed` narrows it.
+fn wider(
+    watch: &crate::db::catalog::Watch,
+    checked: &publication::Checked,
+    plans: &[publication::Plan],
+    p: &str,
+    r: &mut Report,
+) {
+    for ((t, now), plan) in watch.tables.iter().zip(&checked.columns).zip(plans) {
+        let Some(wanted) = &plan.columns else {
+            continue;
+        };
+        let extra = match now {
+            None => "every column".to_string(),
+            Some(now) if !publication::same_columns(Some(now), Some(wanted)) => {
+                let extra: Vec<&str> = now
+                    .iter()
+                    .filter(|c| !wanted.contains(c))
+                    .map(String::as_str)
+                    .collect();
+                if extra.is_empty() {
+                    continue;
+                }
+                extra.join(", ")
+            }
+            Some(_) => continue,
+        };
+        r.note(format!(
+            "publication {p:?} sends {extra} of {}, where the feed needs only {}: `bloomgate install-feed` (as the tables' owner) narrows it to those (every running gateway resyncs once)",
+            t.name,
+            wanted.join(", ")
+        ));
+    }
 }
 
 /// The bus's needs (see the module doc).

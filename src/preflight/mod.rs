@@ -68,8 +68,13 @@ impl Report {
         self.lines.push((Verdict::Ok, line));
     }
 
+    /// A line said once: several resources on one table, or one problem
+    /// of every table, would otherwise repeat it.
     fn missing(&mut self, line: String) {
-        self.lines.push((Verdict::Missing, line));
+        let line = (Verdict::Missing, line);
+        if !self.lines.contains(&line) {
+            self.lines.push(line);
+        }
     }
 
     fn note(&mut self, line: String) {

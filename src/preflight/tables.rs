@@ -60,12 +60,16 @@ pub(super) async fn resources(
                 role.quoted
             ));
         }
-        let mut read: Vec<&str> = vec![&res.key_column];
-        read.extend(res.columns.iter().map(String::as_str));
-        if let Some(owner) = res.access.owner_column.as_deref() {
-            read.push(owner);
+        // Each column once, the key first (it is usually among `columns`).
+        let mut read: Vec<&str> = Vec::new();
+        let named = std::iter::once(res.key_column.as_str())
+            .chain(res.columns.iter().map(String::as_str))
+            .chain(res.access.owner_column.as_deref());
+        for c in named {
+            if !read.contains(&c) {
+                read.push(c);
+            }
         }
-        read.dedup();
         let absent: Vec<&str> = read
             .iter()
             .copied()
@@ -131,12 +135,16 @@ pub(super) async fn resources(
             }
         }
         if denied.is_empty() {
+            // The column's own type (`citext`, a domain), which `key_type`
+            // accepted above.
+            let declared = info
+                .column(&res.key_column)
+                .map_or(res.key_type.sql_type(), |c| c.declared.as_str());
             r.ok(format!(
-                "resource {}: {} ({} {}), SELECT on {}",
+                "resource {}: {} ({} {declared}), SELECT on {}",
                 res.name,
                 info.name,
                 res.key_column,
-                res.key_type.sql_type(),
                 read.join(", ")
             ));
         } else {

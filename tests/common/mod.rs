@@ -171,18 +171,16 @@ fn grant_what_preflight_asks(config: &Config) {
             }
             let db = config.database.url.rsplit('/').next().unwrap();
             let db = db.split('?').next().unwrap().to_string();
-            let admin = PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&db_url(&db))
-                .await
-                .unwrap();
+            // One connection: the statements may hold a BEGIN … COMMIT.
+            use sqlx::Connection;
+            let mut admin = sqlx::PgConnection::connect(&db_url(&db)).await.unwrap();
             for sql in report.statements() {
                 admin
                     .execute(sql.as_str())
                     .await
                     .unwrap_or_else(|e| panic!("applying preflight's {sql:?}: {e}\n{report}"));
             }
-            admin.close().await;
+            admin.close().await.unwrap();
         });
     })
     .join()
