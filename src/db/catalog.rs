@@ -147,7 +147,7 @@ impl ColumnInfo {
     }
 }
 
-/// A unique index usable as a replica identity (not partial, not
+/// A unique index usable as a replica identity (valid, not partial, not
 /// deferrable, on NOT NULL plain columns), for error messages that name the
 /// fix.
 #[derive(Clone, Debug)]
@@ -352,7 +352,7 @@ pub async fn table_info_on(
            JOIN pg_class ic ON ic.oid = i.indexrelid
            JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, ord) ON true
            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-          WHERE i.indrelid = $1::oid AND i.indisunique AND i.indimmediate
+          WHERE i.indrelid = $1::oid AND i.indisunique AND i.indimmediate AND i.indisvalid
             AND i.indpred IS NULL AND i.indexprs IS NULL
           GROUP BY ic.relname
          HAVING bool_and(a.attnotnull)
