@@ -422,6 +422,7 @@ impl Gateway {
                     ty: key.column_type(),
                     unique: c.source_table == c.table,
                 },
+                &c.columns,
             );
             followers.push(Follower {
                 table: source.name.clone(),

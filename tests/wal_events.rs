@@ -27,6 +27,7 @@ fn watch_of(tables: &[(&str, &str, ColumnType)]) -> Watch {
                     ty: *ty,
                     unique: false,
                 }],
+                served: Vec::new(),
             })
             .collect(),
     }

@@ -342,6 +342,7 @@ async fn gateways_installing_the_publication_at_once_all_succeed() {
             tables: vec![bloomgate::feed::WatchedTable {
                 name: "public.users".into(),
                 columns: vec![],
+                served: Vec::new(),
             }],
         };
         let results = futures_util::future::join_all(gws.iter().map(|g| {
@@ -503,6 +504,7 @@ async fn a_column_list_is_checked_for_the_keys_and_the_identity() {
                 column("id", ColumnType::Int8),
                 column("email", ColumnType::Text),
             ],
+            served: Vec::new(),
         }],
     };
     let mut conn = db.pool.acquire().await.unwrap();

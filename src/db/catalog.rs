@@ -41,9 +41,10 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Adds `column` of `table` (tables kept in name order, each column
-    /// once; held unique if any resource holds it so).
-    pub fn follow(&mut self, table: &TableName, column: WatchedColumn) {
+    /// Adds `column` of `table`, which a resource serving `served` follows
+    /// (tables kept in name order, each column once; held unique if any
+    /// resource holds it so).
+    pub fn follow(&mut self, table: &TableName, column: WatchedColumn, served: &[String]) {
         let at = match self.tables.binary_search_by(|t| t.name.cmp(table)) {
             Ok(at) => at,
             Err(at) => {
@@ -52,15 +53,21 @@ impl Watch {
                     WatchedTable {
                         name: table.clone(),
                         columns: Vec::new(),
+                        served: Vec::new(),
                     },
                 );
                 at
             }
         };
-        let columns = &mut self.tables[at].columns;
-        match columns.iter_mut().find(|c| c.name == column.name) {
+        let t = &mut self.tables[at];
+        for s in served {
+            if !t.served.iter().any(|c| **c == **s) {
+                t.served.push(Arc::from(s.as_str()));
+            }
+        }
+        match t.columns.iter_mut().find(|c| c.name == column.name) {
             Some(c) => c.unique |= column.unique,
-            None => columns.push(column),
+            None => t.columns.push(column),
         }
     }
 }
@@ -70,6 +77,10 @@ pub struct WatchedTable {
     pub name: TableName,
     /// The key column of every resource on this table (distinct).
     pub columns: Vec<WatchedColumn>,
+    /// Every column a resource on this table serves (distinct): a change of
+    /// their type or place that rewrites the table is a change of every row
+    /// served (see `feed::watch`, "Shapes").
+    pub served: Vec<Arc<str>>,
 }
 
 #[derive(Clone, Debug)]

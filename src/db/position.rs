@@ -152,22 +152,8 @@ impl Server {
     pub async fn read<'c>(
         conn: impl sqlx::PgExecutor<'c>,
     ) -> Result<(Server, Reading), sqlx::Error> {
-        let (system, file, started_us, insert, flush): (
-            Option<String>,
-            String,
-            i64,
-            String,
-            String,
-        ) = sqlx::query_as(READ).fetch_one(conn).await?;
-        let server = Server::from_row(system.as_deref(), &file, started_us);
-        let at = |text: &str| Position::new(server.timeline, Lsn::parse(text).unwrap_or(Lsn::ZERO));
-        Ok((
-            server,
-            Reading {
-                insert: at(&insert),
-                flush: at(&flush),
-            },
-        ))
+        let row: ReadRow = sqlx::query_as(&read_sql("")).fetch_one(conn).await?;
+        Ok(from_read_row(row))
     }
 
     /// [`Server::read`] through a pool.
@@ -224,14 +210,35 @@ pub struct Reading {
 
 /// The system identifier where the role may read it, the current WAL
 /// file's name (whose first 8 hex digits are the timeline WAL is inserted
-/// on), the postmaster's start time, and the insert and flush positions.
-const READ: &str = concat!(
-    "SELECT ",
-    super::system_identifier_sql!(),
-    ", pg_walfile_name(w.i), \
-     (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8, w.i::text, w.f::text \
-     FROM (SELECT pg_current_wal_insert_lsn() AS i, pg_current_wal_flush_lsn() AS f) w"
-);
+/// on), the postmaster's start time, and the insert and flush positions;
+/// then `more`, if any (`, <expression>`: what a feed reads in the same
+/// round trip, `feed::watch::Shapes`).
+pub(crate) fn read_sql(more: &str) -> String {
+    format!(
+        "SELECT {}, pg_walfile_name(w.i), \
+         (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8, w.i::text, w.f::text{more} \
+         FROM (SELECT pg_current_wal_insert_lsn() AS i, pg_current_wal_flush_lsn() AS f) w",
+        super::system_identifier_sql!()
+    )
+}
+
+/// [`read_sql`]'s first five columns.
+pub(crate) type ReadRow = (Option<String>, String, i64, String, String);
+
+/// [`read_sql`]'s first five columns, read.
+pub(crate) fn from_read_row(
+    (system, file, started_us, insert, flush): ReadRow,
+) -> (Server, Reading) {
+    let server = Server::from_row(system.as_deref(), &file, started_us);
+    let at = |text: &str| Position::new(server.timeline, Lsn::parse(text).unwrap_or(Lsn::ZERO));
+    (
+        server,
+        Reading {
+            insert: at(&insert),
+            flush: at(&flush),
+        },
+    )
+}
 
 /// Flushes the WAL past every record inserted before it was called: one
 /// transaction that writes one record of its own (a transactional logical

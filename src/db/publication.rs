@@ -518,6 +518,7 @@ mod tests {
                         ty: ColumnType::Int8,
                         unique: true,
                     }],
+                    served: Vec::new(),
                 })
                 .collect(),
         }

@@ -154,6 +154,7 @@ mod tests {
                     unique: true,
                 })
                 .collect(),
+            served: Vec::new(),
         }
     }
 

@@ -2,16 +2,22 @@
 //!
 //! A feed turns whatever its source delivers into [`Event`]s and sends them
 //! down a channel; it knows nothing of the gateway, which applies them (data
-//! flows one way: Postgres → feed → gateway). Three sources, one file each:
+//! flows one way: Postgres → feed → gateway). The feeds:
 //!
-//! - `notify`: `LISTEN bloomgate`, fed by the triggers `install-triggers`
+//! - [`notify`]: `LISTEN bloomgate`, fed by the triggers `install-triggers`
 //!   writes (one small function per table, the key columns written in);
-//! - `queue`: the same triggers writing rows of a change table instead,
+//! - [`queue`]: the same triggers writing rows of a change table instead,
 //!   polled by snapshot (no lock at commit, nothing lost while away);
-//! - `wal`: logical replication (`pgoutput`) from a slot, streamed over the
-//!   replication protocol (`replication`, which takes a password from the
-//!   URL, `PGPASSWORD` or the password file, `pgpass`) or polled; it cannot
-//!   be forged and puts nothing in the writers' transactions.
+//! - [`wal`]: logical replication (`pgoutput`) from a slot, streamed over
+//!   the replication protocol (`replication`, which takes a password from
+//!   the URL, `PGPASSWORD` or the password file, `pgpass`) or polled; it
+//!   cannot be forged and puts nothing in the writers' transactions;
+//! - [`bus`]: the WAL decoded once for a fleet, through a Redis stream.
+//!
+//! Beside them, what they share: [`watch`] (what a feed depends on besides
+//! its stream, and the tables' shapes), [`probes`] (readings of the primary
+//! and what they prove), [`supervisor`] (which feed, and its start),
+//! [`stats`]; `pgoutput` and `replication` serve the WAL feed.
 //!
 //! All deliver the same thing: for each committed transaction, in commit
 //! order, the changed rows reduced to the values of the *watched* columns
@@ -63,7 +69,10 @@
 //!
 //! What a feed depends on is checked while it runs, not only at start-up:
 //! each watched table's identity (its OID: a table dropped and created
-//! again, or swapped in by a rename, is another table), its partitions, and
+//! again, or swapped in by a rename, is another table), its shape (its
+//! storage and its served columns' types and places, read with every
+//! proof: a rewrite is a change of every row, see "Shapes" in [`watch`]),
+//! its partitions, and
 //! for the WAL feed the publication (tables, `publish` flags, row filters,
 //! column lists, `publish_via_partition_root`) and each `Relation`
 //! message's replica identity; for the trigger feeds the triggers. See

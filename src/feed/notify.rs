@@ -69,7 +69,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener};
 use tokio::sync::{mpsc, oneshot};
 
-use super::watch::Tracker;
+use super::watch::{Shapes, Tracker};
 use super::{
     CHECK_EVERY, Columns, Commit, Event, HEARTBEAT_EVERY, Health, Op, Phase, Resync, RowChange,
     TableName, Value, Watch,
@@ -175,6 +175,7 @@ pub async fn run(
     opts.identity.follow(server);
     let counters = &opts.counters;
     let mut tracker = Tracker::default();
+    let mut shapes = Shapes::new(&watch);
     let mut ready = Some(ready);
     // A loop of junk must not become a flood of log lines.
     let ignored = LogThrottle::default();
@@ -213,7 +214,7 @@ pub async fn run(
                     lost = Some(format!("a connection of the gateway reached another server ({change})"));
                 } else {
                 let due = checked.is_none_or(|at| at.elapsed() >= CHECK_EVERY);
-                match heartbeat(&mut listener, &pool, &watch, &opts, &mut tracker, due).await {
+                match heartbeat(&mut listener, &pool, &watch, &opts, &mut tracker, &mut shapes, due).await {
                     Ok((at, pid, checks)) => {
                         if backend.is_some_and(|b| b != pid) {
                             opts.health.reconnected();
@@ -294,15 +295,18 @@ pub async fn run(
 /// One heartbeat: a round trip on the listener's own connection (the
 /// server sends the notifications of every transaction committed before
 /// the query arrived ahead of its answer, see "Nothing falls through a
-/// gap"), and, when `check`, the checks on the pool's other connection.
-/// Returns the moment the round trip began, the listener's backend and
-/// what the checks found.
+/// gap"), with the watched tables' shapes (a rewrite, see "Shapes" in
+/// `feed::watch`), and, when `check`, the checks on the pool's other
+/// connection. Returns the moment the round trip began, the listener's
+/// backend and what the shapes and the checks found.
+#[allow(clippy::too_many_arguments)]
 async fn heartbeat(
     listener: &mut PgListener,
     pool: &PgPool,
     watch: &Watch,
     opts: &NotifyOptions,
     tracker: &mut Tracker,
+    shapes: &mut Shapes,
     check: bool,
 ) -> Result<(Instant, i32, Vec<Event>), Beat> {
     let at = Instant::now();
@@ -314,13 +318,19 @@ async fn heartbeat(
     } else {
         Vec::new()
     };
-    let pid: i32 = tokio::time::timeout(
+    let sql = format!("SELECT pg_backend_pid(), {}", Shapes::sql(1, 2));
+    let (pid, tables): (i32, Vec<Option<String>>) = tokio::time::timeout(
         Duration::from_secs(5),
-        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut *listener),
+        sqlx::query_as(&sql)
+            .bind(shapes.names())
+            .bind(shapes.columns())
+            .fetch_one(&mut *listener),
     )
     .await
     .map_err(|_| Beat::Listener(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())))?
     .map_err(Beat::Listener)?;
+    let mut events = events;
+    events.extend(shapes.update(watch, tables));
     Ok((at, pid, events))
 }
 
@@ -521,6 +531,7 @@ mod tests {
             tables: vec![WatchedTable {
                 name: Arc::from("public.users"),
                 columns: vec![col("id"), col("email")],
+                served: Vec::new(),
             }],
         }
     }

@@ -108,6 +108,8 @@ pub struct Relation {
     /// not mean the old value was null. Under REPLICA IDENTITY FULL every
     /// column is flagged.
     pub identity: Vec<bool>,
+    /// Per column: its type's OID and modifier.
+    pub types: Vec<(u32, i32)>,
 }
 
 /// One value per column, in the relation's column order.
@@ -236,11 +238,13 @@ fn decode_body(kind: u8, r: &mut Reader<'_>) -> Result<Message, DecodeError> {
             let n = r.u16()?;
             let mut columns = Vec::with_capacity(usize::from(n).min(r.buf.len()));
             let mut identity = Vec::with_capacity(usize::from(n).min(r.buf.len()));
+            let mut types = Vec::with_capacity(usize::from(n).min(r.buf.len()));
             for _ in 0..n {
                 identity.push(r.u8()? & 1 == 1);
                 columns.push(r.cstr()?);
-                let _type = r.u32()?;
-                let _typmod = r.u32()?;
+                let ty = r.u32()?;
+                let typmod = r.u32()? as i32;
+                types.push((ty, typmod));
             }
             Message::Relation(Relation {
                 id,
@@ -253,6 +257,7 @@ fn decode_body(kind: u8, r: &mut Reader<'_>) -> Result<Message, DecodeError> {
                 name,
                 columns,
                 identity,
+                types,
             })
         }
         b'I' => {

@@ -26,12 +26,36 @@
 //!   ([`Observed::problem`]): one key could now name several rows, so its
 //!   resources answer from the database, whose row query refuses two rows.
 //!   The same check the feed's own dependency has, so every feed (and the
-//!   bus, which carries the coverage) says it.
+//!   bus, which carries the coverage) says it;
+//! - a column a resource serves that no longer exists (renamed, dropped)
+//!   is a problem of its table, naming it: its lookups would fail.
+//!
+//! # Shapes: a rewrite is a change
+//! A table rewrite keeps the table's OID, and no feed sees a row change
+//! for it: `ALTER TABLE … ALTER COLUMN … TYPE … USING` (every served value
+//! may have changed, keys included), `RENAME COLUMN` then `ADD COLUMN` of
+//! the old name (another column served under that name), `VACUUM FULL`,
+//! `CLUSTER`. pgoutput says nothing of the rewrite, and its `Relation`
+//! message comes only before the table's next row change and carries no
+//! storage. So the catalog is the authority: a table's *shape* is the
+//! `relfilenode` of each of its leaves (a rewrite gives new storage) and
+//! the `pg_attribute` rows (name, number, type, modifier) of the columns
+//! its resources serve and are keyed by ([`Shapes`]). Every feed reads the
+//! shapes in the same round trip as the reading that proves it current (a
+//! WAL session's reading of the primary, a poll, a notify heartbeat, a bus
+//! consumer's reading), so that no proof covers a moment after a rewrite
+//! it did not see: [`Shapes::update`] turns a changed shape into a
+//! [`Event::Resync`] of that table, sent before the heartbeat of that
+//! reading. The first reading only records. A shape that cannot be read
+//! (the table gone) changes nothing here: the checks above report it.
+//! Each rewrite therefore costs one rebuild scan of its table; a `VACUUM
+//! FULL` or a `CLUSTER` too.
 
 use sqlx::PgConnection;
 
 use super::{Coverage, Event, Resync, Watch, WatchedTable};
 use crate::db::catalog::{UNIQUE_SET, create_unique_index, quote_table};
+use crate::db::position::{Reading, Server, from_read_row, read_sql};
 use crate::db::triggers::{self, Sink};
 
 /// One watched table as the catalog has it now.
@@ -51,6 +75,9 @@ pub struct Observed {
     /// The watched columns held unique ([`WatchedColumn::unique`]) that no
     /// unique set of the table lies within now.
     pub not_unique: Vec<String>,
+    /// The columns its resources serve, or are keyed by, that it no longer
+    /// has.
+    pub missing: Vec<String>,
 }
 
 impl Observed {
@@ -60,6 +87,14 @@ impl Observed {
     pub fn problem(&self, t: &WatchedTable) -> Option<String> {
         if self.oid.is_none() {
             return Some(format!("table {} does not exist", t.name));
+        }
+        if !self.missing.is_empty() {
+            return Some(format!(
+                "{} has no column {} any more, which its resources serve: restore the column \
+                 (or give the resources' `columns` and `key_column` the new names, and restart)",
+                t.name,
+                self.missing.join(", ")
+            ));
         }
         if self.not_unique.is_empty() {
             return None;
@@ -106,8 +141,30 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observ
                 .collect(),
             dependency: String::new(),
             not_unique: Vec::new(),
+            missing: Vec::new(),
         })
         .collect();
+    // The columns served or keyed by, that the table lacks now.
+    let missing: Vec<Vec<String>> = sqlx::query_scalar(
+        "SELECT coalesce(ARRAY(
+                    SELECT n FROM jsonb_array_elements_text(t.cols::jsonb) AS n
+                     WHERE NOT EXISTS (SELECT 1 FROM pg_attribute a
+                                        WHERE a.attrelid = c.oid AND a.attname = n
+                                          AND a.attnum > 0 AND NOT a.attisdropped)
+                     ORDER BY n), '{}')
+           FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS t(name, cols, i)
+           LEFT JOIN pg_class c ON c.oid = to_regclass(t.name)
+          ORDER BY t.i",
+    )
+    .bind(&names)
+    .bind(watch.tables.iter().map(served_json).collect::<Vec<_>>())
+    .fetch_all(&mut *conn)
+    .await?;
+    for (s, missing) in seen.iter_mut().zip(missing) {
+        if s.oid.is_some() {
+            s.missing = missing;
+        }
+    }
     // Each column held unique, and whether a unique set lies within it:
     // the rule start-up applies (`TableInfo::uniqueness`), by the same
     // `pg_index` predicate.
@@ -143,6 +200,117 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observ
         }
     }
     Ok(seen)
+}
+
+/// The key and served columns of `t`, as a JSON array (a bound parameter
+/// per table: names may hold any character).
+fn served_json(t: &WatchedTable) -> String {
+    let mut names: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
+    names.extend(t.served.iter().map(|c| &**c));
+    names.sort_unstable();
+    names.dedup();
+    serde_json::to_string(&names).unwrap_or_else(|_| "[]".into())
+}
+
+/// The shapes of the watched tables (see "Shapes"), and what the last
+/// reading found.
+#[derive(Debug)]
+pub struct Shapes {
+    /// Per watched table: its name quoted, and its columns as JSON.
+    names: Vec<String>,
+    columns: Vec<String>,
+    last: Vec<Option<String>>,
+}
+
+impl Shapes {
+    pub fn new(watch: &Watch) -> Self {
+        Self {
+            names: watch.tables.iter().map(|t| quote_table(&t.name)).collect(),
+            columns: watch.tables.iter().map(served_json).collect(),
+            last: Vec::new(),
+        }
+    }
+
+    /// An SQL expression (a `text[]`, one shape per table in watch order,
+    /// NULL for a table that does not exist) to read with a feed's proof;
+    /// `names` and `columns` are the numbers of the parameters bound to
+    /// [`Shapes::names`] and [`Shapes::columns`].
+    pub fn sql(names: usize, columns: usize) -> String {
+        format!(
+            "ARRAY(SELECT CASE WHEN c.oid IS NULL THEN NULL ELSE
+                     CASE WHEN c.relkind <> 'p' THEN c.relfilenode::text ELSE
+                     coalesce((SELECT string_agg(l.relfilenode::text, ',' ORDER BY l.oid)
+                                 FROM pg_partition_tree(c.oid) p
+                                 JOIN pg_class l ON l.oid = p.relid
+                                WHERE p.isleaf), '') END
+                     || '|' ||
+                     coalesce((SELECT string_agg(a.attname || ':' || a.attnum || ':' || a.atttypid
+                                                 || ':' || a.atttypmod, ',' ORDER BY a.attname)
+                                 FROM pg_attribute a
+                                WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                                  AND a.attname IN (SELECT jsonb_array_elements_text(t.cols::jsonb))),
+                              '') END
+                     FROM unnest(${names}::text[], ${columns}::text[]) WITH ORDINALITY AS t(name, cols, i)
+                     LEFT JOIN pg_class c ON c.oid = to_regclass(t.name)
+                    ORDER BY t.i)"
+        )
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// The primary's reading (`db::position::Server::read`) and the shapes,
+    /// in one round trip.
+    pub async fn read_with_proof<'c>(
+        &self,
+        conn: impl sqlx::PgExecutor<'c>,
+    ) -> Result<(Server, Reading, Vec<Option<String>>), sqlx::Error> {
+        let sql = read_sql(&format!(", {}", Self::sql(1, 2)));
+        let (system, file, started, insert, flush, shapes): (
+            Option<String>,
+            String,
+            i64,
+            String,
+            String,
+            Vec<Option<String>>,
+        ) = sqlx::query_as(&sql)
+            .bind(&self.names)
+            .bind(&self.columns)
+            .fetch_one(conn)
+            .await?;
+        let (server, reading) = from_read_row((system, file, started, insert, flush));
+        Ok((server, reading, shapes))
+    }
+
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+
+    /// Takes a reading ([`Shapes::sql`]'s array); returns a resync for each
+    /// table whose shape changed since the last reading, in order (the
+    /// first reading only records).
+    pub fn update(&mut self, watch: &Watch, now: Vec<Option<String>>) -> Vec<Event> {
+        let first = self.last.is_empty();
+        self.last.resize(now.len(), None);
+        let mut events = Vec::new();
+        for ((t, last), now) in watch.tables.iter().zip(&mut self.last).zip(now) {
+            if let (Some(before), Some(shape)) = (&*last, &now)
+                && before != shape
+                && !first
+            {
+                tracing::warn!(table = %t.name, "the table was rewritten (its storage or a served column's type or place changed): its caches are emptied and its filters rebuilt");
+                events.push(Resync::table(
+                    t.name.clone(),
+                    format!("{} was rewritten", t.name),
+                ));
+            }
+            if now.is_some() {
+                *last = now;
+            }
+        }
+        events
+    }
 }
 
 /// What the checks of one feed have seen so far (kept across its sessions:
@@ -292,6 +460,7 @@ mod tests {
                 ty: ColumnType::Int8,
                 unique: true,
             }],
+            served: Vec::new(),
         };
         Watch {
             tables: vec![t("public.a"), t("public.b")],
@@ -305,6 +474,7 @@ mod tests {
             partitions: partitions.to_vec(),
             dependency: String::new(),
             not_unique: Vec::new(),
+            missing: Vec::new(),
         }
     }
 
@@ -420,6 +590,54 @@ mod tests {
             gone.problem(&w.tables[0]).as_deref(),
             Some("table public.a does not exist")
         );
+    }
+
+    #[test]
+    fn a_changed_shape_is_a_rescan_of_that_table_and_the_first_only_records() {
+        let w = watch();
+        let mut shapes = Shapes::new(&w);
+        let s = |a: &str, b: &str| vec![Some(a.to_string()), Some(b.to_string())];
+        assert!(
+            shapes
+                .update(&w, s("10|id:1:20:-1", "11|id:1:20:-1"))
+                .is_empty()
+        );
+        assert!(
+            shapes
+                .update(&w, s("10|id:1:20:-1", "11|id:1:20:-1"))
+                .is_empty()
+        );
+        // Storage rewritten (VACUUM FULL, a type change with USING).
+        assert_eq!(
+            said(&shapes.update(&w, s("12|id:1:20:-1", "11|id:1:20:-1"))),
+            ["resync public.a"]
+        );
+        // A served column's place or type.
+        assert_eq!(
+            said(&shapes.update(&w, s("12|id:1:20:-1", "11|id:2:20:-1"))),
+            ["resync public.b"]
+        );
+        // A table that is gone is the checks' to report; back as it was,
+        // nothing changed.
+        assert!(
+            shapes
+                .update(&w, vec![None, Some("11|id:2:20:-1".into())])
+                .is_empty()
+        );
+        assert!(
+            shapes
+                .update(&w, s("12|id:1:20:-1", "11|id:2:20:-1"))
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_served_column_that_is_gone_is_named() {
+        let w = watch();
+        let mut gone = seen(1, &[]);
+        gone.missing = vec!["name".into()];
+        let p = gone.problem(&w.tables[0]).unwrap();
+        assert!(p.contains("public.a has no column name any more"), "{p}");
     }
 
     #[test]

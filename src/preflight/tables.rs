@@ -182,6 +182,7 @@ pub(super) async fn resources(
                 ty: key.column_type(),
                 unique: res.source_table == res.table,
             },
+            &res.columns,
         );
     }
     Ok(watch)

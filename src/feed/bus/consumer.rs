@@ -51,7 +51,17 @@ pub async fn run<B: Bus>(
     let throttle = LogThrottle::new(LogThrottle::INTERVAL);
     let mut back = false;
     loop {
-        let why = match follow(&mut bus, &opts, &tx, back, &mut ready, &mut shutdown).await {
+        let why = match follow(
+            &mut bus,
+            &opts,
+            &watch,
+            &tx,
+            back,
+            &mut ready,
+            &mut shutdown,
+        )
+        .await
+        {
             Ended::Shutdown => return,
             Ended::Unhealthy(why) => why,
         };

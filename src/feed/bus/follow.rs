@@ -15,10 +15,14 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Bus, Entry, EntryId, Mode, Read, Status, primary, primary_where_the_address_leads};
+use super::{
+    Bus, Entry, EntryId, Mode, Read, Status, primary, primary_and_shapes,
+    primary_where_the_address_leads,
+};
 use crate::db::identity::Identity;
 use crate::feed::probes::{Gap, Probes};
-use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Server, wal};
+use crate::feed::watch::Shapes;
+use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Server, Watch, wal};
 use crate::shutdown::Shutdown;
 
 /// What a consumer is given (see `consumer`).
@@ -58,15 +62,17 @@ const READINGS: usize = 10_000;
 
 /// The bus mode, until it is unhealthy or the gateway stops. `back`: the
 /// gateway followed something else before, so what lies between is a gap.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn follow<B: Bus>(
     bus: &mut B,
     opts: &ConsumerOptions,
+    watch: &Watch,
     tx: &mpsc::Sender<Event>,
     back: bool,
     ready: &mut Option<oneshot::Sender<Result<(), String>>>,
     shutdown: &mut Shutdown,
 ) -> Ended {
-    let mut f = match Following::start(bus, opts, tx, back, ready, shutdown).await {
+    let mut f = match Following::start(bus, opts, watch, tx, back, ready, shutdown).await {
         Ok(f) => f,
         Err(ended) => return ended,
     };
@@ -81,6 +87,10 @@ pub(super) async fn follow<B: Bus>(
 struct Following<'a, B> {
     bus: &'a mut B,
     opts: &'a ConsumerOptions,
+    watch: &'a Watch,
+    /// The watched tables' shapes, read with each reading of the primary
+    /// (see "Shapes" in `feed::watch`).
+    shapes: Shapes,
     tx: &'a mpsc::Sender<Event>,
     shutdown: &'a mut Shutdown,
     /// The last entry read: the next must name it as its predecessor.
@@ -106,9 +116,11 @@ struct Following<'a, B> {
 impl<'a, B: Bus> Following<'a, B> {
     /// Waits for the stream of the primary's epoch to have an entry (up to
     /// `bus.max_lag`), then starts after its newest one.
+    #[allow(clippy::too_many_arguments)]
     async fn start(
         bus: &'a mut B,
         opts: &'a ConsumerOptions,
+        watch: &'a Watch,
         tx: &'a mpsc::Sender<Event>,
         back: bool,
         ready: &mut Option<oneshot::Sender<Result<(), String>>>,
@@ -152,6 +164,8 @@ impl<'a, B: Bus> Following<'a, B> {
         let f = Following {
             bus,
             opts,
+            watch,
+            shapes: Shapes::new(watch),
             tx,
             shutdown,
             last: head,
@@ -214,12 +228,23 @@ impl<'a, B: Bus> Following<'a, B> {
         // left may all be on the old one, so the address is asked on a
         // connection of its own.
         let read = match self.opts.identity.take_mismatch() {
-            Some(_) => primary_where_the_address_leads(&self.opts.pool).await,
-            None => primary(&self.opts.pool).await,
+            Some(_) => primary_where_the_address_leads(&self.opts.pool)
+                .await
+                .map(|(s, p)| (s, p, None)),
+            None => primary_and_shapes(&self.opts.pool, &self.shapes)
+                .await
+                .map(|(s, p, tables)| (s, p, Some(tables))),
         };
-        let Some((now, p)) = read else {
+        let Some((now, p, tables)) = read else {
             return Ok(());
         };
+        // A rewrite seen with this reading: its resync goes before the
+        // heartbeat the reading may later prove.
+        if let Some(tables) = tables {
+            for e in self.shapes.update(self.watch, tables) {
+                self.send(e).await?;
+            }
+        }
         let before = self.probes.server();
         match self.probes.read(asked, now, p.lsn) {
             Ok(()) => Ok(()),

@@ -411,6 +411,18 @@ pub(crate) async fn primary(pool: &PgPool) -> Option<(Server, Position)> {
     }
 }
 
+/// [`primary`], and the watched tables' shapes read in the same round trip
+/// (see "Shapes" in `feed::watch`).
+pub(crate) async fn primary_and_shapes(
+    pool: &PgPool,
+    shapes: &super::watch::Shapes,
+) -> Option<(Server, Position, Vec<Option<String>>)> {
+    match tokio::time::timeout(Duration::from_secs(1), shapes.read_with_proof(pool)).await {
+        Ok(Ok((server, reading, tables))) => Some((server, reading.insert, tables)),
+        _ => None,
+    }
+}
+
 /// [`primary`] on a connection of its own, not the pool's: where the
 /// address leads now (see `db::identity`).
 pub(crate) async fn primary_where_the_address_leads(pool: &PgPool) -> Option<(Server, Position)> {

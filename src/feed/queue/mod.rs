@@ -111,7 +111,7 @@ use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{mpsc, oneshot};
 
 use super::notify::Counters;
-use super::watch::{Tracker, check_triggers};
+use super::watch::{Shapes, Tracker, check_triggers};
 use super::{CHECK_EVERY, Event, Health, Watch};
 use crate::db::identity::Identity;
 use crate::db::triggers::Sink;
@@ -189,6 +189,7 @@ pub async fn run(
     };
     opts.identity.follow(at.server);
     let mut tracker = Tracker::default();
+    let shapes = Shapes::new(&watch);
     if first_check(&pool, &watch, &tx, opts.install, &mut tracker)
         .await
         .is_break()
@@ -213,6 +214,7 @@ pub async fn run(
         pool,
         at,
         tracker,
+        shapes,
     };
     loop {
         // Between polls: what was read is delivered, and the position is
@@ -281,6 +283,9 @@ struct Feed {
     pool: PgPool,
     at: Position,
     tracker: Tracker,
+    /// The watched tables' shapes as last read (see "Shapes" in
+    /// `feed::watch`).
+    shapes: Shapes,
     ignored: LogThrottle,
     failures: LogThrottle,
     /// When the watched tables were last checked.
@@ -327,7 +332,9 @@ impl Feed {
                 self.elsewhere();
                 return ControlFlow::Continue(());
             }
-            Ok(Polled::At(snapshot, backend)) => self.advance(snapshot, backend, began).await?,
+            Ok(Polled::At(snapshot, backend, tables)) => {
+                self.advance(snapshot, backend, tables, began).await?
+            }
             Err(e) => return self.interrupt(e).await,
         }
         if !self.pruning.running()
@@ -347,7 +354,7 @@ impl Feed {
                     self.opts.identity.follow(p.server);
                     self.at = p;
                     self.rescan = false;
-                    Polled::At(self.at.snapshot.clone(), self.at.backend.clone())
+                    Polled::At(self.at.snapshot.clone(), self.at.backend.clone(), None)
                 }
                 None => Polled::Stopped,
             })
@@ -359,6 +366,7 @@ impl Feed {
                 &self.tx,
                 &self.opts.counters,
                 &self.ignored,
+                &self.shapes,
             )
             .await
         }
@@ -393,6 +401,7 @@ impl Feed {
         &mut self,
         snapshot: String,
         backend: String,
+        tables: Option<Vec<Option<String>>>,
         began: Instant,
     ) -> ControlFlow<()> {
         self.at.snapshot = snapshot;
@@ -421,6 +430,11 @@ impl Feed {
                 }
                 Err(e) => tracing::debug!(error = %e, "queue feed: the check failed"),
             }
+        }
+        // Read in the poll's statement: a rewrite before it is a resync
+        // before the heartbeat it would otherwise let through.
+        if let Some(tables) = tables {
+            events.extend(self.shapes.update(&self.watch, tables));
         }
         // The poll's snapshot was taken after `began`: every
         // transaction committed before it has been delivered.

@@ -13,26 +13,35 @@ use super::position::{Position, xmin};
 use super::statement::{Failure, timed};
 use crate::db::position::Server;
 use crate::feed::notify::{self, Counters};
+use crate::feed::watch::Shapes;
 use crate::feed::{Event, Watch};
 use crate::telemetry::LogThrottle;
 
 /// One poll: the statement's snapshot, the backend (see `BACKEND` in
-/// `position`: a new one means a new connection), the pruning mark, and the
-/// payloads of the transactions the snapshot shows as committed that `$1`
-/// did not (see the module doc). One row with a NULL payload when there are
-/// none.
-const POLL: &str = "SELECT s.cur::text, s.backend, s.pruned::text, c.payload
+/// `position`: a new one means a new connection), the pruning mark, the
+/// watched tables' shapes (`$2`, `$3`: see "Shapes" in `feed::watch`), and
+/// the payloads of the transactions the snapshot shows as committed that
+/// `$1` did not (see the module doc). One row with a NULL payload when
+/// there are none.
+fn poll_sql() -> String {
+    format!(
+        "SELECT s.cur::text, s.backend, s.pruned::text, c.payload, s.shapes
   FROM (SELECT pg_current_snapshot() AS cur,
                pg_backend_pid()::text || '@' || pg_postmaster_start_time()::text AS backend,
-               (SELECT below FROM public.bloomgate_changes_pruned LIMIT 1) AS pruned) s
+               (SELECT below FROM public.bloomgate_changes_pruned LIMIT 1) AS pruned,
+               {} AS shapes) s
   LEFT JOIN public.bloomgate_changes c
     ON c.xid >= pg_snapshot_xmax($1::pg_snapshot)
     OR c.xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot)))
- ORDER BY c.xid";
+ ORDER BY c.xid",
+        Shapes::sql(2, 3)
+    )
+}
 
 pub(super) enum Polled {
-    /// The new snapshot, and the backend that took it.
-    At(String, String),
+    /// The new snapshot, the backend that took it, and the watched tables'
+    /// shapes read with it.
+    At(String, String, Option<Vec<Option<String>>>),
     /// Nobody receives events any more.
     Stopped,
     /// Rows the previous snapshot had not shown may have been deleted.
@@ -50,15 +59,23 @@ pub(super) async fn poll(
     tx: &mpsc::Sender<Event>,
     counters: &Counters,
     ignored: &LogThrottle,
+    shapes: &Shapes,
 ) -> Result<Polled, Failure> {
     let mut conn = timed(pool.acquire()).await?;
-    let mut rows = sqlx::query(POLL).bind(&at.snapshot).fetch(&mut *conn);
+    let sql = poll_sql();
+    let mut rows = sqlx::query(&sql)
+        .bind(&at.snapshot)
+        .bind(shapes.names())
+        .bind(shapes.columns())
+        .fetch(&mut *conn);
     let mut cur = None;
+    let mut tables = None;
     // The deadline is for the server's answers; the applier's pace is the
     // applier's business (`send` waits for room in the channel).
     while let Some(row) = timed(rows.try_next()).await? {
         if cur.is_none() {
             cur = Some((row.try_get::<String, _>(0)?, row.try_get::<String, _>(1)?));
+            tables = Some(row.try_get::<Vec<Option<String>>, _>(4)?);
             // Rows of transactions below the mark may be gone; those the
             // previous snapshot did not show are all at or above its xmin.
             let pruned: Option<String> = row.try_get(2)?;
@@ -99,5 +116,5 @@ pub(super) async fn poll(
             return Ok(Polled::Elsewhere);
         }
     }
-    Ok(Polled::At(snapshot, backend))
+    Ok(Polled::At(snapshot, backend, tables))
 }

@@ -39,6 +39,11 @@ struct TrackedRelation {
     table: TableName,
     /// (column name, type, index in the tuple, in the replica identity)
     columns: Vec<(Arc<str>, crate::feed::ColumnType, usize, bool)>,
+    /// The key and served columns as the message describes them: name,
+    /// place, type and modifier. Another description of the same relation
+    /// later in the session is a rewrite's sign (see "Shapes" in
+    /// `feed::watch`): the table is rescanned after that transaction.
+    shape: Vec<(String, usize, u32, i32)>,
 }
 
 /// Commits delivered at `Received` and not yet at `Visible`, and what
@@ -111,6 +116,8 @@ struct Txn {
     /// Past `max_changes` or `max_bytes`: only the tables touched (the items
     /// are dropped).
     overflow: Option<Vec<TableName>>,
+    /// Tables whose `Relation` message changed in it (a rewrite's sign).
+    rewritten: Vec<TableName>,
     /// One of its messages could not be decoded.
     broken: bool,
 }
@@ -227,6 +234,20 @@ impl<'a> Assembler<'a> {
         }
     }
 
+    /// `table` was described anew within the transaction being received:
+    /// rescanned once it is visible (see [`TrackedRelation::shape`]).
+    fn note_rewrite(&mut self, table: TableName) {
+        let txn = match (self.block, self.current.as_mut()) {
+            (Some(xid), _) => self.streams.entry(xid).or_default(),
+            (None, Some((_, txn))) => txn,
+            // Outside a transaction: the shapes read with the proofs see it.
+            (None, None) => return,
+        };
+        if !txn.rewritten.contains(&table) {
+            txn.rewritten.push(table);
+        }
+    }
+
     fn record(&mut self, sub: Option<u32>, item: Entry) {
         let (txn, sub) = match self.block {
             Some(xid) => (self.streams.entry(xid).or_default(), sub.unwrap_or(xid)),
@@ -294,7 +315,15 @@ impl<'a> Assembler<'a> {
                 changes,
                 truncated,
             },
-            rescan: txn.overflow.unwrap_or_default(),
+            rescan: {
+                let mut rescan = txn.overflow.unwrap_or_default();
+                for t in txn.rewritten {
+                    if !rescan.contains(&t) {
+                        rescan.push(t);
+                    }
+                }
+                rescan
+            },
             resync: txn.broken,
         }
     }
@@ -323,9 +352,28 @@ impl<'a> Assembler<'a> {
                                     Some((c.name.clone(), c.ty, i, identity))
                                 })
                                 .collect(),
+                            shape: r
+                                .columns
+                                .iter()
+                                .enumerate()
+                                .filter(|(_, n)| {
+                                    t.columns.iter().any(|c| *c.name == **n)
+                                        || t.served.iter().any(|c| **c == **n)
+                                })
+                                .map(|(i, n)| {
+                                    let (ty, typmod) = r.types.get(i).copied().unwrap_or((0, -1));
+                                    (n.clone(), i, ty, typmod)
+                                })
+                                .collect(),
                         });
                 if let Some(rel) = &known {
                     self.note_identity(rel);
+                    if let Some(Some(before)) = self.rels.get(&r.id)
+                        && before.shape != rel.shape
+                    {
+                        tracing::warn!(table = %rel.table, "the WAL describes the table anew (a served column's type or place changed): rescanned after this transaction");
+                        self.note_rewrite(rel.table.clone());
+                    }
                 }
                 self.rels.insert(r.id, known);
             }
@@ -496,6 +544,7 @@ mod tests {
                     ty: ColumnType::Int8,
                     unique: false,
                 }],
+                served: Vec::new(),
             }],
         }
     }
@@ -507,6 +556,7 @@ mod tests {
             name: "t".into(),
             columns: vec!["id".into()],
             identity: vec![true],
+            types: vec![(20, -1)],
         })
     }
 
@@ -749,6 +799,50 @@ mod tests {
         );
         assert_eq!(keys(&done[1]), ["99"]);
         assert!(done[1].rescan.is_empty());
+    }
+
+    /// The WAL describing a watched table anew within a session (a served
+    /// column's type or place changed: a rewrite) rescans it after that
+    /// transaction; the same description again does not.
+    #[test]
+    fn a_relation_described_anew_is_rescanned_after_its_transaction() {
+        let (w, stats) = (watch(), Stats::default());
+        let mut asm = Assembler::new(&w, &stats, Timeline { system: 1, id: 1 });
+        let txn = |asm: &mut Assembler<'_>, rel: Message, end: u64| {
+            asm.push(
+                None,
+                Message::Begin {
+                    final_lsn: end,
+                    xid: end as u32,
+                },
+            );
+            asm.push(None, rel);
+            asm.push(None, insert(1));
+            asm.push(
+                None,
+                Message::Commit {
+                    commit_lsn: end,
+                    end_lsn: end + 1,
+                    commit_time: 0,
+                },
+            )
+            .expect("a whole transaction")
+        };
+        assert!(txn(&mut asm, relation(), 5).rescan.is_empty(), "the first");
+        assert!(
+            txn(&mut asm, relation(), 7).rescan.is_empty(),
+            "the same again"
+        );
+        let retyped = Message::Relation(Relation {
+            types: vec![(1700, -1)],
+            ..match relation() {
+                Message::Relation(r) => r,
+                _ => unreachable!(),
+            }
+        });
+        let done = txn(&mut asm, retyped, 9);
+        assert_eq!(done.rescan, [Arc::<str>::from("public.t")]);
+        assert_eq!(keys(&done), ["1"], "its changes are delivered too");
     }
 
     #[test]

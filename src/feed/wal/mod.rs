@@ -450,6 +450,7 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let position = opts.start_position;
+    let shapes = super::watch::Shapes::new(&watch);
     let mut feed = Feed {
         opts,
         watch: Arc::new(watch),
@@ -460,6 +461,7 @@ pub async fn run(
         server: None,
         changed: None,
         tracker: Tracker::default(),
+        shapes,
         streamed: false,
         slot_seen: None,
         ready: Some(ready),
@@ -536,6 +538,10 @@ struct Feed {
     /// the next).
     changed: Option<String>,
     tracker: Tracker,
+    /// The watched tables' shapes as last read (see "Shapes" in
+    /// `feed::watch`), kept across sessions: a rewrite while the feed was
+    /// away is seen at the next session's first reading.
+    shapes: super::watch::Shapes,
     /// This session's stream started.
     streamed: bool,
     /// The permanent slot's confirmed position when this session opened it

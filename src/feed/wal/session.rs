@@ -97,7 +97,7 @@ pub(super) async fn run(
             // What was received is delivered and confirmed already, or
             // will be by the next session (nothing is confirmed unapplied).
             () = shutdown.fired() => return Ok(()),
-            r = transport.receive(&mut conn, wait, &mut pos, &stats, &mut items) => r?,
+            r = transport.receive(&mut conn, wait, &mut pos, &stats, &feed.shapes, &mut items) => r?,
         }
         for item in items.drain(..) {
             match item {
@@ -119,6 +119,14 @@ pub(super) async fn run(
                         asm.poison();
                     }
                 },
+                // Sent before the heartbeat this reading may prove.
+                Item::Shapes(tables) => {
+                    for e in feed.shapes.update(&watch, tables) {
+                        if tx.send(e).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
                 Item::Position(at) => {
                     if !asm.in_transaction() {
                         idle_upto = Some(at);
@@ -276,7 +284,10 @@ async fn deliver_visible(p: Pending, tx: &mpsc::Sender<Event>) -> bool {
         return false;
     }
     for t in p.rescan {
-        let ev = Resync::table(t, "WAL feed: a transaction too large to hold");
+        let ev = Resync::table(
+            t,
+            "WAL feed: a transaction too large to hold, or one after which the table is described anew",
+        );
         if tx.send(ev).await.is_err() {
             return false;
         }

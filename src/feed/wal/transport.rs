@@ -15,6 +15,7 @@ use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, slot};
 use crate::db::position::flush_wal;
 use crate::feed::probes::{Gap, Probes};
 use crate::feed::replication::{self, Endpoint, Frame, ReplError, Stream};
+use crate::feed::watch::Shapes;
 use crate::feed::{HEARTBEAT_EVERY, Lsn, Server};
 
 /// How often the feed tells the server its position when nothing else
@@ -43,6 +44,9 @@ pub(super) enum Item {
     Data(Bytes),
     /// Everything before this position has been sent.
     Position(Lsn),
+    /// The watched tables' shapes, read with the reading a later position
+    /// may prove (see "Shapes" in `feed::watch`).
+    Shapes(Vec<Option<String>>),
 }
 
 /// Received up to (reported to the server as written), and applied up to
@@ -61,17 +65,19 @@ pub(super) enum Transport {
 impl Transport {
     /// The next changes and positions, in order: waits up to `wait` for
     /// the first (streamed), or until the next poll is due (polled).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn receive(
         &mut self,
         conn: &mut PgConnection,
         wait: Duration,
         pos: &mut Positions,
         stats: &Stats,
+        shapes: &Shapes,
         items: &mut Vec<Item>,
     ) -> Result<(), SessionError> {
         match self {
-            Transport::Streamed(s) => s.receive(conn, wait, pos, stats, items).await,
-            Transport::Polled(p) => p.receive(conn, stats, items).await,
+            Transport::Streamed(s) => s.receive(conn, wait, pos, stats, shapes, items).await,
+            Transport::Polled(p) => p.receive(conn, stats, shapes, items).await,
         }
     }
 
@@ -248,6 +254,7 @@ impl Streamed {
         wait: Duration,
         pos: &mut Positions,
         stats: &Stats,
+        shapes: &Shapes,
         items: &mut Vec<Item>,
     ) -> Result<(), SessionError> {
         if self.asked.elapsed() >= HEARTBEAT_EVERY {
@@ -256,8 +263,9 @@ impl Streamed {
                     // Taken before the question: the insert position read
                     // then covers every commit visible by this moment.
                     let asked = Instant::now();
-                    let (now, reading) =
-                        bounded(self.silence_limit, Server::read(&mut *conn)).await?;
+                    let (now, reading, tables) =
+                        bounded(self.silence_limit, shapes.read_with_proof(&mut *conn)).await?;
+                    items.push(Item::Shapes(tables));
                     // The whole identity, not the timeline alone: a side
                     // connection that reached another server (a restore,
                     // a restart, another cluster) proves nothing here.
@@ -434,6 +442,7 @@ impl Polled {
         &mut self,
         conn: &mut PgConnection,
         stats: &Stats,
+        shapes: &Shapes,
         items: &mut Vec<Item>,
     ) -> Result<(), SessionError> {
         use futures_util::TryStreamExt;
@@ -442,24 +451,35 @@ impl Polled {
         }
         self.began = Instant::now();
         // Protocol 1: the SQL interface returns whole transactions only.
-        const PEEK: &str =
-            "SELECT w.ins::text AS ins, w.upto::text AS upto, c.lsn::text AS lsn, c.data
-              FROM (SELECT pg_current_wal_insert_lsn() AS ins,
-                           pg_current_wal_flush_lsn() AS upto) w
-              LEFT JOIN LATERAL pg_logical_slot_peek_binary_changes(
-                  $1, w.upto, $3, 'proto_version', '1', 'publication_names', $2) c ON true";
+        // The shapes in the same statement: read with the positions this
+        // poll proves (see "Shapes" in `feed::watch`).
+        let peek = format!(
+            "SELECT w.ins::text AS ins, w.upto::text AS upto, w.shapes, c.lsn::text AS lsn, c.data
+               FROM (SELECT pg_current_wal_insert_lsn() AS ins,
+                            pg_current_wal_flush_lsn() AS upto,
+                            {} AS shapes) w
+               LEFT JOIN LATERAL pg_logical_slot_peek_binary_changes(
+                   $1, w.upto, $3, 'proto_version', '1', 'publication_names', $2) c ON true",
+            Shapes::sql(4, 5)
+        );
         let mut upto = Lsn::ZERO;
         let mut inserted = Lsn::ZERO;
+        let mut tables: Option<Vec<Option<String>>> = None;
         let mut rows_seen = 0usize;
         let poll = async {
-            let mut rows = sqlx::query(PEEK)
+            let mut rows = sqlx::query(&peek)
                 .bind(&self.slot)
                 .bind(&self.publications)
                 .bind(POLL_CHANGES)
+                .bind(shapes.names())
+                .bind(shapes.columns())
                 .fetch(&mut *conn);
             while let Some(row) = rows.try_next().await? {
                 upto = Lsn::parse(row.try_get("upto")?).unwrap_or(Lsn::ZERO);
                 inserted = Lsn::parse(row.try_get("ins")?).unwrap_or(Lsn::ZERO);
+                if tables.is_none() {
+                    tables = Some(row.try_get("shapes")?);
+                }
                 if let Some(data) = row.try_get::<Option<&[u8]>, _>("data")? {
                     rows_seen += 1;
                     items.push(Item::Data(Bytes::copy_from_slice(data)));
@@ -476,6 +496,9 @@ impl Polled {
                 ))
                 .into());
             }
+        }
+        if let Some(tables) = tables {
+            items.push(Item::Shapes(tables));
         }
         self.whole = rows_seen < POLL_CHANGES as usize;
         self.proven = self.whole && upto >= inserted;
