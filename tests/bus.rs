@@ -660,6 +660,45 @@ async fn a_fleet_after_a_restore_from_an_older_copy_follows_the_new_epoch() {
     }
 }
 
+/// A table rewritten under a fleet on the bus (`ALTER … TYPE … USING`:
+/// every value changed, no row change decoded): every gateway reads the
+/// tables' shapes with its own readings of the primary, and rescans.
+#[tokio::test]
+async fn a_fleet_sees_a_table_rewritten_under_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        gws.push(started(fleet.patient_config(&db, &redis)).await);
+    }
+    wait_all_on_bus(&gws).await;
+    for g in &gws {
+        vouched(g, "users").await;
+        get(g, "/users/3").await;
+        assert_eq!(
+            get(g, "/users/3").await.header("cache-status"),
+            "bloomgate; hit"
+        );
+    }
+    db.exec("ALTER TABLE users ALTER COLUMN name TYPE varchar(200) USING name || ' (migrated)'")
+        .await;
+    for g in &gws {
+        vouched(g, "users").await;
+        let r = get(g, "/users/3").await;
+        assert_eq!(
+            r.json()["name"],
+            "User 3 (migrated)",
+            "{}",
+            r.header("cache-status")
+        );
+    }
+    for g in &gws {
+        g.stop();
+    }
+}
+
 /// A fleet's first start on an empty stream: the relay's new slot is no
 /// gap (no consumer read anything before it: each waits for the stream's
 /// first entry before it scans), so no resync is appended and every filter
