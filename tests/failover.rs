@@ -706,3 +706,87 @@ async fn system_of(pool: &sqlx::PgPool) -> u64 {
         .unwrap();
     s.parse().unwrap()
 }
+
+/// The primary restored from an older copy of itself (the same system
+/// identifier and timeline, at a lower position) under a read replica that
+/// had replayed past that position: the replica holds WAL of a history the
+/// primary no longer has, cannot follow it, and compared by position on
+/// (system, timeline) alone it looked caught up. No replica replays what
+/// its primary has not written: one that has replayed past the primary's
+/// write position is never read, and a primary that started again is a
+/// new history of positions for the replicas' lag.
+#[tokio::test]
+async fn a_replica_ahead_of_a_restored_primary_is_never_read() {
+    let primary = Server::primary(&[]);
+    let pool = primary.create_db(DB, 10).await;
+    let replica = primary.standby();
+    let replica_pool = replica.pool(DB).await;
+    cluster::caught_up(&pool, &replica_pool).await;
+    pool.close().await;
+    let data = primary.dir.join("data");
+    let copy = primary.dir.join("data.copy");
+    let cp = |from: &std::path::Path, to: &std::path::Path| {
+        let ok = std::process::Command::new("cp")
+            .args(["-a", from.to_str().unwrap(), to.to_str().unwrap()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cp -a {from:?} {to:?}");
+    };
+    primary.stop("immediate");
+    cp(&data, &copy);
+    primary.start();
+    // A history the copy does not have, replayed by the replica.
+    let pool = primary.pool(DB).await;
+    exec(
+        &pool,
+        "UPDATE users SET name = 'lost' WHERE id = 1;
+         INSERT INTO users (id, email, name) VALUES (9000, 'lost@x.org', 'Lost');
+         CREATE TABLE junk AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 50000) g;",
+    )
+    .await;
+    cluster::caught_up(&pool, &replica_pool).await;
+    pool.close().await;
+    primary.stop("immediate");
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::rename(&copy, &data).unwrap();
+    primary.start();
+    let pool = primary.pool(DB).await;
+    let gw = started(wal_config_url(
+        &primary.url(DB),
+        &format!(
+            "replica_urls = [\"{}\"]\nmax_replica_lag = \"5s\"\nreplica_check_interval = \"100ms\"",
+            replica.url(DB)
+        ),
+    ))
+    .await;
+    vouched(&gw, "users").await;
+    let replica_state = || gw.db.replicas().unwrap().members()[0].snapshot();
+    eventually("the replica judged", || async {
+        replica_state().detail.as_deref() != Some("not checked yet")
+    })
+    .await;
+    for _ in 0..20 {
+        let (status, name, cs) = name_of(&gw, 1).await;
+        assert_eq!(
+            (status, name.as_str()),
+            (StatusCode::OK, "User 1"),
+            "a row of the lost history ({cs}); replica {:?}",
+            replica_state()
+        );
+        let (status, _, cs) = name_of(&gw, 9000).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{cs}");
+    }
+    let state = replica_state();
+    assert!(!state.usable, "{state:?}");
+    assert!(
+        state
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("holds WAL the primary does not"),
+        "{state:?}"
+    );
+    gw.stop();
+    drop((pool, replica_pool));
+}

@@ -83,7 +83,14 @@
 //! # Health
 //! A background task reads, every `replica_check_interval`, the primary's
 //! WAL position and each replica's `pg_is_in_recovery()`, replay position
-//! and `pg_last_xact_replay_timestamp()`. A replica is used while it
+//! and `pg_last_xact_replay_timestamp()`. A replica that has replayed past
+//! the primary's write position (read again after the replica's, as the
+//! replica may have replayed WAL written meanwhile) holds WAL of another
+//! history: a primary restored from an older copy of itself keeps its
+//! system identifier and timeline, so positions alone would call the
+//! replica caught up, and its rows may be ones the primary never had. It
+//! is never used. A primary that started again (a restart, a restore) is
+//! a new history of positions for the lag below. A replica is used while it
 //! answers, is in recovery, is on the primary's timeline, and its lag (time since the primary first wrote
 //! WAL the replica has not replayed; for a replica behind since before the
 //! oldest check remembered, at least that long and at least the time since
@@ -254,10 +261,13 @@ const PRIMARY_LSN: &str = concat!(
     system_identifier_sql!(),
     " FROM (SELECT pg_current_wal_insert_lsn() AS l) i, pg_walfile_name_offset(i.l) o"
 );
-/// The write position: the WAL a replica could have; for lag only.
+/// The write position: the WAL a replica could have; for lag, and to
+/// tell a replica ahead of the primary. With the postmaster's start: a
+/// restarted or restored primary is a new history of positions.
 const PRIMARY_WRITE_LSN: &str = concat!(
     "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::int8, pg_walfile_name(pg_current_wal_lsn()), ",
-    system_identifier_sql!()
+    system_identifier_sql!(),
+    ", (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8"
 );
 
 /// The system and timeline a replica connection reached (see
@@ -319,6 +329,8 @@ struct History {
     /// The primary's timeline, and since when this gateway has seen it on
     /// it.
     timeline: Option<(Timeline, Instant)>,
+    /// Its postmaster's start (microseconds since the epoch).
+    started: Option<i64>,
     positions: VecDeque<(Instant, u64)>,
 }
 
@@ -516,23 +528,29 @@ impl Replicas {
                 .unknown
                 .compare_exchange(unknown, 0, Ordering::SeqCst, Ordering::SeqCst);
         }
-        let written: Result<(i64, String, Option<String>), _> = sqlx::query_as(PRIMARY_WRITE_LSN)
-            .fetch_one(&self.primary)
-            .await;
+        let written: Result<(i64, String, Option<String>, i64), _> =
+            sqlx::query_as(PRIMARY_WRITE_LSN)
+                .fetch_one(&self.primary)
+                .await;
+        let mut written_lsn = 0;
         let primary = match written {
-            Ok((lsn, file, system)) => {
+            Ok((lsn, file, system, started)) => {
                 let timeline = primary_timeline(system.as_deref(), &file);
                 let lsn = u64::try_from(lsn).unwrap_or(0);
+                written_lsn = lsn;
                 let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
-                if h.timeline.is_none_or(|(t, _)| t != timeline) {
-                    // A new history: positions of the old one mean nothing.
+                if h.timeline.is_none_or(|(t, _)| t != timeline) || h.started != Some(started) {
+                    // A new history (a failover; a restart or a restore of
+                    // the primary, which may go back in the WAL): positions
+                    // of the old one mean nothing.
                     if h.timeline.is_some() {
                         tracing::warn!(
                             timeline = timeline.id,
-                            "the primary is on a new timeline: every read replica is judged afresh"
+                            "the primary is on a new timeline, or started again: every read replica is judged afresh"
                         );
                     }
                     h.timeline = Some((timeline, now));
+                    h.started = Some(started);
                     h.positions.clear();
                 }
                 if h.positions.back().is_none_or(|&(_, last)| lsn > last) {
@@ -577,6 +595,22 @@ impl Replicas {
                         // A replica promoted to primary is a different
                         // server: its positions are not the primary's.
                         (false, Some("not in recovery (promoted?)".into()))
+                    } else if at.timeline == primary
+                        && at.lsn.0 > written_lsn
+                        && self.ahead_of_primary(at.lsn.0).await
+                    {
+                        // No replica replays what its primary has not
+                        // written: this one has WAL of another history (a
+                        // primary restored from an older copy), and its
+                        // rows may be ones the primary never had.
+                        (
+                            false,
+                            Some(format!(
+                                "replayed to {} where the primary has written only to {} (the primary restored from an older copy?): it holds WAL the primary does not",
+                                at.lsn,
+                                Lsn(written_lsn)
+                            )),
+                        )
                     } else if at.timeline != primary {
                         (
                             false,
@@ -626,6 +660,16 @@ impl Replicas {
                 .max(Duration::from_millis(1)),
             None => Duration::ZERO,
         }
+    }
+
+    /// Whether the primary's write position, read now (after the replica's
+    /// replay position was), is still behind `replay`: a replica may have
+    /// replayed WAL written since the check's first reading.
+    async fn ahead_of_primary(&self, replay: u64) -> bool {
+        let now: Result<(i64, String, Option<String>, i64), _> = sqlx::query_as(PRIMARY_WRITE_LSN)
+            .fetch_one(&self.primary)
+            .await;
+        matches!(now, Ok((lsn, ..)) if u64::try_from(lsn).unwrap_or(0) < replay)
     }
 
     /// Checks until `shutdown` fires (between two checks).
