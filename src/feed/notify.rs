@@ -330,7 +330,14 @@ async fn heartbeat(
     .map_err(|_| Beat::Listener(sqlx::Error::Io(std::io::ErrorKind::TimedOut.into())))?
     .map_err(Beat::Listener)?;
     let mut events = events;
-    events.extend(shapes.update(watch, tables));
+    let rewritten = shapes.update(watch, tables);
+    if opts.install
+        && !rewritten.is_empty()
+        && let Ok(mut conn) = pool.acquire().await
+    {
+        super::watch::replace_triggers(&mut conn, watch, &rewritten, Sink::Notify).await;
+    }
+    events.extend(rewritten);
     Ok((at, pid, events))
 }
 

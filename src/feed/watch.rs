@@ -376,6 +376,44 @@ impl Tracker {
     }
 }
 
+/// After a table was rewritten (see "Shapes"), its trigger function is
+/// replaced, where `database.install_triggers` allows: PL/pgSQL keeps, in
+/// every session that ran the trigger, a plan typed by the key column's
+/// old type, and after a type change every write of such a session to the
+/// table fails ("type of parameter … does not match that when preparing
+/// the plan") until the function is replaced or the session ends. A new
+/// version of the function makes each session compile it again. Failures
+/// are logged: the writes that fail are the application's to see.
+pub async fn replace_triggers(
+    conn: &mut PgConnection,
+    watch: &Watch,
+    rewritten: &[Event],
+    sink: Sink,
+) {
+    for e in rewritten {
+        let Event::Resync(Resync {
+            scope: super::Scope::Table(name),
+            ..
+        }) = e
+        else {
+            continue;
+        };
+        let Some(t) = watch.tables.iter().find(|t| t.name == *name) else {
+            continue;
+        };
+        let columns: Vec<&str> = t.columns.iter().map(|c| &*c.name).collect();
+        let sql = triggers::install_with_table(&t.name, &columns, sink);
+        match sqlx::Executor::execute(&mut *conn, sqlx::raw_sql(&sql)).await {
+            Ok(_) => {
+                tracing::info!(table = %t.name, "the rewritten table's trigger function replaced (database.install_triggers), so that sessions plan it again")
+            }
+            Err(e) => {
+                tracing::warn!(table = %t.name, error = %e, "cannot replace the rewritten table's trigger function; sessions that ran it may fail their writes to the table until they reconnect: run `bloomgate install-triggers`")
+            }
+        }
+    }
+}
+
 /// The trigger feeds' check (`notify`, `queue`): every watched table's
 /// relation and partitions, and its trigger ([`triggers::problem`]). With
 /// `install`, a missing or outdated trigger is installed (and its table

@@ -15,6 +15,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 use tokio::task::JoinHandle;
 
+mod assumptions;
 mod faults;
 mod life;
 mod reads;
@@ -62,6 +63,9 @@ const SENTINEL_DRAW: u64 = 0xAA3F_C17D_9BA8_45E4;
 /// choice of any seed changes. This salt puts CI's Sentinel seed (2) on
 /// the replica (and 5, 7 and 12 of 1..12).
 const READ_FROM_DRAW: u64 = 0x4EAD_F40E_2E91_1CA7;
+
+/// Salts [`assumption_draw`]'s stream.
+const ASSUMPTION_DRAW: u64 = 0xA55E_7710_0B5E_D050;
 const READERS: usize = 2;
 
 pub struct Opts {
@@ -206,6 +210,13 @@ struct World {
     /// of choices (see [`sentinel_draw`]).
     site: Option<Site>,
     sentinel_rng: Option<Rng>,
+    /// The stream the faults of what was assumed are drawn from (see
+    /// [`assumption_draw`]); `None`: the history has none.
+    assume_rng: Option<Rng>,
+    /// `wal-writer` in force: how to undo it, and not before when.
+    wal_writer: Option<(assumptions::WalWriter, Duration)>,
+    /// `restore`: the copy of the primary's data directory to put back.
+    copy: Option<std::path::PathBuf>,
     /// `redis-failover` under way: when its primary was killed (`None`
     /// while the replica's link is cut and the kill is still to come).
     failover: Option<Option<Duration>>,
@@ -288,6 +299,7 @@ impl World {
                 Vec::new()
             };
         let sentinel_rng = sentinel_draw(&opts);
+        let assume_rng = assumption_draw(&opts);
         let mut site_slot = None;
         // A fleet of two or three; `bus.max_lag` short (a consumer falls
         // back to its own feed before a failover completes) or the default
@@ -429,6 +441,9 @@ impl World {
             redis_back_at: Duration::ZERO,
             site: site_slot,
             sentinel_rng,
+            assume_rng,
+            wal_writer: None,
+            copy: None,
             failover: None,
             life,
             report,
@@ -544,15 +559,17 @@ impl World {
 
     /// A new gateway, starting in the background (503 until ready).
     fn spawn_gateway(&mut self, why: &str) -> Arc<Gw> {
-        // Two workers each, as a small process of its own would have.
-        let rt = self.bus.is_some().then(|| {
+        // Two workers each, as a small process of its own would have:
+        // every gateway on a runtime of its own, so that `kill-relay` can
+        // end one as a crash does and `pause` stop one as SIGSTOP does.
+        let rt = Some(
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .thread_name("truth-gw")
                 .enable_all()
                 .build()
-                .unwrap()
-        });
+                .unwrap(),
+        );
         let handle = rt.as_ref().map(|rt| rt.handle().clone());
         // Its pools and their tasks belong to the runtime it is made in.
         let entered = handle.as_ref().map(|h| h.enter());
@@ -672,7 +689,7 @@ impl World {
             .faults
             .iter()
             .copied()
-            .filter(|f| !f.is_lifecycle() && *f != Fault::RedisFailover)
+            .filter(|f| !f.is_lifecycle() && !f.is_assumption() && *f != Fault::RedisFailover)
             .collect();
         faults.sort_by_key(|f| f.name());
         let lifecycle: Vec<Fault> = self
@@ -705,6 +722,21 @@ impl World {
                 && ((faults.is_empty() && self.sentinel_rng.is_none()) || l.rng.chance(60))
             {
                 fault = Some((l.rng.below(steps / 2 + 1), *l.rng.pick(&lifecycle)));
+            }
+            // What was assumed, from its own stream (see `assumption_draw`).
+            let on_cluster = self.life.is_some();
+            let assumptions: Vec<Fault> = self
+                .opts
+                .faults
+                .iter()
+                .copied()
+                .filter(|f| f.is_assumption() && (on_cluster || !f.needs_cluster()))
+                .collect();
+            if let Some(a) = &mut self.assume_rng
+                && !assumptions.is_empty()
+                && ((fault.is_none() && faults.is_empty() && lifecycle.is_empty()) || a.chance(40))
+            {
+                fault = Some((a.below(steps / 2 + 1), *a.pick(&assumptions)));
             }
             for s in 0..steps {
                 self.run_due(false).await;
@@ -1221,6 +1253,21 @@ fn sentinel_draw(opts: &Opts) -> Option<Rng> {
         .faults
         .iter()
         .all(|f| *f == Fault::RedisFailover || f.is_lifecycle());
+    (drawn || only).then_some(rng)
+}
+
+/// The stream of choices the faults of what was assumed (`rewrite`,
+/// `pause`, `wal-writer`, `restore`) are drawn from: one of its own (the
+/// seed mixed with [`ASSUMPTION_DRAW`]), so that the seeds' other choices,
+/// CI's among them, stay what they were before these faults existed. On
+/// half the seeds; always when the faults selected are all of them.
+fn assumption_draw(opts: &Opts) -> Option<Rng> {
+    if !opts.faults.iter().any(|f| f.is_assumption()) {
+        return None;
+    }
+    let mut rng = Rng::new(opts.seed ^ ASSUMPTION_DRAW);
+    let drawn = rng.chance(50);
+    let only = opts.faults.iter().all(|f| f.is_assumption());
     (drawn || only).then_some(rng)
 }
 

@@ -346,10 +346,14 @@ pub enum Fault {
     Crash,
     SyncHold,
     Outage,
+    Rewrite,
+    Pause,
+    WalWriter,
+    Restore,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 17] = [
+    pub const ALL: [Fault; 21] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -367,6 +371,10 @@ impl Fault {
         Fault::Crash,
         Fault::SyncHold,
         Fault::Outage,
+        Fault::Rewrite,
+        Fault::Pause,
+        Fault::WalWriter,
+        Fault::Restore,
     ];
 
     /// The database's own lifecycle: played on a cluster of the history's
@@ -376,6 +384,21 @@ impl Fault {
             self,
             Fault::Failover | Fault::Crash | Fault::SyncHold | Fault::Outage
         )
+    }
+
+    /// What the promise once assumed (see "What was assumed"): drawn from
+    /// a stream of the seed's own.
+    pub fn is_assumption(self) -> bool {
+        matches!(
+            self,
+            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore
+        )
+    }
+
+    /// Played on a cluster of the history's own: the lifecycle's, and the
+    /// assumptions that reconfigure, stop or restore the primary.
+    pub fn needs_cluster(self) -> bool {
+        self.is_lifecycle() || matches!(self, Fault::WalWriter | Fault::Restore)
     }
 
     pub fn name(self) -> &'static str {
@@ -397,6 +420,10 @@ impl Fault {
             Fault::Crash => "crash",
             Fault::SyncHold => "sync-hold",
             Fault::Outage => "outage",
+            Fault::Rewrite => "rewrite",
+            Fault::Pause => "pause",
+            Fault::WalWriter => "wal-writer",
+            Fault::Restore => "restore",
         }
     }
 

@@ -434,7 +434,15 @@ impl Feed {
         // Read in the poll's statement: a rewrite before it is a resync
         // before the heartbeat it would otherwise let through.
         if let Some(tables) = tables {
-            events.extend(self.shapes.update(&self.watch, tables));
+            let rewritten = self.shapes.update(&self.watch, tables);
+            if self.opts.install
+                && !rewritten.is_empty()
+                && let Ok(mut conn) = timed(self.pool.acquire()).await
+            {
+                super::watch::replace_triggers(&mut conn, &self.watch, &rewritten, Sink::Queue)
+                    .await;
+            }
+            events.extend(rewritten);
         }
         // The poll's snapshot was taken after `began`: every
         // transaction committed before it has been delivered.

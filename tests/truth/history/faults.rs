@@ -38,12 +38,16 @@ pub(super) enum Action {
     Promote,
     /// `outage`'s end.
     Restore,
+    /// `wal-writer`'s end (see `assumptions`).
+    WalWriterBack,
+    /// `restore`'s second half: the copy put back.
+    PutBackCopy,
 }
 
 impl World {
     /// A statement of a fault, on its own (retried if Postgres aborts it
     /// for a deadlock, as the writer's transactions are).
-    async fn sql(&mut self, sql: &str) {
+    pub(super) async fn sql(&mut self, sql: &str) {
         if self.opts.trace {
             eprintln!("truth: t={} {sql}", secs(self.now()));
         }
@@ -94,6 +98,9 @@ impl World {
 
     pub(super) async fn inject(&mut self, f: Fault) {
         let injected = match f {
+            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore => {
+                self.inject_assumption(f).await
+            }
             Fault::Failover | Fault::Crash | Fault::SyncHold | Fault::Outage => {
                 self.inject_lifecycle(f).await
             }
@@ -608,6 +615,8 @@ impl World {
         match action {
             Action::Promote => self.promote().await,
             Action::Restore => self.restore().await,
+            Action::WalWriterBack => self.wal_writer_back(false).await,
+            Action::PutBackCopy => self.put_back_copy().await,
             Action::RepairPublication => {
                 let sql = format!(
                     "DO $$ BEGIN

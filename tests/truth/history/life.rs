@@ -22,7 +22,7 @@ use crate::{Fault, Opts};
 /// stream says (a stream apart, so that the other histories' choices are
 /// those of the seeds they had before these faults existed).
 pub(crate) fn private_cluster(opts: &Opts) -> bool {
-    let life = opts.faults.iter().filter(|f| f.is_lifecycle()).count();
+    let life = opts.faults.iter().filter(|f| f.needs_cluster()).count();
     match life {
         0 => false,
         n if n == opts.faults.len() => true,
@@ -217,7 +217,7 @@ impl World {
     /// about the rows the new primary has (a row the failover brought
     /// back must be in a `TRUNCATE`'s paths, a partition it lost must not
     /// be detached).
-    async fn reset_model(&mut self) {
+    pub(super) async fn reset_model(&mut self) {
         let paths = self.shared.model.lock().unwrap().paths.clone();
         let truth = read_back(&mut self.writer, &paths).await.unwrap();
         let now = self.now();
@@ -444,6 +444,8 @@ impl World {
     /// last comparison is strict): a failover promoted, an outage over,
     /// a hold released.
     pub(super) async fn end_lifecycle(&mut self) {
+        self.wal_writer_back(true).await;
+        self.put_back_copy().await;
         let Some(life) = &mut self.life else {
             return;
         };

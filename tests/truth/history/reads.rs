@@ -114,13 +114,22 @@ pub(super) async fn reader(shared: Arc<Shared>, mut rng: Rng) {
             continue;
         }
         let g = live[rng.below(live.len())].clone();
-        let url = path.url();
-        let t0 = shared.now();
-        let answer = get(&g, &url).await;
-        let t1 = shared.now();
-        if g.retired.load(Ordering::SeqCst) {
-            continue;
-        }
+        read_and_judge(&shared, &g, &path).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// One GET of `path` on `g`, judged against the versions Postgres
+/// committed (as a reader judges it).
+pub(super) async fn read_and_judge(shared: &Shared, g: &Gw, path: &crate::schema::Path) {
+    let url = path.url();
+    let t0 = shared.now();
+    let answer = get(g, &url).await;
+    let t1 = shared.now();
+    if g.retired.load(Ordering::SeqCst) {
+        return;
+    }
+    {
         match &answer {
             Answer::Unavailable => {
                 shared.unavailable.fetch_add(1, Ordering::Relaxed);
@@ -154,6 +163,5 @@ pub(super) async fn reader(shared: Arc<Shared>, mut rng: Rng) {
                 }
             }
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
