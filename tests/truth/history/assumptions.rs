@@ -71,7 +71,11 @@ impl World {
                 Table::Docs => vec!["ALTER TABLE docs ALTER COLUMN id TYPE uuid USING id".into()],
                 Table::Tags => vec![format!(
                     "ALTER TABLE tags ALTER COLUMN code TYPE {} USING code",
-                    if n % 2 == 0 { "varchar(300)" } else { "text" }
+                    if n.is_multiple_of(2) {
+                        "varchar(300)"
+                    } else {
+                        "text"
+                    }
                 )],
                 _ => vec![format!(
                     "ALTER TABLE {name} ALTER COLUMN {column} TYPE text USING {column} || '~'"

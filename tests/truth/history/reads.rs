@@ -143,13 +143,12 @@ pub(super) async fn read_and_judge(shared: &Shared, g: &Gw, path: &crate::schema
             }
             Answer::Row(..) | Answer::Absent(_) => {
                 shared.checks.fetch_add(1, Ordering::Relaxed);
-                let verdict = shared.model.lock().unwrap().judge(
-                    &path,
-                    answer.body(),
-                    t0,
-                    t1,
-                    answer.stale(),
-                );
+                let verdict =
+                    shared
+                        .model
+                        .lock()
+                        .unwrap()
+                        .judge(path, answer.body(), t0, t1, answer.stale());
                 if let Err(why) = verdict {
                     shared.violation_once(
                         g.id,
