@@ -52,6 +52,16 @@ pub struct ErrorBody {
     /// `malformed_key`, `not_found`, `not_ready`, `database_unavailable`,
     /// `overloaded`, `timeout`, `unauthorized`, ...
     pub error: String,
+    /// A refused credential's cause (401, 403, and the 400
+    /// `invalid_request`): `missing`, `expired`, `audience`,
+    /// `no_audience`, `unknown_key`, `insufficient_scope`,
+    /// `no_owner_claim`, `owner_claim_type`, ... (the `reason` label of
+    /// `bloomgate_auth_failures_total`). Absent on other errors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The cause in words and, where there is one, the fix (a token's
+    /// `aud` and the audience expected, how long ago it expired); never
+    /// the credential.
     pub message: String,
 }
 
@@ -539,12 +549,12 @@ fn add_resource(
         op = op
             .response(
                 "401",
-                error("No credential, or one that does not verify (malformed, expired, wrong signature, unknown key, wrong issuer or audience)")
+                error("No credential, or one that does not verify (malformed, expired, wrong signature, unknown key, wrong issuer or audience): `reason` names which, `message` what the token holds and the fix")
                     .header("WWW-Authenticate", challenge()),
             )
             .response(
                 "403",
-                error("The credential lacks a required scope, or the owner claim")
+                error("The credential lacks a required scope (`reason`: `insufficient_scope`), or its owner claim is missing or names no owner (`no_owner_claim`, `owner_claim_type`)")
                     .header("WWW-Authenticate", challenge()),
             );
         let scopes = access.scopes.clone();
