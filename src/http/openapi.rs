@@ -99,13 +99,25 @@ fn info(title: &str, description: &str) -> utoipa::openapi::Info {
 /// The public document: health, `/openapi.json` and one path per resource.
 pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> OpenApi {
     let mut doc = public;
-    doc.info = info(
-        "bloomgate",
+    let mut about = String::from(
         "Lookups by key in front of PostgreSQL, with a filter that answers 404 for keys \
          that do not exist without touching the database. Every lookup response carries \
          an RFC 9211 `Cache-Status` header and a `Cache-Control` for caches in front of \
          the gateway.",
     );
+    let cors = &gw.config.server.cors;
+    if cors.enabled() {
+        about.push_str(&format!(
+            " Pages of {} may read every answer (CORS: a preflight `OPTIONS` is answered 204 \
+             before any credential is asked for; answers carry `Access-Control-Allow-Origin`, \
+             `Access-Control-Expose-Headers` and, for every origin, `Vary: Origin`).",
+            match cors.any_origin() {
+                true => "any origin".to_string(),
+                false => cors.allow_origins.join(", "),
+            }
+        ));
+    }
+    doc.info = info("bloomgate", &about);
     doc.paths.add_path_operation(
         "/openapi.json",
         vec![HttpMethod::Get],
@@ -117,6 +129,7 @@ pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> Open
             r,
             gw.config.server.max_key_length,
             columns.get(r.name()).map(Vec::as_slice),
+            cors.enabled(),
         );
     }
     add_security_schemes(&mut doc, gw);
@@ -359,11 +372,13 @@ fn base_schema(typname: &str, declared: &str) -> ObjectBuilder {
     }
 }
 
+/// `cors`: `[server.cors]` is on (every answer varies by `Origin`).
 fn add_resource(
     doc: &mut OpenApi,
     r: &crate::resource::Resource,
     max_key_length: usize,
     columns: Option<&[ColumnInfo]>,
+    cors: bool,
 ) {
     let cfg = &r.config;
     let param = cfg
@@ -435,6 +450,12 @@ fn add_resource(
         |d: &str| error(d).header("Retry-After", header("Seconds to wait before trying again"));
     let access = &cfg.access;
     let private = access.mode != AuthMode::None;
+    let vary = match (cors, cfg.cache.enabled && cfg.cache.compression) {
+        (true, true) => "`Accept-Encoding, Origin`",
+        (true, false) => "`Origin`",
+        (false, true) => "`Accept-Encoding`",
+        (false, false) => "absent (compression is off)",
+    };
     let row_cache_control = match private {
         true => "`private, ` and `cache.http_cache_control`: the caller's own",
         false => "`cache.http_cache_control`",
@@ -465,10 +486,7 @@ fn add_resource(
                     "Content-Encoding",
                     header("gzip, br or zstd, as `Accept-Encoding` prefers; absent for identity"),
                 )
-                .header(
-                    "Vary",
-                    header("`Accept-Encoding`, unless compression is off"),
-                )
+                .header("Vary", header(vary))
                 .header("Cache-Status", cache_status())
                 .header("Cache-Control", header(row_cache_control))
                 .content(
@@ -510,7 +528,13 @@ fn add_resource(
         .response(
             "405",
             ResponseBuilder::new()
-                .description("Only GET and HEAD")
+                .description(match cors {
+                    true => {
+                        "Only GET and HEAD (a preflight `OPTIONS` from a listed origin is answered \
+                         204 instead)"
+                    }
+                    false => "Only GET and HEAD",
+                })
                 .header("Allow", header("The methods this route takes"))
                 .content(
                     "application/json",
