@@ -2,8 +2,9 @@
 # The outside checks, against the live gateway on demo data:
 #   - Schemathesis (every check, its default) on the public document, without
 #     a credential and with a valid bearer token (the shipped config's private
-#     profile switched on: auth, scopes, owner, rate limit), and, with the
-#     admin token, on the admin one: zero failures;
+#     profile switched on: auth, scopes, owner, rate limit; CORS on for one
+#     origin, whose preflight is checked too), and, with the admin token, on
+#     the admin one: zero failures;
 #   - REDbot on a 200 (with its own If-None-Match revalidation: the 304), a
 #     200 large enough to be compressed (with REDbot's gzip negotiation), a
 #     filtered 404, a negative 404 and a 503: no note of level BAD or WARN.
@@ -64,7 +65,11 @@ $bin seed --users 500 --articles 100 >&2
 # REDbot checks its gzip negotiation, Vary and per-coding ETag too.
 article=$(psql "$DATABASE_URL" -Atqc "UPDATE articles SET body = repeat('All work and no play. ', 100)
   WHERE id = md5('article-1')::uuid RETURNING id")
+# With CORS on for one origin: every answer Schemathesis checks says
+# Vary: Origin, and the document describes it.
+origin=https://app.example.com
 BLOOMGATE_ADMIN_TOKEN=$token BLOOMGATE_SERVER__LISTEN=127.0.0.1:$public \
+  BLOOMGATE_SERVER__CORS__ALLOW_ORIGINS=$origin \
   BLOOMGATE_ADMIN__LISTEN=127.0.0.1:$admin $bin serve --config "$cfg" >"$art/contract-gateway.log" 2>&1 &
 pids+=($!)
 # A second gateway whose database never answers: its lookups are 503.
@@ -98,6 +103,14 @@ st "http://127.0.0.1:$public/openapi.json" -H "Authorization: Bearer $jwt" \
 tail -n 4 "$art/schemathesis-public-token.txt" >&2
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $jwt" "http://127.0.0.1:$public/me/42")
 [ "$code" = 200 ] || { log "the token's own row /me/42 answered $code, not 200"; fail=1; }
+# A browser's preflight, without the token, of the private profile: 204
+# with the origin; any other OPTIONS is the 405 the document declares.
+pre=$(curl -s -o /dev/null -w '%{http_code} %header{access-control-allow-origin}' -X OPTIONS \
+  -H "Origin: $origin" -H 'Access-Control-Request-Method: GET' -H 'Access-Control-Request-Headers: authorization' \
+  "http://127.0.0.1:$public/me/42")
+[ "$pre" = "204 $origin" ] || { log "the preflight of /me/42 answered '$pre', not '204 $origin'"; fail=1; }
+code=$(curl -s -o /dev/null -w '%{http_code}' -X OPTIONS "http://127.0.0.1:$public/me/42")
+[ "$code" = 405 ] || { log "OPTIONS /me/42 without Origin answered $code, not 405"; fail=1; }
 log "schemathesis: admin document"
 st "http://127.0.0.1:$admin/admin/openapi.json" -H "Authorization: Bearer $token" \
   >"$art/schemathesis-admin.txt" 2>&1 || fail=1

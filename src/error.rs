@@ -5,6 +5,8 @@
 //! clients: they never carry SQL, database messages or secrets. The database's
 //! own error stays in [`Error::Unavailable`]'s source, for logs only.
 
+use std::borrow::Cow;
+
 use axum::http::HeaderValue;
 
 use crate::key::KeyError;
@@ -34,12 +36,14 @@ pub enum Error {
     Timeout,
     /// No credential, or one that does not verify: missing, malformed,
     /// expired, wrongly signed, for another audience (401). `challenge` is
-    /// the resource's `WWW-Authenticate` (RFC 6750 §3); the message never
-    /// quotes the credential.
+    /// the resource's `WWW-Authenticate` (RFC 6750 §3); `reason` the
+    /// cause's label (`auth::Refusal`); the message says the cause and,
+    /// where there is one, the fix, and never quotes the credential.
     #[error("{message}")]
     Unauthorized {
         code: &'static str,
-        message: &'static str,
+        reason: &'static str,
+        message: Cow<'static, str>,
         challenge: HeaderValue,
     },
     /// A bearer token and an API key at once, or a credential header twice
@@ -47,10 +51,13 @@ pub enum Error {
     #[error("send one credential: a bearer token or an API key, once")]
     InvalidRequest { challenge: HeaderValue },
     /// A credential that verified but may not read this resource: a scope
-    /// or the owner claim is missing (403, `insufficient_scope`).
+    /// is missing, or the owner claim, or it names no owner (403,
+    /// `insufficient_scope`); `reason` and the message as for
+    /// [`Error::Unauthorized`].
     #[error("{message}")]
     Forbidden {
-        message: &'static str,
+        reason: &'static str,
+        message: Cow<'static, str>,
         challenge: HeaderValue,
     },
     /// The caller is past its rate limit (429): `Retry-After` in seconds,

@@ -27,8 +27,10 @@
 //! - [`server`]: binding, background start-up, rebuild schedules, signals
 //!   (SIGHUP reloads, SIGTERM drains), graceful shutdown, connection bounds.
 //! - [`http`]: the public router behind one middleware layer
-//!   ([`http::front`]), a resource's `GET` answered before the router
-//!   ([`http::dispatch`]), the admin API and status page, the OpenAPI document.
+//!   ([`http::front`]: the caller behind trusted proxies,
+//!   [`http::forwarded`]; CORS, [`http::cors`]), a resource's `GET`
+//!   answered before the router ([`http::dispatch`]), the admin API and
+//!   status page, the OpenAPI document.
 //! - [`key`]: a raw path segment parsed into a typed [`key::Key`].
 //! - [`auth`]: who may read what (JWTs, API keys, scopes, owners, rate
 //!   limits), decided before the filter.

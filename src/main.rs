@@ -69,9 +69,17 @@ enum Command {
         /// The `sub` claim (the caller, and the owner of its rows).
         #[arg(long)]
         sub: String,
-        /// Scopes, space-separated, in `auth.scope_claim`.
+        /// Scopes, space-separated, in `auth.scope_claim`: a string for
+        /// `scope` (RFC 8693), an array of strings for any other claim
+        /// (`scp`, `permissions`, Keycloak's `/realm_access/roles`).
         #[arg(long, default_value = "")]
         scope: String,
+        /// Any claim, repeatable: `NAME=JSON`, NAME a claim or a JSON
+        /// Pointer (`/realm_access/roles`, whose objects are made), JSON
+        /// its value (`tenant='"acme"'`, `org_ids='[17,18]'`). Written
+        /// last: it replaces what the other options wrote.
+        #[arg(long = "claim", value_name = "NAME=JSON", value_parser = claim_arg)]
+        claims: Vec<(String, serde_json::Value)>,
         /// Lifetime (`exp` from now), e.g. `15m`, `2h`.
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         ttl: std::time::Duration,
@@ -219,6 +227,7 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
             config,
             sub,
             scope,
+            claims: extra,
             ttl,
         } => {
             let (config, _) = load(&config)?;
@@ -234,13 +243,20 @@ async fn run(command: Command) -> Result<(), Box<dyn std::error::Error>> {
                 + ttl.as_secs();
             let mut claims = serde_json::json!({ "sub": sub, "exp": exp });
             if !scope.is_empty() {
-                set_claim(&mut claims, &config.auth.scope_claim, scope.into());
+                let scopes = match config.auth.scope_claim.as_str() {
+                    "scope" => scope.into(),
+                    _ => scope.split(' ').filter(|s| !s.is_empty()).collect(),
+                };
+                set_claim(&mut claims, &config.auth.scope_claim, scopes);
             }
             if let Some(iss) = &config.auth.issuer {
                 claims["iss"] = iss.as_str().into();
             }
             if let Some(aud) = &config.auth.audience {
                 claims["aud"] = aud.as_str().into();
+            }
+            for (name, value) in extra {
+                set_claim(&mut claims, &name, value);
             }
             use bloomgate::auth::jwt;
             let key = jwt::Secret::new(&secret);
@@ -373,6 +389,22 @@ async fn describe_database(config: Config, key_files: &KeyFiles) -> String {
         }
     }
     out
+}
+
+/// `--claim NAME=JSON`: the claim and its value.
+fn claim_arg(arg: &str) -> Result<(String, serde_json::Value), String> {
+    let (name, json) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("{arg:?} is not NAME=JSON"))?;
+    if name.is_empty() || name == "/" {
+        return Err(format!("{arg:?}: no claim name before the ="));
+    }
+    let value = serde_json::from_str(json).map_err(|e| {
+        format!(
+            "{name}: {json:?} is not JSON ({e}); a string is written with its quotes,              {name}='\"{json}\"'"
+        )
+    })?;
+    Ok((name.to_string(), value))
 }
 
 /// Sets the claim `name` names in `claims`: a top-level member, or where a

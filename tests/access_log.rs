@@ -218,3 +218,120 @@ async fn human_lines_on_stdout_are_one_per_request() {
         assert_eq!(field(line, "client"), Some("127.0.0.1"));
     }
 }
+
+/// What the access line says of who asked and why a request was refused,
+/// from the binary: behind a trusted proxy (the test, from 127.0.0.1,
+/// `BLOOMGATE_SERVER__TRUSTED_PROXIES`) `client` is the caller its
+/// `X-Forwarded-For` names, read from the right, and `peer` the
+/// connection's address; a refusal's line has its `reason`, the token is
+/// in no line; with `log.access_probes = false` the probes have none.
+#[tokio::test]
+async fn lines_name_the_caller_behind_a_proxy_and_why_a_request_was_refused() {
+    use bloomgate::auth::jwt::{self, Alg};
+    let db = TestDb::new().await;
+    db.seed_users(5).await;
+    let dir = tempdir();
+    let file = dir.join("access.log");
+    let secret = "access-log-secret-0123456789abcdef";
+    let config = write_config(
+        &dir,
+        &db.url,
+        &format!(
+            "format = \"json\"\naccess_file = \"{}\"\naccess_probes = false\n\
+             [auth]\njwt_secret = \"{secret}\"\naudience = \"bloomgate\"\n\
+             [[resource]]\nname = \"private\"\nroute = \"/private/{{id}}\"\ntable = \"users\"\n\
+             key_column = \"id\"\nkey_type = \"bigint\"\ncolumns = [\"id\", \"name\"]\nauth = \"jwt\"\n",
+            file.display()
+        ),
+        TOKEN_A,
+    );
+    let mut gw = Running::start(
+        &config,
+        &[
+            ("BLOOMGATE_SERVER__SHUTDOWN_DRAIN", "0s"),
+            ("BLOOMGATE_SERVER__TRUSTED_PROXIES", "127.0.0.1"),
+        ],
+    );
+    let public = addr_json(&gw, "listening").await;
+    wait_ready(public, || gw.log()).await;
+    let ask = |path: &str, id: &str, headers: &[(&str, String)]| {
+        let mut req = client()
+            .get(format!("http://{public}{path}"))
+            .header("x-request-id", id);
+        for (k, v) in headers {
+            req = req.header(*k, v);
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let sign = |claims: serde_json::Value| {
+        let s = jwt::Secret::new(secret.as_bytes());
+        jwt::encode(&serde_json::json!({"alg": "HS256"}), &claims, |m| {
+            s.sign(Alg::HS256, m).unwrap()
+        })
+    };
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let keycloak_default = sign(serde_json::json!({"sub": "1", "exp": exp, "aud": "account"}));
+    let expired = sign(serde_json::json!({"sub": "1", "exp": exp - 7200, "aud": "bloomgate"}));
+    let xff = |v: &str| vec![("x-forwarded-for", v.to_string())];
+    let bearer = |t: &str| vec![("authorization", format!("Bearer {t}"))];
+    assert_eq!(
+        ask("/users/1", "proxied", &xff("198.51.100.9, 203.0.113.7")).await,
+        200
+    );
+    assert_eq!(ask("/users/1", "direct", &[]).await, 200);
+    assert_eq!(ask("/private/1", "no-token", &[]).await, 401);
+    assert_eq!(
+        ask("/private/1", "audience", &bearer(&keycloak_default)).await,
+        401
+    );
+    assert_eq!(ask("/private/1", "expired", &bearer(&expired)).await, 401);
+    assert_eq!(ask("/healthz", "probe-live", &[]).await, 200);
+    assert_eq!(ask("/readyz", "probe-ready", &[]).await, 200);
+    gw.signal("TERM");
+    assert!(gw.exited().await.success(), "{}", gw.log());
+
+    let lines = read_json(&file);
+    let by_id: HashMap<&str, &serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "request")
+        .map(|l| (l["fields"]["request_id"].as_str().unwrap(), &l["fields"]))
+        .collect();
+    let proxied = by_id["proxied"];
+    assert_eq!(proxied["client"], "203.0.113.7", "{proxied}");
+    assert_eq!(proxied["peer"], "127.0.0.1", "{proxied}");
+    let direct = by_id["direct"];
+    assert_eq!(direct["client"], "127.0.0.1");
+    assert!(
+        direct.get("peer").is_none() && direct.get("reason").is_none(),
+        "{direct}"
+    );
+    for (id, reason) in [
+        ("no-token", "missing"),
+        ("audience", "audience"),
+        ("expired", "expired"),
+    ] {
+        let l = by_id[id];
+        assert_eq!(
+            (l["status"].as_u64(), l["reason"].as_str()),
+            (Some(401), Some(reason)),
+            "{l}"
+        );
+    }
+    // No probe, neither ours nor the harness's readiness polls.
+    assert!(
+        lines
+            .iter()
+            .all(|l| !matches!(l["fields"]["route"].as_str(), Some("/healthz" | "/readyz"))),
+        "{lines:?}"
+    );
+    assert!(!by_id.contains_key("probe-live") && !by_id.contains_key("probe-ready"));
+    let text = std::fs::read_to_string(&file).unwrap();
+    for token in [&keycloak_default, &expired] {
+        assert!(!text.contains(token.as_str()), "a token in the access log");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

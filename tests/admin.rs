@@ -193,6 +193,15 @@ async fn without_the_right_token_nothing_is_shown_or_changed() {
                 "Bearer realm=\"bloomgate-admin\""
             );
             assert_eq!(r.json()["error"], "unauthorized");
+            // Why, without the token: none sent, or not the admin token.
+            let reason = match token {
+                None => "missing",
+                Some(_) => "admin_token",
+            };
+            assert_eq!(r.json()["reason"], reason);
+            if let Some(t) = token {
+                assert!(!r.json().to_string().contains(t), "the token was quoted");
+            }
         }
     }
     assert_eq!(users.generation(), gen0);

@@ -12,6 +12,7 @@ mod support;
 use tokio::net::TcpListener;
 
 use bloomgate::auth::jwt::{self, Alg};
+use bloomgate::config::ForwardedHeader;
 use bloomgate::resource::RequestOutcome;
 use common::*;
 use serde_json::{Value, json};
@@ -100,7 +101,11 @@ async fn missing_invalid_and_insufficient_credentials_get_rfc_6750_answers() {
     assert_eq!(r.status(), 401);
     assert_eq!(h(&r, "www-authenticate"), "Bearer realm=\"bloomgate\"");
     assert_eq!(h(&r, "cache-control"), "no-store");
-    assert_eq!(r.json::<Value>().await.unwrap()["error"], "unauthorized");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&body["error"], &body["reason"]),
+        (&json!("unauthorized"), &json!("missing"))
+    );
 
     let expired = keys.sign(
         Alg::HS256,
@@ -115,7 +120,11 @@ async fn missing_invalid_and_insufficient_credentials_get_rfc_6750_answers() {
     );
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"], "invalid_token");
-    assert_eq!(body["message"], "the token has expired");
+    // The cause, and by how long (the clock may tick between signing
+    // and checking).
+    assert_eq!(body["reason"], "expired");
+    let message = body["message"].as_str().unwrap();
+    assert!(message.starts_with("the token expired 1h"), "{message}");
 
     let unscoped = keys.sign(Alg::HS256, None, &claims("1", "other"));
     let r = c.bearer("/private/users/3", &unscoped).await;
@@ -124,9 +133,13 @@ async fn missing_invalid_and_insufficient_credentials_get_rfc_6750_answers() {
         h(&r, "www-authenticate"),
         "Bearer realm=\"bloomgate\", error=\"insufficient_scope\", scope=\"users:read\""
     );
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"], "insufficient_scope");
+    assert_eq!(body["reason"], "insufficient_scope");
     assert_eq!(
-        r.json::<Value>().await.unwrap()["error"],
-        "insufficient_scope"
+        body["message"],
+        "the credential lacks \"users:read\", which this resource requires (a token's \
+         scopes are read from its claim \"scope\", auth.scope_claim)"
     );
 
     // API keys: in X-API-Key, with their own scopes.
@@ -519,6 +532,117 @@ async fn a_burst_above_the_rate_limit_is_429_while_another_caller_is_served() {
         3
     );
     served.shutdown().await.unwrap();
+}
+
+/// Behind a trusted proxy (here the test itself, from 127.0.0.1), a public
+/// resource's rate limit counts each caller its `X-Forwarded-For` names,
+/// over a real socket: a client's own entries to the left change nothing,
+/// the other header is not read, and from a peer that is not trusted the
+/// header is ignored (every caller is then the proxy, as before).
+#[tokio::test]
+async fn behind_a_trusted_proxy_each_caller_has_its_own_rate_limit() {
+    let db = seeded().await;
+    let serve = |trusted: &[&str], header: ForwardedHeader| {
+        let mut cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
+        cfg.server.trusted_proxies = trusted.iter().map(|t| t.parse().unwrap()).collect();
+        cfg.server.forwarded_header = header;
+        let gw = gateway(cfg);
+        async move { serve_socket(&gw, None).await }
+    };
+    // `/open/users/{id}`: 1/s, a burst of 2. Four at once, each with its
+    // own headers: how many were let through.
+    async fn burst(c: &Client, headers: [(&str, &str); 4]) -> usize {
+        futures_util::future::join_all(
+            headers.map(|(k, v)| async move { c.get("/open/users/3", &[(k, v)]).await.status() }),
+        )
+        .await
+        .iter()
+        .filter(|s| **s == 200)
+        .count()
+    }
+    let xff = "x-forwarded-for";
+    let trusting = serve(&["127.0.0.1"], ForwardedHeader::XForwardedFor).await;
+    let c = Client::new(trusting.addr);
+    // One caller, whatever it adds on the left: one burst of 2.
+    assert_eq!(
+        burst(
+            &c,
+            [
+                (xff, "203.0.113.1"),
+                (xff, "198.51.100.77, 203.0.113.1"),
+                (xff, "127.0.0.1, 203.0.113.1"),
+                (xff, "garbage, 203.0.113.1"),
+            ]
+        )
+        .await,
+        2
+    );
+    // Four callers: each its own burst.
+    assert_eq!(
+        burst(
+            &c,
+            [
+                (xff, "203.0.113.2"),
+                (xff, "203.0.113.3"),
+                (xff, "203.0.113.4"),
+                (xff, "2001:db8::5"),
+            ]
+        )
+        .await,
+        4
+    );
+    trusting.shutdown().await.unwrap();
+
+    // RFC 7239's header instead: X-Forwarded-For is not read at all.
+    let forwarded = serve(&["127.0.0.0/8"], ForwardedHeader::Forwarded).await;
+    let c = Client::new(forwarded.addr);
+    let fwd = "forwarded";
+    assert_eq!(
+        burst(
+            &c,
+            [
+                (fwd, "for=203.0.113.2"),
+                (fwd, "for=\"203.0.113.3:4711\""),
+                (fwd, "for=\"[2001:db8::5]\";proto=https"),
+                (fwd, "for=203.0.113.4"),
+            ]
+        )
+        .await,
+        4
+    );
+    assert_eq!(
+        burst(
+            &c,
+            [
+                (xff, "203.0.113.12"),
+                (xff, "203.0.113.13"),
+                (xff, "203.0.113.14"),
+                (xff, "203.0.113.15"),
+            ]
+        )
+        .await,
+        2,
+        "the header the proxies do not write names no one"
+    );
+    forwarded.shutdown().await.unwrap();
+
+    // Nobody trusted: the header is ignored, everyone is the peer.
+    let untrusting = serve(&[], ForwardedHeader::XForwardedFor).await;
+    let c = Client::new(untrusting.addr);
+    assert_eq!(
+        burst(
+            &c,
+            [
+                (xff, "203.0.113.2"),
+                (xff, "203.0.113.3"),
+                (xff, "203.0.113.4"),
+                (xff, "203.0.113.5"),
+            ]
+        )
+        .await,
+        2
+    );
+    untrusting.shutdown().await.unwrap();
 }
 
 /// The admin API and the metrics show each resource's rules and its

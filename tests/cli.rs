@@ -296,3 +296,152 @@ fn a_missing_config_says_where_it_was_looked_for() {
         "{err}"
     );
 }
+
+/// The claims of a token `mint-token` printed, as the gateway reads them.
+fn minted_claims(token: &str) -> serde_json::Value {
+    use base64::Engine;
+    let payload = token.trim().split('.').nth(1).unwrap();
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// `--claim NAME=JSON`, repeatable: a claim of any value, a JSON Pointer
+/// making its objects; scopes in a pointer claim (Keycloak's realm roles)
+/// are an array, in `scope` a string. The token verifies and reads as the
+/// gateway reads it.
+#[test]
+fn mint_token_writes_any_claim_and_roles_as_an_array() {
+    use bloomgate::auth::jwt;
+    let dir = tempdir();
+    let secret = "mint-token-secret-0123456789abcdef";
+    let path = write_config(
+        &dir,
+        &format!(
+            "[auth]\nscope_claim = \"/realm_access/roles\"\n{RESOURCE}auth = \"jwt\"\n\
+             owner_claim = \"tenant\"\nowner_column = \"name\"\n"
+        ),
+    );
+    let env = [("BLOOMGATE_AUTH__JWT_SECRET", secret)];
+    let (ok, out, err) = bloomgate(
+        &[
+            "mint-token",
+            "--config",
+            &path,
+            "--sub",
+            "7",
+            "--scope",
+            "orders:read admin",
+            "--claim",
+            "tenant=\"acme\"",
+            "--claim",
+            "/org/ids=[17,18]",
+            "--claim",
+            "email_verified=true",
+        ],
+        &env,
+    );
+    assert!(ok, "{err}");
+    let claims = minted_claims(&out);
+    assert_eq!(
+        claims["realm_access"]["roles"],
+        serde_json::json!(["orders:read", "admin"])
+    );
+    assert_eq!(claims["tenant"], "acme");
+    assert_eq!(claims["org"]["ids"], serde_json::json!([17, 18]));
+    assert_eq!(claims["email_verified"], true);
+    assert_eq!(claims["sub"], "7");
+    // As the gateway reads it: its roles are its scopes, its tenant the
+    // owner.
+    let token = out.trim();
+    let parsed = jwt::parse(token.as_bytes(), 8192).unwrap();
+    jwt::verify_signature(&parsed, None, Some(&jwt::Secret::new(secret.as_bytes()))).unwrap();
+    let rules = jwt::Rules {
+        scope_claim: "/realm_access/roles".into(),
+        owner_claims: vec!["tenant".into()],
+        ..jwt::Rules::default()
+    };
+    let now = claims["exp"].as_u64().unwrap() - 60;
+    let read = jwt::claims(&parsed, &rules, now).unwrap();
+    assert_eq!(read.scopes, ["orders:read", "admin"]);
+    assert_eq!(read.owners, [jwt::OwnerClaim::Owner("acme".into())]);
+
+    // `scope` itself: the space-separated string of RFC 8693.
+    let plain = write_config(&dir, RESOURCE);
+    let (ok, out, err) = bloomgate(
+        &[
+            "mint-token",
+            "--config",
+            &plain,
+            "--sub",
+            "7",
+            "--scope",
+            "a b",
+        ],
+        &env,
+    );
+    assert!(ok, "{err}");
+    assert_eq!(minted_claims(&out)["scope"], "a b");
+    // A claim replaces what the other options wrote (Keycloak's default
+    // audience, to see its refusal).
+    let (ok, out, _) = bloomgate(
+        &[
+            "mint-token",
+            "--config",
+            &plain,
+            "--sub",
+            "7",
+            "--claim",
+            "aud=\"account\"",
+            "--claim",
+            "sub=42",
+        ],
+        &env,
+    );
+    assert!(ok);
+    let claims = minted_claims(&out);
+    assert_eq!(
+        (&claims["aud"], &claims["sub"]),
+        (&serde_json::json!("account"), &serde_json::json!(42))
+    );
+    // A value that is not JSON: said, with how to write a string.
+    let (ok, out, err) = bloomgate(
+        &[
+            "mint-token",
+            "--config",
+            &plain,
+            "--sub",
+            "7",
+            "--claim",
+            "tenant=acme",
+        ],
+        &env,
+    );
+    assert!(!ok && out.is_empty());
+    assert!(
+        err.contains("tenant") && err.contains("\"acme\"") && err.contains("not JSON"),
+        "{err}"
+    );
+}
+
+/// `"*"` in `server.cors.allow_origins` while a resource has `auth`
+/// stops every command, naming the key and the resource.
+#[test]
+fn any_origin_with_a_private_resource_is_a_start_up_error_naming_the_key() {
+    let dir = tempdir();
+    let path = write_config(
+        &dir,
+        &format!(
+            "[server.cors]\nallow_origins = [\"*\"]\n[auth]\njwt_secret = \"{}\"\n{RESOURCE}auth = \"jwt\"\n",
+            "s".repeat(40)
+        ),
+    );
+    let (ok, _, err) = bloomgate(&["check-config", "--config", &path], &[]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("{path}: server.cors.allow_origins: "))
+            && err.contains("resource[0]"),
+        "{err}"
+    );
+}

@@ -7,7 +7,8 @@
 //!   signature checked (`jwt::verify_signature`), and its claims read as if
 //!   it had verified (`jwt::claims`);
 //! * `1`: a token's claims, signed here with the HS256 secret, so the claims
-//!   parser is reached through the whole path as a signed token would;
+//!   parser is reached through the whole path as a signed token would, and
+//!   a refusal's explanation (`jwt::explain`) of them;
 //! * `2`: a cached row's JSON, searched for an owner column
 //!   (`owner::column`, `owner::equals`);
 //! * `3`: a JWK Set document (`jwks::parse`).
@@ -78,9 +79,18 @@ fuzz_target!(|data: &[u8]| {
             });
             let parsed = jwt::parse(token.as_bytes(), usize::MAX).expect("our own token parses");
             jwt::verify_signature(&parsed, None, Some(&secret)).expect("our own signature verifies");
-            if let Ok(c) = jwt::claims(&parsed, &rules(), NOW) {
-                assert!(c.valid_until > NOW && c.valid_from <= NOW);
-                assert_eq!(c.owners.len(), 2);
+            match jwt::claims(&parsed, &rules(), NOW) {
+                Ok(c) => {
+                    assert!(c.valid_until > NOW && c.valid_from <= NOW);
+                    assert_eq!(c.owners.len(), 2);
+                }
+                // What a refusal says of any claims: a bounded text (a
+                // claim's value is quoted cut short).
+                Err(why) => {
+                    if let Some(text) = jwt::explain(&parsed, &rules(), NOW, why) {
+                        assert!(text.len() < 2048, "{}", text.len());
+                    }
+                }
             }
         }
         2 => {

@@ -31,10 +31,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::{Line, Text};
 
 /// Bytes a line of fixed fields can take at most, beyond its strings: the
-/// JSON frame and field names (about 190 bytes), the timestamp (27), the
+/// JSON frame and field names (about 210 bytes), the timestamp (27), the
 /// numbers (at most 26 for `duration_ms`, 5 for `status`) and an IPv6
-/// client (at most 45).
-const FIXED: usize = 400;
+/// client and peer (at most 45 each).
+const FIXED: usize = 480;
 
 /// At most the bytes `line` takes in either format.
 pub(super) fn bound(line: &Line<'_>) -> usize {
@@ -42,6 +42,7 @@ pub(super) fn bound(line: &Line<'_>) -> usize {
     FIXED
         + line.route.0.len()
         + line.resource.0.len()
+        + line.reason.map_or(0, str::len)
         + 6 * (line.method.as_str().len()
             + line.cache_status.as_str().len()
             + line.request_id.as_str().len())
@@ -314,14 +315,21 @@ macro_rules! each_field {
         $field!("duration_ms", millis, $line.duration);
         $field!("request_id", text, $line.request_id);
         $field!("client", client, $line.client);
+        if let Some(peer) = $line.peer {
+            $field!("peer", client, Some(peer));
+        }
+        if let Some(reason) = $line.reason {
+            $field!("reason", text, Text::Clean(reason));
+        }
     };
 }
 
 /// `2026-11-27T10:00:00.123456Z  INFO bloomgate::access: request
 /// method="GET" route="/users/{id}" status=200 cache_status="…"
-/// resource="users" duration_ms=0.030 request_id="…" client=127.0.0.1`:
-/// the layout of `tracing-subscriber`'s human lines, which the rest of the
-/// log keeps.
+/// resource="users" duration_ms=0.030 request_id="…" client=127.0.0.1`
+/// (then `peer=10.0.0.2` when a trusted proxy named the client, and
+/// `reason="expired"` for a refusal): the layout of `tracing-subscriber`'s
+/// human lines, which the rest of the log keeps.
 pub(super) fn human(out: &mut Vec<u8>, t: Stamp, line: &Line<'_>) {
     timestamp(out, t);
     out.extend_from_slice(b"  INFO bloomgate::access: request");
@@ -455,6 +463,8 @@ mod tests {
             duration: Duration::from_micros(30),
             request_id: Text::Raw(request_id),
             client: Some("127.0.0.1".parse().unwrap()),
+            peer: None,
+            reason: None,
         }
     }
 
@@ -504,6 +514,34 @@ mod tests {
         l.client = None;
         human(&mut out, at(0, 5), &l);
         assert!(out.ends_with(b" client=\n"));
+    }
+
+    /// The peer and the reason are written only when there is one, after
+    /// the client, in both formats.
+    #[test]
+    fn a_peer_and_a_reason_are_written_only_when_known() {
+        let mut out = Vec::new();
+        let mut l = line("abc", &ROUTE);
+        json(&mut out, at(0, 0), &l);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert!(v["fields"].get("peer").is_none() && v["fields"].get("reason").is_none());
+        l.client = Some("203.0.113.7".parse().unwrap());
+        l.peer = Some("10.0.0.2".parse().unwrap());
+        l.reason = Some("audience");
+        l.status = 401;
+        out.clear();
+        json(&mut out, at(0, 0), &l);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["fields"]["client"], "203.0.113.7");
+        assert_eq!(v["fields"]["peer"], "10.0.0.2");
+        assert_eq!(v["fields"]["reason"], "audience");
+        out.clear();
+        human(&mut out, at(0, 0), &l);
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(
+            text.ends_with(" client=203.0.113.7 peer=10.0.0.2 reason=\"audience\"\n"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -579,13 +617,19 @@ mod tests {
             status in 100u16..600,
             us in any::<u64>(),
             v6 in any::<bool>(),
+            refused in any::<bool>(),
         ) {
             let escaped = Escaped::new(&route);
             let mut l = line(&id, &escaped);
             l.status = status;
             l.duration = Duration::from_micros(us);
             if v6 {
-                l.client = Some("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255".parse().unwrap());
+                let widest = "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255".parse().unwrap();
+                l.client = Some(widest);
+                l.peer = Some(widest);
+            }
+            if refused {
+                l.reason = Some("unexpected_audience");
             }
             let mut out = Vec::new();
             json(&mut out, at(u64::from(u32::MAX), 999_999), &l);

@@ -34,7 +34,8 @@
 //!
 //! No line holds a secret: the route is the template (`/users/{id}`,
 //! never the key), and no header but `x-request-id` and `Cache-Status` is
-//! read (no `Authorization`, no API key, no query string).
+//! read (no `Authorization`, no API key, no query string); a refusal's
+//! `reason` is a fixed label, never what the credential held.
 
 pub mod format;
 pub mod sample;
@@ -63,6 +64,11 @@ impl Escaped {
         let mut out = Vec::with_capacity(text.len());
         format::escape(&mut out, text);
         Self(String::from_utf8(out).expect("escaping keeps UTF-8").into())
+    }
+
+    /// The escaped text.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 
     /// `text`, which needs no escaping.
@@ -104,8 +110,16 @@ pub struct Line<'a> {
     pub resource: &'a Escaped,
     pub duration: Duration,
     pub request_id: Text<'a>,
-    /// None for a request made inside the process.
+    /// None for a request made inside the process. Behind a trusted
+    /// proxy, the caller its header named (`http::forwarded`).
     pub client: Option<IpAddr>,
+    /// The connection's address, when a trusted proxy named the client;
+    /// the field is left out otherwise.
+    pub peer: Option<IpAddr>,
+    /// Why a request was refused (401, 403, the `invalid_request` 400):
+    /// `auth::Refusal`'s label, as `bloomgate_auth_failures_total` says
+    /// it; the field is left out otherwise.
+    pub reason: Option<&'static str>,
 }
 
 /// Which requests a line stands for.
@@ -427,6 +441,8 @@ pub(crate) mod tests {
             duration: Duration::from_micros(3),
             request_id: Text::Raw(id),
             client: None,
+            peer: None,
+            reason: None,
         }
     }
 

@@ -4,7 +4,17 @@
 //! limit, and turns each refusal into its answer (401, 403, 429). The
 //! order, and why a refusal touches nothing else, is in the `auth` module
 //! doc.
+//!
+//! Every refusal names its cause ([`Refusal`], the JSON error's `reason`
+//! and the access line's) and says it in words a caller can act on: the
+//! token's `aud` and what would fix it, how long ago it expired, which
+//! `kid` no key has, which scopes are missing, what the owner claim holds.
+//! What a verified token says is known from the verified cache; what a
+//! refused one says is read again from the token only on the refusal
+//! ([`jwt::explain`]), so the path of a token that verifies is unchanged.
+//! The token itself is never quoted.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,7 +23,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 
 use super::Auth;
-use super::jwt::{self, Invalid};
+use super::jwt::{self, Invalid, OwnerClaim};
 use super::limit;
 use super::owner;
 use super::policy::{Allowance, Policy, scope_bits};
@@ -80,10 +90,11 @@ impl Auth {
         };
         let caller = match (bearer, api_key) {
             (Some(_), Some(_)) => return Err(self.two(p)),
-            (None, None) => return Err(self.refuse(p, Refusal::Missing)),
+            (None, None) => return Err(self.refuse(p, Refused::of(Refusal::Missing))),
             (Some(auth), None) => {
-                let token = bearer_token(auth.as_bytes())
-                    .ok_or_else(|| self.refuse(p, Refusal::Token(Invalid::Malformed)))?;
+                let token = bearer_token(auth.as_bytes()).ok_or_else(|| {
+                    self.refuse(p, Refused::of(Refusal::Token(Invalid::Malformed)))
+                })?;
                 self.credential(p, b'j', token)?
             }
             (None, Some(key)) => self.credential(p, b'k', key.as_bytes())?,
@@ -94,15 +105,47 @@ impl Auth {
             ));
         };
         if v.scopes & p.required != p.required {
-            return Err(self.refuse(p, Refusal::InsufficientScope));
+            return Err(self.refuse(p, self.lacking_scopes(p, v.scopes)));
         }
         if let Some(o) = &p.owner
-            && v.owners.get(o.claim).is_none_or(Option::is_none)
+            && v.owners.get(o.claim).and_then(OwnerClaim::owner).is_none()
         {
-            return Err(self.refuse(p, Refusal::NoOwnerClaim));
+            return Err(self.refuse(p, no_owner(p, o, v.owners.get(o.claim))));
         }
         let allowance = self.limit(p, v.caller, peer, now)?;
         Ok((caller, allowance))
+    }
+
+    /// The 403 of a credential without every scope `p` requires: which
+    /// ones, and where they are read from.
+    fn lacking_scopes(&self, p: &Policy, held: u64) -> Refused {
+        let missing: Vec<&str> = p
+            .scopes
+            .iter()
+            .filter(|s| held & scope_bits(&self.scope_names, [s.as_str()]) == 0)
+            .map(String::as_str)
+            .collect();
+        let token = format!(
+            "a token's scopes are read from its claim {:?}, auth.scope_claim",
+            self.rules.scope_claim
+        );
+        let key = "an API key's are its entry's in auth.api_keys_file";
+        let from = match p.mode {
+            AuthMode::ApiKey => key.to_string(),
+            AuthMode::Jwt => token,
+            _ => format!("{token}; {key}"),
+        };
+        Refused::new(
+            Refusal::InsufficientScope,
+            format!(
+                "the credential lacks {}, which this resource requires ({from})",
+                missing
+                    .iter()
+                    .map(|s| format!("{s:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
     }
 
     /// The cached or freshly verified credential `token` (`domain`: `j` a
@@ -113,7 +156,7 @@ impl Auth {
                 b'j' => Refusal::Token(Invalid::TooLong),
                 _ => Refusal::UnknownApiKey,
             };
-            return Err(self.refuse(p, reason));
+            return Err(self.refuse(p, Refused::of(reason)));
         }
         let now = unix_now();
         let digest = self.keyed.digest_in(domain, token);
@@ -133,23 +176,34 @@ impl Auth {
         };
         let v = Arc::new(v.map_err(|r| match r {
             Err(e) => e,
-            Ok(reason) => self.refuse(p, reason),
+            Ok(refused) => self.refuse(p, refused),
         })?);
         self.verified.insert(v.clone(), now);
         Ok(Caller::Fresh(v))
     }
 
-    /// `Err(Ok(reason))` refuses with 401; `Err(Err(e))` answers `e`.
+    /// `Err(Ok(refused))` refuses with 401; `Err(Err(e))` answers `e`.
     fn verify_jwt(
         &self,
         token: &[u8],
         digest: [u8; 32],
         generation: u64,
         now: u64,
-    ) -> Result<Verified, Result<Refusal, Error>> {
-        let bad = |i: Invalid| Ok(Refusal::Token(i));
+    ) -> Result<Verified, Result<Refused, Error>> {
+        let bad = |i: Invalid| Ok(Refused::of(Refusal::Token(i)));
         let parsed = jwt::parse(token, self.max_token).map_err(bad)?;
         if parsed.alg.is_hmac() {
+            if self.secret.is_none() {
+                return Err(Ok(Refused::new(
+                    Refusal::Token(Invalid::Algorithm),
+                    format!(
+                        "the token is signed {}, with a shared secret, and auth.jwt_secret is not \
+                         set: tokens are verified here by the public keys of auth.jwks_file and \
+                         auth.jwks_url",
+                        parsed.alg.name()
+                    ),
+                )));
+            }
             jwt::verify_signature(&parsed, None, self.secret.as_ref()).map_err(bad)?;
         } else {
             let keys = self.keys.load();
@@ -165,12 +219,31 @@ impl Auth {
                             .fetch_add(1, Ordering::Relaxed);
                         r.wanted.notify_one();
                     }
-                    return Err(bad(Invalid::UnknownKey));
+                    return Err(Ok(self.unknown_key(&parsed, &keys)));
+                }
+                Err(Invalid::Algorithm) => {
+                    let held = keys
+                        .iter()
+                        .find(|k| k.kid == parsed.kid)
+                        .map_or("another", |k| k.alg.name());
+                    return Err(Ok(Refused::new(
+                        Refusal::Token(Invalid::Algorithm),
+                        format!(
+                            "the token says {}, and its key (kid {}) is for {held}",
+                            parsed.alg.name(),
+                            jwt::shown(&parsed.kid.clone().unwrap_or_default().into())
+                        ),
+                    )));
                 }
                 Err(e) => return Err(bad(e)),
             }
         }
-        let claims = jwt::claims(&parsed, &self.rules, now).map_err(bad)?;
+        let claims = jwt::claims(&parsed, &self.rules, now).map_err(|i| {
+            Ok(Refused {
+                reason: Refusal::Token(i),
+                detail: jwt::explain(&parsed, &self.rules, now, i).map(Cow::Owned),
+            })
+        })?;
         Ok(Verified {
             digest,
             generation,
@@ -181,12 +254,40 @@ impl Auth {
                 .sub
                 .as_ref()
                 .map_or(0, |s| self.keyed.hash64(b's', s.as_bytes())),
-            owners: claims
-                .owners
-                .into_iter()
-                .map(|o| o.map(String::into_boxed_str))
-                .collect(),
+            owners: claims.owners.into_boxed_slice(),
         })
+    }
+
+    /// The 401 of a token whose key is not held: which `kid`, or why none
+    /// could be chosen without one.
+    fn unknown_key(&self, parsed: &jwt::Parsed<'_>, keys: &[jwt::PublicKey]) -> Refused {
+        let sources = match (self.file_keys.is_empty(), &self.remote) {
+            (_, Some(_)) => {
+                "auth.jwks_url (fetched again for an unknown kid, at most once per \
+                 auth.jwks_min_refetch_interval)"
+            }
+            (false, None) => "auth.jwks_file",
+            (true, None) => "auth.jwks_file and auth.jwks_url, neither of which is set",
+        };
+        let detail = match &parsed.kid {
+            Some(kid) => format!(
+                "the token's kid {} is not among the {} keys held, from {sources}: is the token \
+                 from another realm or tenant, or signed by a key the set no longer lists?",
+                jwt::shown(&kid.as_str().into()),
+                keys.len()
+            ),
+            None => {
+                let of_alg = keys.iter().filter(|k| k.alg == parsed.alg).count();
+                match of_alg {
+                    0 => format!("no key for {} is held, from {sources}", parsed.alg.name()),
+                    n => format!(
+                        "the token has no kid, and {n} keys for {} are held: a kid says which",
+                        parsed.alg.name()
+                    ),
+                }
+            }
+        };
+        Refused::new(Refusal::Token(Invalid::UnknownKey), detail)
     }
 
     fn verify_api_key(
@@ -194,11 +295,11 @@ impl Auth {
         key: &[u8],
         digest: [u8; 32],
         generation: u64,
-    ) -> Result<Verified, Result<Refusal, Error>> {
+    ) -> Result<Verified, Result<Refused, Error>> {
         let i = self
             .api_keys
             .find(key, &self.keyed)
-            .ok_or(Ok(Refusal::UnknownApiKey))?;
+            .ok_or(Ok(Refused::of(Refusal::UnknownApiKey)))?;
         let (scopes, caller) = self.api_callers[i];
         Ok(Verified {
             digest,
@@ -207,7 +308,7 @@ impl Auth {
             valid_until: u64::MAX,
             scopes,
             caller,
-            owners: vec![None; self.rules.owner_claims.len()].into_boxed_slice(),
+            owners: vec![OwnerClaim::Absent; self.rules.owner_claims.len()].into_boxed_slice(),
         })
     }
 
@@ -295,41 +396,52 @@ impl Auth {
     fn owner_value<'v>(&self, p: &Policy, v: &'v Verified) -> Option<&'v str> {
         let o = p.owner.as_ref()?;
         // `check` refused a caller without the claim.
-        Some(v.owners.get(o.claim)?.as_deref().unwrap_or("\u{0}"))
+        Some(v.owners.get(o.claim)?.owner().unwrap_or("\u{0}"))
     }
 
-    fn refuse(&self, p: &Policy, reason: Refusal) -> Error {
+    fn refuse(&self, p: &Policy, refused: Refused) -> Error {
+        let Refused { reason, detail } = refused;
         self.stats.count(reason);
+        let label = reason.label();
         match reason {
             Refusal::Missing => Error::Unauthorized {
                 code: "unauthorized",
-                message: match p.mode {
+                reason: label,
+                message: Cow::Borrowed(match p.mode {
                     AuthMode::ApiKey => "an API key is required (X-API-Key)",
                     AuthMode::Any => "a bearer token or an API key (X-API-Key) is required",
                     _ => "a bearer token is required",
-                },
+                }),
                 challenge: p.challenge_missing.clone(),
             },
             Refusal::Token(i) => Error::Unauthorized {
                 code: "invalid_token",
-                message: i.message(),
+                reason: label,
+                message: detail.unwrap_or(Cow::Borrowed(i.message())),
                 challenge: p.challenge_token.clone(),
             },
             Refusal::UnknownApiKey => Error::Unauthorized {
                 code: "invalid_key",
-                message: "the API key is not valid",
+                reason: label,
+                message: Cow::Borrowed("the API key is not valid"),
                 challenge: p.challenge_key.clone(),
             },
             Refusal::TwoCredentials => Error::InvalidRequest {
                 challenge: p.challenge_missing.clone(),
             },
             Refusal::InsufficientScope => Error::Forbidden {
-                message: "the credential lacks a scope this resource requires",
+                reason: label,
+                message: detail.unwrap_or(Cow::Borrowed(
+                    "the credential lacks a scope this resource requires",
+                )),
                 challenge: p.challenge_scope.clone(),
             },
-            Refusal::NoOwnerClaim => Error::Forbidden {
-                message: "the credential lacks the claim that names its owner",
-                challenge: p.challenge_scope.clone(),
+            Refusal::NoOwnerClaim | Refusal::OwnerClaimType => Error::Forbidden {
+                reason: label,
+                message: detail.unwrap_or(Cow::Borrowed(
+                    "the credential lacks the claim that names its owner",
+                )),
+                challenge: p.challenge_owner.clone(),
             },
             // Never refused here: another owner's row is answered as absent
             // (`http::lookup`), a rate limit by `limit`.
@@ -340,7 +452,59 @@ impl Auth {
     }
 
     fn two(&self, p: &Policy) -> Error {
-        self.refuse(p, Refusal::TwoCredentials)
+        self.refuse(p, Refused::of(Refusal::TwoCredentials))
+    }
+}
+
+/// A refusal, and what it says beyond its reason's fixed sentence.
+struct Refused {
+    reason: Refusal,
+    detail: Option<Cow<'static, str>>,
+}
+
+impl Refused {
+    fn of(reason: Refusal) -> Self {
+        Self {
+            reason,
+            detail: None,
+        }
+    }
+
+    fn new(reason: Refusal, detail: String) -> Self {
+        Self {
+            reason,
+            detail: Some(Cow::Owned(detail)),
+        }
+    }
+}
+
+/// The 403 of a credential whose owner claim (`o`, holding `held`) names
+/// no owner: the claim, and what it holds instead. Not a scope: no scope
+/// would help.
+fn no_owner(p: &Policy, o: &super::Owner, held: Option<&OwnerClaim>) -> Refused {
+    let claim = &o.claim_name;
+    match held {
+        Some(OwnerClaim::Unusable(what)) => Refused::new(
+            Refusal::OwnerClaimType,
+            format!(
+                "the owner claim {claim:?} (resource.owner_claim) holds {what}: an owner is a \
+                 string or an integer (a JSON Pointer reaches one element, as \"/{}/0\" does)",
+                claim.trim_start_matches('/')
+            ),
+        ),
+        _ => Refused::new(
+            Refusal::NoOwnerClaim,
+            match p.mode {
+                AuthMode::ApiKey => format!(
+                    "an API key names no owner: this resource's rows are read by a token with \
+                     the claim {claim:?} (resource.owner_claim)"
+                ),
+                _ => format!(
+                    "the credential has no claim {claim:?}, which names the owner of this \
+                     resource's rows (resource.owner_claim)"
+                ),
+            },
+        ),
     }
 }
 

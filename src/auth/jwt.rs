@@ -273,12 +273,17 @@ pub enum Invalid {
     Expired,
     NotYetValid,
     Issuer,
+    /// An `aud` without `auth.audience` among its values.
     Audience,
+    /// No `aud`, and `auth.audience` is set.
+    NoAudience,
+    /// An `aud`, and `auth.audience` is not set (RFC 7519 §4.1.3).
+    UnexpectedAudience,
     Claims,
 }
 
 impl Invalid {
-    pub const ALL: [Invalid; 10] = [
+    pub const ALL: [Invalid; 12] = [
         Invalid::TooLong,
         Invalid::Malformed,
         Invalid::Algorithm,
@@ -288,6 +293,8 @@ impl Invalid {
         Invalid::NotYetValid,
         Invalid::Issuer,
         Invalid::Audience,
+        Invalid::NoAudience,
+        Invalid::UnexpectedAudience,
         Invalid::Claims,
     ];
 
@@ -303,10 +310,14 @@ impl Invalid {
             Invalid::NotYetValid => "not_yet_valid",
             Invalid::Issuer => "issuer",
             Invalid::Audience => "audience",
+            Invalid::NoAudience => "no_audience",
+            Invalid::UnexpectedAudience => "unexpected_audience",
             Invalid::Claims => "claims",
         }
     }
 
+    /// The cause in a fixed sentence (what [`explain`] says when it can
+    /// say more).
     pub fn message(self) -> &'static str {
         match self {
             Invalid::TooLong => "the token is longer than this gateway accepts",
@@ -318,6 +329,10 @@ impl Invalid {
             Invalid::NotYetValid => "the token is not valid yet",
             Invalid::Issuer => "the token's issuer is not accepted",
             Invalid::Audience => "the token is meant for another audience",
+            Invalid::NoAudience => "the token names no audience, and this gateway requires one",
+            Invalid::UnexpectedAudience => {
+                "the token names an audience, and this gateway is configured for none"
+            }
             Invalid::Claims => "the token's claims are missing or malformed (exp is required)",
         }
     }
@@ -346,7 +361,39 @@ pub struct Claims {
     pub sub: Option<String>,
     pub scopes: Vec<String>,
     /// The values of [`Rules::owner_claims`], in that order.
-    pub owners: Vec<Option<String>>,
+    pub owners: Vec<OwnerClaim>,
+}
+
+/// An owner claim as a token holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerClaim {
+    /// A string, or an integer in decimal: the owner it names.
+    Owner(Box<str>),
+    /// The token has no such claim.
+    Absent,
+    /// A value that names no owner (an array, an object, a fraction, a
+    /// boolean, null): what it holds, for the refusal to say.
+    Unusable(Box<str>),
+}
+
+impl OwnerClaim {
+    fn of(v: Option<&Value>) -> Self {
+        match v {
+            None => OwnerClaim::Absent,
+            Some(v) => match identity(v) {
+                Some(owner) => OwnerClaim::Owner(owner.into_boxed_str()),
+                None => OwnerClaim::Unusable(holds(v).into_boxed_str()),
+            },
+        }
+    }
+
+    /// The owner it names.
+    pub fn owner(&self) -> Option<&str> {
+        match self {
+            OwnerClaim::Owner(o) => Some(o),
+            _ => None,
+        }
+    }
 }
 
 /// A token split and its header read, before a key is chosen.
@@ -524,7 +571,8 @@ pub fn claims(parsed: &Parsed<'_>, rules: &Rules, now: u64) -> Result<Claims, In
     }
     match (map.get("aud"), &rules.audience) {
         (None, None) => {}
-        (Some(_), None) | (None, Some(_)) => return Err(Invalid::Audience),
+        (Some(_), None) => return Err(Invalid::UnexpectedAudience),
+        (None, Some(_)) => return Err(Invalid::NoAudience),
         (Some(aud), Some(want)) => {
             let ok = match aud {
                 Value::String(s) => s == want,
@@ -559,7 +607,7 @@ pub fn claims(parsed: &Parsed<'_>, rules: &Rules, now: u64) -> Result<Claims, In
     let owners = rules
         .owner_claims
         .iter()
-        .map(|c| claim(&map, c).and_then(identity))
+        .map(|c| OwnerClaim::of(claim(&map, c)))
         .collect();
     Ok(Claims {
         valid_from,
@@ -567,6 +615,142 @@ pub fn claims(parsed: &Parsed<'_>, rules: &Rules, now: u64) -> Result<Claims, In
         sub,
         scopes,
         owners,
+    })
+}
+
+/// Longest quotation of a claim's value in a refusal.
+const SHOWN: usize = 96;
+
+/// `v` as JSON, cut at [`SHOWN`] bytes (a refusal quotes what a claim
+/// holds, never the token, and never at any length).
+pub fn shown(v: &Value) -> String {
+    let mut text = v.to_string();
+    if text.len() > SHOWN {
+        let mut cut = SHOWN;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
+
+/// What a claim holds that is not what it should be: its kind and value.
+fn holds(v: &Value) -> String {
+    let kind = match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number that is no 64-bit integer",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    format!("{kind}, {}", shown(v))
+}
+
+/// Why a token whose signature verified was refused as `why`, with what
+/// its claims hold and, where there is one, the fix: the message of its
+/// 401. `None` where the fixed sentence ([`Invalid::message`]) is all
+/// there is to say. The token itself is never quoted; a claim's value is,
+/// cut short ([`shown`]).
+pub fn explain(parsed: &Parsed<'_>, rules: &Rules, now: u64, why: Invalid) -> Option<String> {
+    let payload = b64(parsed.payload).ok()?;
+    let Ok(map) = serde_json::from_slice::<Map<String, Value>>(&payload) else {
+        return Some("the token's claims are not a JSON object".into());
+    };
+    let leeway = rules.leeway;
+    let ago = |secs: u64| humantime::format_duration(std::time::Duration::from_secs(secs));
+    let want_aud = rules.audience.as_deref().unwrap_or_default();
+    let issue_for = |aud: &str| {
+        format!(
+            "have the identity provider issue tokens for {aud:?} (Keycloak: an Audience mapper \
+             on the client or a client scope, since its default aud is \"account\"; Auth0: \
+             {aud:?} as the audience parameter, the API's identifier)"
+        )
+    };
+    Some(match why {
+        Invalid::Expired => {
+            let exp = map.get("exp").and_then(|v| numeric_date(v).ok())?;
+            format!(
+                "the token expired {} ago (exp {exp}; auth.leeway allows {leeway} s of clock skew)",
+                ago(now.saturating_sub(exp))
+            )
+        }
+        Invalid::NotYetValid => {
+            let nbf = map.get("nbf").and_then(|v| numeric_date(v).ok())?;
+            format!(
+                "the token is valid only in {} (nbf {nbf}; auth.leeway allows {leeway} s of clock \
+                 skew): is the issuer's clock or this host's off?",
+                ago(nbf.saturating_sub(leeway).saturating_sub(now))
+            )
+        }
+        Invalid::Issuer => {
+            let want = rules.issuer.as_deref().unwrap_or_default();
+            match map.get("iss") {
+                None => format!("the token has no iss, and auth.issuer requires {want:?}"),
+                Some(got @ Value::String(text))
+                    if text.trim_end_matches('/') == want.trim_end_matches('/') =>
+                {
+                    format!(
+                        "the token's iss is {}, and auth.issuer is {want:?}: they differ by the \
+                         trailing slash, which counts (Auth0's issuer ends in one, Keycloak's \
+                         does not)",
+                        shown(got)
+                    )
+                }
+                Some(got) => format!(
+                    "the token's iss is {}, and auth.issuer is {want:?}",
+                    shown(got)
+                ),
+            }
+        }
+        Invalid::Audience => format!(
+            "the token's aud is {}, which does not hold auth.audience {want_aud:?}: {}, or set \
+             auth.audience to the audience the tokens carry",
+            shown(map.get("aud")?),
+            issue_for(want_aud)
+        ),
+        Invalid::NoAudience => format!(
+            "the token has no aud, and auth.audience requires {want_aud:?}: {}",
+            issue_for(want_aud)
+        ),
+        Invalid::UnexpectedAudience => format!(
+            "the token's aud is {}, and auth.audience is not set: a token meant for an audience \
+             is taken only where auth.audience names it (RFC 7519 section 4.1.3); set \
+             auth.audience to this gateway's",
+            shown(map.get("aud")?)
+        ),
+        Invalid::Claims => {
+            let bad_date = |name: &str| {
+                map.get(name).filter(|v| numeric_date(v).is_err()).map(|v| {
+                    format!(
+                        "the token's {name} is {}: a number of seconds since 1970 is required",
+                        holds(v)
+                    )
+                })
+            };
+            if !map.contains_key("exp") {
+                "the token has no exp: an expiry is required".into()
+            } else if let Some(d) = bad_date("exp").or_else(|| bad_date("nbf")) {
+                d
+            } else if let Some(sub) = map.get("sub").filter(|v| identity(v).is_none()) {
+                format!(
+                    "the token's sub is {}: a string or an integer is required",
+                    holds(sub)
+                )
+            } else if let Some(scopes) = claim(&map, &rules.scope_claim) {
+                format!(
+                    "the claim {:?} (auth.scope_claim) is {}: scopes are a space-separated \
+                     string or an array of strings",
+                    rules.scope_claim,
+                    holds(scopes)
+                )
+            } else {
+                return None;
+            }
+        }
+        _ => return None,
     })
 }
 
@@ -633,14 +817,15 @@ mod tests {
         ];
         let c = check(&t, &r, 1000).unwrap();
         assert_eq!(c.scopes, ["users:read", "admin"]);
+        let owner = |s: &str| OwnerClaim::Owner(s.into());
         assert_eq!(
             c.owners,
             [
-                Some("t-9".into()),
-                Some("t-9".into()),
-                Some("18".into()),
-                None,
-                None
+                owner("t-9"),
+                owner("t-9"),
+                owner("18"),
+                OwnerClaim::Absent,
+                OwnerClaim::Unusable(r#"an object, {"roles":["users:read","admin"]}"#.into()),
             ]
         );
     }
@@ -676,7 +861,13 @@ mod tests {
         let c = check(&t, &rules(), 1000).unwrap();
         assert_eq!(c.sub.as_deref(), Some("42"));
         assert_eq!(c.scopes, ["a", "b"]);
-        assert_eq!(c.owners, [Some("42".into()), Some("7".into())]);
+        assert_eq!(
+            c.owners,
+            [
+                OwnerClaim::Owner("42".into()),
+                OwnerClaim::Owner("7".into())
+            ]
+        );
         assert_eq!((c.valid_from, c.valid_until), (0, 2030));
         let mut r = rules();
         r.scope_claim = "scp".into();
@@ -709,7 +900,7 @@ mod tests {
     fn issuer_and_audience_are_exact_and_an_unasked_audience_is_refused() {
         let mut r = rules();
         let t = hs256(json!({"exp": 2000, "aud": "api"}));
-        assert_eq!(check(&t, &r, 1000), Err(Invalid::Audience));
+        assert_eq!(check(&t, &r, 1000), Err(Invalid::UnexpectedAudience));
         r.audience = Some("api".into());
         assert!(check(&t, &r, 1000).is_ok());
         let t = hs256(json!({"exp": 2000, "aud": ["x", "api"]}));
@@ -717,13 +908,91 @@ mod tests {
         let t = hs256(json!({"exp": 2000, "aud": ["x"]}));
         assert_eq!(check(&t, &r, 1000), Err(Invalid::Audience));
         let t = hs256(json!({"exp": 2000}));
-        assert_eq!(check(&t, &r, 1000), Err(Invalid::Audience));
+        assert_eq!(check(&t, &r, 1000), Err(Invalid::NoAudience));
         r.audience = None;
         r.issuer = Some("https://idp".into());
         let t = hs256(json!({"exp": 2000, "iss": "https://idp"}));
         assert!(check(&t, &r, 1000).is_ok());
         let t = hs256(json!({"exp": 2000, "iss": "https://evil"}));
         assert_eq!(check(&t, &r, 1000), Err(Invalid::Issuer));
+    }
+
+    /// The 401's message for each refusal of the claims: the cause, what
+    /// the token holds, the fix; never the token.
+    #[test]
+    fn refusals_of_the_claims_say_what_the_token_holds_and_the_fix() {
+        let why = |claims: Value, r: &Rules, now: u64| {
+            let t = hs256(claims);
+            let p = parse(t.as_bytes(), 8192).unwrap();
+            let invalid = super::claims(&p, r, now).unwrap_err();
+            let text = explain(&p, r, now, invalid).unwrap_or_else(|| invalid.message().into());
+            assert!(!text.contains(&t[..20]) && !text.contains(t.split('.').nth(1).unwrap()));
+            (invalid, text)
+        };
+        let mut r = rules();
+        r.audience = Some("bloomgate".into());
+        // Keycloak's default: aud "account".
+        let (i, text) = why(json!({"exp": 2000, "aud": "account"}), &r, 1000);
+        assert_eq!(i, Invalid::Audience);
+        for says in [
+            "\"account\"",
+            "auth.audience",
+            "\"bloomgate\"",
+            "Audience mapper",
+        ] {
+            assert!(text.contains(says), "{says}: {text}");
+        }
+        let (i, text) = why(json!({"exp": 2000, "aud": ["account", "broker"]}), &r, 1000);
+        assert_eq!(i, Invalid::Audience);
+        assert!(text.contains(r#"["account","broker"]"#), "{text}");
+        let (i, text) = why(json!({"exp": 2000}), &r, 1000);
+        assert_eq!(i, Invalid::NoAudience);
+        assert!(
+            text.contains("no aud") && text.contains("\"bloomgate\""),
+            "{text}"
+        );
+        r.audience = None;
+        let (i, text) = why(json!({"exp": 2000, "aud": "account"}), &r, 1000);
+        assert_eq!(i, Invalid::UnexpectedAudience);
+        assert!(text.contains("auth.audience is not set"), "{text}");
+        // Expired, by how long; not valid yet, for how long.
+        let (i, text) = why(json!({"exp": 1000}), &r, 1000 + 3 * 3600 + 30);
+        assert_eq!(i, Invalid::Expired);
+        assert!(
+            text.contains("expired 3h 30s ago") && text.contains("30 s"),
+            "{text}"
+        );
+        let (i, text) = why(json!({"exp": 9000, "nbf": 2030}), &r, 1000);
+        assert_eq!(i, Invalid::NotYetValid);
+        assert!(text.contains("valid only in 16m 40s"), "{text}");
+        // An issuer that differs by its trailing slash says so.
+        r.issuer = Some("https://tenant.eu.auth0.com/".into());
+        let (i, text) = why(
+            json!({"exp": 2000, "iss": "https://tenant.eu.auth0.com"}),
+            &r,
+            1000,
+        );
+        assert_eq!(i, Invalid::Issuer);
+        assert!(text.contains("trailing slash"), "{text}");
+        let (_, text) = why(json!({"exp": 2000}), &r, 1000);
+        assert!(text.contains("no iss"), "{text}");
+        r.issuer = None;
+        // Which claim is malformed, and what it holds.
+        let (i, text) = why(json!({"sub": "1"}), &r, 1000);
+        assert_eq!(i, Invalid::Claims);
+        assert!(text.contains("no exp"), "{text}");
+        let (_, text) = why(json!({"exp": "2000"}), &r, 1000);
+        assert!(text.contains("exp is a string, \"2000\""), "{text}");
+        let (_, text) = why(json!({"exp": 2000, "sub": ["a"]}), &r, 1000);
+        assert!(text.contains("sub is an array"), "{text}");
+        let (_, text) = why(json!({"exp": 2000, "scope": {"a": 1}}), &r, 1000);
+        assert!(
+            text.contains("\"scope\" (auth.scope_claim) is an object"),
+            "{text}"
+        );
+        // A long value is cut short.
+        let (_, text) = why(json!({"exp": 2000, "aud": "x".repeat(5000)}), &r, 1000);
+        assert!(text.len() < 600 && text.contains('…'), "{}", text.len());
     }
 
     #[test]

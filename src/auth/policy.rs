@@ -25,6 +25,9 @@ pub struct Policy {
     pub(super) challenge_token: HeaderValue,
     pub(super) challenge_key: HeaderValue,
     pub(super) challenge_scope: HeaderValue,
+    /// A 403 for the owner claim: `insufficient_scope` (RFC 6750 has no
+    /// other 403) without a `scope`, since no scope would help.
+    pub(super) challenge_owner: HeaderValue,
     pub(super) rate_policy: Option<HeaderValue>,
 }
 
@@ -59,6 +62,8 @@ impl Policy {
         let api_bad = format!("{api}, error=\"invalid_key\"");
         let bearer_scope = format!("{bearer}, error=\"insufficient_scope\", scope=\"{scope}\"");
         let api_scope = format!("{api}, error=\"insufficient_scope\", scope=\"{scope}\"");
+        let bearer_owner = format!("{bearer}, error=\"insufficient_scope\"");
+        let api_owner = format!("{api}, error=\"insufficient_scope\"");
         let rate = a
             .rate_limit
             .map(|l| limit::Rate::new(l.per_second, l.burst));
@@ -81,6 +86,7 @@ impl Policy {
             challenge_token: static_value(&both(&bearer_bad, &api)),
             challenge_key: static_value(&both(&bearer, &api_bad)),
             challenge_scope: static_value(&both(&bearer_scope, &api_scope)),
+            challenge_owner: static_value(&both(&bearer_owner, &api_owner)),
             rate_policy: rate.map(|rate| {
                 static_value(&format!(
                     "\"{}\";q={};w={}",

@@ -1,5 +1,6 @@
 //! The access checks' counters: why a request was refused
-//! ([`Refusal`], `bloomgate_auth_failures_total{reason}`), the
+//! ([`Refusal`], `bloomgate_auth_failures_total{reason}`, and the
+//! `reason` of its JSON error and access line), the
 //! verified-credential cache's hits and misses, and the JWKS fetches. Kept
 //! apart from the checks so the admin view and the refresher count into
 //! the same place the request path does.
@@ -18,12 +19,14 @@ pub enum Refusal {
     TwoCredentials,
     InsufficientScope,
     NoOwnerClaim,
+    /// The owner claim holds no owner (an array, an object, ...).
+    OwnerClaimType,
     NotOwner,
     RateLimited,
 }
 
 /// Every reason, in the order of [`Stats::failures`].
-pub const REFUSALS: [Refusal; 17] = [
+pub const REFUSALS: [Refusal; 20] = [
     Refusal::Missing,
     Refusal::Token(Invalid::TooLong),
     Refusal::Token(Invalid::Malformed),
@@ -34,11 +37,14 @@ pub const REFUSALS: [Refusal; 17] = [
     Refusal::Token(Invalid::NotYetValid),
     Refusal::Token(Invalid::Issuer),
     Refusal::Token(Invalid::Audience),
+    Refusal::Token(Invalid::NoAudience),
+    Refusal::Token(Invalid::UnexpectedAudience),
     Refusal::Token(Invalid::Claims),
     Refusal::UnknownApiKey,
     Refusal::TwoCredentials,
     Refusal::InsufficientScope,
     Refusal::NoOwnerClaim,
+    Refusal::OwnerClaimType,
     Refusal::NotOwner,
     Refusal::RateLimited,
 ];
@@ -52,6 +58,7 @@ impl Refusal {
             Refusal::TwoCredentials => "two_credentials",
             Refusal::InsufficientScope => "insufficient_scope",
             Refusal::NoOwnerClaim => "no_owner_claim",
+            Refusal::OwnerClaimType => "owner_claim_type",
             Refusal::NotOwner => "not_owner",
             Refusal::RateLimited => "rate_limited",
         }
@@ -94,5 +101,14 @@ mod tests {
     fn every_reason_has_its_own_label() {
         let labels: std::collections::HashSet<_> = REFUSALS.iter().map(|r| r.label()).collect();
         assert_eq!(labels.len(), REFUSALS.len());
+        for i in Invalid::ALL {
+            assert!(REFUSALS.contains(&Refusal::Token(i)), "{i:?}");
+        }
+        // Written into access lines as they are: nothing to escape.
+        assert!(
+            labels
+                .iter()
+                .all(|l| l.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
+        );
     }
 }

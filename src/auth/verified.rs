@@ -37,7 +37,7 @@ pub struct Verified {
     /// name; 0 when there is neither (the address is used).
     pub caller: u64,
     /// The owner claims the resources name, in `Rules::owner_claims` order.
-    pub owners: Box<[Option<Box<str>>]>,
+    pub owners: Box<[super::jwt::OwnerClaim]>,
 }
 
 pub type Held = Guard<Option<Arc<Verified>>>;

@@ -79,7 +79,7 @@ pub struct BusConfig {
     /// Redis' asynchronous replication at a failover cost a resync, never
     /// a wrong answer. Default none. `BLOOMGATE_BUS__SENTINELS`: a TOML
     /// array or comma-separated URLs.
-    #[serde(deserialize_with = "super::database::url_list")]
+    #[serde(deserialize_with = "super::forms::list")]
     pub sentinels: Vec<String>,
     /// The name the sentinels know the primary by (`sentinel monitor
     /// <name> …`); set with `sentinels`. Default none.

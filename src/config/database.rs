@@ -105,7 +105,7 @@ pub struct DatabaseConfig {
     /// `BLOOMGATE_DATABASE__REPLICA_URLS='["postgres://…", "postgres://…"]'`.
     /// A plain comma-separated list is taken too (`postgres://a/db,postgres://b/db`).
     /// Default none.
-    #[serde(deserialize_with = "url_list")]
+    #[serde(deserialize_with = "super::forms::list")]
     pub replica_urls: Vec<String>,
     /// A replica further behind the primary than this is not used, and a
     /// rebuild waits at most this long for one to catch up before it scans
@@ -126,27 +126,6 @@ pub struct DatabaseConfig {
     /// Default `2s`.
     #[serde(with = "crate::config::forms::duration")]
     pub freshness_bound: Duration,
-}
-
-/// A list of URLs, or one text of comma-separated URLs: what an
-/// environment variable holding plain text gives (`postgres://h/db` alone is
-/// not a TOML array).
-pub(super) fn url_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        Many(Vec<String>),
-        One(String),
-    }
-    Ok(match OneOrMany::deserialize(d)? {
-        OneOrMany::Many(v) => v,
-        OneOrMany::One(s) => s
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(String::from)
-            .collect(),
-    })
 }
 
 impl Default for DatabaseConfig {

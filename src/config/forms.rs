@@ -69,6 +69,29 @@ pub fn option_bytes<S: Serializer>(
     }
 }
 
+/// `deserialize_with` for a list of strings: an array, or the
+/// comma-separated text an environment variable gives
+/// (`BLOOMGATE_DATABASE__REPLICA_URLS=postgres://a/db,postgres://b/db`:
+/// figment's environment provider hands that over as one string).
+pub fn list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    use serde::Deserialize;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        Many(Vec<String>),
+        One(String),
+    }
+    Ok(match OneOrMany::deserialize(d)? {
+        OneOrMany::Many(v) => v,
+        OneOrMany::One(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(String::from)
+            .collect(),
+    })
+}
+
 /// The largest of h, m, s, ms, us, ns that divides `d` exactly.
 pub fn duration_text(d: Duration) -> String {
     let nanos = d.as_nanos();

@@ -42,6 +42,13 @@ pub struct LogConfig {
     /// run: docs/perf-log/2026-11-27-access-lines-outside-tracing.md,
     /// "Access lines under an attack").
     pub access_filtered_rate: FilteredRate,
+    /// Access lines for the probes, `GET /healthz` and `/readyz`, of the
+    /// public listener. `false` leaves them out (as nginx's `access_log
+    /// off` in their `location`): a load balancer and Kubernetes probing
+    /// every few seconds per gateway would otherwise be most of a quiet
+    /// gateway's log. They are not counted as lines left out. Default
+    /// true.
+    pub access_probes: bool,
 }
 
 impl Default for LogConfig {
@@ -52,6 +59,7 @@ impl Default for LogConfig {
             access: true,
             access_file: None,
             access_filtered_rate: FilteredRate::default(),
+            access_probes: true,
         }
     }
 }

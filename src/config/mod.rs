@@ -11,7 +11,8 @@
 //! # Layout
 //!
 //! One file per section, each with its defaults and its own `validate`
-//! naming the offending key: [`server`], [`admin`], [`database`], [`log`],
+//! naming the offending key: [`server`] (with [`cors`], its `[server.cors]`,
+//! and [`cidr`], the networks `trusted_proxies` lists), [`admin`], [`database`], [`log`],
 //! [`filter`], [`cache`], [`auth`], [`resource`] (a `[[resource]]`, its
 //! overrides of `[filter]` and `[cache]`, and the [`Resolved`] form the
 //! gateway runs). Beside them: [`env`] (the sources and their order, and
@@ -30,6 +31,8 @@ pub mod auth;
 pub mod bus;
 pub mod cache;
 pub mod cache_control;
+pub mod cidr;
+pub mod cors;
 pub mod database;
 pub mod env;
 pub mod filter;
@@ -54,11 +57,13 @@ pub use auth::{
 };
 pub use bus::{BusConfig, ReadFrom};
 pub use cache::{CacheBound, CacheConfig, CacheOverrides, DEFAULT_MAX_BYTES};
+pub use cidr::Cidr;
+pub use cors::CorsConfig;
 pub use database::{DatabaseConfig, Freshness, redact_url};
 pub use filter::{FilterConfig, FilterOverrides};
 pub use log::{FilteredRate, LogConfig, LogFormat};
 pub use resource::{KeyType, Resolved, ResourceConfig};
-pub use server::{DEFAULT_MAX_HEADERS, ReadinessPolicy, ServerConfig};
+pub use server::{DEFAULT_MAX_HEADERS, ForwardedHeader, ReadinessPolicy, ServerConfig};
 
 /// The path used when `--config` is not given.
 pub const DEFAULT_PATH: &str = "config/bloomgate.toml";
@@ -348,7 +353,10 @@ impl Config {
         self.auth.validate()?;
         bus::validate(&self.bus, self.database.slot.as_deref())
             .map_err(|(key, problem)| KeyProblem { key, problem })?;
-        resource::validate_all(&self.resources, &self.resolved(), &self.auth)
+        resource::validate_all(&self.resources, &self.resolved(), &self.auth)?;
+        self.server
+            .cors
+            .validate_against("server.cors", &self.resources)
     }
 }
 

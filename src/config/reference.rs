@@ -2,9 +2,10 @@
 //! in its own section, with the default the code uses. Its guarantees,
 //! checked here against the structs (the one source of the defaults):
 //!
-//! - every field of `[server]`, `[admin]`, `[database]`, `[log]`,
-//!   `[filter]`, `[cache]`, `[auth]` and `[bus]` appears in its section,
-//!   set or commented out (`# key = example`);
+//! - every field of `[server]`, `[server.cors]`, `[admin]`, `[database]`,
+//!   `[log]`, `[filter]`, `[cache]`, `[auth]` and `[bus]` appears in its
+//!   section, set or commented out (`# key = example`) (a table of its
+//!   own, `[server.cors]`, stands for its field of the section above);
 //! - no key appears in a section that has no such field: set keys load,
 //!   and so does each commented key uncommented (`deny_unknown_fields`),
 //!   so it lands where the struct expects it;
@@ -19,8 +20,16 @@ use super::Config;
 
 const FILE: &str = include_str!("../../config/bloomgate.toml");
 
-const SECTIONS: [&str; 8] = [
-    "server", "admin", "database", "log", "filter", "cache", "auth", "bus",
+const SECTIONS: [&str; 9] = [
+    "server",
+    "server.cors",
+    "admin",
+    "database",
+    "log",
+    "filter",
+    "cache",
+    "auth",
+    "bus",
 ];
 
 /// Examples that stand instead of a key set above them ("not both").
@@ -111,12 +120,25 @@ fn json(c: &Config) -> Json {
     serde_json::to_value(c).unwrap()
 }
 
+/// The value at a dotted path (`server.cors`) of `v`.
+fn at<'v>(v: &'v Json, path: &str) -> &'v Json {
+    path.split('.').fold(v, |v, k| &v[k])
+}
+
+/// The TOML table at a dotted path.
+fn table_at<'t>(t: &'t toml::Table, path: &str) -> Option<&'t toml::Table> {
+    path.split('.')
+        .try_fold(t, |t, k| t.get(k).and_then(toml::Value::as_table))
+}
+
+/// A section's fields, except those that are sections of their own.
 fn fields(section: &str) -> Vec<String> {
     let defaults = json(&Config::default());
-    defaults[section]
+    at(&defaults, section)
         .as_object()
         .unwrap_or_else(|| panic!("[{section}] is not a struct"))
         .keys()
+        .filter(|k| !SECTIONS.contains(&format!("{section}.{k}").as_str()))
         .cloned()
         .collect()
 }
@@ -163,12 +185,12 @@ fn every_key_set_holds_the_default_unless_it_says_not() {
         if commented {
             continue;
         }
-        let (section, key) = path.split_once('.').unwrap();
-        let set = &shipped[section][key];
+        let (section, key) = path.rsplit_once('.').unwrap();
+        let set = &at(&shipped, section)[key];
         let default = match UNSET.iter().find(|(k, _)| *k == path) {
             // Written as check-config writes it (`config::forms`).
             Some((_, Some(v))) => super::forms::bytes_text(*v).map_or(Json::from(*v), Json::from),
-            _ => defaults[section][key].clone(),
+            _ => at(&defaults, section)[key].clone(),
         };
         let default = &default;
         match (set == default, line.contains("not the default")) {
@@ -218,8 +240,11 @@ fn every_commented_example_loads_uncommented() {
         // The key really is set now (a typo in the helper would test the
         // file unchanged).
         let table: toml::Table = toml::from_str(&text).expect("TOML");
-        let (section, k) = key.split_once('.').unwrap();
-        assert!(table[section].get(k).is_some(), "{key} not uncommented");
+        let (section, k) = key.rsplit_once('.').unwrap();
+        assert!(
+            table_at(&table, section).is_some_and(|t| t.get(k).is_some()),
+            "{key} not uncommented"
+        );
         if let Err(e) = Config::from_toml(&text) {
             problems.push(format!("{key}: {e}"));
         }
@@ -247,11 +272,11 @@ fn check_config_prints_the_files_own_forms() {
         if commented {
             continue;
         }
-        let (section, key) = path.split_once('.').unwrap();
+        let (section, key) = path.rsplit_once('.').unwrap();
         let written = line.split_once('=').unwrap().1;
         let written = written.split(" #").next().unwrap().trim();
         let written: toml::Table = format!("v = {written}").parse().unwrap();
-        let shown = printed.get(section).and_then(|s| s.get(key));
+        let shown = table_at(&printed, section).and_then(|s| s.get(key));
         if shown != written.get("v") {
             problems.push(format!(
                 "{path}: the file says {}, check-config {shown:?}",

@@ -11,6 +11,10 @@ use super::identifier::is_identifier;
 /// The public paths the gateway serves beside the resources.
 pub const SERVED: [&str; 3] = ["/healthz", "/readyz", "/openapi.json"];
 
+/// The probes among them: what `log.access_probes = false` leaves out of
+/// the access log.
+pub const PROBES: [&str; 2] = ["/healthz", "/readyz"];
+
 /// The admin API's prefix: reserved on the public listener too, so a path
 /// never means one thing there and another on the admin listener.
 pub const ADMIN_PREFIX: &str = "/admin";

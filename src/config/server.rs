@@ -7,6 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::KeyProblem;
+use super::cidr::Cidr;
+use super::cors::CorsConfig;
 
 /// `server.max_headers` by default: hyper's `DEFAULT_MAX_HEADERS`, the size of
 /// the header arrays it keeps inline. Left at it, hyper is not told a limit
@@ -89,6 +91,34 @@ pub struct ServerConfig {
     /// 503 whenever any resource's filter and cache are not vouched for,
     /// for a single gateway whose load balancer has somewhere else to go.
     pub readiness: ReadinessPolicy,
+    /// The proxies in front (load balancers, ingresses) whose
+    /// `forwarded_header` names the caller: networks (`10.0.0.0/8`) or
+    /// addresses. A request from one of them is attributed, for rate
+    /// limits and the access line (which keeps the connection's address
+    /// too), to the first address in that header, read from the right,
+    /// that is not itself trusted (`http::forwarded`); from any other
+    /// address the header is ignored. Nothing else reads it. Default
+    /// empty: every caller is the connection's address.
+    #[serde(deserialize_with = "super::cidr::list")]
+    pub trusted_proxies: Vec<Cidr>,
+    /// The one header the trusted proxies write: `"x-forwarded-for"` or
+    /// `"forwarded"` (RFC 7239, its `for=` parameters). Only that one is
+    /// read, so a client cannot speak through the other. Default
+    /// `"x-forwarded-for"`.
+    pub forwarded_header: ForwardedHeader,
+    /// Reads from web pages of other origins (CORS); see [`CorsConfig`].
+    /// Default off.
+    pub cors: CorsConfig,
+}
+
+/// `server.forwarded_header`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub enum ForwardedHeader {
+    #[default]
+    #[serde(rename = "x-forwarded-for")]
+    XForwardedFor,
+    #[serde(rename = "forwarded")]
+    Forwarded,
 }
 
 /// `server.readiness`.
@@ -116,6 +146,9 @@ impl Default for ServerConfig {
             idle_timeout: Duration::from_secs(75),
             max_connections: 10_000,
             readiness: ReadinessPolicy::Local,
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeader::XForwardedFor,
+            cors: CorsConfig::default(),
         }
     }
 }
@@ -151,7 +184,7 @@ impl ServerConfig {
         if self.request_timeout.is_zero() {
             return bad("request_timeout", "must be above 0");
         }
-        Ok(())
+        self.cors.validate("server.cors")
     }
 }
 
@@ -170,6 +203,29 @@ mod tests {
     }
 
     #[test]
+    fn trusted_proxies_take_networks_as_a_list_or_as_text() {
+        let c = Config::from_toml(&format!(
+            "[server]\ntrusted_proxies = [\"10.0.0.0/8\", \"127.0.0.1\"]\nforwarded_header = \"forwarded\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(c.server.trusted_proxies.len(), 2);
+        assert_eq!(c.server.forwarded_header, super::ForwardedHeader::Forwarded);
+        assert!(c.server.trusted_proxies[1].contains("127.0.0.1".parse().unwrap()));
+        let c = Config::from_toml(MINIMAL).unwrap();
+        assert!(c.server.trusted_proxies.is_empty());
+        assert_eq!(
+            c.server.forwarded_header,
+            super::ForwardedHeader::XForwardedFor
+        );
+        // As an environment variable gives it: one text.
+        let c = Config::from_toml(&format!(
+            "[server]\ntrusted_proxies = \"10.0.0.0/8, 192.168.0.0/16\"\n{MINIMAL}"
+        ))
+        .unwrap();
+        assert_eq!(c.server.trusted_proxies.len(), 2);
+    }
+
+    #[test]
     fn bad_values_are_refused_naming_the_key() {
         for (prefix, key) in [
             ("[server]\nmax_key_length = 0\n", "server.max_key_length"),
@@ -178,6 +234,14 @@ mod tests {
             (
                 "[server]\nmax_connections = 5000000000\n",
                 "server.max_connections",
+            ),
+            (
+                "[server]\ntrusted_proxies = [\"10.0.0.1/8\"]\n",
+                "server.trusted_proxies",
+            ),
+            (
+                "[server]\nforwarded_header = \"x-real-ip\"\n",
+                "server.forwarded_header",
             ),
         ] {
             let e = err(&format!("{prefix}{MINIMAL}"));

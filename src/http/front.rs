@@ -3,11 +3,20 @@
 //!
 //! 1. **Request id.** The client's `x-request-id` if it sent one, else a new
 //!    UUID v4; the response carries it (unless the handler set its own).
+//!    **The caller**: from a trusted proxy, the address its forwarding
+//!    header names ([`super::forwarded`], `server.trusted_proxies`), which
+//!    the service below sees as the client address (`auth::peer`, for rate
+//!    limits) and the access line as `client`, beside the connection's
+//!    `peer`. **CORS** ([`super::cors`], `[server.cors]`): a listed
+//!    origin's preflight is answered here, before anything below could ask
+//!    for a credential; every other answer gets its headers on the way out.
 //! 2. **Access line and trace span.** With access lines on (`log.access`,
 //!    the target `bloomgate::access` at INFO, and the process's
 //!    [`crate::access`] logger installed): one access line when the
 //!    response is ready (method, route template, status, `Cache-Status`,
-//!    resource, duration, request id, client address), handed to the
+//!    resource, duration, request id, client address; the peer when a proxy
+//!    named the client; the `reason` of a refusal, from the answer's
+//!    [`super::response::Refused`]), handed to the
 //!    access logger, which formats it without allocating and writes it on
 //!    its own thread. A request that waits (its handler is pending: a row
 //!    load) gets a `request` span holding the id from then on, so every
@@ -21,6 +30,8 @@
 //!    ([`Tells`]): the dispatch, the route it matched and the lookup's
 //!    `Cache-Status`, which the line would otherwise match and read back
 //!    from the headers again (about 40 % of what the line costs a hit).
+//!    The probes (`/healthz`, `/readyz`) have no line with
+//!    `log.access_probes = false` ([`FrontLayer::without_lines_for`]).
 //! 3. **Body limit.** A request declaring a body over `server.max_body_bytes`
 //!    gets 413 before any other work. Bodies are never read (every route is
 //!    a GET), so a smaller one is simply ignored.
@@ -92,6 +103,7 @@ use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 use tracing::Span;
 
+use super::cors::{self, Asked, Cors};
 use super::response::json_error;
 use crate::access::{Escaped, Text};
 use crate::error::Error;
@@ -139,6 +151,10 @@ struct Shared {
     /// Put the client address into each request's extensions (the admin
     /// router: its audit lines name the client).
     peer_extension: bool,
+    /// `server.trusted_proxies`: who may name the caller.
+    forwarded: Option<super::forwarded::Forwarded>,
+    /// `[server.cors]`, while on.
+    cors: Option<&'static Cors>,
 }
 
 /// The route templates of a router, for access lines: a path is logged as
@@ -149,6 +165,9 @@ struct AccessRoutes {
     /// Per template: the template and the resource it serves (empty if
     /// none), escaped for the line once, here.
     names: Vec<(Escaped, Escaped)>,
+    /// Per template: its requests have no line
+    /// ([`FrontLayer::without_lines_for`]).
+    unlogged: Vec<bool>,
 }
 
 /// Route templates as access lines name them: `(template, resource)`, the
@@ -178,6 +197,8 @@ struct Access {
     id_made: bool,
     route: Option<usize>,
     client: Option<std::net::IpAddr>,
+    /// The connection's address, when a trusted proxy named the client.
+    peer: Option<std::net::IpAddr>,
 }
 
 impl FrontLayer {
@@ -196,6 +217,8 @@ impl FrontLayer {
                 counters,
                 access: None,
                 peer_extension: false,
+                forwarded: None,
+                cors: None,
             }),
         }
     }
@@ -205,7 +228,7 @@ impl FrontLayer {
     /// matches alone is logged with an empty route. Call before cloning.
     pub fn with_access(mut self, routes: AccessTemplates) -> Self {
         let templates = access_index(&routes);
-        let names = routes
+        let names: Vec<(Escaped, Escaped)> = routes
             .iter()
             .map(|(template, resource)| {
                 (
@@ -215,7 +238,44 @@ impl FrontLayer {
             })
             .collect();
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.access = Some(Arc::new(AccessRoutes { templates, names }));
+            let unlogged = vec![false; names.len()];
+            shared.access = Some(Arc::new(AccessRoutes {
+                templates,
+                names,
+                unlogged,
+            }));
+        }
+        self
+    }
+
+    /// Requests whose route is one of `templates` have no access line
+    /// (`log.access_probes = false`: the probes). Call after
+    /// [`with_access`](Self::with_access), before cloning.
+    pub fn without_lines_for(mut self, templates: &[&str]) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared)
+            && let Some(routes) = shared.access.as_mut().and_then(Arc::get_mut)
+        {
+            for (i, (template, _)) in routes.names.iter().enumerate() {
+                routes.unlogged[i] |= templates.iter().any(|t| template.as_str() == *t);
+            }
+        }
+        self
+    }
+
+    /// The caller of a request from one of `forwarded`'s trusted proxies
+    /// is the address its header names ([`super::forwarded`]). Call
+    /// before cloning.
+    pub fn with_forwarded(mut self, forwarded: Option<super::forwarded::Forwarded>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.forwarded = forwarded;
+        }
+        self
+    }
+
+    /// Answers CORS as `cors` says ([`super::cors`]). Call before cloning.
+    pub fn with_cors(mut self, cors: Option<&'static Cors>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.cors = cors;
         }
         self
     }
@@ -367,6 +427,12 @@ fn start<B, F, S: Tells<F>>(
         req.extensions_mut()
             .insert(crate::auth::peer::PeerAddr(peer));
     }
+    // Behind a trusted proxy, the caller it names (never while the list
+    // is empty: one branch).
+    let named = match &shared.forwarded {
+        Some(f) => crate::auth::peer::current().and_then(|peer| f.named(peer, req.headers())),
+        None => None,
+    };
     let mut access = match &shared.access {
         Some(routes) if crate::telemetry::access_on() && crate::access::global().is_some() => {
             Some(Access {
@@ -378,10 +444,21 @@ fn start<B, F, S: Tells<F>>(
                     true => None,
                     false => routes.templates.find(req.uri().path()).copied(),
                 },
-                client: crate::auth::peer::current(),
+                client: match named {
+                    Some(n) => Some(n.caller),
+                    None => crate::auth::peer::current(),
+                },
+                peer: named.map(|n| n.peer),
             })
         }
         _ => None,
+    };
+    let (cors_answer, preflight) = match shared.cors {
+        None => (cors::Answer::Off, None),
+        Some(c) => match c.ask(&req) {
+            Asked::Answer(a) => (a, None),
+            Asked::Preflight(resp) => (cors::Answer::Off, Some(resp)),
+        },
     };
     // With access lines on, the `request` span is made only if the request
     // waits (see the module doc).
@@ -398,6 +475,8 @@ fn start<B, F, S: Tells<F>>(
     let began = (access.is_none() && !span.is_disabled()).then(std::time::Instant::now);
     let refused = if let Some(response) = refused_target(&req, &shared.counters.traffic) {
         Some(response)
+    } else if preflight.is_some() {
+        preflight
     } else if declared_body(&req).is_some_and(|n| n > shared.max_body) {
         shared
             .counters
@@ -427,7 +506,10 @@ fn start<B, F, S: Tells<F>>(
         None
     };
     let state = match refused {
-        Some(response) => {
+        Some(mut response) => {
+            if let Some(c) = shared.cors {
+                c.apply(cors_answer, &mut response);
+            }
             // Refused before any handler: the line now, while the layer's
             // route templates are at hand (the future holds no reference
             // to them).
@@ -447,6 +529,8 @@ fn start<B, F, S: Tells<F>>(
             let slot = Slot(shared.clone());
             let inner = {
                 let _entered = span.enter();
+                // The service below takes the named caller for the client.
+                let _caller = named.map(|n| crate::auth::peer::enter(Some(n.caller)));
                 call_inner(req)
             };
             if S::ROUTE
@@ -474,6 +558,7 @@ fn start<B, F, S: Tells<F>>(
         timeout: shared.timeout,
         access,
         cache_status: S::cache_status,
+        cors: cors_answer,
     }
 }
 
@@ -529,6 +614,11 @@ fn access_line(
     let Some(logger) = crate::access::global() else {
         return;
     };
+    if a.route
+        .is_some_and(|i| routes.unlogged.get(i) == Some(&true))
+    {
+        return;
+    }
     let text = |name: &HeaderName| {
         response
             .headers()
@@ -568,6 +658,11 @@ fn access_line(
             false => Text::Raw(request_id),
         },
         client: a.client,
+        peer: a.peer,
+        reason: response
+            .extensions()
+            .get::<super::response::Refused>()
+            .map(|r| r.0),
     };
     logger.log(&line, class, now);
 }
@@ -614,6 +709,9 @@ pin_project! {
         access: Option<Access>,
         // The inner service's [`Tells::cache_status`], asked when it answers.
         cache_status: fn(&F) -> Option<&'static str>,
+        // What the answer carries of CORS (`Off` without it, and once
+        // applied: a refusal's in `start`).
+        cors: cors::Answer,
     }
 }
 
@@ -675,6 +773,12 @@ where
         // Answered: the handler's future goes now, not when whoever polled
         // this drops it; the slot once the line is written.
         this.state.set(State::Ready { response: None });
+        if *this.cors != cors::Answer::Off
+            && let Some(s) = &slot
+            && let Some(c) = s.0.cors
+        {
+            c.apply(*this.cors, &mut response);
+        }
         let id = this.id.take();
         if let (Some(a), Some(slot)) = (this.access.take(), &slot)
             && let Some(routes) = &slot.0.access

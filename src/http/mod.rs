@@ -12,16 +12,19 @@
 //! rest of it, and four allocations).
 //!
 //! Middleware: one layer, [`front::FrontLayer`], wrapped once around the
-//! whole router ([`App`]): request id, trace span (only while DEBUG is on),
-//! 413 for a declared body over `max_body_bytes`, 503 past
-//! `max_concurrency` requests in flight, 504 past the request timeout.
+//! whole router ([`App`]): request id, the caller behind trusted proxies
+//! ([`forwarded`]), CORS ([`cors`]), access line and trace span, 413 for a
+//! declared body over `max_body_bytes`, 503 past `max_concurrency`
+//! requests in flight, 504 past the request timeout.
 //! Around the router rather than inside it (`Router::layer`): axum would
 //! wrap each route in its own boxed copy of the layer and clone those boxes
 //! on every request (three allocations a hit); and not in an outer `Router`, which would route every
 //! request twice.
 
 pub mod admin;
+pub mod cors;
 pub mod dispatch;
+pub mod forwarded;
 pub mod front;
 mod lookup;
 pub mod openapi;
@@ -89,8 +92,17 @@ pub fn app(gateway: Arc<Gateway>) -> App {
         .fallback(no_route)
         .with_state(gateway.clone())
         .method_not_allowed_fallback(move || method_not_allowed(traffic.clone()));
-    let mut front =
-        front_layer(&gateway, Some(gateway.config.server.request_timeout)).with_access(templates);
+    let server = &gateway.config.server;
+    let mut front = front_layer(&gateway, Some(server.request_timeout))
+        .with_access(templates)
+        .with_forwarded(forwarded::Forwarded::new(
+            &server.trusted_proxies,
+            server.forwarded_header,
+        ))
+        .with_cors(cors::Cors::new(&server.cors));
+    if !gateway.config.log.access_probes {
+        front = front.without_lines_for(&route::PROBES);
+    }
     // Shed requests count under the resource their path names. Asked only
     // when shedding: the direct match, as the dispatch does it.
     let mut by_path = Templates::default();

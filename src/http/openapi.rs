@@ -52,6 +52,16 @@ pub struct ErrorBody {
     /// `malformed_key`, `not_found`, `not_ready`, `database_unavailable`,
     /// `overloaded`, `timeout`, `unauthorized`, ...
     pub error: String,
+    /// A refused credential's cause (401, 403, and the 400
+    /// `invalid_request`): `missing`, `expired`, `audience`,
+    /// `no_audience`, `unknown_key`, `insufficient_scope`,
+    /// `no_owner_claim`, `owner_claim_type`, ... (the `reason` label of
+    /// `bloomgate_auth_failures_total`). Absent on other errors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The cause in words and, where there is one, the fix (a token's
+    /// `aud` and the audience expected, how long ago it expired); never
+    /// the credential.
     pub message: String,
 }
 
@@ -89,13 +99,25 @@ fn info(title: &str, description: &str) -> utoipa::openapi::Info {
 /// The public document: health, `/openapi.json` and one path per resource.
 pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> OpenApi {
     let mut doc = public;
-    doc.info = info(
-        "bloomgate",
+    let mut about = String::from(
         "Lookups by key in front of PostgreSQL, with a filter that answers 404 for keys \
          that do not exist without touching the database. Every lookup response carries \
          an RFC 9211 `Cache-Status` header and a `Cache-Control` for caches in front of \
          the gateway.",
     );
+    let cors = &gw.config.server.cors;
+    if cors.enabled() {
+        about.push_str(&format!(
+            " Pages of {} may read every answer (CORS: a preflight `OPTIONS` is answered 204 \
+             before any credential is asked for; answers carry `Access-Control-Allow-Origin`, \
+             `Access-Control-Expose-Headers` and, for every origin, `Vary: Origin`).",
+            match cors.any_origin() {
+                true => "any origin".to_string(),
+                false => cors.allow_origins.join(", "),
+            }
+        ));
+    }
+    doc.info = info("bloomgate", &about);
     doc.paths.add_path_operation(
         "/openapi.json",
         vec![HttpMethod::Get],
@@ -107,6 +129,7 @@ pub fn public_document(public: OpenApi, gw: &Gateway, columns: &Columns) -> Open
             r,
             gw.config.server.max_key_length,
             columns.get(r.name()).map(Vec::as_slice),
+            cors.enabled(),
         );
     }
     add_security_schemes(&mut doc, gw);
@@ -349,11 +372,13 @@ fn base_schema(typname: &str, declared: &str) -> ObjectBuilder {
     }
 }
 
+/// `cors`: `[server.cors]` is on (every answer varies by `Origin`).
 fn add_resource(
     doc: &mut OpenApi,
     r: &crate::resource::Resource,
     max_key_length: usize,
     columns: Option<&[ColumnInfo]>,
+    cors: bool,
 ) {
     let cfg = &r.config;
     let param = cfg
@@ -425,6 +450,12 @@ fn add_resource(
         |d: &str| error(d).header("Retry-After", header("Seconds to wait before trying again"));
     let access = &cfg.access;
     let private = access.mode != AuthMode::None;
+    let vary = match (cors, cfg.cache.enabled && cfg.cache.compression) {
+        (true, true) => "`Accept-Encoding, Origin`",
+        (true, false) => "`Origin`",
+        (false, true) => "`Accept-Encoding`",
+        (false, false) => "absent (compression is off)",
+    };
     let row_cache_control = match private {
         true => "`private, ` and `cache.http_cache_control`: the caller's own",
         false => "`cache.http_cache_control`",
@@ -455,10 +486,7 @@ fn add_resource(
                     "Content-Encoding",
                     header("gzip, br or zstd, as `Accept-Encoding` prefers; absent for identity"),
                 )
-                .header(
-                    "Vary",
-                    header("`Accept-Encoding`, unless compression is off"),
-                )
+                .header("Vary", header(vary))
                 .header("Cache-Status", cache_status())
                 .header("Cache-Control", header(row_cache_control))
                 .content(
@@ -500,7 +528,13 @@ fn add_resource(
         .response(
             "405",
             ResponseBuilder::new()
-                .description("Only GET and HEAD")
+                .description(match cors {
+                    true => {
+                        "Only GET and HEAD (a preflight `OPTIONS` from a listed origin is answered \
+                         204 instead)"
+                    }
+                    false => "Only GET and HEAD",
+                })
                 .header("Allow", header("The methods this route takes"))
                 .content(
                     "application/json",
@@ -539,12 +573,12 @@ fn add_resource(
         op = op
             .response(
                 "401",
-                error("No credential, or one that does not verify (malformed, expired, wrong signature, unknown key, wrong issuer or audience)")
+                error("No credential, or one that does not verify (malformed, expired, wrong signature, unknown key, wrong issuer or audience): `reason` names which, `message` what the token holds and the fix")
                     .header("WWW-Authenticate", challenge()),
             )
             .response(
                 "403",
-                error("The credential lacks a required scope, or the owner claim")
+                error("The credential lacks a required scope (`reason`: `insufficient_scope`), or its owner claim is missing or names no owner (`no_owner_claim`, `owner_claim_type`)")
                     .header("WWW-Authenticate", challenge()),
             );
         let scopes = access.scopes.clone();

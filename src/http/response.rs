@@ -1,7 +1,10 @@
 //! The one mapping from [`Error`] to an HTTP response, and the JSON bodies.
 //!
-//! Bodies are `{"error": <code>, "message": <text>}`. Messages come from
-//! `Error`'s `Display`, which never carries SQL, database text or secrets.
+//! Bodies are `{"error": <code>, "message": <text>}`, and for a refused
+//! credential (400 `invalid_request`, 401, 403) `"reason": <label>` too,
+//! the cause as `bloomgate_auth_failures_total` and the access line name
+//! it ([`Refused`]). Messages come from `Error`'s `Display`, which never
+//! carries SQL, database text, secrets or a credential.
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -23,6 +26,12 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const JSON: HeaderValue = HeaderValue::from_static("application/json");
 
+/// Why a request was refused, on its response (an extension, never sent):
+/// the front layer's access line writes it as `reason`. Set only on
+/// refusals, off every fast path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refused(pub &'static str);
+
 impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
@@ -37,6 +46,15 @@ impl Error {
             | Error::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Error::Timeout => StatusCode::GATEWAY_TIMEOUT,
             Error::KeyNotUnique | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The cause of a refused credential ([`Refused`]).
+    fn reason(&self) -> Option<&'static str> {
+        match self {
+            Error::Unauthorized { reason, .. } | Error::Forbidden { reason, .. } => Some(reason),
+            Error::InvalidRequest { .. } => Some(crate::auth::Refusal::TwoCredentials.label()),
+            _ => None,
         }
     }
 
@@ -66,7 +84,11 @@ impl IntoResponse for Error {
             tracing::error!(%detail, "internal error");
         }
         let status = self.status();
-        let mut resp = json_error(status, self.code(), &self.to_string());
+        let reason = self.reason();
+        let mut resp = match reason {
+            None => json_error(status, self.code(), &self.to_string()),
+            Some(reason) => refusal(status, self.code(), reason, &self.to_string()),
+        };
         let h = resp.headers_mut();
         h.insert(CACHE_STATUS, HeaderValue::from_static(self.cache_status()));
         // An outage, an overload or a bad key says nothing a downstream
@@ -100,6 +122,16 @@ impl IntoResponse for Error {
 pub fn json_error(status: StatusCode, code: &str, message: &str) -> Response {
     let body = serde_json::json!({ "error": code, "message": message }).to_string();
     json_bytes(status, Bytes::from(body))
+}
+
+/// A refusal's JSON error body, with its `reason`, which the access line
+/// is told too ([`Refused`]).
+pub fn refusal(status: StatusCode, code: &str, reason: &'static str, message: &str) -> Response {
+    let body =
+        serde_json::json!({ "error": code, "reason": reason, "message": message }).to_string();
+    let mut resp = json_bytes(status, Bytes::from(body));
+    resp.extensions_mut().insert(Refused(reason));
+    resp
 }
 
 /// Headers a response can end with (content type, ETag, Vary,

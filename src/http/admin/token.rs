@@ -13,7 +13,6 @@ use subtle::ConstantTimeEq;
 
 use super::St;
 use crate::auth::keyed::KeyedHash;
-use crate::http::response::json_error;
 
 /// Verifies bearer tokens without keeping or comparing the token itself.
 pub struct TokenCheck {
@@ -99,10 +98,21 @@ pub(super) async fn require_token(State(state): St, req: Request, next: Next) ->
                 token = if presented.is_some() { "wrong" } else { "missing" },
                 "admin token refused"
             );
-            let mut resp = json_error(
+            let mut resp = crate::http::response::refusal(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
-                "a valid bearer token is required",
+                match presented {
+                    Some(_) => "admin_token",
+                    None => "missing",
+                },
+                match presented {
+                    Some(_) => {
+                        "the bearer token is not the admin token (admin.token_file, BLOOMGATE_ADMIN_TOKEN) nor the metrics token"
+                    }
+                    None => {
+                        "a bearer token is required: the admin token (admin.token_file, BLOOMGATE_ADMIN_TOKEN)"
+                    }
+                },
             );
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
