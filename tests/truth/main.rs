@@ -133,6 +133,23 @@
 //! | `sync-hold` | all, on a cluster of its own | `synchronous_standby_names = 'ghost'` for 3 s, 8 s or 62 s (past the minute a feed once gave up after): the writer's next commit waits, decoded but invisible to every other session | none: in flight, both versions are allowed; `BASE` after it returns |
 //! | `outage` | all, on a cluster of its own | every connection of every gateway cut (the proxy refuses and closes them; the writer, connected directly, goes on) for at least 1, 3 or 8 s and 2-8 transactions | `FEED_GAP` from the cut; an outage |
 //!
+//! | `rewrite` | all | a table rewritten with no row change any feed sees: a served column's type changed with `USING` (every value changes: the new ones read in the rewriting transaction, as the writer's), a served column renamed and another added under its name, or the key's type (`docs.id … USING id`, `tags.code` between `varchar(300)` and `text`; on the WAL feeds the publication's column list taken off first); on the trigger feeds the writer's session then writes the table again only once the gateway has replaced the table's trigger function (PL/pgSQL fails its writes until then) | none |
+//! | `pause` | all | a gateway's runtime held (both workers) for 3 or 4 s, as SIGSTOP holds a process, past its bound: rows it cached are updated meanwhile, and requests queued late in the pause are answered on resume and judged | none |
+//! | `wal-writer` | all, on a cluster of its own | asynchronous commits while the WAL writer is at `wal_writer_delay` 10 s (set at run time) or stopped (SIGSTOP), for 3 or 8 s | none |
+//! | `restore` | all, on a cluster of its own | the primary stopped (`-m immediate`), its data directory copied, started again; 3-8 steps later stopped again and the copy put back (the same system identifier and timeline, at a lower position): what was committed since is lost; a new standby is made, and the read replica, ahead of the restored primary, is left stranded | as `crash`, at each of the two restarts |
+//!
+//! # What was assumed
+//! The last four faults are what the promise once assumed instead of
+//! proving: a timing (the WAL writer's delay, a timer on the request
+//! path), a position that only grows (a restore), a change that is not a
+//! row change (a rewrite). They are drawn from a stream of the seed's own
+//! (`history::assumption_draw`: half the seeds, every seed when they are
+//! the only faults selected), so that every other seed, CI's among them,
+//! keeps the history it had before they existed; on a history that has
+//! them, each round's fault is one of them 40 % of the time. `wal-writer`
+//! and `restore` need the history's own cluster (a reconfigured or restored
+//! primary): a history whose faults are all of these runs on one.
+//!
 //! # The database's lifecycle
 //! The last four faults run on a cluster of the history's own
 //! (`common::cluster`: a primary, a standby streaming from it directly,
