@@ -104,6 +104,9 @@ if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then
 fi
 "$PROMTOOL" check rules deploy/prometheus/bloomgate.rules.yml
 (cd deploy/prometheus && "$PROMTOOL" test rules tests.yml)
+# tests/deploy.rs reads the binary's dep-info (target/debug/bloomgate.d),
+# which only `cargo build` writes: `cargo test` builds the binary without it.
+phase "build (the binary)" cargo build --locked --bin bloomgate
 phase "cargo test" cargo test --locked
 # What follows runs two at a time, side by side: each mostly waits on
 # servers (the machine is two thirds idle under one), and each creates its
@@ -180,7 +183,8 @@ side_by_side() {
 }
 # contract.sh and walk.py run the gateway's binary, which `cargo build`
 # builds with other features than the tests' (dev-dependencies unify only
-# there): built now, not while the checker runs beside them.
-phase "build (the binary)" cargo build --locked --bin bloomgate
+# there; `cargo test` put its own in target/debug): put back now, not while
+# the checker runs beside them.
+phase "build (the binary, again)" cargo build --locked --bin bloomgate
 phase "freshness reruns (side by side)" side_by_side wal_reruns other_reruns
 phase "checker and outside checks (side by side)" side_by_side checker_seeds outside_checks

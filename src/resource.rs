@@ -23,10 +23,10 @@
 //! [`Vouch::stale_since`]: the filter and cache still hold what was vouched
 //! for then), the lookup is answered from them instead, labelled: a cached
 //! row, a negative entry, or a key the filter rejects, as
-//! [`Lookup::Stale`]; a key held by neither asks the database, as before
-//! (503 while it is away). Keys the filter and cache hold try the database
-//! once per `db::outage::TRY_EVERY` while it is down (the others are
-//! answered at once), so the first answer it gives ends the ride-through;
+//! [`Lookup::Stale`]; a key held by neither gets 503 at once. One lookup
+//! per `db::outage::TRY_EVERY` tries the database while it is down (the
+//! others are answered at once), so the first answer it gives ends the
+//! ride-through;
 //! from then on lookups go to it until the feed vouches again. This is the
 //! one place the gateway answers from state it cannot show current, and
 //! it says so on every such answer (`Cache-Status: ...; detail=stale`,
@@ -254,13 +254,19 @@ impl Resource {
         // Before the filter is read (see `vouch`), and for the instant the
         // request began, not for whatever the applier's timer last found.
         let vouched = self.vouch.ok_at(began);
-        if !vouched
-            && self.db.outage.is_down()
-            && let Some(age) = self.stale_age()
-            && !self.db.outage.may_try()
-            && let Some(stale) = self.stale(&key, age)
-        {
-            return Ok(Now::Answered(stale));
+        if !vouched && self.db.outage.is_down() && !self.db.outage.may_try() {
+            // One request per `outage::TRY_EVERY` asks the database; the
+            // others answer from what was vouched for, or at once: a key
+            // neither the cache nor the filter holds waits on no database
+            // that does not answer.
+            if let Some(age) = self.stale_age()
+                && let Some(stale) = self.stale(&key, age)
+            {
+                return Ok(Now::Answered(stale));
+            }
+            return Err(Error::Unavailable(
+                "the database is unreachable; one request per 250 ms tries it".into(),
+            ));
         }
         if self.config.filter.enabled {
             match self.live.contains(&key) {

@@ -325,7 +325,9 @@ fn the_package_list_holds_every_file_the_binary_was_built_from() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dep_info = format!("{}.d", env!("CARGO_BIN_EXE_bloomgate"));
     let text = std::fs::read_to_string(&dep_info)
-        .unwrap_or_else(|e| panic!("{dep_info} (cargo writes it beside the binary): {e}"));
+        .unwrap_or_else(|e| {
+            panic!("{dep_info}: {e}: `cargo build` writes it beside the binary, `cargo test` does not (scripts/test.sh builds first)")
+        });
     let (_, deps) = text
         .lines()
         .next()

@@ -611,6 +611,95 @@ async fn an_outage_answers_what_was_vouched_for_labelled_stale() {
     off.stop();
 }
 
+/// Issue 52, item 1: a database that hangs (SIGSTOP, a network that drops
+/// packets without a reset): open connections pass nothing, new ones are
+/// accepted and never answered. The pool cannot tell that from busy, so
+/// it was never an outage: every request waited and got 503 or 504, and
+/// no `detail=stale` was ever answered. Now the first request that waits
+/// past `acquire_timeout` has the server asked from outside the pool
+/// (`db::reach`): unanswered, the outage begins and that request is
+/// answered stale; a key neither the cache nor the filter holds gets 503
+/// with `Retry-After`; the hung connections are closed, not kept.
+#[tokio::test]
+async fn a_hung_database_is_an_outage_from_the_first_request_that_finds_it() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let proxy = Proxy::start().await;
+    let gw = started(config(&proxy.url(&db), "")).await;
+    vouched(&gw, "users").await;
+    assert_eq!(get(&gw, "/users/1").await.status, StatusCode::OK);
+    assert_eq!(
+        get(&gw, "/users/1").await.header("cache-status"),
+        "bloomgate; hit"
+    );
+    proxy.hold();
+    proxy.freeze();
+    let users = gw.resource("users").unwrap();
+    eventually("the feed's silence noticed", || async { !users.vouch.ok() }).await;
+    assert!(!gw.db.outage.is_down(), "no request has found it yet");
+    let r = get(&gw, "/users/1").await;
+    assert_eq!(
+        (r.status, r.header("cache-status")),
+        (StatusCode::OK, "bloomgate; hit; detail=stale"),
+        "the first request that finds the database hung: {:?}",
+        r.body
+    );
+    assert!(gw.db.outage.is_down());
+    let r = get(&gw, "/users/2").await;
+    assert_eq!(
+        (r.status, r.header("retry-after")),
+        (StatusCode::SERVICE_UNAVAILABLE, "1"),
+        "{}",
+        r.header("cache-status")
+    );
+    let r = get(&gw, "/users/123456").await;
+    assert_eq!(
+        (r.status, r.header("cache-status")),
+        (StatusCode::NOT_FOUND, "bloomgate; detail=stale")
+    );
+    let body = get(&gw, "/readyz").await.json();
+    assert_eq!(body["status"], "degraded", "{body}");
+    // Back: new connections pass again (the frozen ones stay frozen, and
+    // are closed as the loads on them give up).
+    proxy.release();
+    eventually("the database answers again", || async {
+        get(&gw, "/users/3").await.status == StatusCode::OK
+    })
+    .await;
+    assert!(!gw.db.outage.is_down());
+    vouched(&gw, "users").await;
+    let r = get(&gw, "/users/1").await;
+    assert!(
+        !r.header("cache-status").contains("stale"),
+        "{}",
+        r.header("cache-status")
+    );
+    gw.stop();
+}
+
+/// A slow database is not an outage (`docs/src/failover.md`): a row query
+/// held on the wire past `acquire_timeout` has the server asked from
+/// outside the pool, which answers, so the load waits on and its row is
+/// served, never a stale one.
+#[tokio::test]
+async fn a_slow_database_is_not_an_outage() {
+    let db = TestDb::new().await;
+    db.seed_users(10).await;
+    let proxy = Proxy::start().await;
+    let gw = started(config(&proxy.url(&db), "")).await;
+    vouched(&gw, "users").await;
+    // Every connection's first row query (its text is sent once, then
+    // the prepared statement runs): the first miss is one.
+    proxy.slow_down("row_to_json", Duration::from_millis(2500));
+    let r = get(&gw, "/users/4").await;
+    assert_eq!(
+        (r.status, r.header("cache-status")),
+        (StatusCode::OK, "bloomgate; fwd=miss; stored")
+    );
+    assert!(!gw.db.outage.is_down());
+    gw.stop();
+}
+
 /// A blue/green cut-over by DNS or an HAProxy reload: new connections
 /// reach cluster B (a copy of A, another system identifier), established
 /// ones stay on A. Only the feed's connections checked which server they

@@ -39,7 +39,11 @@
 //! # Guarantees (tested below)
 //! - A connection is accepted only if no server is followed, or it reached
 //!   the followed one (a replica: its system and timeline).
-//! - A refused primary connection is recorded as a mismatch, taken once.
+//! - A refused primary connection is recorded as a mismatch, taken once,
+//!   and as a refusal [`Identity::refused_within`] reports: a pool that
+//!   timed out meanwhile reached a server, so the database is not
+//!   unreachable (`db::outage`), and nothing vouched for on the old server
+//!   is answered as stale.
 //! - A connection older than the last change of the followed server is
 //!   old; one opened after it is not. Following the same server again is
 //!   no change.
@@ -69,6 +73,15 @@ pub struct Identity {
     wake: tokio::sync::Notify,
     /// Connections refused so far (metrics).
     pub refused: AtomicU64,
+    /// Nanoseconds after [`BASE`] of the last refused primary connection,
+    /// plus one (0: none yet).
+    last_refused: AtomicU64,
+}
+
+/// Nanoseconds since [`BASE`].
+fn since_base() -> u64 {
+    u64::try_from(Instant::now().saturating_duration_since(*BASE).as_nanos())
+        .unwrap_or(u64::MAX - 1)
 }
 
 /// Why a connection was refused; the message names both servers.
@@ -93,6 +106,17 @@ impl Identity {
         let mut m = self.mismatch.lock().unwrap_or_else(|p| p.into_inner());
         if m.is_some_and(|found| found == server) {
             *m = None;
+        }
+    }
+
+    /// Whether a primary's connection was refused within the last `d`: a
+    /// pool that timed out meanwhile reached a server, just not the one
+    /// followed, so the database is not unreachable (no outage, no stale
+    /// answers from what was vouched for on the old server).
+    pub fn refused_within(&self, d: Duration) -> bool {
+        match self.last_refused.load(Ordering::Acquire) {
+            0 => false,
+            at => u128::from(since_base()).saturating_sub(u128::from(at - 1)) <= d.as_nanos(),
         }
     }
 
@@ -150,6 +174,7 @@ impl Identity {
             return Ok(());
         };
         self.refused.fetch_add(1, Ordering::Relaxed);
+        self.last_refused.store(since_base() + 1, Ordering::Release);
         *self.mismatch.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
         self.wake.notify_waiters();
         Err(refusal("a connection to the primary", &change))
@@ -204,6 +229,10 @@ mod tests {
         i.follow(server(7, 1, 5));
         assert!(i.judge_primary(server(7, 1, 5)).is_ok());
         assert_eq!(i.take_mismatch(), None);
+        assert!(
+            !i.refused_within(Duration::from_secs(3600)),
+            "none refused yet"
+        );
         for other in [server(8, 1, 5), server(7, 2, 5), server(7, 1, 6)] {
             let e = i.judge_primary(other).unwrap_err().to_string();
             assert!(e.contains("another server"), "{e}");
@@ -211,6 +240,9 @@ mod tests {
             assert_eq!(i.take_mismatch(), None, "taken once");
         }
         assert_eq!(i.refused.load(Ordering::Relaxed), 3);
+        assert!(i.refused_within(Duration::from_secs(3600)));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!i.refused_within(Duration::from_millis(1)), "only lately");
         // A replica: its own start time, the primary's system and timeline.
         assert!(i.judge_replica(Timeline { system: 7, id: 1 }).is_ok());
         assert!(i.judge_replica(Timeline { system: 0, id: 1 }).is_ok());

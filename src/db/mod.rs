@@ -27,6 +27,7 @@ macro_rules! system_identifier_sql {
 }
 pub(crate) use system_identifier_sql;
 
+mod bounded;
 pub mod catalog;
 pub mod copy;
 pub mod identity;
@@ -34,6 +35,7 @@ pub mod lsn;
 pub mod outage;
 pub mod position;
 pub mod publication;
+pub mod reach;
 pub mod replica_identity;
 pub mod replicas;
 pub mod stats;
@@ -76,7 +78,9 @@ pub enum ReadFrom {
 /// shutdown). The next connection may well work.
 fn is_dead_connection(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Io(_) => true,
+        // Not a timeout: a server that does not answer (see `bounded`) is
+        // no better on the next connection.
+        sqlx::Error::Io(e) => e.kind() != std::io::ErrorKind::TimedOut,
         sqlx::Error::Database(db) => db
             .code()
             .is_some_and(|c| c.starts_with("08") || c == "57P01" || c == "57P02"),
@@ -110,7 +114,14 @@ pub struct Db {
     replicas: Option<Arc<replicas::Replicas>>,
     /// Whether the primary can be reached, as the row loads and the checks
     /// find it (see [`outage`]).
-    pub outage: outage::Outage,
+    pub outage: Arc<outage::Outage>,
+    /// Whether the primary answers at all, asked when the pool cannot tell
+    /// hung from busy (see [`reach`]).
+    reach: reach::Reach,
+    /// How long a query on the primary may go unanswered before its
+    /// connection is taken for hung: `statement_timeout + acquire_timeout`
+    /// (see [`bounded`]).
+    query_deadline: Duration,
     /// The server the change feed follows, which every connection is held
     /// to as it opens (see [`identity`]).
     pub identity: Arc<identity::Identity>,
@@ -169,15 +180,28 @@ impl Db {
             .application_name("bloomgate")
             .options([("statement_timeout", timeout_ms.as_str())]);
         let identity = Arc::new(identity::Identity::default());
+        let outage = Arc::new(outage::Outage::default());
         let pool = PgPoolOptions::new()
             .max_connections(cfg.pool_size)
             .acquire_timeout(cfg.acquire_timeout)
             // Which server it reached, before any row is read from it.
             .after_connect({
                 let identity = identity.clone();
+                let outage = outage.clone();
                 move |conn, _| {
                     let identity = identity.clone();
-                    Box::pin(async move { identity.check_primary(conn).await })
+                    let outage = outage.clone();
+                    Box::pin(async move {
+                        if identity.followed().is_none() {
+                            return Ok(());
+                        }
+                        let (found, _) = position::Server::read(conn).await?;
+                        // A server answered, whatever the verdict: a
+                        // connection refused for reaching another one than
+                        // the feed follows is no outage (see `outage`).
+                        outage.answered();
+                        identity.judge_primary(found)
+                    })
                 }
             })
             // sqlx pings a connection when it goes back to the pool, and by
@@ -209,6 +233,8 @@ impl Db {
         Ok(Self {
             replicas,
             identity,
+            outage,
+            query_deadline: cfg.statement_timeout.saturating_add(cfg.acquire_timeout),
             ..Self::from_pool(pool)
         })
     }
@@ -218,7 +244,9 @@ impl Db {
             pool,
             stats: stats::DbStats::default(),
             replicas: None,
-            outage: outage::Outage::default(),
+            outage: Arc::default(),
+            reach: reach::Reach::default(),
+            query_deadline: Duration::from_secs(60),
             identity: Arc::default(),
         }
     }
@@ -260,13 +288,54 @@ impl Db {
     }
 
     /// Records what a query's result says of the primary's reachability
-    /// ([`Db::outage`]).
-    fn note_reach<T>(&self, r: &Result<T, sqlx::Error>) {
+    /// ([`Db::outage`]). A pool that timed out while holding connections
+    /// (all busy, or hung on a frozen server) cannot say which: the server
+    /// is asked from outside the pool ([`reach`]).
+    async fn note_reach<T>(&self, r: &Result<T, sqlx::Error>) {
         match r {
             Ok(_) => self.outage.answered(),
-            Err(e) if outage::is_unreachable(e, self.pool.size()) => self.outage.failed(),
+            Err(sqlx::Error::PoolTimedOut)
+                if self.pool.size() > 0
+                    && !self
+                        .identity
+                        .refused_within(self.pool.options().get_acquire_timeout()) =>
+            {
+                self.judge_by_probe().await;
+            }
+            // A pool that timed out because every connection it opened was
+            // refused for reaching another server than the one followed
+            // (see `identity`) reached a server that answers: no outage,
+            // and none goes on (nothing vouched for on the old server is
+            // answered as stale while the feed moves).
+            Err(e) if outage::is_unreachable(e, self.pool.size()) => {
+                match self
+                    .identity
+                    .refused_within(self.pool.options().get_acquire_timeout())
+                {
+                    true => self.outage.answered(),
+                    false => self.outage.failed(),
+                }
+            }
             Err(_) => {}
         }
+    }
+
+    /// The verdict of [`reach`] recorded: a server that does not answer a
+    /// new connection within `acquire_timeout` is an outage; one that does
+    /// is up (busy at most). Returns whether it answered.
+    async fn judge_by_probe(&self) -> bool {
+        let answered = self
+            .reach
+            .answers(
+                &self.pool.connect_options(),
+                self.pool.options().get_acquire_timeout(),
+            )
+            .await;
+        match answered {
+            true => self.outage.answered(),
+            false => self.outage.failed(),
+        }
+        answered
     }
 
     /// One round trip through the pool; records the verdict ([`Db::is_up`]).
@@ -275,9 +344,19 @@ impl Db {
     /// directly to hear why (a refused password, a database that does not
     /// exist, a refused TCP connection). No URL, no password in it.
     pub async fn check_up(&self) -> Result<(), String> {
-        let r = sqlx::query("SELECT 1").execute(&self.pool).await;
+        // Bounded: a pooled connection to a frozen server would hold this
+        // check (and the readiness it feeds) for as long as TCP waits.
+        let r = async {
+            let mut conn = self.acquire_guarded().await?;
+            let r = self
+                .bounded(sqlx::query("SELECT 1").execute(&mut *conn.0))
+                .await;
+            conn.finish(&r);
+            r
+        }
+        .await;
         self.stats.up.store(r.is_ok(), Ordering::Relaxed);
-        self.note_reach(&r);
+        self.note_reach(&r).await;
         match r {
             Ok(_) => Ok(()),
             Err(sqlx::Error::PoolTimedOut) => {
@@ -483,11 +562,16 @@ impl Db {
         loop {
             let began = Instant::now();
             let r = async {
-                let mut conn = self.stats.acquiring(self.pool.acquire()).await?;
-                sqlx::query_scalar::<_, String>(sql)
-                    .bind(key.clone())
-                    .fetch_all(&mut *conn)
-                    .await
+                let mut conn = self.acquire_guarded().await?;
+                let r = self
+                    .bounded(
+                        sqlx::query_scalar::<_, String>(sql)
+                            .bind(key.clone())
+                            .fetch_all(&mut *conn.0),
+                    )
+                    .await;
+                conn.finish(&r);
+                r
             }
             .await;
             match r {
@@ -502,7 +586,7 @@ impl Db {
                 r => {
                     self.stats.query(tally, Target::Primary);
                     self.stats.row_took(Target::Primary, began.elapsed());
-                    self.note_reach(&r);
+                    self.note_reach(&r).await;
                     return one_row(self.count(r)?);
                 }
             }

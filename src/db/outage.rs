@@ -3,9 +3,16 @@
 //! (`cache.stale_if_error`, see `resource`).
 //!
 //! An *outage* is the server unreachable: connections refused or cut,
-//! the pool unable to keep a single connection. A slow database is not
-//! one (a statement timeout, a pool whose connections are all busy): the
-//! gateway must then keep asking it, not answer from what it held.
+//! the pool unable to keep a single connection, or the server hung (a new
+//! connection and `SELECT 1` not done within `acquire_timeout`, asked by
+//! `db::reach` when the pool cannot tell). A slow database is not one (a
+//! statement timeout, a pool whose connections are all busy while a new
+//! one is answered): the gateway must then keep asking it, not answer
+//! from what it held. Nor is
+//! a server the gateway refuses for not being the one its feed follows
+//! (`db::identity`): a server answers at that address, and what was
+//! vouched for on the old one is not answered as stale while the feed
+//! moves to it.
 //!
 //! # Guarantees (tested below)
 //! - [`Outage::is_down`] from the first failure reported until the next

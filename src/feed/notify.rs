@@ -271,6 +271,11 @@ pub async fn run(
                 return;
             }
             drop(listener);
+            // A pool of its own for the new listener: the old one's
+            // connection stays in its pool's hands until its UNLISTEN
+            // returns (sqlx's drop), which on a frozen server is as long
+            // as TCP waits, and the checks would find no connection left.
+            pool = super::private_pool(&opts.connect, APPLICATION_NAME);
             (listener, server) = tokio::select! {
                 () = shutdown.fired() => return,
                 l = listen_again(&pool) => l,
@@ -292,6 +297,10 @@ pub async fn run(
     }
 }
 
+/// How long a heartbeat's round trip, and its checks, may take before the
+/// connection is taken for hung.
+const BEAT_WITHIN: Duration = Duration::from_secs(5);
+
 /// One heartbeat: a round trip on the listener's own connection (the
 /// server sends the notifications of every transaction committed before
 /// the query arrived ahead of its answer, see "Nothing falls through a
@@ -312,15 +321,30 @@ async fn heartbeat(
     let at = Instant::now();
     let events = if check {
         let mut conn = pool.acquire().await.map_err(Beat::Checks)?;
-        super::watch::check_triggers(&mut conn, watch, Sink::Notify, opts.install, tracker)
-            .await
-            .map_err(Beat::Checks)?
+        // Bounded as the listener's round trip is: a connection to a
+        // frozen server would hold this heartbeat, and every later one,
+        // for as long as TCP waits. Closed, not returned: sqlx's ping on
+        // return would hang on it and hold its pool slot as long.
+        let checked = tokio::time::timeout(
+            BEAT_WITHIN,
+            super::watch::check_triggers(&mut conn, watch, Sink::Notify, opts.install, tracker),
+        )
+        .await;
+        match checked {
+            Ok(r) => r.map_err(Beat::Checks)?,
+            Err(_) => {
+                conn.close_on_drop();
+                return Err(Beat::Checks(sqlx::Error::Io(
+                    std::io::ErrorKind::TimedOut.into(),
+                )));
+            }
+        }
     } else {
         Vec::new()
     };
     let sql = format!("SELECT pg_backend_pid(), {}", Shapes::sql(1, 2));
     let (pid, tables): (i32, Vec<Option<String>>) = tokio::time::timeout(
-        Duration::from_secs(5),
+        BEAT_WITHIN,
         sqlx::query_as(&sql)
             .bind(shapes.names())
             .bind(shapes.columns())

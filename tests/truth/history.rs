@@ -215,8 +215,9 @@ struct World {
     assume_rng: Option<Rng>,
     /// `wal-writer` in force: how to undo it, and not before when.
     wal_writer: Option<(assumptions::WalWriter, Duration)>,
-    /// `restore`: the copy of the primary's data directory to put back.
-    copy: Option<std::path::PathBuf>,
+    /// `restore`: the copy of the primary's data directory to put back, and
+    /// when it was made.
+    copy: Option<(std::path::PathBuf, std::time::Duration)>,
     /// `redis-failover` under way: when its primary was killed (`None`
     /// while the replica's link is cut and the kill is still to come).
     failover: Option<Option<Duration>>,
@@ -565,7 +566,8 @@ impl World {
         let rt = Some(
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
-                .thread_name("truth-gw")
+                // The log's thread names say which gateway wrote a line.
+                .thread_name(format!("truth-gw{}", self.next_gw + 1))
                 .enable_all()
                 .build()
                 .unwrap(),

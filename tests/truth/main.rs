@@ -605,6 +605,7 @@ async fn check(feed: Feed) {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
+            .with_thread_names(true)
             .try_init();
     }
     // Every history on the logical primary, where the replica is: the WAL

@@ -29,12 +29,14 @@ pub struct Version {
 }
 
 /// A fault's allowance: a read that began within `[from, until]` may
-/// return a version superseded up to `BASE` before `from`.
+/// return a version superseded up to `BASE` before `back_to` (`from`, but
+/// for a restore: the copy's moment, which the put-back returns to).
 #[derive(Clone, Debug)]
 pub struct Window {
     pub what: String,
     pub from: Duration,
     pub until: Duration,
+    pub back_to: Duration,
 }
 
 #[derive(Default)]
@@ -118,6 +120,7 @@ impl Model {
             what: what.into(),
             from,
             until: Duration::MAX,
+            back_to: from,
         });
     }
 
@@ -156,10 +159,24 @@ impl Model {
     /// new primary answers as soon as the proxy points at it, before the
     /// checker has read what it lost). [`Model::close_window`] ends it.
     pub fn open_window(&mut self, what: impl Into<String>, from: Duration) {
+        self.open_window_back_to(what, from, from);
+    }
+
+    /// [`Model::open_window`] for a fault that puts the database back to
+    /// what it held at `back_to` (a restore from a copy made then): the
+    /// restored server answers before the checker has read what it lost,
+    /// with versions the model had superseded since the copy.
+    pub fn open_window_back_to(
+        &mut self,
+        what: impl Into<String>,
+        from: Duration,
+        back_to: Duration,
+    ) {
         self.windows.push(Window {
             what: what.into(),
             from,
             until: Duration::MAX,
+            back_to: back_to.min(from),
         });
     }
 
@@ -179,6 +196,7 @@ impl Model {
             what: what.into(),
             from,
             until: from + bound,
+            back_to: from,
         });
     }
 
@@ -235,12 +253,12 @@ impl Model {
                         .join(", ")
                 ));
             };
-            cutoff = o.from.saturating_sub(BASE);
+            cutoff = o.back_to.saturating_sub(BASE);
             within.push(o.what.as_str());
         } else {
             for w in &self.windows {
                 if w.from <= t0 && t0 <= w.until {
-                    cutoff = cutoff.min(w.from.saturating_sub(BASE));
+                    cutoff = cutoff.min(w.back_to.saturating_sub(BASE));
                     within.push(w.what.as_str());
                 }
             }
@@ -439,5 +457,39 @@ mod tests {
                 .is_ok()
         );
         assert_eq!(m.latest(&p), c.as_ref());
+    }
+
+    /// A restore puts the database back to a copy: within its window the
+    /// copy's versions may be answered, however long ago they were
+    /// superseded; before the put-back and after its window, not.
+    #[test]
+    fn a_restore_goes_back_to_its_copy() {
+        let mut m = Model::default();
+        let p = Path::new(Res::Users, "1");
+        let a = Some(serde_json::json!({"id": 1, "name": "a"}));
+        m.initial(p.clone(), None);
+        // The copy is made at 10 s; the row is inserted after it.
+        m.stage(ms(11_000), vec![(p.clone(), a.clone())]);
+        m.committed(ms(11_010));
+        assert!(m.judge(&p, None, ms(15_000), ms(15_001), false).is_err());
+        m.open_window_back_to("restore", ms(18_000), ms(10_000));
+        assert!(
+            m.judge(&p, None, ms(18_300), ms(18_301), false).is_ok(),
+            "the restored copy answers before the checker has read it"
+        );
+        m.reset(ms(18_500), vec![(p.clone(), None)]);
+        m.close_window("restore", ms(19_000));
+        assert!(
+            m.judge(&p, a.as_ref(), ms(21_000), ms(21_001), false)
+                .is_err()
+        );
+        assert!(m.judge(&p, None, ms(21_000), ms(21_001), false).is_ok());
+        // Opened without a copy, the same window allows only BASE back.
+        let mut m = Model::default();
+        m.initial(p.clone(), None);
+        m.stage(ms(11_000), vec![(p.clone(), a.clone())]);
+        m.committed(ms(11_010));
+        m.open_window("failover", ms(18_000));
+        assert!(m.judge(&p, None, ms(18_300), ms(18_301), false).is_err());
     }
 }

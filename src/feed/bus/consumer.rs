@@ -25,13 +25,12 @@
 
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::fallback::Ticket;
 pub use super::follow::ConsumerOptions;
 use super::follow::{Ended, follow};
-use super::{Bus, EntryId, Mode, Status, primary};
+use super::{Bus, EntryId, Mode, Status, primary_where_the_address_leads};
 use crate::feed::{CHECK_EVERY, Event, Position, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
@@ -180,7 +179,7 @@ async fn direct<B: Bus>(
                 None => {}
             }
         }
-        if current(bus, &opts.pool).await {
+        if current(bus, opts, feed.is_none()).await {
             break true;
         }
     };
@@ -268,10 +267,22 @@ impl Direct {
 /// Whether the stream of the primary's timeline reaches the primary's
 /// flush position read now, within a second. Not: the next look opens a
 /// new connection (a Redis replica behind is left for another choice).
-async fn current<B: Bus>(bus: &mut B, pool: &PgPool) -> bool {
-    let Some((server, p)) = primary(pool).await else {
+///
+/// The primary is asked on a connection of its own. With no feed
+/// (`feedless`: no ticket), the gateway's connections are then held to the
+/// server found (`db::identity`): nothing is vouched for, and a pool held
+/// to a server the address has moved away from (a restart, a restore)
+/// would refuse every connection, so that neither this question nor any
+/// lookup would be answered again. A direct feed holds them to its own
+/// server itself: one it has not followed yet must not serve what it
+/// vouches for.
+async fn current<B: Bus>(bus: &mut B, opts: &ConsumerOptions, feedless: bool) -> bool {
+    let Some((server, p)) = primary_where_the_address_leads(&opts.pool).await else {
         return false;
     };
+    if feedless && opts.identity.followed() != Some(server) {
+        opts.identity.follow(server);
+    }
     bus.set_epoch(server);
     let began = Instant::now();
     while began.elapsed() < Duration::from_secs(1) {

@@ -16,8 +16,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Bus, Entry, EntryId, Mode, Read, Status, primary, primary_and_shapes,
-    primary_where_the_address_leads,
+    Bus, Entry, EntryId, Mode, Read, Status, primary_and_shapes, primary_where_the_address_leads,
 };
 use crate::db::identity::Identity;
 use crate::feed::probes::{Gap, Probes};
@@ -128,7 +127,11 @@ impl<'a, B: Bus> Following<'a, B> {
     ) -> Result<Self, Ended> {
         let began = Instant::now();
         let (server, head) = loop {
-            let read = match primary(&opts.pool).await {
+            // Asked on a connection of its own: this is where the feed
+            // picks the server it follows, and the pool refuses every
+            // connection that reaches another one than the server followed
+            // until now (after a restart, all of them; see `db::identity`).
+            let read = match primary_where_the_address_leads(&opts.pool).await {
                 None => Err("the primary's position cannot be read".to_string()),
                 Some((server, _)) => {
                     bus.set_epoch(server);

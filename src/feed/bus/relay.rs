@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Appended, Bus, Entry, Status, primary};
+use super::{Appended, Bus, Entry, Status, primary, primary_where_the_address_leads};
 use crate::feed::probes::{Gap, Probes};
 use crate::feed::{Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Position, Watch, wal};
 use crate::shutdown::{self, Shutdown};
@@ -62,7 +62,18 @@ pub struct RelayOptions {
     /// `bus.batch_window`, `bus.batch_max_commits` (see "Batches").
     pub batch_window: Duration,
     pub batch_max: usize,
+    /// The relay's own pool, not held to the server the gateway follows
+    /// (`db::identity`): the relay picks its server where the address
+    /// leads as each term starts, and a pool that refused every connection
+    /// to a restarted primary until the consumer had moved would keep the
+    /// new epoch's stream from starting, which is what the consumer waits
+    /// for before it moves.
     pub pool: PgPool,
+    /// The gateway's: the server its consumer follows. A term on another
+    /// one asks where the address leads, and ends if that is not its own
+    /// server either (a cut-over leaves this pool's connections, and the
+    /// term's replication connection, on the old server).
+    pub identity: Arc<crate::db::identity::Identity>,
     /// This gateway, as the status page names it.
     pub name: String,
     pub status: Arc<Status>,
@@ -85,7 +96,9 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
         if !slot_free(&opts.pool, &slot).await {
             continue;
         }
-        let Some((server, _)) = primary(&opts.pool).await else {
+        // On a connection of its own: the pool's may still be on a server
+        // the address has moved away from.
+        let Some((server, _)) = primary_where_the_address_leads(&opts.pool).await else {
             continue;
         };
         bus.set_epoch(server);
@@ -226,6 +239,12 @@ async fn term<B: Bus>(
                     if let Err(Gap(why)) = probes.read(answered, now, p.lsn) {
                         break format!("the stream's epoch ended: {why}");
                     }
+                }
+                if opts.identity.followed().is_some_and(|f| f != server)
+                    && let Some((there, _)) = primary_where_the_address_leads(&opts.pool).await
+                    && there != server
+                {
+                    break "the address leads to another server than this term's".into();
                 }
                 if relaying
                     && announced.is_none_or(|a| a.elapsed() >= Duration::from_secs(1))

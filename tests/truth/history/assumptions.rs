@@ -337,7 +337,7 @@ impl World {
         copy_dir(&data, &copy);
         life.primary.start();
         life.open = Some((Fault::Restore, t));
-        self.copy = Some(copy);
+        self.copy = Some((copy, t));
         self.reconnect_writer().await;
         self.reset_model().await;
         let back = self.now();
@@ -350,6 +350,16 @@ impl World {
             "fault restore: the primary's data copied (a restart of {}ms); put back in a few steps",
             (back - t).as_millis()
         ));
+        // WAL past the copy's end, as much as a busy primary writes in a
+        // while (the audit wrote 57 MiB): the restored primary then stands
+        // far behind every position read since, and a bus stream kept
+        // across the restore would refuse its commits as duplicates for
+        // that long. The table goes with the restore.
+        let junk = format!(
+            "CREATE TABLE truth_junk_{} AS SELECT g, repeat('x', 300) AS pad FROM generate_series(1, 60000) g",
+            self.step
+        );
+        self.sql(&junk).await;
         self.later(3, 8, Action::PutBackCopy);
         true
     }
@@ -361,14 +371,14 @@ impl World {
     /// not: a new standby is made of it, and the replica is left stranded
     /// (ahead of it, never to be read).
     pub(super) async fn put_back_copy(&mut self) {
-        let Some(copy) = self.copy.take() else {
+        let Some((copy, copied)) = self.copy.take() else {
             return;
         };
         let t = self.now();
         {
             let mut m = self.shared.model.lock().unwrap();
             m.outage_began("restore", t);
-            m.open_window("restore", t);
+            m.open_window_back_to("restore", t, copied);
         }
         let life = self.life.as_mut().unwrap();
         let data = life.primary.dir.join("data");
