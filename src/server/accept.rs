@@ -1,7 +1,8 @@
 //! The accept loop of each listener and the connections it serves: a cap
 //! on open connections (at the cap the listener is not polled, so new ones
-//! wait in the kernel's backlog), back-off when `accept` fails, hyper's
-//! settings, and each connection handed to its watchdog (`conn`).
+//! wait in the kernel's backlog), back-off when `accept` fails, the
+//! backlog taken at the close, hyper's settings, and each connection
+//! handed to its watchdog (`conn`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -19,9 +20,13 @@ use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
 use crate::traffic::Traffic;
 
-/// Accepts connections until `stop`, then waits for the open ones to finish
-/// their requests. Built on hyper directly rather than `axum::serve` for the
-/// limits a listener exposed to anyone needs:
+/// Accepts connections until `stop`; then takes every connection already
+/// waiting in the listen backlog, closes the listener (a connection
+/// attempted later is refused, never taken and dropped), and waits for the
+/// open connections to end: each that has not sent its first request has
+/// `conn::GRACE` to send it, and every request begun is answered (see
+/// "Server shutdown" in `conn`). Built on hyper directly rather than
+/// `axum::serve` for the limits a listener exposed to anyone needs:
 /// - each connection is watched ([`conn`]): a first request within
 ///   `header_read_timeout` whatever the protocol, each later HTTP/1 head
 ///   within it too, closed after `idle_timeout` with no request in progress;
@@ -66,6 +71,17 @@ pub(super) async fn accept_loop(
     let mut stop_rx = stop.clone();
     let stopped = async move { stop_rx.fired().await };
     tokio::pin!(stopped);
+    let serve = |stream: TcpStream, slot| {
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(serve_connection(
+            stream,
+            app.clone(),
+            builder.clone(),
+            limits,
+            (drain.clone(), stop.clone()),
+            (slot, Open::new(traffic.clone())),
+        ));
+    };
     loop {
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
@@ -101,15 +117,7 @@ pub(super) async fn accept_loop(
         match accepted {
             Ok((stream, _)) => {
                 backoff.reset();
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve_connection(
-                    stream,
-                    app.clone(),
-                    builder.clone(),
-                    limits,
-                    (drain.clone(), stop.clone()),
-                    (slot, Open::new(traffic.clone())),
-                ));
+                serve(stream, slot);
             }
             // The peer gave up between its handshake and our accept: nothing
             // is wrong on this side.
@@ -138,9 +146,75 @@ pub(super) async fn accept_loop(
             }
         }
     }
-    drop(listener);
+    // Stopped. Every connection in the listen backlog has completed its
+    // handshake, so its client holds it as open and may have sent a request
+    // on it already; closing the listener would reset them all. So they are
+    // taken first, as many as the backlog holds, past the cap if need be
+    // (each is bounded by the first-request grace, then by its request:
+    // see "Server shutdown" in `conn`), and served as any other; then the
+    // listener closes and new connections are refused.
+    let mut past_cap = 0u32;
+    for stream in backlog(listener, name) {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                slots.add_permits(1);
+                past_cap = past_cap.saturating_add(1);
+                slots
+                    .clone()
+                    .try_acquire_owned()
+                    .expect("a permit was just added, and nothing else waits for one")
+            }
+        };
+        serve(stream, slot);
+    }
     // Every slot back means every connection has ended.
-    let _ = slots.acquire_many(cap).await;
+    let _ = slots.acquire_many(cap.saturating_add(past_cap)).await;
+}
+
+/// Takes what `listener`'s backlog holds now, without waiting, then closes
+/// the listener. `accept` is called directly until the kernel says
+/// `WouldBlock`: tokio's `accept` would not call it again until its
+/// reactor has seen the listener readable, and a connection completed
+/// since its last poll would be left behind. A handshake the kernel
+/// completes between the last `accept` and the close (a short window, wider
+/// when the host is loaded and its network processing deferred) is still
+/// reset, as at any listener's close; only a socket filter dropping new
+/// SYNs for a while before the last `accept` would close that window.
+fn backlog(listener: TcpListener, name: &'static str) -> Vec<TcpStream> {
+    let listener = match listener.into_std() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(listener = name, error = %e, "cannot take the listen backlog at the close");
+            return Vec::new();
+        }
+    };
+    let mut taken = Vec::new();
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                match stream
+                    .set_nonblocking(true)
+                    .and_then(|()| TcpStream::from_std(stream))
+                {
+                    Ok(stream) => taken.push(stream),
+                    Err(e) => tracing::debug!(error = %e, "a connection of the backlog dropped"),
+                }
+            }
+            Err(e) if is_connection_error(&e) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            // Out of descriptors: what is left is reset at the close.
+            Err(e) => {
+                tracing::warn!(
+                    listener = name,
+                    error = %e,
+                    "accept failed at the close: the connections left in the listen backlog are reset"
+                );
+                break;
+            }
+        }
+    }
+    taken
 }
 
 /// hyper's settings for both protocols.

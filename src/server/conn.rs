@@ -34,11 +34,26 @@
 //!   when a request the client has just sent on it would meet the close
 //!   (RFC 9112 §9.6); an HTTP/2 connection gets a GOAWAY (its requests in
 //!   flight finish, new ones go to a new connection). A connection that
-//!   stays idle through the whole drain is closed at its end, as before.
-//! - **Server shutdown.** The same graceful shutdown, then [`GRACE`] once
-//!   no request is being handled. The connection is polled before the
-//!   stop is looked at, so a request whose head has arrived is begun, and
-//!   answered, rather than cut off.
+//!   stays idle through the whole drain is closed at its end: the one
+//!   close a request can still meet, sent on it at that instant.
+//! - **Server shutdown** (the drain's end; at once on SIGINT). Every
+//!   answer from then on says `Connection: close` (HTTP/1). A connection
+//!   on which a request has begun gets the graceful shutdown: closed at
+//!   once if idle after a response, else once its response is written
+//!   (HTTP/2: GOAWAY), then [`GRACE`] once no request is being handled.
+//!   One on which no request has begun yet (accepted just before the
+//!   stop, or taken from the listen backlog at it: see `accept`) is left
+//!   open for [`GRACE`] from the stop (less if its `header_read_timeout`
+//!   ends sooner): its client has just connected and
+//!   holds it as open, so its first request may be on the way, and hyper's
+//!   graceful shutdown would close it at once, under that request. A
+//!   request begun within the grace is answered, then the connection is
+//!   closed; none: closed at the grace's end. The connection is polled
+//!   before the stop is looked at, so a request whose head has arrived is
+//!   begun, and answered, rather than cut off. So after the stop a
+//!   connection is closed only idle after a response, or silent for
+//!   [`GRACE`] (up to 100 ms late); `server.shutdown_timeout`
+//!   bounds the whole shutdown, these requests included.
 //! - A request is *being handled* from the service call until its future
 //!   resolves or is dropped. Delivering the body is not handling: a peer
 //!   that stops reading (an HTTP/2 window left at 0) leaves the connection
@@ -86,7 +101,12 @@ use crate::shutdown::Shutdown;
 /// How long a graceful shutdown may take before the socket is closed
 /// outright: an HTTP/2 GOAWAY is followed by a PING that a silent or dead
 /// peer never acknowledges. One second, as Go's HTTP/2 server waits after
-/// its GOAWAY.
+/// its GOAWAY. Also the time a connection with no request yet has after
+/// the server's stop to send its first: a client sends it as soon as it has
+/// connected (a pool connects for a request), within a round trip and a
+/// busy host's scheduling delay, far below a second; a client that sends
+/// nothing (a probe, a preconnect) holds the shutdown no longer than a
+/// dead HTTP/2 peer does.
 pub const GRACE: Duration = Duration::from_secs(1);
 
 /// How often the task re-reads the state while shutting down: the
@@ -256,6 +276,11 @@ impl Watchdog {
         }
     }
 
+    /// Whether a request has begun on the connection.
+    fn begun(&self) -> bool {
+        self.state().started > 0
+    }
+
     /// Whether the connection is HTTP/2 (known from its first request).
     fn http2(&self) -> bool {
         let s = self.state();
@@ -418,8 +443,9 @@ pub enum Ended<E> {
 }
 
 /// Drives `conn` to its end under `dog`'s deadlines; asks its client to
-/// leave once `drain` turns true (see "Drain"); a graceful shutdown once
-/// `stop` fires. Returning drops `conn`, which closes the socket.
+/// leave once `drain` turns true (see "Drain"); once `stop` fires, a
+/// graceful shutdown as soon as a request has begun (see "Server
+/// shutdown"). Returning drops `conn`, which closes the socket.
 pub async fn drive<C>(
     conn: C,
     dog: &Watchdog,
@@ -432,7 +458,10 @@ where
     let mut conn = std::pin::pin!(conn);
     let sleep = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(sleep);
+    // `graceful_shutdown` called.
     let mut shutting_down = false;
+    // `stop` fired.
+    let mut stopped = false;
     let mut draining = false;
     let tick = dog.limits.header_read.min(dog.limits.idle).max(MIN_TICK);
     loop {
@@ -442,6 +471,14 @@ where
         if !draining && *drain.borrow() {
             draining = true;
             dog.draining.store(true, Ordering::Relaxed);
+        }
+        // Stopped: the graceful shutdown waits for the first request. Before
+        // it, hyper would close the connection at once (still reading the
+        // first bytes, or HTTP/1's first head), under a request its client
+        // may be sending; its deadline meanwhile is [`GRACE`] from the stop.
+        if stopped && !shutting_down && dog.begun() {
+            shutting_down = true;
+            conn.as_mut().graceful_shutdown();
         }
         // An HTTP/2 connection whose protocol was not known when the drain
         // began (no request yet) gets its GOAWAY once it is.
@@ -466,10 +503,17 @@ where
             // before a stop is acted on.
             biased;
             done = conn.as_mut() => return Ended::Done(done),
-            () = stop.fired(), if !shutting_down => {
-                shutting_down = true;
+            () = stop.fired(), if !stopped => {
+                stopped = true;
+                // Whether or not a drain came first (SIGINT skips it),
+                // every answer from now on says `Connection: close`.
+                draining = true;
+                dog.draining.store(true, Ordering::Relaxed);
                 dog.closing_at(Instant::now());
-                conn.as_mut().graceful_shutdown();
+                if dog.begun() && !shutting_down {
+                    shutting_down = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
             () = drained(&mut drain), if !draining => {
                 draining = true;

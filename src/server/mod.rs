@@ -13,7 +13,8 @@
 //!   it was, and other changed settings are said to need a restart.
 //! - SIGTERM: `/readyz` answers 503 for `server.shutdown_drain` while
 //!   requests are still served (a load balancer takes the gateway out of
-//!   rotation), then the listeners stop and shutdown proceeds within
+//!   rotation), then the listeners stop (what their listen queues hold is
+//!   still taken and answered: see `accept`) and shutdown proceeds within
 //!   `server.shutdown_timeout`; the access lines of every request answered
 //!   are written before [`run`] returns. SIGINT (Ctrl-C) skips the drain.
 
