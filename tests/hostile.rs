@@ -128,6 +128,33 @@ async fn start_up_waits_for_a_database_that_is_down() {
     assert_eq!(get(&gw, "/users/1").await.status, StatusCode::OK);
 }
 
+/// Start-up against a database that does not exist, or a login the server
+/// refuses, waits for it (it may be created, the role granted), and
+/// `/readyz` says why, not only the log: a probe's caller reads only the
+/// probe (it said "the filter is still loading").
+#[tokio::test]
+async fn start_up_names_why_it_cannot_reach_the_database_in_readyz() {
+    let db = TestDb::new().await;
+    let missing = format!("{}_missing", db.url);
+    let gw = gateway(config(&missing, ""));
+    let starting = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.start().await }
+    });
+    eventually("readyz names the cause", || async {
+        let r = get(&gw, "/readyz").await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        r.json()["reasons"]["database"]
+            .as_str()
+            .is_some_and(|d| d.contains("does not exist"))
+    })
+    .await;
+    let body = get(&gw, "/readyz").await.body;
+    let text = String::from_utf8_lossy(&body);
+    assert!(!text.contains("postgres://"), "{text}");
+    starting.abort();
+}
+
 /// The database going away in the middle of start-up (here while the
 /// catalog is read, as a failover or a restart would): start-up tries its
 /// steps again once the database answers, instead of failing.

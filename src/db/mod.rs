@@ -122,6 +122,11 @@ pub struct Db {
     /// connection is taken for hung: `statement_timeout + acquire_timeout`
     /// (see [`bounded`]).
     query_deadline: Duration,
+    /// Why the database could not be reached at the last try of
+    /// [`Db::wait_until_reachable`], while it goes on trying (start-up's
+    /// readiness names it: a database that does not exist, a refused
+    /// login).
+    waiting_on: std::sync::Mutex<Option<String>>,
     /// The server the change feed follows, which every connection is held
     /// to as it opens (see [`identity`]).
     pub identity: Arc<identity::Identity>,
@@ -247,6 +252,7 @@ impl Db {
             outage: Arc::default(),
             reach: reach::Reach::default(),
             query_deadline: Duration::from_secs(60),
+            waiting_on: std::sync::Mutex::default(),
             identity: Arc::default(),
         }
     }
@@ -280,6 +286,15 @@ impl Db {
             self.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
         r
+    }
+
+    /// Why [`Db::wait_until_reachable`] is still waiting, if it is: the
+    /// cause of its last failed try (no URL, no password).
+    pub fn waiting_on(&self) -> Option<String> {
+        self.waiting_on
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Whether the last check ([`Db::check_up`]) reached the database.
@@ -398,7 +413,9 @@ impl Db {
         let throttle = crate::telemetry::LogThrottle::default();
         let mut last_cause = String::new();
         loop {
-            match self.check_up().await {
+            let checked = self.check_up().await;
+            *self.waiting_on.lock().unwrap_or_else(|p| p.into_inner()) = checked.clone().err();
+            match checked {
                 Ok(()) => return,
                 Err(cause) => {
                     let changed = cause != last_cause;

@@ -18,6 +18,10 @@ pub struct Readiness {
     pub resources: Vec<(String, String)>,
     pub feed: Option<String>,
     pub auth: Option<String>,
+    /// Start-up cannot reach the database, and why (a database that does
+    /// not exist, a refused login, a refused connection): the log says it
+    /// too, but a probe's caller reads only this.
+    pub database: Option<String>,
     /// The process is shutting down (`server.shutdown_drain`).
     pub shutdown: Option<String>,
     /// What is wrong but shared by every gateway of the fleet, so not a
@@ -36,6 +40,7 @@ impl Readiness {
     /// does not).
     pub fn is_empty(&self) -> bool {
         self.resources.is_empty()
+            && self.database.is_none()
             && self.feed.is_none()
             && self.auth.is_none()
             && self.shutdown.is_none()
@@ -47,6 +52,9 @@ impl std::fmt::Display for Readiness {
         let mut parts: Vec<String> = Vec::new();
         if let Some(shutdown) = &self.shutdown {
             parts.push(format!("shutdown: {shutdown}"));
+        }
+        if let Some(database) = &self.database {
+            parts.push(format!("database: {database}"));
         }
         if let Some(feed) = &self.feed {
             parts.push(format!("change feed: {feed}"));
@@ -154,12 +162,20 @@ impl Gateway {
             feed => feed,
         };
         let auth = self.auth.why_not_ready();
+        let database = match self.running.load(std::sync::atomic::Ordering::Relaxed) {
+            true => None,
+            false => self
+                .db
+                .waiting_on()
+                .map(|cause| format!("start-up cannot reach the database: {cause}")),
+        };
         let shutdown = self
             .draining
             .borrow()
             .then(|| "the process is shutting down (server.shutdown_drain)".to_string());
         Readiness {
             resources,
+            database,
             feed,
             auth,
             shutdown,

@@ -299,6 +299,9 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
             .into_iter()
             .map(|(r, why)| (r, why.into()))
             .collect();
+        if let Some(database) = readiness.database {
+            reasons.insert("database".into(), database.into());
+        }
         if let Some(feed) = readiness.feed {
             reasons.insert("change_feed".into(), feed.into());
         }
