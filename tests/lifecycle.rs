@@ -459,6 +459,41 @@ async fn install_feed_refuses_a_table_without_a_replica_identity_and_changes_not
     gw.stop();
 }
 
+/// Issue 52, item 3: `freshness = "auto"` is resolved by `preflight` as
+/// `serve` resolves it. On a server where the WAL feed is possible but no
+/// publication is in place and `install_feed` is off, start-up picks the
+/// notify feed; preflight said "wal here" and checked a feed that would
+/// not run.
+#[tokio::test]
+async fn preflight_and_serve_resolve_auto_the_same_way() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(3).await;
+    let cfg = config(
+        &db.url,
+        "install_feed = false
+install_triggers = true",
+    );
+    assert_eq!(cfg.database.freshness, bloomgate::config::Freshness::Auto);
+    let report = bloomgate::preflight::run(&cfg).await.to_string();
+    let gw = started(cfg).await;
+    assert_eq!(gw.freshness(), Some(bloomgate::config::Freshness::Notify));
+    assert!(
+        report.contains("database.freshness = auto: notify here"),
+        "{report}"
+    );
+    gw.stop();
+    // Where start-up may install the publication, both say wal.
+    let cfg = config(&db.url, "install_feed = true");
+    let report = bloomgate::preflight::run(&cfg).await.to_string();
+    let gw = started(cfg).await;
+    assert_eq!(gw.freshness(), Some(bloomgate::config::Freshness::Wal));
+    assert!(
+        report.contains("database.freshness = auto: wal here"),
+        "{report}"
+    );
+    gw.stop();
+}
+
 /// Defect 6: `REPLICA IDENTITY` changed at run time. Under `DEFAULT` (the
 /// primary key) an update that changes the email but not the id comes
 /// without an old row, which the feed read as "no watched column changed".

@@ -14,6 +14,49 @@ use crate::db::triggers::{self, Sink};
 
 use super::{Report, Role, names, owns_all, privilege, schema_of};
 
+/// Why `database.freshness = "auto"` would not pick the WAL feed at
+/// start-up, by the rule `feed::supervisor` applies there: `wal_level =
+/// logical` and `REPLICATION`, and a publication that delivers every
+/// change of the tables, or that start-up can create or repair
+/// (`install_feed`, and the role owns the tables). `None`: it would.
+pub(super) async fn auto_not_wal(
+    conn: &mut PgConnection,
+    config: &Config,
+    role: &Role,
+    watch: &Watch,
+) -> Result<Option<String>, sqlx::Error> {
+    if role.wal_level != "logical" {
+        return Ok(Some(format!(
+            "wal_level is {}, not logical",
+            role.wal_level
+        )));
+    }
+    if !(role.replication || role.superuser) {
+        return Ok(Some("the role lacks REPLICATION".into()));
+    }
+    if watch.tables.is_empty() {
+        return Ok(None);
+    }
+    let cfg = &config.database;
+    let checked = publication::check(&mut *conn, watch, &cfg.publication).await?;
+    if checked.exists && checked.problems.iter().flatten().next().is_none() {
+        return Ok(None);
+    }
+    if cfg.install_feed && (role.superuser || owns_all(conn, watch).await?) {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "publication {:?} does not deliver every change of {}, and start-up cannot create or repair it ({})",
+        cfg.publication,
+        names(watch),
+        if cfg.install_feed {
+            "the role does not own the tables"
+        } else {
+            "database.install_feed is off"
+        }
+    )))
+}
+
 /// The WAL feed's needs.
 pub(super) async fn wal(
     conn: &mut PgConnection,

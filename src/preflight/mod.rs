@@ -43,7 +43,7 @@ use crate::db::triggers::Sink;
 mod feeds;
 mod tables;
 
-use feeds::{bus, trigger_feed, wal};
+use feeds::{auto_not_wal, bus, trigger_feed, wal};
 use tables::resources;
 
 /// What the checks found, in order, and the statements that fix it.
@@ -209,17 +209,18 @@ async fn check(pool: &PgPool, config: &Config, r: &mut Report) -> Result<(), sql
     let cfg = &config.database;
     let freshness = match cfg.freshness {
         Freshness::Auto => {
-            let wal = role.wal_level == "logical" && (role.replication || role.superuser);
-            let chosen = if wal {
-                Freshness::Wal
-            } else {
-                Freshness::Notify
+            // The rule start-up applies (`feed::supervisor`), so that this
+            // checks the feed `serve` will run.
+            let (chosen, why) = match auto_not_wal(&mut conn, config, &role, &watch).await? {
+                None => (
+                    Freshness::Wal,
+                    "wal_level = logical, REPLICATION, and a publication in place or one start-up installs".to_string(),
+                ),
+                Some(why) => (Freshness::Notify, why),
             };
             r.note(format!(
-                "database.freshness = auto: {} here (wal_level = {}, REPLICATION: {}); set it explicitly to check another feed",
+                "database.freshness = auto: {} here ({why}); set it explicitly to check another feed",
                 crate::feed::supervisor::name(chosen),
-                role.wal_level,
-                if role.replication || role.superuser { "yes" } else { "no" }
             ));
             chosen
         }
