@@ -1430,6 +1430,61 @@ async fn preflight_checks_the_bus() {
         "{text}"
     );
 
+    // Issue 52, item 6: a Redis that answers reads but refuses the relay's
+    // writes, or may evict the stream, passed ("Redis answers the relay's
+    // script"). This test's own Redis is told so.
+    let report = bloomgate::preflight::run(&config).await.to_string();
+    assert!(
+        report.contains("ok      bus: Redis takes the relay's append"),
+        "{report}"
+    );
+    assert!(
+        report.contains("ok      bus: maxmemory-policy noeviction"),
+        "{report}"
+    );
+    let mut conn = redis.conn().await.unwrap();
+    let set = |args: &'static [&'static str]| {
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c
+    };
+    let _: () = set(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let report = bloomgate::preflight::run(&config).await;
+    let text = report.to_string();
+    assert!(!report.passed());
+    assert!(
+        text.contains("MISSING bus: maxmemory-policy is allkeys-lru"),
+        "{text}"
+    );
+    let _: () = set(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // A read-only replica at bus.url (of a primary nobody runs).
+    let nobody = free_port().to_string();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(&nobody)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let report = bloomgate::preflight::run(&config).await;
+    let text = report.to_string();
+    assert!(!report.passed());
+    assert!(
+        text.contains("MISSING bus: Redis refuses the relay's append"),
+        "{text}"
+    );
+    let _: () = set(&["REPLICAOF", "NO", "ONE"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
     redis.kill();
     let report = bloomgate::preflight::run(&config).await;
     let text = report.to_string();

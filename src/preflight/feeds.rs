@@ -271,6 +271,33 @@ pub(super) async fn bus(
             "bus: Redis ({shown}): {e}; until it answers every gateway follows the WAL itself (at most bus.max_direct_fallback of them) or nothing"
         )),
     }
+    // A Redis that answers reads may still refuse the relay's writes (a
+    // read-only replica, an ACL user without XADD, maxmemory reached), or
+    // evict the stream (`feed::bus::redis`'s `writes`).
+    if let Ok(bus) = &mut probe {
+        match tokio::time::timeout(Duration::from_secs(10), bus.try_append()).await {
+            Err(_) => r.missing("bus: the relay's append got no answer within 10 s".into()),
+            Ok(Err(e)) => r.missing(format!(
+                "bus: Redis refuses the relay's append ({e}): a read-only replica at bus.url, an ACL user without XADD, or maxmemory reached; no entry would ever be relayed"
+            )),
+            Ok(Ok(())) => r.ok("bus: Redis takes the relay's append (on a scratch key, deleted)".into()),
+        }
+        match tokio::time::timeout(Duration::from_secs(10), bus.memory()).await {
+            Ok(Ok(m)) => match m.problem() {
+                Some(problem) => r.missing(format!("bus: {problem}")),
+                None => r.ok(format!(
+                    "bus: maxmemory-policy {}, maxmemory {}",
+                    m.policy,
+                    match m.max {
+                        0 => "unlimited".to_string(),
+                        max => format!("{max} bytes, {} used", m.used),
+                    }
+                )),
+            },
+            Ok(Err(e)) => r.note(format!("bus: Redis' memory and eviction policy could not be read ({e}): check that maxmemory-policy is not allkeys-*")),
+            Err(_) => r.note("bus: INFO memory got no answer within 10 s".into()),
+        }
+    }
     if b.read_from == crate::config::ReadFrom::Replicas
         && let Ok(bus) = &mut probe
     {

@@ -57,6 +57,9 @@
 mod replicas;
 mod sentinel;
 mod tls;
+mod writes;
+
+pub use writes::Memory;
 
 pub use sentinel::Sentinels;
 pub use tls::TlsFiles;
