@@ -673,3 +673,48 @@ async fn preflights_advice_applied_once_passes_for_every_set_of_resources() {
         }
     }
 }
+
+/// Issue 52, item 2: a prepared transaction nobody commits (or any long
+/// transaction holding an xid) blocks `CREATE_REPLICATION_SLOT`, which
+/// waits for it to end. A gateway starting meanwhile said only "the change
+/// feed is starting"; `/readyz` now names what it waits for, and the
+/// gateway starts once it ends. On a server of the test's own (the
+/// prepared transaction would hold every other test's slots).
+#[tokio::test]
+async fn a_prepared_transaction_that_blocks_the_slot_is_named() {
+    use common::cluster::{Server, exec};
+    let server = Server::primary(&["max_prepared_transactions=5"]);
+    let pool = server.create_db("blocked", 5).await;
+    let mut holder = pool.acquire().await.unwrap();
+    sqlx::raw_sql(
+        "BEGIN; UPDATE users SET name = 'held' WHERE id = 1; PREPARE TRANSACTION 'bg_blocker_slot'",
+    )
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+    let gw = gateway(config(
+        &server.url("blocked"),
+        "freshness = \"wal\"\ninstall_feed = true",
+    ));
+    let starting = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.start().await }
+    });
+    eventually("readyz names the prepared transaction", || async {
+        let r = get(&gw, "/readyz").await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        r.json()["reasons"]["change_feed"]
+            .as_str()
+            .is_some_and(|w| w.contains("prepared transaction 'bg_blocker_slot'"))
+    })
+    .await;
+    assert!(!starting.is_finished());
+    exec(&pool, "COMMIT PREPARED 'bg_blocker_slot'").await;
+    tokio::time::timeout(Duration::from_secs(30), starting)
+        .await
+        .expect("start-up goes on once the transaction ended")
+        .unwrap()
+        .unwrap();
+    assert_eq!(get(&gw, "/users/1").await.json()["name"], "held");
+    gw.stop();
+}

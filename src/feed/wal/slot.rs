@@ -207,6 +207,33 @@ pub(super) fn broken_at(seen: Option<Position>, streamed: Option<Position>) -> P
     }
 }
 
+/// What a slot's creation is waiting for, oldest first (at most three):
+/// a logical slot's consistent point comes only once every transaction
+/// holding an xid when it began has ended, so a prepared transaction
+/// nobody commits, or a long one, holds the feed's start for as long
+/// (`None`: no such transaction now). Safe to show: ids, names, ages.
+pub(super) async fn blockers(conn: &mut PgConnection) -> Result<Option<String>, sqlx::Error> {
+    let found: Vec<String> = sqlx::query_scalar(
+        "SELECT who FROM (
+           SELECT format('prepared transaction %L (%s s)', gid,
+                         extract(epoch FROM now() - prepared)::int8) AS who,
+                  prepared AS since
+             FROM pg_prepared_xacts
+           UNION ALL
+           SELECT format('the transaction of pid %s (%s, open %s s)', pid,
+                         coalesce(nullif(application_name, ''), usename::text, '?'),
+                         extract(epoch FROM now() - xact_start)::int8),
+                  xact_start
+             FROM pg_stat_activity
+            WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+              AND backend_type = 'client backend'
+         ) b ORDER BY since LIMIT 3",
+    )
+    .fetch_all(conn)
+    .await?;
+    Ok((!found.is_empty()).then(|| found.join(", ")))
+}
+
 /// Creates a logical slot with SQL (`temporary`: dropped when `conn`
 /// ends); returns its consistent point.
 pub(super) async fn create(

@@ -163,6 +163,9 @@ pub(super) struct Streamed {
     silence_limit: Duration,
 }
 
+/// How long a slot's creation may wait before what it waits for is named.
+const BLOCKED_AFTER: Duration = Duration::from_secs(2);
+
 impl Streamed {
     pub(super) async fn open(
         feed: &mut Feed,
@@ -198,10 +201,36 @@ impl Streamed {
         let name = opts.slot.clone().unwrap_or_else(|| temp_name.to_string());
         let (start, gap) = match opts.slot.clone() {
             // On the replication connection: it lives as long as it does.
-            None => (
-                repl.create_slot(&name, true).await?,
-                feed.position.is_some(),
-            ),
+            // The creation waits for every transaction holding an xid to
+            // end: what it waits for is named meanwhile (`/readyz`, the
+            // log), not left as "starting".
+            None => {
+                let create = repl.create_slot(&name, true);
+                tokio::pin!(create);
+                let mut named = false;
+                let start = loop {
+                    tokio::select! {
+                        r = &mut create => break r?,
+                        () = tokio::time::sleep(BLOCKED_AFTER) => {
+                            let found = bounded(limit, async {
+                                slot::blockers(conn).await.map_err(SessionError::from)
+                            })
+                            .await;
+                            if let Ok(Some(who)) = found {
+                                let why = format!(
+                                    "creating the temporary replication slot waits for {who} to end (a permanent database.slot, created once, does not wait at each start)"
+                                );
+                                if !named {
+                                    tracing::warn!(why = %why, "WAL change feed blocked");
+                                    named = true;
+                                }
+                                feed.health.waiting(why);
+                            }
+                        }
+                    }
+                };
+                (start, feed.position.is_some())
+            }
             Some(permanent) => {
                 bounded(
                     limit,
