@@ -256,6 +256,29 @@ impl Gateway {
                 Err(_) => replicas.note_unknown_change(),
             }
         }
+        // Started with no feed (the bus down, every fall-back ticket
+        // taken): no scan now, which every gateway started during the
+        // outage would make of the primary; the database answers until the
+        // feed returns, and its resync builds the filters.
+        if self
+            .bus_status()
+            .is_some_and(|s| s.get().mode == feed::bus::Mode::Lost)
+        {
+            for r in &self.resources {
+                r.answer_unbuilt();
+            }
+            tracing::warn!(
+                "started with no change feed to follow (the bus is down and bus.max_direct_fallback gateways follow the WAL already): every key is asked of the database within filter.verify_budget until the bus returns"
+            );
+            tracing::info!(
+                elapsed_s = began.elapsed().as_secs_f64(),
+                "ready (degraded)"
+            );
+            *started = true;
+            self.running
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return Ok(());
+        }
         for r in &self.resources {
             if !r.config.filter.enabled {
                 continue;

@@ -161,6 +161,10 @@ pub struct Resource {
     loads: Arc<tokio::sync::Semaphore>,
     /// Whether the filter and cache may answer (see [`crate::vouch`]).
     pub vouch: Vouch,
+    /// Started with no feed to follow (the bus down, no fall-back ticket
+    /// free): until its first build swaps in, every key is asked of the
+    /// database within `verify_budget` ([`Resource::answer_unbuilt`]).
+    unbuilt_answers: std::sync::atomic::AtomicBool,
     pub stats: Stats,
 }
 
@@ -193,6 +197,7 @@ impl Resource {
             not_unique_log: LogThrottle::default(),
             loads,
             vouch: Vouch::default(),
+            unbuilt_answers: std::sync::atomic::AtomicBool::new(false),
             stats: Stats::default(),
         }
     }
@@ -216,9 +221,30 @@ impl Resource {
         !self.config.filter.enabled || self.live.is_built()
     }
 
+    /// Answers without a filter until one is built: every key asked of
+    /// the database within `filter.verify_budget`, as a running gateway
+    /// answers keys its filter rejects while nothing vouches for it. For a
+    /// gateway started with no feed to follow (the bus down and every
+    /// fall-back ticket taken), which would otherwise never be ready until
+    /// the bus returns, and must not scan the primary meanwhile: the feed's
+    /// resync when it returns builds the filter, and nothing is vouched
+    /// for before that build swaps in (`vouch`).
+    pub fn answer_unbuilt(&self) {
+        self.unbuilt_answers.store(true, Ordering::Relaxed);
+    }
+
+    /// The filter is built, or the database answers for it meanwhile
+    /// ([`Resource::answer_unbuilt`]).
+    pub fn answers(&self) -> bool {
+        self.is_built() || self.unbuilt_answers.load(Ordering::Relaxed)
+    }
+
     /// Why not ready, for `/readyz`, the admin API and the status page.
     pub fn why_not_ready(&self) -> Option<String> {
         if !self.is_built() {
+            if self.unbuilt_answers.load(Ordering::Relaxed) {
+                return Some("no filter yet (started with no change feed to follow): every key is asked of the database within filter.verify_budget until the feed returns and the filter is built".into());
+            }
             return Some("the filter is still loading".into());
         }
         self.vouch.why_not()
@@ -289,6 +315,13 @@ impl Resource {
                         .verified_above_high_water
                         .fetch_add(1, Ordering::Relaxed);
                     return Ok(self.later(key, How::Verify));
+                }
+                None if self.unbuilt_answers.load(Ordering::Relaxed) => {
+                    if !self.verify_budget.try_take() {
+                        self.stats.unverified.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::Unverified);
+                    }
+                    return Ok(self.later(key, How::Direct { rejected: true }));
                 }
                 None => return Err(Error::NotReady),
             }

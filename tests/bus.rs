@@ -883,6 +883,64 @@ async fn a_publication_dropped_and_created_again_costs_the_relay_its_slot_not_th
     fleet.drop_slot(&db).await;
 }
 
+/// Issue 52, item 5: a gateway started while Redis is down, with every
+/// fall-back ticket taken (`bus.max_direct_fallback = 0`), waited for the
+/// bus, 503 "the filter is still loading" for as long as the outage
+/// lasted: a rolling deploy during a Redis outage drained the fleet. It
+/// now starts without a scan, ready and degraded, and answers from the
+/// database (rows 200, absent keys 404) within `filter.verify_budget`, as
+/// a running gateway without a ticket does; once Redis is back, the bus's
+/// resync builds its filter and it is vouched for, served from its cache.
+#[tokio::test]
+async fn a_gateway_started_while_the_bus_is_down_is_ready_degraded() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut redis = Redis::start().await;
+    let port = redis.port;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let running = bounded_fleet(&db, &redis, &fleet, 1, 0).await;
+    redis.kill();
+    let mut cfg = fleet.config(&db, &redis);
+    cfg.bus.max_direct_fallback = 0;
+    let gw = gateway(cfg);
+    tokio::time::timeout(Duration::from_secs(30), gw.start())
+        .await
+        .expect("start-up finishes while the bus is down")
+        .unwrap();
+    let r = get(&gw, "/readyz").await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    assert_eq!(r.json()["status"], "degraded", "{}", r.json());
+    let users = gw.resource("users").unwrap();
+    assert!(!users.is_built(), "no scan while the bus is down");
+    let r = get(&gw, "/users/5").await;
+    assert_eq!(
+        (r.status, r.header("cache-status")),
+        (StatusCode::OK, "bloomgate; fwd=bypass; detail=unverified")
+    );
+    assert_eq!(r.json()["name"], "User 5");
+    assert_eq!(
+        get(&gw, "/users/987654").await.status,
+        StatusCode::NOT_FOUND
+    );
+    // Redis back: the resync builds the filter, and the bus vouches.
+    let redis = Redis::start_on(port).await;
+    eventually("vouched for from the bus", || async { users.is_ready() }).await;
+    fresh(&gw, "/users/5", |r| {
+        r.header("cache-status") == "bloomgate; hit"
+    })
+    .await;
+    assert_eq!(
+        get(&gw, "/users/987654").await.status,
+        StatusCode::NOT_FOUND
+    );
+    gw.stop();
+    for g in &running {
+        g.stop();
+    }
+    drop(redis);
+    fleet.drop_slot(&db).await;
+}
+
 /// Redis stopped under three gateways, on a quiet database: the bus is a
 /// dependency every gateway shares, so none leaves the load balancer for
 /// it (`server.readiness = "local"`): `/readyz` stays 200, saying

@@ -95,7 +95,7 @@ impl Gateway {
             let Some(why) = r.why_not_ready() else {
                 continue;
             };
-            if !settled || !r.is_built() {
+            if !settled || !r.answers() {
                 resources.push((r.name().to_string(), why));
                 continue;
             }

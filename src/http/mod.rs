@@ -291,7 +291,7 @@ async fn readyz(State(gw): State<Arc<Gateway>>) -> Response {
         let loading: Vec<&str> = gw
             .resources
             .iter()
-            .filter(|r| !r.is_built())
+            .filter(|r| !r.answers())
             .map(|r| r.name())
             .collect();
         let mut reasons: serde_json::Map<String, serde_json::Value> = readiness

@@ -151,6 +151,14 @@ async fn direct<B: Bus>(
                     );
                     opts.status.set_mode(Mode::Lost, Some(lost.clone()));
                     opts.health.waiting(format!("bus: {lost}"));
+                    // At start-up: the gateway goes on without a feed
+                    // (`Resource::answer_unbuilt`) rather than wait for the
+                    // bus, which would keep every gateway started during
+                    // its outage out of the load balancer; the feed's
+                    // resync when it returns builds the filters.
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(Ok(()));
+                    }
                 }
             }
         }
