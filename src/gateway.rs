@@ -297,6 +297,9 @@ impl Gateway {
             resources = self.resources.len(),
             "ready"
         );
+        for r in &self.resources {
+            r.note_ready();
+        }
         *started = true;
         self.running
             .store(true, std::sync::atomic::Ordering::Relaxed);

@@ -165,6 +165,8 @@ pub struct Resource {
     /// free): until its first build swaps in, every key is asked of the
     /// database within `verify_budget` ([`Resource::answer_unbuilt`]).
     unbuilt_answers: std::sync::atomic::AtomicBool,
+    /// Ready at least once since start-up (see [`Resource::note_ready`]).
+    was_ready: std::sync::atomic::AtomicBool,
     pub stats: Stats,
 }
 
@@ -198,6 +200,7 @@ impl Resource {
             loads,
             vouch: Vouch::default(),
             unbuilt_answers: std::sync::atomic::AtomicBool::new(false),
+            was_ready: std::sync::atomic::AtomicBool::new(false),
             stats: Stats::default(),
         }
     }
@@ -231,6 +234,24 @@ impl Resource {
     /// for before that build swaps in (`vouch`).
     pub fn answer_unbuilt(&self) {
         self.unbuilt_answers.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it is ready now, remembered: a resource never ready since
+    /// start-up for a cause of its configuration (a table the feed cannot
+    /// follow) is not ready, where one that was and lost it is degraded
+    /// (`gateway::readiness`).
+    pub fn note_ready(&self) -> bool {
+        let ready = self.is_ready();
+        if ready && !self.was_ready.load(Ordering::Relaxed) {
+            self.was_ready.store(true, Ordering::Relaxed);
+        }
+        ready
+    }
+
+    /// Ready at least once since start-up, as [`Resource::note_ready`]
+    /// saw it.
+    pub fn was_ready(&self) -> bool {
+        self.was_ready.load(Ordering::Relaxed)
     }
 
     /// The filter is built, or the database answers for it meanwhile

@@ -208,6 +208,17 @@ impl Vouch {
         });
     }
 
+    /// Whether the feed cannot follow the table ([`Vouch::set_problem`]):
+    /// a configuration's cause (a missing trigger, a table outside the
+    /// publication), not a moment's.
+    pub fn has_problem(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .problem
+            .is_some()
+    }
+
     /// Why not vouched, for readiness; `None` when vouched.
     pub fn why_not(&self) -> Option<String> {
         let s = self.state.lock().unwrap_or_else(|p| p.into_inner());

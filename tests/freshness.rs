@@ -1152,11 +1152,40 @@ async fn a_missing_or_partial_trigger_makes_its_resources_not_ready() {
         &format!("install_triggers = false\n{BY_EMAIL}"),
     ))
     .await;
+    // Never ready for a cause of its configuration: not ready, naming it
+    // (issue 52, item 3: it said degraded, ready, and sent every answer
+    // to the database for good).
     let why = gw.readiness().to_string();
     assert!(
-        why.contains("users_by_email (degraded): the bloomgate trigger of public.users does not announce email"),
+        why.contains(
+            "users_by_email: the bloomgate trigger of public.users does not announce email"
+        ),
         "{why}"
     );
     assert!(!why.contains("no bloomgate trigger"), "{why}");
+    assert_eq!(
+        get(&gw, "/readyz").await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    gw.stop();
+    // Ready, then its trigger dropped at run time: a cause every gateway
+    // shares, so degraded, not a reason.
+    let gw = started(config(&db.url, "install_triggers = false")).await;
+    vouched(&gw, "users").await;
+    db.exec(
+        "DROP TRIGGER bloomgate_notify_users_896e6dda ON users;
+         DROP TRIGGER bloomgate_notify_users_896e6dda_t ON users",
+    )
+    .await;
+    let began = std::time::Instant::now();
+    loop {
+        let why = gw.readiness().to_string();
+        if why.contains("users (degraded): table public.users has no bloomgate trigger") {
+            break;
+        }
+        assert!(began.elapsed() < Duration::from_secs(15), "{why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get(&gw, "/readyz").await.status, StatusCode::OK);
     gw.stop();
 }

@@ -92,10 +92,20 @@ impl Gateway {
         let mut degraded = Vec::new();
         let mut resources = Vec::new();
         for r in &self.resources {
+            if r.note_ready() {
+                continue;
+            }
             let Some(why) = r.why_not_ready() else {
                 continue;
             };
-            if !settled || !r.answers() {
+            // A configuration that can never vouch (notify without its
+            // triggers and `install_triggers` off, the WAL feed without a
+            // publication and `install_feed` off) sends every answer to
+            // the database forever: not ready, naming the fix, unless the
+            // resource was ready once and lost it at run time, which every
+            // gateway shares (degraded, and alerted).
+            let never = r.vouch.has_problem() && !r.was_ready();
+            if !settled || !r.answers() || never {
                 resources.push((r.name().to_string(), why));
                 continue;
             }
