@@ -941,6 +941,59 @@ async fn a_gateway_started_while_the_bus_is_down_is_ready_degraded() {
     fleet.drop_slot(&db).await;
 }
 
+/// Issue 52, item 6: a Redis that answers reads but refuses writes (here
+/// made a read-only replica of a primary nobody runs, for 3 s). The relay
+/// ended its term at the first refused append and opened the slot again
+/// every second, a new walsender each time, with a warning each; it now
+/// holds its slot and tries the append again, so the same term relays
+/// once Redis takes writes again, and the change made meanwhile arrives.
+#[tokio::test]
+async fn a_redis_that_refuses_writes_keeps_the_relay_s_slot() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let (logs, _guard) = capture_logs();
+    let gw = started(fleet.patient_config(&db, &redis)).await;
+    eventually("the gateway relays", || async { relaying(&gw) }).await;
+    wait_all_on_bus(std::slice::from_ref(&gw)).await;
+    fresh(&gw, "/users/5", |r| {
+        r.header("cache-status") == "bloomgate; hit"
+    })
+    .await;
+    let terms = gw.bus_status().unwrap().terms.load(Ordering::Relaxed);
+    let mut conn = redis.conn().await.unwrap();
+    let nobody = free_port().to_string();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(&nobody)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    db.exec("UPDATE users SET name = 'while Redis refused' WHERE id = 5")
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    fresh(&gw, "/users/5", |r| {
+        r.json()["name"] == "while Redis refused"
+    })
+    .await;
+    assert_eq!(
+        gw.bus_status().unwrap().terms.load(Ordering::Relaxed),
+        terms,
+        "the term held its slot through the refusals: {}",
+        logs.text()
+    );
+    gw.stop();
+    drop(redis);
+    fleet.drop_slot(&db).await;
+}
+
 /// Redis stopped under three gateways, on a quiet database: the bus is a
 /// dependency every gateway shares, so none leaves the load balancer for
 /// it (`server.readiness = "local"`): `/readyz` stays 200, saying

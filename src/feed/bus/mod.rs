@@ -242,6 +242,27 @@ pub trait Bus: Send + 'static {
     /// The next call opens a new connection (a consumer leaving a server
     /// that did not keep it current: see `redis::replicas`).
     fn reconnect(&mut self);
+    /// Trims the stream to its retention without appending: the append
+    /// trims as it adds, and a bus that refuses the append for want of
+    /// memory would otherwise never shrink the stream.
+    fn trim(&mut self) -> impl Future<Output = Result<(), BusError>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// Whether `e` is the bus refusing a write while it answers (a read-only
+/// replica, an ACL user without the command, out of memory, a failed
+/// snapshot): Redis' error codes.
+pub fn is_refusal(e: &BusError) -> bool {
+    [
+        "(READONLY)",
+        "(NOPERM)",
+        "(OOM)",
+        "(MISCONF)",
+        "(NOREPLICAS)",
+    ]
+    .iter()
+    .any(|code| e.0.ends_with(code))
 }
 
 /// Which the consumer follows.

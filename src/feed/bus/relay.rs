@@ -53,6 +53,17 @@ use crate::telemetry::LogThrottle;
 /// How often a candidate looks whether the slot is free.
 pub const LOOK_EVERY: Duration = Duration::from_secs(1);
 
+/// How long a term holds its slot while the bus refuses its appends (a
+/// read-only replica, an ACL user without `XADD`, a Redis out of memory),
+/// trying again with a growing pause: a refusal is no reason to drop the
+/// primary's walsender and start another, twice a second, for as long as
+/// it lasts. Below `wal_sender_timeout` (60 s by default): the feed does
+/// not read meanwhile.
+const HOLD_REFUSED: Duration = Duration::from_secs(20);
+
+/// The longest pause between two terms that ended on refused appends.
+const REFUSED_PAUSE_MAX: Duration = Duration::from_secs(30);
+
 /// How long the relay's name stays on the bus without being said again.
 const ANNOUNCE_TTL: Duration = Duration::from_secs(3);
 
@@ -84,12 +95,14 @@ pub struct RelayOptions {
 pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutdown: Shutdown) {
     let slot = opts.wal.slot.clone().unwrap_or_default();
     let throttle = LogThrottle::new(LogThrottle::INTERVAL);
+    let refusals = LogThrottle::new(LogThrottle::INTERVAL);
     let mut first = true;
+    let mut pause = LOOK_EVERY;
     loop {
         if !first {
             tokio::select! {
                 () = shutdown.fired() => return,
-                () = tokio::time::sleep(LOOK_EVERY) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
         first = false;
@@ -120,7 +133,23 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
         }
         let start = Position::new(server.timeline, Lsn(head.lsn));
         let fresh = head == super::EntryId::START;
-        term(&mut bus, &opts, &watch, server, start, fresh, &mut shutdown).await;
+        let refused = term(
+            &mut bus,
+            &opts,
+            &watch,
+            server,
+            start,
+            fresh,
+            &refusals,
+            &mut shutdown,
+        )
+        .await;
+        // Ended on a bus that refuses writes: the next term waits longer,
+        // rather than open the slot again every second.
+        pause = match refused {
+            true => (pause * 2).min(REFUSED_PAUSE_MAX),
+            false => LOOK_EVERY,
+        };
         opts.status.set_relaying(false);
         if shutdown.is_fired() {
             return;
@@ -181,7 +210,9 @@ async fn slot_free(pool: &PgPool, slot: &str) -> bool {
 }
 
 /// One WAL feed on the slot, its events appended, until it is interrupted,
-/// the bus fails, or `shutdown` fires.
+/// the bus fails, or `shutdown` fires. An append the bus refuses is tried
+/// again for up to [`HOLD_REFUSED`], the slot held; returns whether the
+/// term ended on such refusals (`refusals` rate-limits their lines).
 #[allow(clippy::too_many_arguments)]
 async fn term<B: Bus>(
     bus: &mut B,
@@ -190,8 +221,9 @@ async fn term<B: Bus>(
     server: crate::feed::Server,
     head: Position,
     fresh: bool,
+    refusals: &LogThrottle,
     shutdown: &mut Shutdown,
-) {
+) -> bool {
     let epoch = head.timeline;
     let (tx, mut rx) = mpsc::channel(4096);
     let (applied_tx, applied_rx) = watch::channel(head);
@@ -224,6 +256,7 @@ async fn term<B: Bus>(
     // An event taken from the feed while a batch was gathered, and the
     // first thing handled after the batch is appended.
     let mut next: Option<Event> = None;
+    let mut ended_refused = false;
     let why_ended: String = loop {
         let ev = if let Some(ev) = next.take() {
             ev
@@ -306,16 +339,43 @@ async fn term<B: Bus>(
                 break why;
             }
         };
-        match bus.append(&entry).await {
+        let mut refused_since: Option<Instant> = None;
+        let mut wait = Duration::from_millis(100);
+        let appended = loop {
+            match bus.append(&entry).await {
+                Err(e)
+                    if super::is_refusal(&e)
+                        && refused_since.is_none_or(|t| t.elapsed() < HOLD_REFUSED) =>
+                {
+                    refused_since.get_or_insert_with(Instant::now);
+                    if let Some(not_logged) = refusals.permit() {
+                        tracing::warn!(error = %e, not_logged, "bus relay: Redis refuses the append; holding the slot and trying again (at most one such line per 10 s)");
+                    }
+                    // Out of memory, the stream past its retention may be
+                    // why: the append trims only when it succeeds.
+                    let _ = bus.trim().await;
+                    tokio::select! {
+                        () = shutdown.fired() => break Err(e),
+                        () = tokio::time::sleep(wait) => {}
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                other => break other,
+            }
+        };
+        match appended {
             Ok(Appended::At(_)) => Status::count(&opts.status.appended),
             Ok(Appended::Already) => Status::count(&opts.status.duplicates),
-            Err(e) => break format!("appending to the bus: {e}"),
+            Err(e) => {
+                ended_refused = super::is_refusal(&e);
+                break format!("appending to the bus: {e}");
+            }
         }
         if let Some(l) = acknowledges {
             applied_tx.send_if_modified(|a| a.advance(Position::new(epoch, l)));
         }
     };
-    if relaying {
+    if relaying && (!ended_refused || refusals.permit().is_some()) {
         tracing::warn!(why = %why_ended, "bus relay: this gateway stopped relaying");
     }
     // Closing the channel ends a feed waiting to send; the signal, one
@@ -332,4 +392,5 @@ async fn term<B: Bus>(
         tracing::warn!("bus relay: the WAL feed did not stop within 5 s");
         abort.abort();
     }
+    ended_refused
 }

@@ -417,9 +417,11 @@ fn failed(e: redis::RedisError) -> BusError {
     } else if e.is_io_error() || e.is_connection_dropped() {
         "connection lost".to_string()
     } else {
+        // The server's error code last, for `is_refusal`.
+        let code = e.code().map(|c| format!(" ({c})")).unwrap_or_default();
         match e.detail().filter(|d| !d.is_empty()) {
-            Some(d) => format!("{}: {d}", e.category()),
-            None => e.category().to_string(),
+            Some(d) => format!("{}: {d}{code}", e.category()),
+            None => format!("{}{code}", e.category()),
         }
     };
     BusError(format!("Redis: {what}"))
@@ -600,6 +602,10 @@ impl Bus for RedisBus {
             self.left = self.reading.take();
             self.conn = None;
         }
+    }
+
+    async fn trim(&mut self) -> Result<(), BusError> {
+        self.trim_stream().await
     }
 
     async fn relay(&mut self) -> Result<Option<String>, BusError> {

@@ -74,6 +74,20 @@ impl RedisBus {
         self.forget_on_error(r).map(|_| ())
     }
 
+    /// `XTRIM` to the retention (see [`Bus::trim`]); allowed when Redis is
+    /// out of memory, since it frees some.
+    pub(super) async fn trim_stream(&mut self) -> Result<(), BusError> {
+        let mut conn = self.conn(Duration::ZERO).await?;
+        let r: Result<i64, _> = redis::cmd("XTRIM")
+            .arg(&self.stream)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.retention)
+            .query_async(&mut conn)
+            .await;
+        self.forget_on_error(r).map(|_| ())
+    }
+
     /// `INFO memory`'s figures.
     pub async fn memory(&mut self) -> Result<Memory, BusError> {
         let mut conn = self.conn(Duration::ZERO).await?;
