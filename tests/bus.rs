@@ -1605,4 +1605,23 @@ async fn preflight_checks_the_bus() {
         "{text}"
     );
     assert!(text.contains("connection refused"), "{text}");
+    // The slot a fleet leaves behind (issue 52, item 3): it keeps WAL with
+    // no relay, and preflight says so, with the statement that drops it.
+    db.exec(&format!(
+        "SELECT pg_create_logical_replication_slot('{}', 'pgoutput')",
+        fleet.slot
+    ))
+    .await;
+    let text = bloomgate::preflight::run(&config).await.to_string();
+    assert!(
+        text.contains(&format!(
+            "bus.slot \"{}\" is held by no relay and keeps",
+            fleet.slot
+        )) && text.contains(&format!(
+            "SELECT pg_drop_replication_slot('{}')",
+            fleet.slot
+        )),
+        "{text}"
+    );
+    fleet.drop_slot(&db).await;
 }

@@ -333,11 +333,27 @@ pub(super) async fn bus(
             // A slot name is lower-case letters, digits and `_` (config).
             r.statement(format!("SELECT pg_drop_replication_slot('{}')", b.slot));
         }
-        Some((_, active)) => r.ok(format!(
-            "bus.slot {:?} exists ({})",
-            b.slot,
-            if *active { "a relay holds it" } else { "free" }
-        )),
+        Some((_, true)) => r.ok(format!("bus.slot {:?} exists (a relay holds it)", b.slot)),
+        Some((_, false)) => {
+            r.ok(format!("bus.slot {:?} exists (free)", b.slot));
+            // A permanent slot outlives the fleet: with no relay it keeps
+            // every byte of WAL since, without limit unless
+            // max_slot_wal_keep_size sets one.
+            let (retained, keep): (Option<i64>, String) = sqlx::query_as(
+                "SELECT (SELECT pg_current_wal_lsn() - restart_lsn FROM pg_replication_slots WHERE slot_name = $1)::int8,
+                        current_setting('max_slot_wal_keep_size')",
+            )
+            .bind(&b.slot)
+            .fetch_one(&mut *conn)
+            .await?;
+            r.note(format!(
+                "bus.slot {:?} is held by no relay and keeps {} MB of WAL on the primary (max_slot_wal_keep_size = {keep}){}: a fleet taken down for good leaves it behind; drop it then with SELECT pg_drop_replication_slot('{}')",
+                b.slot,
+                retained.unwrap_or(0) / (1024 * 1024),
+                if keep == "-1" { ", without limit" } else { "" },
+                b.slot
+            ));
+        }
     }
     // Room for the relay, and for the fall-back's walsenders and temporary
     // slots, beside what the primary serves already.
