@@ -436,3 +436,56 @@ async fn a_wrong_password_is_named_as_the_cause_and_never_shown() {
         fleet.drop_slot(&db).await;
     }
 }
+
+/// Issue 52, item 7: a split brain. The sentinels come to name another
+/// node (here: the replica made a primary, and every sentinel told to
+/// monitor it, as a majority cut off from the old primary would promote
+/// it) while the old primary, which no sentinel reaches, stays a primary
+/// and takes writes. The relay checked the node's role only when it
+/// connected, and went on appending to the old primary on its open
+/// connection, which the fleet's new connections never read. It now asks
+/// the sentinels every second and moves: the new primary's stream grows.
+#[tokio::test]
+async fn a_split_brain_moves_the_relay_to_the_primary_the_sentinels_name() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let site = Site::start().await;
+    let (db, fleet, gws, stream) = fleet_on(&site).await;
+    let mut replica = site.replica.conn().await.unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut replica)
+        .await
+        .unwrap();
+    for (_, port) in &site.sentinels {
+        let client =
+            redis::Client::open(format!("redis://:{SENTINEL_PASSWORD}@127.0.0.1:{port}")).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let port = site.replica.port.to_string();
+        for args in [
+            vec!["REMOVE", MASTER],
+            vec!["MONITOR", MASTER, "127.0.0.1", &port, "2"],
+            vec!["SET", MASTER, "auth-user", USER],
+            vec!["SET", MASTER, "auth-pass", PASSWORD],
+        ] {
+            let mut cmd = redis::cmd("SENTINEL");
+            for a in args {
+                cmd.arg(a);
+            }
+            let _: () = cmd.query_async(&mut c).await.unwrap();
+        }
+    }
+    let before = last_id(&site.replica, &stream).await;
+    db.exec("UPDATE users SET name = 'after the split' WHERE id = 5")
+        .await;
+    eventually(
+        "the relay appends to the node the sentinels name",
+        || async { id(&last_id(&site.replica, &stream).await) > id(&before) },
+    )
+    .await;
+    wait_all_on_bus(&gws).await;
+    for g in &gws {
+        fresh(g, "/users/5", |r| r.json()["name"] == "after the split").await;
+    }
+    fleet.stop(&gws, &db).await;
+}

@@ -248,6 +248,12 @@ pub trait Bus: Send + 'static {
     fn trim(&mut self) -> impl Future<Output = Result<(), BusError>> + Send {
         async { Ok(()) }
     }
+    /// Whether the node this handle writes to is the primary its discovery
+    /// names now (Sentinel); `false` also drops the connection, so the
+    /// next call asks again. A bus without discovery: always.
+    fn still_primary(&mut self) -> impl Future<Output = Result<bool, BusError>> + Send {
+        async { Ok(true) }
+    }
 }
 
 /// Whether `e` is the bus refusing a write while it answers (a read-only

@@ -253,6 +253,9 @@ async fn term<B: Bus>(
     let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut announced: Option<Instant> = None;
+    // The last look at where the address leads and which Redis node the
+    // sentinels name (once a second).
+    let mut checked = Instant::now();
     // An event taken from the feed while a batch was gathered, and the
     // first thing handled after the batch is appended.
     let mut next: Option<Event> = None;
@@ -273,11 +276,20 @@ async fn term<B: Bus>(
                         break format!("the stream's epoch ended: {why}");
                     }
                 }
-                if opts.identity.followed().is_some_and(|f| f != server)
-                    && let Some((there, _)) = primary_where_the_address_leads(&opts.pool).await
-                    && there != server
-                {
-                    break "the address leads to another server than this term's".into();
+                if checked.elapsed() >= Duration::from_secs(1) {
+                    checked = Instant::now();
+                    if opts.identity.followed().is_some_and(|f| f != server)
+                        && let Some((there, _)) = primary_where_the_address_leads(&opts.pool).await
+                        && there != server
+                    {
+                        break "the address leads to another server than this term's".into();
+                    }
+                    // A split brain: the sentinels promoted another node
+                    // while this one, cut off from them, is still a
+                    // primary and takes the appends no consumer reads.
+                    if let Ok(false) = bus.still_primary().await {
+                        break "the sentinels name another Redis primary than the node this relay appends to".into();
+                    }
                 }
                 if relaying
                     && announced.is_none_or(|a| a.elapsed() >= Duration::from_secs(1))

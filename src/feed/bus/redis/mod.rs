@@ -608,6 +608,21 @@ impl Bus for RedisBus {
         self.trim_stream().await
     }
 
+    async fn still_primary(&mut self) -> Result<bool, BusError> {
+        let Target::Sentinel(s) = &self.target else {
+            return Ok(true);
+        };
+        if self.conn.is_none() || self.replicas {
+            return Ok(true);
+        }
+        let named = s.primary(self.tls.as_ref()).await?;
+        let same = self.node == format!("primary {}", named.get_connection_info().addr());
+        if !same {
+            self.conn = None;
+        }
+        Ok(same)
+    }
+
     async fn relay(&mut self) -> Result<Option<String>, BusError> {
         let mut conn = self.conn(Duration::ZERO).await?;
         let r: Result<Option<String>, _> = redis::cmd("GET")
