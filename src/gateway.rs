@@ -240,8 +240,13 @@ impl Gateway {
         };
         // Resources whose changes no feed follows (a view without
         // `source_table`) change only at rebuilds: nothing to prove.
-        for r in &self.resources {
-            if !followers.iter().any(|x| Arc::ptr_eq(&x.resource, r)) {
+        let followed: Vec<bool> = self
+            .resources
+            .iter()
+            .map(|r| followers.iter().any(|x| Arc::ptr_eq(&x.resource, r)))
+            .collect();
+        for (r, followed) in self.resources.iter().zip(&followed) {
+            if !followed {
                 r.vouch.set_fresh(true);
             }
         }
@@ -264,8 +269,19 @@ impl Gateway {
             .bus_status()
             .is_some_and(|s| s.get().mode == feed::bus::Mode::Lost)
         {
-            for r in &self.resources {
-                r.answer_unbuilt();
+            for (r, followed) in self.resources.iter().zip(&followed) {
+                match followed {
+                    true => r.answer_unbuilt(),
+                    // No feed builds it later: built now, as always.
+                    false if r.config.filter.enabled => {
+                        r.preload().await.map_err(|source| StartError::Resource {
+                            resource: r.name().to_string(),
+                            table: r.config.table.clone(),
+                            source,
+                        })?;
+                    }
+                    false => {}
+                }
             }
             tracing::warn!(
                 "started with no change feed to follow (the bus is down and bus.max_direct_fallback gateways follow the WAL already): every key is asked of the database within filter.verify_budget until the bus returns"

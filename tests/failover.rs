@@ -686,11 +686,15 @@ async fn a_slow_database_is_not_an_outage() {
     let db = TestDb::new().await;
     db.seed_users(10).await;
     let proxy = Proxy::start().await;
-    let gw = started(config(&proxy.url(&db), "")).await;
+    // Room for the probe on a loaded machine: it must connect and answer
+    // within acquire_timeout, and the statement is held past that.
+    let mut cfg = config(&proxy.url(&db), "");
+    cfg.database.acquire_timeout = Duration::from_secs(3);
+    let gw = started(cfg).await;
     vouched(&gw, "users").await;
     // Every connection's first row query (its text is sent once, then
     // the prepared statement runs): the first miss is one.
-    proxy.slow_down("row_to_json", Duration::from_millis(2500));
+    proxy.slow_down("row_to_json", Duration::from_millis(4000));
     let r = get(&gw, "/users/4").await;
     assert_eq!(
         (r.status, r.header("cache-status")),

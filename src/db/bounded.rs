@@ -10,14 +10,21 @@
 //!   (`outage`); busy, the query waits on, up to `statement_timeout +
 //!   acquire_timeout` (the server cancels it at `statement_timeout`, so a
 //!   connection silent past that is hung itself).
-//! - A connection whose query did not finish (abandoned here, or its
-//!   request dropped at its deadline) is closed, never returned to the
-//!   pool: sqlx pings a returned connection without a bound, and a hung
-//!   one would hold its pool slot for as long as TCP waits, shrinking the
-//!   pool under the very outage it should ride through.
+//!   So a query waits at most `statement_timeout + 2 × acquire_timeout`
+//!   (the first interval, then the probe's own).
+//! - A connection never goes back to the pool in an unknown state, nor
+//!   holds its slot unbounded: sqlx pings a returned connection without a
+//!   bound, and a hung one would hold its slot for as long as TCP waits,
+//!   shrinking the pool under the very outage it should ride through. One
+//!   whose query failed without an answer (given up here, a socket error)
+//!   is closed. One whose request went away mid-query (a client gone, the
+//!   request's deadline) is still the pool's until the query ends: it goes
+//!   back if it answers a ping within `statement_timeout + acquire_timeout`
+//!   (the server ends the query by then), else it is closed, so that
+//!   `pool_size` still bounds the queries running on the server.
 
-use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
+use sqlx::{Connection, Postgres};
 
 use super::Db;
 
@@ -29,23 +36,56 @@ pub(super) fn hung() -> sqlx::Error {
     ))
 }
 
-/// A pool connection closed when dropped, unless [`Guard::finish`] saw
-/// its query end with an answer.
-pub(super) struct Guard(pub PoolConnection<Postgres>, bool);
+/// A pool connection and what became of its query (see the module doc).
+pub(super) struct Guard {
+    conn: Option<PoolConnection<Postgres>>,
+    state: Query,
+    /// How long a connection whose request went away may take to answer a
+    /// ping before it is closed.
+    settle: std::time::Duration,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Query {
+    /// Not finished: its request went away if the guard drops now.
+    Running,
+    /// A complete answer: a row, or the server's error.
+    Answered,
+    /// No answer: a timeout or a socket error.
+    Broken,
+}
 
 impl Guard {
-    /// Keeps the connection for the pool if `r` is a complete answer (a
-    /// row, or the server's error): a timeout or a socket error leaves the
-    /// connection in an unknown state.
+    pub fn conn(&mut self) -> &mut sqlx::PgConnection {
+        self.conn.as_mut().expect("held until dropped")
+    }
+
+    /// What `r` says of the connection's state.
     pub fn finish<T>(&mut self, r: &Result<T, sqlx::Error>) {
-        self.1 = !matches!(r, Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)));
+        self.state = match r {
+            Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) => Query::Broken,
+            _ => Query::Answered,
+        };
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        if !self.1 {
-            self.0.close_on_drop();
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        match (self.state, tokio::runtime::Handle::try_current()) {
+            (Query::Answered, _) => {}
+            (Query::Running, Ok(rt)) => {
+                let settle = self.settle;
+                rt.spawn(async move {
+                    // sqlx waits for the query's end before the ping.
+                    if !matches!(tokio::time::timeout(settle, conn.ping()).await, Ok(Ok(()))) {
+                        conn.close_on_drop();
+                    }
+                });
+            }
+            _ => conn.close_on_drop(),
         }
     }
 }
@@ -54,7 +94,11 @@ impl Db {
     /// A connection of the pool for [`Db::bounded`].
     pub(super) async fn acquire_guarded(&self) -> Result<Guard, sqlx::Error> {
         let conn = self.stats.acquiring(self.pool.acquire()).await?;
-        Ok(Guard(conn, false))
+        Ok(Guard {
+            conn: Some(conn),
+            state: Query::Running,
+            settle: self.query_deadline,
+        })
     }
 
     /// `run` (a query on a [`Guard`]'s connection) within the bounds

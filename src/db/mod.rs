@@ -364,7 +364,7 @@ impl Db {
         let r = async {
             let mut conn = self.acquire_guarded().await?;
             let r = self
-                .bounded(sqlx::query("SELECT 1").execute(&mut *conn.0))
+                .bounded(sqlx::query("SELECT 1").execute(conn.conn()))
                 .await;
             conn.finish(&r);
             r
@@ -584,7 +584,7 @@ impl Db {
                     .bounded(
                         sqlx::query_scalar::<_, String>(sql)
                             .bind(key.clone())
-                            .fetch_all(&mut *conn.0),
+                            .fetch_all(conn.conn()),
                     )
                     .await;
                 conn.finish(&r);

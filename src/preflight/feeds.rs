@@ -245,7 +245,8 @@ pub(super) async fn bus(
         key_file: b.key_file.clone(),
     };
     // The relay's script on a key of its own: EVAL, EXISTS and XINFO as
-    // the configured user, nothing written.
+    // the configured user (the append is tried below, on the same scratch
+    // key).
     let probe = crate::feed::bus::redis::RedisBus::with_sentinels(
         b.url.as_deref().unwrap_or_default(),
         sentinels.as_ref(),

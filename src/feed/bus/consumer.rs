@@ -30,8 +30,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::fallback::Ticket;
 pub use super::follow::ConsumerOptions;
 use super::follow::{Ended, follow};
-use super::{Bus, EntryId, Mode, Status, primary_where_the_address_leads};
-use crate::feed::{CHECK_EVERY, Event, Position, Watch, wal};
+use super::{Bus, EntryId, Mode, Status, primary, primary_where_the_address_leads};
+use crate::feed::{CHECK_EVERY, Event, Position, Resync, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
 
@@ -187,7 +187,22 @@ async fn direct<B: Bus>(
                 None => {}
             }
         }
-        if current(bus, opts, feed.is_none()).await {
+        let (is_current, moved) = current(bus, opts, feed.is_none()).await;
+        // Held to another server with no feed: what was vouched for on the
+        // old one may be what a restart or a failover lost, so it is never
+        // answered as stale in a later outage (a gap clears it), and the
+        // filters are rebuilt from the server followed now.
+        if let Some(change) = moved
+            && tx
+                .send(Resync::all(format!(
+                    "bus: the primary changed while no feed ran ({change})"
+                )))
+                .await
+                .is_err()
+        {
+            break false;
+        }
+        if is_current {
             break true;
         }
     };
@@ -284,22 +299,51 @@ impl Direct {
 /// lookup would be answered again. A direct feed holds them to its own
 /// server itself: one it has not followed yet must not serve what it
 /// vouches for.
-async fn current<B: Bus>(bus: &mut B, opts: &ConsumerOptions, feedless: bool) -> bool {
-    let Some((server, p)) = primary_where_the_address_leads(&opts.pool).await else {
-        return false;
+///
+/// Returns whether the stream is current, and the change of server
+/// followed, if it moved.
+async fn current<B: Bus>(
+    bus: &mut B,
+    opts: &ConsumerOptions,
+    feedless: bool,
+) -> (bool, Option<String>) {
+    // The pool first: a connection of its own for every lost gateway of a
+    // fleet, every second, would be as many new connections a second on
+    // the primary; only a pool held to a server it no longer reaches (every
+    // connection refused) needs one.
+    // (A connection of the pool that reached another server: the address
+    // moved, and the pool's other connections may all be on the old one.)
+    let read = match opts.identity.take_mismatch() {
+        Some(_) => None,
+        None => primary(&opts.pool).await,
     };
+    let read = match read {
+        Some(read) => Some(read),
+        None => primary_where_the_address_leads(&opts.pool).await,
+    };
+    let Some((server, p)) = read else {
+        return (false, None);
+    };
+    let mut moved = None;
     if feedless && opts.identity.followed() != Some(server) {
+        // None followed yet (a gateway started with no feed): nothing was
+        // vouched for, nothing to rebuild.
+        moved = opts.identity.followed().map(|old| {
+            server
+                .change_from(&old)
+                .unwrap_or_else(|| "another server".into())
+        });
         opts.identity.follow(server);
     }
     bus.set_epoch(server);
     let began = Instant::now();
     while began.elapsed() < Duration::from_secs(1) {
         match bus.head().await {
-            Ok(EntryId { lsn, .. }) if lsn >= p.lsn.0 => return true,
+            Ok(EntryId { lsn, .. }) if lsn >= p.lsn.0 => return (true, moved),
             Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            Err(_) => return false,
+            Err(_) => return (false, moved),
         }
     }
     bus.reconnect();
-    false
+    (false, moved)
 }

@@ -61,8 +61,10 @@ pub const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// not read meanwhile.
 const HOLD_REFUSED: Duration = Duration::from_secs(20);
 
-/// The longest pause between two terms that ended on refused appends.
-const REFUSED_PAUSE_MAX: Duration = Duration::from_secs(30);
+/// The longest pause between two terms that ended on refused appends:
+/// below a consumer's usual `bus.max_lag`, so that a Redis taking writes
+/// again is relayed to before the fleet falls back.
+const REFUSED_PAUSE_MAX: Duration = Duration::from_secs(4);
 
 /// How long the relay's name stays on the bus without being said again.
 const ANNOUNCE_TTL: Duration = Duration::from_secs(3);
@@ -133,9 +135,15 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
         }
         let start = Position::new(server.timeline, Lsn(head.lsn));
         let fresh = head == super::EntryId::START;
+        // The term's readings on a pool of its own, opened now: the
+        // relay's pool may hold connections to a server the address has
+        // moved away from (a cut-over that leaves the old one up), whose
+        // positions would end every term at its first tick.
+        let pool = crate::feed::private_pool(&opts.pool.connect_options(), "bloomgate-relay");
         let refused = term(
             &mut bus,
             &opts,
+            &pool,
             &watch,
             server,
             start,
@@ -217,6 +225,7 @@ async fn slot_free(pool: &PgPool, slot: &str) -> bool {
 async fn term<B: Bus>(
     bus: &mut B,
     opts: &RelayOptions,
+    pool: &PgPool,
     watch: &Watch,
     server: crate::feed::Server,
     head: Position,
@@ -267,7 +276,7 @@ async fn term<B: Bus>(
             tokio::select! {
             () = shutdown.fired() => break "shutdown".into(),
             _ = tick.tick() => {
-                if let Some((now, p)) = primary(&opts.pool).await {
+                if let Some((now, p)) = primary(pool).await {
                     // After the answer: the position was read before it.
                     let answered = Instant::now();
                     // Another epoch (a failover, a restart, a restore): its
@@ -279,7 +288,7 @@ async fn term<B: Bus>(
                 if checked.elapsed() >= Duration::from_secs(1) {
                     checked = Instant::now();
                     if opts.identity.followed().is_some_and(|f| f != server)
-                        && let Some((there, _)) = primary_where_the_address_leads(&opts.pool).await
+                        && let Some((there, _)) = primary_where_the_address_leads(pool).await
                         && there != server
                     {
                         break "the address leads to another server than this term's".into();
@@ -352,7 +361,9 @@ async fn term<B: Bus>(
             }
         };
         let mut refused_since: Option<Instant> = None;
-        let mut wait = Duration::from_millis(100);
+        // Short: a node demoted by a failover refuses until the sentinels
+        // name the new primary, which each retry's new connection asks.
+        let mut wait = Duration::from_millis(50);
         let appended = loop {
             match bus.append(&entry).await {
                 Err(e)
@@ -370,7 +381,7 @@ async fn term<B: Bus>(
                         () = shutdown.fired() => break Err(e),
                         () = tokio::time::sleep(wait) => {}
                     }
-                    wait = (wait * 2).min(Duration::from_secs(2));
+                    wait = (wait * 2).min(Duration::from_millis(500));
                 }
                 other => break other,
             }
