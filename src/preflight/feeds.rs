@@ -38,6 +38,15 @@ pub(super) async fn auto_not_wal(
         return Ok(None);
     }
     let cfg = &config.database;
+    // Start-up checks the replica identities first, and falls back to
+    // notify on any problem there, whatever the publication.
+    if let Some(problem) = publication::identity_problems(&mut *conn, watch)
+        .await?
+        .into_iter()
+        .next()
+    {
+        return Ok(Some(problem));
+    }
     let checked = publication::check(&mut *conn, watch, &cfg.publication).await?;
     if checked.exists && checked.problems.iter().flatten().next().is_none() {
         return Ok(None);
