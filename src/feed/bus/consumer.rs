@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::fallback::Ticket;
 pub use super::follow::ConsumerOptions;
 use super::follow::{Ended, follow};
-use super::{Bus, EntryId, Mode, Status, primary, primary_where_the_address_leads};
+use super::{Bus, EntryId, Mode, Status, primary_through_the_pool};
 use crate::feed::{CHECK_EVERY, Event, Position, Resync, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
@@ -307,21 +307,10 @@ async fn current<B: Bus>(
     opts: &ConsumerOptions,
     feedless: bool,
 ) -> (bool, Option<String>) {
-    // The pool first: a connection of its own for every lost gateway of a
-    // fleet, every second, would be as many new connections a second on
-    // the primary; only a pool held to a server it no longer reaches (every
-    // connection refused) needs one.
-    // (A connection of the pool that reached another server: the address
-    // moved, and the pool's other connections may all be on the old one.)
-    let read = match opts.identity.take_mismatch() {
-        Some(_) => None,
-        None => primary(&opts.pool).await,
-    };
-    let read = match read {
-        Some(read) => Some(read),
-        None => primary_where_the_address_leads(&opts.pool).await,
-    };
-    let Some((server, p)) = read else {
+    // A connection of the pool that reached another server: the address
+    // moved, and the pool's other connections may all be on the old one.
+    let moved = opts.identity.take_mismatch().is_some();
+    let Some((server, p)) = primary_through_the_pool(&opts.pool, moved).await else {
         return (false, None);
     };
     let mut moved = None;

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Bus, Entry, EntryId, Mode, Read, Status, primary, primary_and_shapes,
+    Bus, Entry, EntryId, Mode, Read, Status, primary_and_shapes, primary_through_the_pool,
     primary_where_the_address_leads,
 };
 use crate::db::identity::Identity;
@@ -128,17 +128,7 @@ impl<'a, B: Bus> Following<'a, B> {
     ) -> Result<Self, Ended> {
         let began = Instant::now();
         let (server, head) = loop {
-            // The pool refuses every connection that reaches another
-            // server than the one followed until now (after a restart, all
-            // of them; see `db::identity`): then the address is asked on a
-            // connection of its own. The pool first, so that a fleet
-            // waiting for its bus does not open a connection per gateway
-            // per try.
-            let read = match primary(&opts.pool).await {
-                Some(read) => Some(read),
-                None => primary_where_the_address_leads(&opts.pool).await,
-            };
-            let read = match read {
+            let read = match primary_through_the_pool(&opts.pool, false).await {
                 None => Err("the primary's position cannot be read".to_string()),
                 Some((server, _)) => {
                     bus.set_epoch(server);

@@ -466,6 +466,26 @@ pub(crate) async fn primary_where_the_address_leads(pool: &PgPool) -> Option<(Se
     }
 }
 
+/// [`primary`] through the pool, or where the address leads when the pool
+/// cannot answer (every connection refused for reaching another server
+/// than the one followed: after a restart, all of them; see
+/// `db::identity`) or `moved` says a connection of it reached another. The
+/// pool first, so that a fleet waiting for its bus does not open a
+/// connection per gateway per look.
+pub(crate) async fn primary_through_the_pool(
+    pool: &PgPool,
+    moved: bool,
+) -> Option<(Server, Position)> {
+    let read = match moved {
+        true => None,
+        false => primary(pool).await,
+    };
+    match read {
+        Some(read) => Some(read),
+        None => primary_where_the_address_leads(pool).await,
+    }
+}
+
 /// The key of `server`'s epoch's stream (see "The stream"): its timeline
 /// and the moment its postmaster started.
 pub fn epoch_key(base: &str, server: &Server) -> String {
