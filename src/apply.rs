@@ -88,14 +88,14 @@ const BATCH: usize = 1024;
 /// Who publishes how far the applier got, and who reads it.
 pub type Applied = watch::Receiver<Position>;
 
-/// One resource following one table through one key column.
+/// One resource following one table through its key columns.
 #[derive(Clone)]
 pub struct Follower {
     /// The canonical name of the table whose changes it follows (its own
     /// table, or a view's `source_table`).
     pub table: TableName,
-    /// Its key column in that table.
-    pub column: Arc<str>,
+    /// Its key columns in that table, in key order.
+    pub columns: Box<[Arc<str>]>,
     pub resource: Arc<Resource>,
 }
 
@@ -322,14 +322,41 @@ enum KeyInRow {
     Unknown,
 }
 
+/// The follower's key in `row`. A composite key is no key when any part
+/// is NULL or cannot be one (no request can name it, whatever the other
+/// parts hold), else unknown when any part is not carried.
 fn key_in(follower: &Follower, row: Option<&Columns>) -> KeyInRow {
-    match row.and_then(|r| r.get(&follower.column)) {
-        Some(Value::Text(t)) => match follower.resource.key_from_db(t) {
-            Some(k) => KeyInRow::Key(k),
-            None => KeyInRow::None,
-        },
-        Some(Value::Null) => KeyInRow::None,
-        Some(Value::Unknown) | None => KeyInRow::Unknown,
+    let Some(row) = row else {
+        return KeyInRow::Unknown;
+    };
+    let mut texts: Vec<&str> = Vec::with_capacity(follower.columns.len());
+    let mut unknown = false;
+    for column in &follower.columns {
+        match row.get(column) {
+            Some(Value::Text(t)) => texts.push(t),
+            Some(Value::Null) => return KeyInRow::None,
+            Some(Value::Unknown) | None => unknown = true,
+        }
+    }
+    if unknown {
+        // A part that is not a key of its type makes no key either.
+        let parseable = follower
+            .columns
+            .iter()
+            .zip(follower.resource.key_parts())
+            .all(|(c, (_, ty))| match row.get(c) {
+                Some(Value::Text(t)) => crate::key::from_db_text(t, *ty).is_some(),
+                _ => true,
+            });
+        return if parseable {
+            KeyInRow::Unknown
+        } else {
+            KeyInRow::None
+        };
+    }
+    match follower.resource.key_from_db(&texts) {
+        Some(k) => KeyInRow::Key(k),
+        None => KeyInRow::None,
     }
 }
 

@@ -387,23 +387,28 @@ impl Gateway {
                 .await
                 .map_err(StartError::Catalog)?
                 .ok_or_else(|| bad(format!("no table or view {:?} (names are case-sensitive; schema.table, or in the search path)", c.table)))?;
-            let column = served
-                .column(&c.key_column)
-                .ok_or_else(|| bad(format!("{} has no column {:?}", served.name, c.key_column)))?;
-            if !c.key_type.accepts(column.column_type()) {
-                return Err(bad(format!(
-                    "key column {}.{} is {}, which key_type {:?} does not accept (accepted: {}, or a domain over one)",
-                    served.name,
-                    c.key_column,
-                    column.declared,
-                    c.key_type.sql_type(),
-                    c.key_type.accepted()
-                )));
+            let key = c.key_columns();
+            let mut columns = Vec::with_capacity(key.len());
+            for part in &c.key {
+                let column = served.column(&part.column).ok_or_else(|| {
+                    bad(format!("{} has no column {:?}", served.name, part.column))
+                })?;
+                if !part.ty.accepts(column.column_type()) {
+                    return Err(bad(format!(
+                        "key column {}.{} is {}, which key_type {:?} does not accept (accepted: {}, or a domain over one)",
+                        served.name,
+                        part.column,
+                        column.declared,
+                        part.ty.sql_type(),
+                        part.ty.accepted()
+                    )));
+                }
+                columns.push(column);
             }
             // One key, one row: a key that names several (part of a
             // tenant's primary key, say) would serve any of them.
-            if catalog::Uniqueness::NotUnique == served.uniqueness(&[&c.key_column]) {
-                return Err(bad(served.not_unique(&[&c.key_column])));
+            if catalog::Uniqueness::NotUnique == served.uniqueness(&key) {
+                return Err(bad(served.not_unique(&key)));
             }
             // How the key and owner columns compare (`key::compare`):
             // a column the gateway cannot reproduce is refused here.
@@ -422,7 +427,10 @@ impl Gateway {
                         })
                 }
             };
-            let key_cmp = compared(column).await?;
+            let mut key_cmp = Vec::with_capacity(columns.len());
+            for column in &columns {
+                key_cmp.push((compared(column).await?, column.base_sql.clone()));
+            }
             let owner_cmp = match c
                 .access
                 .owner_column
@@ -432,7 +440,7 @@ impl Gateway {
                 Some(owner) => compared(owner).await?,
                 None => Comparison::Bytes,
             };
-            r.set_columns(key_cmp, owner_cmp, &column.base_sql);
+            r.set_columns(key_cmp, owner_cmp);
             let source = if c.source_table == c.table {
                 served
             } else {
@@ -450,25 +458,24 @@ impl Gateway {
                 );
                 continue;
             }
-            let Some(key) = source.column(&c.key_column) else {
-                return Err(bad(format!(
-                    "source_table {} has no column {:?} (the key column must have the same name there)",
-                    source.name, c.key_column
-                )));
-            };
-            let column: Arc<str> = Arc::from(c.key_column.as_str());
-            watch.follow(
-                &source.name,
-                WatchedColumn {
-                    name: column.clone(),
-                    ty: key.column_type(),
-                    unique: c.source_table == c.table,
-                },
-                &c.columns,
-            );
+            let mut watched = Vec::with_capacity(c.key.len());
+            for part in &c.key {
+                let Some(column) = source.column(&part.column) else {
+                    return Err(bad(format!(
+                        "source_table {} has no column {:?} (the key columns must have the same names there)",
+                        source.name, part.column
+                    )));
+                };
+                watched.push(WatchedColumn {
+                    name: Arc::from(part.column.as_str()),
+                    ty: column.column_type(),
+                });
+            }
+            let columns: Box<[Arc<str>]> = watched.iter().map(|w| w.name.clone()).collect();
+            watch.follow(&source.name, watched, c.source_table == c.table, &c.columns);
             followers.push(Follower {
                 table: source.name.clone(),
-                column,
+                columns,
                 resource: r.clone(),
             });
         }

@@ -1,9 +1,24 @@
 //! Keys: the typed value a request asks for.
 //!
-//! A key arrives as one raw (still percent-encoded) path segment and is parsed
-//! for its resource's [`KeyType`] before anything else happens. A key that
-//! does not parse cannot exist in the table, so it is answered 400 without
-//! touching the filter, the cache or the database.
+//! A key arrives as one raw (still percent-encoded) path segment, or one
+//! segment per column of a composite key, and is parsed for its resource's
+//! [`KeyType`]s before anything else happens. A key that does not parse
+//! cannot exist in the table, so it is answered 400 without touching the
+//! filter, the cache or the database.
+//!
+//! # A composite key's one encoding
+//!
+//! The filter holds a composite key ([`Key::Tuple`]) as one byte string:
+//! per part, in key column order, a tag naming its type and its value,
+//! `i` + 8 bytes big-endian for `bigint`, `u` + 16 bytes for `uuid`, `t` +
+//! a 32-bit big-endian length + the UTF-8 bytes for `text`. Every part's
+//! length is known from its tag (and length) before its bytes, so the
+//! encoding is injective: two different tuples never share bytes (`("1",
+//! "23")` and `("12", "3")` differ in their lengths), and a filter never
+//! mistakes one tenant's key for another's. The scan
+//! ([`encode_part`] on COPY bytes) and a request ([`Key::tuple`] on parsed
+//! parts) build it by the same function; `encodings_are_injective` and
+//! `column_bytes_match_parsed_tuples` test both properties.
 
 pub mod compare;
 
@@ -58,33 +73,106 @@ impl KeyType {
     }
 }
 
-/// A parsed key. Cheap to clone: text is shared.
+/// A parsed key. Cheap to clone: text and tuples are shared.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub enum Key {
     Int(i64),
     Uuid(Uuid),
     Text(Arc<str>),
+    /// A composite key: its parts (each one of the above) in key column
+    /// order.
+    Tuple(Arc<Tuple>),
+}
+
+/// A composite key's parts and their encoding (see the module doc).
+#[derive(PartialEq, Eq, Hash)]
+pub struct Tuple {
+    parts: Box<[Key]>,
+    encoded: Box<[u8]>,
+}
+
+impl Tuple {
+    pub fn parts(&self) -> &[Key] {
+        &self.parts
+    }
 }
 
 impl Key {
+    /// A composite key of `parts` (none of them a tuple).
+    pub fn tuple(parts: Vec<Key>) -> Key {
+        let mut encoded = Vec::with_capacity(parts.len() * 12);
+        for p in &parts {
+            let ty = match p {
+                Key::Int(_) => KeyType::Bigint,
+                Key::Uuid(_) => KeyType::Uuid,
+                Key::Text(_) | Key::Tuple(_) => KeyType::Text,
+            };
+            encode_part(&mut encoded, ty, p.item());
+        }
+        Key::Tuple(Arc::new(Tuple {
+            parts: parts.into_boxed_slice(),
+            encoded: encoded.into_boxed_slice(),
+        }))
+    }
+
     /// The bytes the membership filter stores for this key. They must match
-    /// what [`item_from_column`] yields for the same value streamed out of
-    /// Postgres, or the filter would report false negatives.
+    /// what [`item_from_column`] (and [`encode_part`], for a tuple) yields
+    /// for the same value streamed out of Postgres, or the filter would
+    /// report false negatives.
     pub fn item(&self) -> Item<'_> {
         match self {
             Key::Int(v) => Item::Int(*v),
             Key::Uuid(u) => Item::Bytes(u.as_bytes()),
             Key::Text(s) => Item::Bytes(s.as_bytes()),
+            Key::Tuple(t) => Item::Bytes(&t.encoded),
+        }
+    }
+
+    /// Each part as Postgres prints it (`::text`; the inverse of
+    /// [`from_db_text`]), in order: a composite key's bound parameter.
+    pub fn db_texts(&self) -> Vec<String> {
+        match self {
+            Key::Int(v) => vec![v.to_string()],
+            Key::Uuid(u) => vec![u.to_string()],
+            Key::Text(s) => vec![s.to_string()],
+            Key::Tuple(t) => t.parts.iter().flat_map(Key::db_texts).collect(),
+        }
+    }
+}
+
+/// Appends one part of a composite key, of type `ty` and filter item
+/// `item`, to `out` (see the module doc).
+pub fn encode_part(out: &mut Vec<u8>, ty: KeyType, item: Item<'_>) {
+    match (ty, item) {
+        (_, Item::Int(v)) => {
+            out.push(b'i');
+            out.extend_from_slice(&v.to_be_bytes());
+        }
+        (KeyType::Uuid, Item::Bytes(b)) => {
+            out.push(b'u');
+            out.extend_from_slice(b);
+        }
+        (_, Item::Bytes(b)) => {
+            out.push(b't');
+            out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+            out.extend_from_slice(b);
         }
     }
 }
 
 impl KeyHeap for Key {
-    /// A text key's `Arc<str>` block: its two counts and its bytes.
+    /// A text key's `Arc<str>` block: its two counts and its bytes; a
+    /// tuple's block, its parts and its encoding.
     fn heap_bytes(&self) -> usize {
         match self {
             Key::Int(_) | Key::Uuid(_) => 0,
             Key::Text(s) => 16 + s.len(),
+            Key::Tuple(t) => {
+                16 + std::mem::size_of::<Tuple>()
+                    + t.parts.len() * std::mem::size_of::<Key>()
+                    + t.parts.iter().map(KeyHeap::heap_bytes).sum::<usize>()
+                    + t.encoded.len()
+            }
         }
     }
 }
@@ -101,6 +189,16 @@ impl fmt::Display for Key {
             Key::Int(v) => write!(f, "{v}"),
             Key::Uuid(u) => write!(f, "{u}"),
             Key::Text(s) => write!(f, "{s:?}"),
+            Key::Tuple(t) => {
+                f.write_str("(")?;
+                for (i, p) in t.parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    fmt::Display::fmt(p, f)?;
+                }
+                f.write_str(")")
+            }
         }
     }
 }
@@ -152,6 +250,38 @@ pub enum KeyError {
     OutOfRange,
     #[error("key is not a valid UUID")]
     NotAUuid,
+    /// One part of a composite key, named by its column.
+    #[error("key part {column}: {error}")]
+    Part {
+        column: Arc<str>,
+        error: Box<KeyError>,
+    },
+    #[error("key has {got} parts; this resource's key has {want}")]
+    Parts { got: usize, want: usize },
+}
+
+/// Parses the raw segments of a composite key, one per column of `parts`
+/// (column name, type) in order; each as [`parse`] does, `max_len` bounding
+/// each. A part that fails is named in the error.
+pub fn parse_parts(
+    raw: &[&str],
+    parts: &[(Arc<str>, KeyType)],
+    max_len: usize,
+) -> Result<Key, KeyError> {
+    if raw.len() != parts.len() {
+        return Err(KeyError::Parts {
+            got: raw.len(),
+            want: parts.len(),
+        });
+    }
+    let mut keys = Vec::with_capacity(parts.len());
+    for (raw, (column, ty)) in raw.iter().zip(parts) {
+        keys.push(parse(raw, *ty, max_len).map_err(|e| KeyError::Part {
+            column: column.clone(),
+            error: Box::new(e),
+        })?);
+    }
+    Ok(Key::tuple(keys))
 }
 
 /// Parses one raw path segment as a key of type `ty`.
@@ -409,7 +539,88 @@ mod tests {
         }
     }
 
+    fn parts() -> Vec<(Arc<str>, KeyType)> {
+        vec![
+            (Arc::from("tenant_id"), KeyType::Bigint),
+            (Arc::from("order_no"), KeyType::Text),
+        ]
+    }
+
+    #[test]
+    fn composite_keys_parse_part_by_part_and_name_the_part_that_fails() {
+        let k = parse_parts(&["7", "A%2F12"], &parts(), MAX).unwrap();
+        assert_eq!(
+            k,
+            Key::tuple(vec![Key::Int(7), Key::Text(Arc::from("A/12"))])
+        );
+        assert_eq!(k.to_string(), r#"(7, "A/12")"#);
+        assert_eq!(k.db_texts(), ["7", "A/12"]);
+        let e = parse_parts(&["x", "A"], &parts(), MAX).unwrap_err();
+        assert_eq!(e.to_string(), "key part tenant_id: key is not an integer");
+        let e = parse_parts(&["7", ""], &parts(), MAX).unwrap_err();
+        assert_eq!(e.to_string(), "key part order_no: key is empty");
+        assert!(matches!(
+            parse_parts(&["7"], &parts(), MAX),
+            Err(KeyError::Parts { got: 1, want: 2 })
+        ));
+    }
+
+    #[test]
+    fn column_bytes_match_parsed_tuples() {
+        // The scan encodes COPY bytes part by part; a request encodes its
+        // parsed parts: the same tuple must give the same bytes.
+        let u = Uuid::new_v4();
+        let k = Key::tuple(vec![
+            Key::Int(-3),
+            Key::Uuid(u),
+            Key::Text(Arc::from("é x")),
+        ]);
+        let mut scanned = Vec::new();
+        let int4 = (-3i32).to_be_bytes();
+        for (ty, raw) in [
+            (KeyType::Bigint, &int4[..]),
+            (KeyType::Uuid, u.as_bytes()),
+            (KeyType::Text, "é x".as_bytes()),
+        ] {
+            encode_part(&mut scanned, ty, item_from_column(ty, raw).unwrap());
+        }
+        assert!(same(k.item(), Item::Bytes(&scanned)));
+    }
+
+    fn any_part() -> impl Strategy<Value = Key> {
+        prop_oneof![
+            any::<i64>().prop_map(Key::Int),
+            any::<u128>().prop_map(|v| Key::Uuid(Uuid::from_u128(v))),
+            "[0-9a-z/]{0,6}".prop_map(|s| Key::Text(Arc::from(s.as_str()))),
+        ]
+    }
+
     proptest! {
+        /// Different tuples never share an encoding, whatever their types
+        /// and lengths: `("1", "23")` is not `("12", "3")`, a text part
+        /// that spells an integer's bytes is not that integer.
+        #[test]
+        fn encodings_are_injective(
+            a in proptest::collection::vec(any_part(), 1..4),
+            b in proptest::collection::vec(any_part(), 1..4),
+        ) {
+            let (ka, kb) = (Key::tuple(a.clone()), Key::tuple(b.clone()));
+            let bytes = |k: &Key| match k.item() {
+                Item::Bytes(b) => b.to_vec(),
+                Item::Int(_) => unreachable!(),
+            };
+            prop_assert_eq!(a == b, bytes(&ka) == bytes(&kb));
+        }
+
+        #[test]
+        fn split_texts_differ(x in "[0-9]{1,5}", y in "[0-9]{1,5}", cut in 1usize..5) {
+            let joined = format!("{x}{y}");
+            let cut = cut.min(joined.len() - 1).max(1);
+            let (l, r) = joined.split_at(cut);
+            let t = |a: &str, b: &str| Key::tuple(vec![Key::Text(Arc::from(a)), Key::Text(Arc::from(b))]);
+            prop_assert_eq!(t(&x, &y) == t(l, r), x == l);
+        }
+
         #[test]
         fn any_i64_round_trips(v: i64) {
             prop_assert_eq!(parse(&v.to_string(), KeyType::Bigint, MAX), Ok(Key::Int(v)));

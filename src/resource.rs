@@ -161,6 +161,8 @@ pub struct Resource {
     loads: Arc<tokio::sync::Semaphore>,
     /// Whether the filter and cache may answer (see [`crate::vouch`]).
     pub vouch: Vouch,
+    /// The key's columns and types (`config.key`), as parsing wants them.
+    key_parts: Box<[(Arc<str>, KeyType)]>,
     /// Started with no feed to follow (the bus down, no fall-back ticket
     /// free): until its first build swaps in, every key is asked of the
     /// database within `verify_budget` ([`Resource::answer_unbuilt`]).
@@ -173,19 +175,28 @@ pub struct Resource {
 impl Resource {
     /// `loads`: the gateway's semaphore of row-load slots.
     pub fn new(config: Resolved, db: Arc<Db>, loads: Arc<tokio::sync::Semaphore>) -> Self {
-        let queries = Queries::new(
-            &config.table,
-            &config.key_column,
-            config.key_type.sql_type(),
-            &config.columns,
-        );
+        let key: Vec<(&str, &str)> = config
+            .key
+            .iter()
+            .map(|p| (p.column.as_str(), p.ty.sql_type()))
+            .collect();
+        let queries = Queries::new(&config.table, &key, &config.columns);
         let verify_budget = TokenBucket::new(config.filter.verify_budget);
         let (to_confirm, rx) = mpsc::channel(CONFIRM_QUEUE);
         Self {
             queries,
             column: std::sync::OnceLock::new(),
             cache: RowCache::new(&config.cache),
-            live: LiveFilter::new(config.filter.clone(), config.key_type),
+            // A composite key is hashed as bytes (`key`'s encoding).
+            live: LiveFilter::new(
+                config.filter.clone(),
+                config.single_type().unwrap_or(KeyType::Text),
+            ),
+            key_parts: config
+                .key
+                .iter()
+                .map(|p| (Arc::from(p.column.as_str()), p.ty))
+                .collect(),
             config,
             db,
             rebuilds: Coordinator::default(),
@@ -209,8 +220,9 @@ impl Resource {
         &self.config.name
     }
 
-    pub fn key_type(&self) -> KeyType {
-        self.config.key_type
+    /// The key's columns and types, in order.
+    pub fn key_parts(&self) -> &[(Arc<str>, KeyType)] {
+        &self.key_parts
     }
 
     /// Ready to answer from its filter and cache: the filter is built (or
@@ -286,9 +298,14 @@ impl Resource {
         }
     }
 
-    /// Parses a raw path segment for this resource's key type.
-    pub fn parse_key(&self, raw: &str, max_len: usize) -> Result<Key, Error> {
-        let key = key::parse(raw, self.config.key_type, max_len).map_err(Error::BadKey)?;
+    /// Parses the raw path segments of a key, one per key column, for
+    /// this resource's key types.
+    pub fn parse_key(&self, raw: &[&str], max_len: usize) -> Result<Key, Error> {
+        let key = match (raw, &*self.key_parts) {
+            ([one], [(_, ty)]) => key::parse(one, *ty, max_len),
+            _ => key::parse_parts(raw, &self.key_parts, max_len),
+        }
+        .map_err(Error::BadKey)?;
         self.canonical(key)
     }
 
@@ -546,7 +563,7 @@ impl Resource {
             tracing::error!(
                 resource = %self.config.name,
                 table = %self.config.table,
-                key_column = %self.config.key_column,
+                key_column = %self.config.key_columns().join(", "),
                 not_logged,
                 "a key matched more than one row: answered 500 key_not_unique, neither row served; \
                  key the resource by a unique set of columns (at most one such line per 10 s)"

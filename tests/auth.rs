@@ -880,3 +880,94 @@ async fn an_owner_column_resource_answers_503_never_404_when_the_database_does_n
     );
     served.shutdown().await.unwrap();
 }
+
+/// A composite key whose owner is one of its parts, and callers in
+/// several tenants: an owner claim that is an array owns the rows of any
+/// of its owners, an empty one owns nothing, and another tenant's row is
+/// answered exactly as an absent key. A claim of the wrong type is named
+/// with what it holds, and the challenge names no scope.
+#[tokio::test]
+async fn owners_on_a_key_part_and_callers_in_several_tenants() {
+    let db = seeded().await;
+    db.exec(
+        "CREATE TABLE orders (tenant_id bigint, order_no bigint, item text NOT NULL,
+                              PRIMARY KEY (tenant_id, order_no));
+         INSERT INTO orders VALUES (7, 1, 'seven'), (3, 1, 'three'), (9, 1, 'nine');",
+    )
+    .await;
+    let resource = r#"
+        [[resource]]
+        name = "tenant_orders"
+        route = "/tenants/{tenant_id}/orders/{order_no}"
+        table = "orders"
+        key_column = ["tenant_id", "order_no"]
+        key_type = ["bigint", "bigint"]
+        columns = ["tenant_id", "order_no", "item"]
+        auth = "jwt"
+        owner_claim = "tenant"
+        owner_column = "tenant_id"
+
+        [[resource]]
+        name = "orders_by_item"
+        route = "/by-item/{tenant_id}/{order_no}"
+        table = "orders"
+        key_column = ["tenant_id", "order_no"]
+        key_type = "bigint"
+        columns = ["tenant_id", "order_no", "item"]
+        auth = "jwt"
+        owner_claim = "tenant"
+        owner_column = "item"
+    "#;
+    let mut cfg = auth_config(&db, "", &format!("jwt_secret = \"{SECRET}\""));
+    let extra = bloomgate::config::Config::from_toml(&format!(
+        "[database]\nurl = \"{}\"\n[auth]\njwt_secret = \"{SECRET}\"\n{resource}",
+        db.url
+    ))
+    .unwrap();
+    cfg.resources.extend(extra.resources);
+    let gw = gateway(cfg);
+    let served = serve_socket(&gw, None).await;
+    let c = Client::new(served.addr);
+    let hs = |tenant: Value| hs256(&json!({"sub": "u", "tenant": tenant, "exp": now() + 600}));
+    let of = |t: u32| format!("/tenants/{t}/orders/1");
+
+    let both = hs(json!([7, "3"]));
+    for (t, item) in [(7, "seven"), (3, "three")] {
+        let r = c.bearer(&of(t), &both).await;
+        assert_eq!(r.status(), 200, "tenant {t}");
+        assert!(r.text().await.unwrap().contains(item));
+    }
+    // Another tenant's row reads as an absent key of one's own.
+    let (status, _, other) = described(c.bearer(&of(9), &both).await).await;
+    let (_, _, absent) = described(c.bearer("/tenants/7/orders/404", &both).await).await;
+    assert_eq!((status, &other), (404, &absent));
+    // One owner as before; none in an empty array.
+    assert_eq!(c.bearer(&of(7), &hs(json!(7))).await.status(), 200);
+    assert_eq!(c.bearer(&of(3), &hs(json!(7))).await.status(), 404);
+    for t in [7, 3, 9] {
+        assert_eq!(c.bearer(&of(t), &hs(json!([]))).await.status(), 404);
+    }
+    // A claim that names no owner: 403 naming the claim and what it
+    // holds; no scope would help, and none is named.
+    for (claim, holds) in [
+        (json!({"id": 7}), "an object"),
+        (json!([7, {"id": 3}]), "an array"),
+        (json!(7.5), "a number"),
+    ] {
+        let r = c.bearer(&of(7), &hs(claim.clone())).await;
+        assert_eq!(r.status(), 403, "{claim}");
+        let challenge = h(&r, "www-authenticate").to_string();
+        assert!(!challenge.contains("scope="), "{challenge}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains("\\\"tenant\\\""), "{body}");
+        assert!(body.contains(holds), "{claim}: {body}");
+    }
+
+    // Several owners on an owner column read from the row, too.
+    let items = hs(json!(["seven", "three"]));
+    for (t, status) in [(7, 200), (3, 200), (9, 404)] {
+        let path = format!("/by-item/{t}/1");
+        assert_eq!(c.bearer(&path, &items).await.status(), status, "{t}");
+    }
+    served.shutdown().await.unwrap();
+}

@@ -1004,7 +1004,7 @@ async fn the_applier_keeps_the_feed_contract() {
     let applier = Applier::new(
         vec![Follower {
             table: table.clone(),
-            column: id.clone(),
+            columns: vec![id.clone()].into(),
             resource: users.clone(),
         }],
         tx,

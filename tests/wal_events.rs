@@ -25,8 +25,8 @@ fn watch_of(tables: &[(&str, &str, ColumnType)]) -> Watch {
                 columns: vec![WatchedColumn {
                     name: Arc::from(*c),
                     ty: *ty,
-                    unique: false,
                 }],
+                keys: Vec::new(),
                 served: Vec::new(),
             })
             .collect(),

@@ -342,6 +342,7 @@ async fn gateways_installing_the_publication_at_once_all_succeed() {
             tables: vec![bloomgate::feed::WatchedTable {
                 name: "public.users".into(),
                 columns: vec![],
+                keys: Vec::new(),
                 served: Vec::new(),
             }],
         };
@@ -495,7 +496,6 @@ async fn a_column_list_is_checked_for_the_keys_and_the_identity() {
     let column = |name: &str, ty| WatchedColumn {
         name: name.into(),
         ty,
-        unique: true,
     };
     let watch = Watch {
         tables: vec![WatchedTable {
@@ -504,6 +504,7 @@ async fn a_column_list_is_checked_for_the_keys_and_the_identity() {
                 column("id", ColumnType::Int8),
                 column("email", ColumnType::Text),
             ],
+            keys: vec![vec!["id".into()], vec!["email".into()]],
             served: Vec::new(),
         }],
     };

@@ -108,7 +108,7 @@ impl Auth {
             return Err(self.refuse(p, self.lacking_scopes(p, v.scopes)));
         }
         if let Some(o) = &p.owner
-            && v.owners.get(o.claim).and_then(OwnerClaim::owner).is_none()
+            && v.owners.get(o.claim).and_then(OwnerClaim::owners).is_none()
         {
             return Err(self.refuse(p, no_owner(p, o, v.owners.get(o.claim))));
         }
@@ -365,38 +365,46 @@ impl Auth {
     /// key owned by `Alice` is the key `alice`). An integer claim counts
     /// only in its canonical decimal form: `"03"` and `"+3"` own nothing.
     /// Counts a refusal.
+    /// With several owners in the claim, any of them may own it. `key` is
+    /// the key, or the composite key's part the owner column names.
     pub fn owns_key(&self, p: &Policy, v: &Verified, key: &Key, cmp: &Comparison) -> bool {
-        let Some(claim) = self.owner_value(p, v) else {
+        let Some(claims) = self.owner_values(p, v) else {
             return true;
         };
-        let owns = match key {
+        let owns = claims.iter().any(|claim| match key {
             Key::Int(k) => owner::canonical_int(claim) == Some(*k),
             Key::Uuid(k) => uuid::Uuid::parse_str(claim).is_ok_and(|c| c == *k),
             Key::Text(k) => *cmp.text(claim) == **k,
-        };
+            // A whole composite key names no owner (the configuration
+            // refuses an owner claim on one without owner_column).
+            Key::Tuple(_) => false,
+        });
         if !owns {
             self.stats.count(Refusal::NotOwner);
         }
         owns
     }
 
-    /// Whether `v`'s owner claim equals the row's `owner_column`, a column
-    /// compared as `cmp` says. Counts a refusal.
+    /// Whether `v`'s owner claim (any of its owners) equals the row's
+    /// `owner_column`, a column compared as `cmp` says. Counts a refusal.
     pub fn owns_row(&self, p: &Policy, v: &Verified, row: &[u8], cmp: &Comparison) -> bool {
-        let (Some(claim), Some(column)) = (self.owner_value(p, v), p.owner_column()) else {
+        let (Some(claims), Some(column)) = (self.owner_values(p, v), p.owner_column()) else {
             return true;
         };
-        let owns = owner::column(row, column).is_some_and(|value| owner::equals(value, claim, cmp));
+        let owns = owner::column(row, column)
+            .is_some_and(|value| claims.iter().any(|claim| owner::equals(value, claim, cmp)));
         if !owns {
             self.stats.count(Refusal::NotOwner);
         }
         owns
     }
 
-    fn owner_value<'v>(&self, p: &Policy, v: &'v Verified) -> Option<&'v str> {
+    /// The owners `v`'s claim names, if `p` has an owner rule. `check`
+    /// refused a caller whose claim names none: here that reads as an
+    /// empty list, which owns nothing.
+    fn owner_values<'v>(&self, p: &Policy, v: &'v Verified) -> Option<&'v [Box<str>]> {
         let o = p.owner.as_ref()?;
-        // `check` refused a caller without the claim.
-        Some(v.owners.get(o.claim)?.owner().unwrap_or("\u{0}"))
+        Some(v.owners.get(o.claim)?.owners().unwrap_or(&[]))
     }
 
     fn refuse(&self, p: &Policy, refused: Refused) -> Error {
@@ -488,8 +496,8 @@ fn no_owner(p: &Policy, o: &super::Owner, held: Option<&OwnerClaim>) -> Refused 
             Refusal::OwnerClaimType,
             format!(
                 "the owner claim {claim:?} (resource.owner_claim) holds {what}: an owner is a \
-                 string or an integer (a JSON Pointer reaches one element, as \"/{}/0\" does)",
-                claim.trim_start_matches('/')
+                 string or an integer, or an array of at most {} of them (any one matches)",
+                super::jwt::MAX_OWNERS
             ),
         ),
         _ => Refused::new(

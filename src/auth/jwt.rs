@@ -369,17 +369,32 @@ pub struct Claims {
 pub enum OwnerClaim {
     /// A string, or an integer in decimal: the owner it names.
     Owner(Box<str>),
+    /// An array of those: a caller who owns rows in several tenants. Any
+    /// of them matches; an empty array matches nothing.
+    Owners(Box<[Box<str>]>),
     /// The token has no such claim.
     Absent,
-    /// A value that names no owner (an array, an object, a fraction, a
-    /// boolean, null): what it holds, for the refusal to say.
+    /// A value that names no owner (an object, a fraction, a boolean,
+    /// null, an array holding any of those): what it holds, for the
+    /// refusal to say.
     Unusable(Box<str>),
 }
+
+/// Owners one array claim may name at most (each is compared per request).
+pub const MAX_OWNERS: usize = 256;
 
 impl OwnerClaim {
     fn of(v: Option<&Value>) -> Self {
         match v {
             None => OwnerClaim::Absent,
+            Some(array @ Value::Array(items)) if items.len() <= MAX_OWNERS => {
+                match items.iter().map(identity).collect::<Option<Vec<String>>>() {
+                    Some(owners) => {
+                        OwnerClaim::Owners(owners.into_iter().map(String::into_boxed_str).collect())
+                    }
+                    None => OwnerClaim::Unusable(holds(array).into_boxed_str()),
+                }
+            }
             Some(v) => match identity(v) {
                 Some(owner) => OwnerClaim::Owner(owner.into_boxed_str()),
                 None => OwnerClaim::Unusable(holds(v).into_boxed_str()),
@@ -387,10 +402,12 @@ impl OwnerClaim {
         }
     }
 
-    /// The owner it names.
-    pub fn owner(&self) -> Option<&str> {
+    /// The owners it names (none for an empty array); `None` for a claim
+    /// that names no owner.
+    pub fn owners(&self) -> Option<&[Box<str>]> {
         match self {
-            OwnerClaim::Owner(o) => Some(o),
+            OwnerClaim::Owner(o) => Some(std::slice::from_ref(o)),
+            OwnerClaim::Owners(o) => Some(o),
             _ => None,
         }
     }

@@ -37,7 +37,10 @@ pub struct Policy {
 pub struct Owner {
     pub claim: usize,
     pub claim_name: String,
+    /// The column compared with the claim, read from the row; `None`: the
+    /// key, or its part `key_part`, before the filter.
     pub column: Option<String>,
+    pub key_part: Option<usize>,
 }
 
 impl Policy {
@@ -79,6 +82,7 @@ impl Policy {
                     .expect("collected above"),
                 claim_name: c.clone(),
                 column: a.owner_column.clone(),
+                key_part: a.owner_key_part,
             }),
             rate,
             salt: keyed.hash64(b'r', r.name.as_bytes()),

@@ -65,8 +65,11 @@ pub struct Access {
     pub mode: AuthMode,
     pub scopes: Vec<String>,
     pub owner_claim: Option<String>,
-    /// `None` with an `owner_claim`: the key is compared.
+    /// `None` with an `owner_claim`: the key, or the key part
+    /// `owner_key_part`, is compared.
     pub owner_column: Option<String>,
+    /// The composite key's part `owner_column` names, if it names one.
+    pub owner_key_part: Option<usize>,
     pub rate_limit: Option<RateLimit>,
 }
 

@@ -62,7 +62,7 @@ pub use cors::CorsConfig;
 pub use database::{DatabaseConfig, Freshness, redact_url};
 pub use filter::{FilterConfig, FilterOverrides};
 pub use log::{FilteredRate, LogConfig, LogFormat};
-pub use resource::{KeyType, Resolved, ResourceConfig};
+pub use resource::{KeyPart, KeyType, MAX_KEY_PARTS, OneOrMany, Resolved, ResourceConfig};
 pub use server::{DEFAULT_MAX_HEADERS, ForwardedHeader, ReadinessPolicy, ServerConfig};
 
 /// The path used when `--config` is not given.
@@ -259,8 +259,7 @@ impl Config {
                 route: r.route.clone(),
                 table: r.table.clone(),
                 source_table: r.source_table.clone().unwrap_or_else(|| r.table.clone()),
-                key_column: r.key_column.clone(),
-                key_type: r.key_type,
+                key: r.key_parts(),
                 columns: r.columns.clone(),
                 filter: r.filter.apply(&self.filter),
                 cache: r.cache.apply(&self.cache),
@@ -442,6 +441,85 @@ pub(crate) mod tests {
         assert!(e.contains("rebuild_interval"), "{e}");
         let e = err(&MINIMAL.replace("\"bigint\"", "\"float\""));
         assert!(e.contains("key_type"), "{e}");
+    }
+
+    const ORDERS: &str = r#"
+        [auth]
+        jwt_secret = "0123456789abcdef0123456789abcdef"
+        [[resource]]
+        name = "orders"
+        route = "/tenants/{tenant_id}/orders/{order_no}"
+        table = "orders"
+        key_column = ["tenant_id", "order_no"]
+        key_type = ["bigint", "text"]
+        columns = ["item"]
+    "#;
+
+    #[test]
+    fn composite_keys_name_their_columns_in_the_route() {
+        let c = Config::from_toml(ORDERS).unwrap();
+        let r = &c.resolved()[0];
+        assert_eq!(r.key_columns(), ["tenant_id", "order_no"]);
+        assert_eq!(r.single_type(), None);
+        assert_eq!(r.key_type_name(), "(bigint, text)");
+        // One type for every column.
+        let c = Config::from_toml(&ORDERS.replace(r#"["bigint", "text"]"#, r#""bigint""#)).unwrap();
+        assert_eq!(c.resolved()[0].key[1].ty, KeyType::Bigint);
+        for (from, to, field, problem) in [
+            (
+                r#"["bigint", "text"]"#,
+                r#"["bigint"]"#,
+                "key_type",
+                "1 types for 2",
+            ),
+            (
+                r#"["bigint", "text"]"#,
+                r#"["bigint", "float"]"#,
+                "key_type",
+                "float",
+            ),
+            (
+                r#""order_no"]"#,
+                r#""tenant_id"]"#,
+                "key_column",
+                "named twice",
+            ),
+            (
+                r#""order_no"]"#,
+                r#""order-no"]"#,
+                "key_column",
+                "identifier",
+            ),
+            ("{order_no}", "{id}", "route", "no {order_no}"),
+            ("/orders/{order_no}", "/orders", "route", "no {order_no}"),
+            (
+                "columns = [",
+                "filter.mode = \"exact\"\ncolumns = [",
+                "filter.mode",
+                "single key_column",
+            ),
+            (
+                "columns = [",
+                "auth = \"jwt\"\nowner_claim = \"tenant\"\ncolumns = [",
+                "owner_column",
+                "composite key names no one owner",
+            ),
+        ] {
+            let e = err(&ORDERS.replace(from, to));
+            assert!(e.contains(&format!("resource[0].{field}")), "{to}: {e}");
+            assert!(e.contains(problem), "{to}: {e}");
+        }
+        // The owner on a key part: compared with the key, before the filter.
+        let c = Config::from_toml(&ORDERS.replace(
+            "columns = [",
+            "auth = \"jwt\"\nowner_claim = \"tenant\"\nowner_column = \"tenant_id\"\ncolumns = [",
+        ))
+        .unwrap();
+        let a = &c.resolved()[0].access;
+        assert_eq!(
+            (a.owner_column.as_deref(), a.owner_key_part),
+            (None, Some(0))
+        );
     }
 
     #[test]

@@ -31,6 +31,58 @@ pub enum KeyType {
     Text,
 }
 
+/// Parts a composite key may have at most.
+pub const MAX_KEY_PARTS: usize = 8;
+
+/// A value written alone or as an array (`key_column`, `key_type`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum OneOrMany<T> {
+    One(T),
+    Many(Vec<T>),
+}
+
+/// A string is read as `T` reads one, so that a bad value's error is
+/// `T`'s own ("unknown variant `float`, expected one of ...").
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for OneOrMany<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<T> {
+            type Value = OneOrMany<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                T::deserialize(serde::de::value::StrDeserializer::new(v)).map(OneOrMany::One)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                Vec::deserialize(serde::de::value::SeqAccessDeserializer::new(seq))
+                    .map(OneOrMany::Many)
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
+}
+
+impl<T> OneOrMany<T> {
+    pub fn as_slice(&self) -> &[T] {
+        match self {
+            OneOrMany::One(v) => std::slice::from_ref(v),
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// One column of a resource's key, and its type.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyPart {
+    pub column: String,
+    pub ty: KeyType,
+}
+
 /// One `[[resource]]`: a table served by key.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -46,12 +98,16 @@ pub struct ResourceConfig {
     /// must have the same name and values there. Default: `table` itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_table: Option<String>,
-    /// Column holding the key. It must be unique: the table's primary key,
-    /// or a valid, non-partial unique index on it (start-up refuses a
-    /// table without one; see `db::catalog::TableInfo::uniqueness`).
-    pub key_column: String,
-    /// `bigint`, `uuid` or `text`.
-    pub key_type: KeyType,
+    /// Column holding the key, or the columns of a composite key
+    /// (`["tenant_id", "order_no"]`, at most [`MAX_KEY_PARTS`], each a
+    /// `{column}` of `route`). The key must be unique: the table's primary
+    /// key, or a valid, non-partial unique index within these columns
+    /// (start-up refuses a table without one; see
+    /// `db::catalog::TableInfo::uniqueness`).
+    pub key_column: OneOrMany<String>,
+    /// `bigint`, `uuid` or `text`; for a composite key one per column in
+    /// the same order, or one for every column.
+    pub key_type: OneOrMany<KeyType>,
     /// Columns returned as the JSON object, in order.
     pub columns: Vec<String>,
     /// Per-resource overrides of `[filter]`.
@@ -97,27 +153,85 @@ pub struct Resolved {
     pub table: String,
     /// `source_table`, or `table` when not set.
     pub source_table: String,
-    pub key_column: String,
-    pub key_type: KeyType,
+    /// The key's columns in `key_column` order: one, or a composite key's.
+    pub key: Vec<KeyPart>,
     pub columns: Vec<String>,
     pub filter: FilterConfig,
     pub cache: CacheConfig,
     pub access: Access,
 }
 
+impl Resolved {
+    /// The key's type when it has one column.
+    pub fn single_type(&self) -> Option<KeyType> {
+        match self.key.as_slice() {
+            [one] => Some(one.ty),
+            _ => None,
+        }
+    }
+
+    /// The key's columns, in order.
+    pub fn key_columns(&self) -> Vec<&str> {
+        self.key.iter().map(|p| p.column.as_str()).collect()
+    }
+
+    /// The key's types as the admin API and logs show them
+    /// (`bigint`, or `(bigint, text)`).
+    pub fn key_type_name(&self) -> String {
+        match self.key.as_slice() {
+            [one] => one.ty.sql_type().into(),
+            parts => format!(
+                "({})",
+                parts
+                    .iter()
+                    .map(|p| p.ty.sql_type())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
 impl ResourceConfig {
+    /// The key's parts: `key_column` with `key_type`, which the
+    /// validation has checked agree in number.
+    pub(super) fn key_parts(&self) -> Vec<KeyPart> {
+        let types = self.key_type.as_slice();
+        self.key_column
+            .as_slice()
+            .iter()
+            .enumerate()
+            .map(|(i, column)| KeyPart {
+                column: column.clone(),
+                ty: types
+                    .get(i)
+                    .or(types.first())
+                    .copied()
+                    .unwrap_or(KeyType::Text),
+            })
+            .collect()
+    }
+
     /// The access rules; `rate_limit` unparsable reads as none here (the
     /// config was validated before anything calls this).
     pub(super) fn access(&self) -> Access {
         let owner_column = self
             .owner_column
             .clone()
-            .filter(|c| *c != self.key_column && self.owner_claim.is_some());
+            .filter(|c| self.owner_claim.is_some() && !self.key_column.as_slice().contains(c));
         Access {
             mode: self.auth,
             scopes: self.scopes.clone(),
             owner_claim: self.owner_claim.clone(),
             owner_column,
+            owner_key_part: match self.key_column.as_slice() {
+                [_] => None,
+                key => self
+                    .owner_column
+                    .as_ref()
+                    .filter(|_| self.owner_claim.is_some())
+                    .and_then(|c| key.iter().position(|k| k == c)),
+            },
             rate_limit: self
                 .rate_limit
                 .as_deref()
@@ -161,7 +275,8 @@ pub(super) fn validate_all(
                 format!("{:?} is used twice", r.name),
             ));
         }
-        route::check(&r.route).map_err(|p| KeyProblem::new(at("route"), p))?;
+        r.validate_key(i)?;
+        route::check(&r.route, &res.key_columns()).map_err(|p| KeyProblem::new(at("route"), p))?;
         if !routes.insert(route::shape(&r.route)) {
             return Err(KeyProblem::new(
                 at("route"),
@@ -220,12 +335,6 @@ impl ResourceConfig {
                 format!("{t:?} is not a valid SQL identifier (optionally schema.table)"),
             ));
         }
-        if !is_identifier(&self.key_column) {
-            return Err(KeyProblem::new(
-                at("key_column"),
-                format!("{:?} is not a valid SQL identifier", self.key_column),
-            ));
-        }
         if self.columns.is_empty() {
             return Err(KeyProblem::new(
                 at("columns"),
@@ -262,10 +371,53 @@ impl ResourceConfig {
                 }
             }
         }
-        if res.filter.mode == Mode::Exact && self.key_type != KeyType::Bigint {
+        if res.filter.mode == Mode::Exact && res.single_type() != Some(KeyType::Bigint) {
             return Err(KeyProblem::new(
                 at("filter.mode"),
-                "`exact` needs key_type = \"bigint\"; use `bloom` or `auto`",
+                "`exact` needs a single key_column with key_type = \"bigint\"; use `bloom` or `auto`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `key_column` and `key_type`: identifiers, distinct, at most
+    /// [`MAX_KEY_PARTS`], and one type per column or one for all.
+    fn validate_key(&self, i: usize) -> Result<(), KeyProblem> {
+        let at = |field: &str| format!("resource[{i}].{field}");
+        let columns = self.key_column.as_slice();
+        if columns.is_empty() || columns.len() > MAX_KEY_PARTS {
+            return Err(KeyProblem::new(
+                at("key_column"),
+                format!("must name 1 to {MAX_KEY_PARTS} columns"),
+            ));
+        }
+        if let Some(c) = columns.iter().find(|c| !is_identifier(c)) {
+            return Err(KeyProblem::new(
+                at("key_column"),
+                format!("{c:?} is not a valid SQL identifier"),
+            ));
+        }
+        if let Some(c) = columns
+            .iter()
+            .enumerate()
+            .find(|(j, c)| columns[..*j].contains(c))
+            .map(|(_, c)| c)
+        {
+            return Err(KeyProblem::new(
+                at("key_column"),
+                format!("{c:?} is named twice"),
+            ));
+        }
+        if let OneOrMany::Many(types) = &self.key_type
+            && types.len() != columns.len()
+        {
+            let types = types.len();
+            return Err(KeyProblem::new(
+                at("key_type"),
+                format!(
+                    "{types} types for {} key columns: give one type per column, in key_column order, or one string for all",
+                    columns.len()
+                ),
             ));
         }
         Ok(())
@@ -322,14 +474,27 @@ impl ResourceConfig {
             }
             auth::check_claim(c).map_err(|p| ("owner_claim", p))?;
         }
+        if self.owner_claim.is_some()
+            && self.owner_column.is_none()
+            && self.key_column.as_slice().len() > 1
+        {
+            return Err((
+                "owner_column",
+                "a composite key names no one owner: set owner_column to the key part (or \
+                 the column) that holds it"
+                    .into(),
+            ));
+        }
         if let Some(c) = &self.owner_column {
             if self.owner_claim.is_none() {
                 return Err(("owner_column", "needs owner_claim".into()));
             }
-            if *c != self.key_column && !self.columns.contains(c) {
+            if !self.key_column.as_slice().contains(c) && !self.columns.contains(c) {
                 return Err((
                     "owner_column",
-                    format!("{c:?} must be one of columns: the check reads it from the cached row"),
+                    format!(
+                        "{c:?} must be a key column or one of columns: the check reads it from the key or the cached row"
+                    ),
                 ));
             }
         }

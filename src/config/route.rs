@@ -4,7 +4,10 @@
 //! itself, which no resource may take.
 //!
 //! A route is `/segment/.../{param}`: literal segments of letters, digits
-//! and `-_.~`, and exactly one parameter, a whole segment, for the key.
+//! and `-_.~`, and a parameter, a whole segment, for the key: exactly one
+//! of any name for a key of one column, or for a composite key one named
+//! after each of its columns, in any order
+//! (`/tenants/{tenant_id}/orders/{order_no}`).
 
 use super::identifier::is_identifier;
 
@@ -27,6 +30,25 @@ pub enum Segment<'a> {
     Param(&'a str),
 }
 
+/// For each of `key`'s columns, in its order, the index of its segment
+/// in `template.split('/')` (a key of one column: the one parameter's).
+/// `None` for a template [`check`] refuses.
+pub fn key_segments(template: &str, key: &[&str]) -> Option<Vec<usize>> {
+    let params: Vec<(usize, &str)> = template
+        .split('/')
+        .enumerate()
+        .filter_map(|(i, s)| Some((i, s.strip_prefix('{')?.strip_suffix('}')?)))
+        .collect();
+    match (key, params.as_slice()) {
+        ([_], [(i, _)]) => Some(vec![*i]),
+        ([_], _) => None,
+        _ => key
+            .iter()
+            .map(|c| params.iter().find(|(_, p)| p == c).map(|(i, _)| *i))
+            .collect(),
+    }
+}
+
 /// The segments of `template`, after its leading `/`.
 pub fn segments(template: &str) -> impl Iterator<Item = Segment<'_>> {
     template
@@ -47,12 +69,13 @@ pub fn is_reserved(route: &str) -> bool {
     route.starts_with(ADMIN_PREFIX) || SERVED.contains(&route)
 }
 
-/// Checks `route` against the grammar and the reserved paths.
-pub fn check(route: &str) -> Result<(), String> {
+/// Checks `route` against the grammar and the reserved paths, for a key
+/// of the columns `key`.
+pub fn check(route: &str, key: &[&str]) -> Result<(), String> {
     if !route.starts_with('/') {
         return Err(format!("{route:?} must start with '/'"));
     }
-    let mut params = 0;
+    let mut params: Vec<&str> = Vec::new();
     for segment in segments(route) {
         match segment {
             Segment::Literal("") => return Err(format!("{route:?} has an empty segment")),
@@ -62,7 +85,10 @@ pub fn check(route: &str) -> Result<(), String> {
                         "{route:?}: parameter {{{name}}} must be an identifier"
                     ));
                 }
-                params += 1;
+                if params.contains(&name) {
+                    return Err(format!("{route:?}: parameter {{{name}}} appears twice"));
+                }
+                params.push(name);
             }
             Segment::Literal(seg) => {
                 if !seg
@@ -76,10 +102,29 @@ pub fn check(route: &str) -> Result<(), String> {
             }
         }
     }
-    if params != 1 {
-        return Err(format!(
-            "{route:?} must have exactly one {{param}} segment for the key"
-        ));
+    match key {
+        [_] if params.len() != 1 => {
+            return Err(format!(
+                "{route:?} must have exactly one {{param}} segment for the key (a composite key names its columns in key_column = [..], each a {{column}} of the route)"
+            ));
+        }
+        [_] => {}
+        _ => {
+            if let Some(c) = key.iter().find(|c| !params.contains(c)) {
+                return Err(format!(
+                    "{route:?} has no {{{c}}}: a composite key's every column is a segment of the route, named after it"
+                ));
+            }
+            if let Some(p) = params.iter().find(|p| !key.contains(p)) {
+                return Err(format!(
+                    "{route:?}: {{{p}}} is not a key column (key_column = [{}])",
+                    key.iter()
+                        .map(|c| format!("{c:?}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
     }
     if is_reserved(route) {
         return Err(format!("{route:?} is reserved"));
@@ -104,8 +149,9 @@ mod tests {
 
     #[test]
     fn routes_have_one_parameter_and_stay_off_the_gateways_paths() {
-        assert_eq!(check("/users/{id}"), Ok(()));
-        assert_eq!(check("/v1/users/{id}/profile"), Ok(()));
+        assert_eq!(check("/users/{id}", &["id"]), Ok(()));
+        assert_eq!(check("/users/{uid}", &["id"]), Ok(()));
+        assert_eq!(check("/v1/users/{id}/profile", &["id"]), Ok(()));
         for (route, problem) in [
             ("users/{id}", "start with '/'"),
             ("/users/{id}/{x}", "exactly one"),
@@ -116,7 +162,24 @@ mod tests {
             ("/admin/{id}", "reserved"),
             ("/administrators/{id}", "reserved"),
         ] {
-            let e = check(route).unwrap_err();
+            let e = check(route, &["id"]).unwrap_err();
+            assert!(e.contains(problem), "{route}: {e}");
+        }
+        let key = ["tenant_id", "order_no"];
+        for ok in [
+            "/tenants/{tenant_id}/orders/{order_no}",
+            "/orders/{order_no}/of/{tenant_id}",
+            "/o/{tenant_id}/{order_no}",
+        ] {
+            assert_eq!(check(ok, &key), Ok(()), "{ok}");
+        }
+        for (route, problem) in [
+            ("/tenants/{tenant_id}/orders", "no {order_no}"),
+            ("/tenants/{tenant_id}/orders/{id}", "no {order_no}"),
+            ("/t/{tenant_id}/{order_no}/{x}", "{x} is not a key column"),
+            ("/t/{tenant_id}/{order_no}/{tenant_id}", "twice"),
+        ] {
+            let e = check(route, &key).unwrap_err();
             assert!(e.contains(problem), "{route}: {e}");
         }
         for served in SERVED {
@@ -135,6 +198,9 @@ mod tests {
             [Segment::Literal("healthz")]
         );
         assert_eq!(shape("/users/{id}"), shape("/users/{key}"));
+        assert_eq!(key_segments("/users/{uid}", &["id"]), Some(vec![2]));
+        assert_eq!(key_segments("/o/{b}/x/{a}", &["a", "b"]), Some(vec![4, 2]));
+        assert_eq!(key_segments("/o/{b}", &["a", "b"]), None);
         assert_ne!(shape("/users/{id}"), shape("/people/{id}"));
     }
 

@@ -41,10 +41,19 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// Adds `column` of `table`, which a resource serving `served` follows
-    /// (tables kept in name order, each column once; held unique if any
-    /// resource holds it so).
-    pub fn follow(&mut self, table: &TableName, column: WatchedColumn, served: &[String]) {
+    /// Adds the key `columns` of `table`, which a resource serving `served`
+    /// follows (tables kept in name order, each column once); `unique`: the
+    /// resource serves this very table by this key, so the feeds' checks
+    /// hold the key to stay unique ([`TableInfo::uniqueness`]). A view's
+    /// key, followed on its `source_table`, is not held so: that table's
+    /// rows are not the view's.
+    pub fn follow(
+        &mut self,
+        table: &TableName,
+        columns: Vec<WatchedColumn>,
+        unique: bool,
+        served: &[String],
+    ) {
         let at = match self.tables.binary_search_by(|t| t.name.cmp(table)) {
             Ok(at) => at,
             Err(at) => {
@@ -53,6 +62,7 @@ impl Watch {
                     WatchedTable {
                         name: table.clone(),
                         columns: Vec::new(),
+                        keys: Vec::new(),
                         served: Vec::new(),
                     },
                 );
@@ -65,9 +75,14 @@ impl Watch {
                 t.served.push(Arc::from(s.as_str()));
             }
         }
-        match t.columns.iter_mut().find(|c| c.name == column.name) {
-            Some(c) => c.unique |= column.unique,
-            None => t.columns.push(column),
+        let key: Vec<Arc<str>> = columns.iter().map(|c| c.name.clone()).collect();
+        if unique && !t.keys.contains(&key) {
+            t.keys.push(key);
+        }
+        for column in columns {
+            if !t.columns.iter().any(|c| c.name == column.name) {
+                t.columns.push(column);
+            }
         }
     }
 }
@@ -75,8 +90,11 @@ impl Watch {
 #[derive(Clone, Debug)]
 pub struct WatchedTable {
     pub name: TableName,
-    /// The key column of every resource on this table (distinct).
+    /// The key columns of every resource on this table (distinct).
     pub columns: Vec<WatchedColumn>,
+    /// The keys held unique (see [`Watch::follow`]): each a resource's key
+    /// columns, in its order.
+    pub keys: Vec<Vec<Arc<str>>>,
     /// Every column a resource on this table serves (distinct): a change of
     /// their type or place that rewrites the table is a change of every row
     /// served (see `feed::watch`, "Shapes").
@@ -87,11 +105,6 @@ pub struct WatchedTable {
 pub struct WatchedColumn {
     pub name: Arc<str>,
     pub ty: ColumnType,
-    /// A resource serves this very table by this column, so the feeds'
-    /// checks hold it to stay unique ([`TableInfo::uniqueness`]). A view's
-    /// key, followed on its `source_table`, is not: that table's rows are
-    /// not the view's.
-    pub unique: bool,
 }
 
 /// What kind of relation a resource reads.

@@ -50,9 +50,9 @@ impl Default for CopyParser {
 }
 
 impl CopyParser {
-    /// Parses `chunk`, calling `field` with every non-NULL field value (NULLs
-    /// are skipped: a NULL key cannot be asked for).
-    pub fn feed(&mut self, chunk: &[u8], mut field: impl FnMut(&[u8])) -> Result<(), CopyError> {
+    /// Parses `chunk`, calling `row` with the fields of every tuple it
+    /// completes, once each.
+    pub fn feed(&mut self, chunk: &[u8], mut row: impl FnMut(Fields<'_>)) -> Result<(), CopyError> {
         self.buf.extend_from_slice(chunk);
         let mut pos = 0;
         let buf = &self.buf[..];
@@ -103,16 +103,11 @@ impl CopyParser {
                     if !complete || end > buf.len() {
                         break;
                     }
-                    let mut at = pos + 2;
-                    for _ in 0..count {
-                        let len = read_i32(buf, at).unwrap();
-                        at += 4;
-                        if len >= 0 {
-                            let len = len as usize;
-                            field(&buf[at..at + len]);
-                            at += len;
-                        }
-                    }
+                    row(Fields {
+                        buf: &buf[..end],
+                        at: pos + 2,
+                        left: count,
+                    });
                     self.rows += 1;
                     pos = end;
                 }
@@ -138,6 +133,33 @@ impl CopyParser {
     }
 }
 
+/// The fields of one tuple, in order: `None` for a NULL. Its lengths were
+/// checked before it was handed out.
+pub struct Fields<'a> {
+    buf: &'a [u8],
+    at: usize,
+    left: usize,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let len = read_i32(self.buf, self.at)?;
+        self.at += 4;
+        if len < 0 {
+            return Some(None);
+        }
+        let field = self.buf.get(self.at..self.at + len as usize)?;
+        self.at += len as usize;
+        Some(Some(field))
+    }
+}
+
 fn read_i16(buf: &[u8], at: usize) -> Option<i16> {
     Some(i16::from_be_bytes(buf.get(at..at + 2)?.try_into().ok()?))
 }
@@ -151,33 +173,39 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn encode(rows: &[Option<Vec<u8>>]) -> Vec<u8> {
+    type Row = Vec<Option<Vec<u8>>>;
+
+    fn encode(rows: &[Row]) -> Vec<u8> {
         let mut out = SIGNATURE.to_vec();
         out.extend(0i32.to_be_bytes());
         out.extend(4i32.to_be_bytes());
         out.extend(b"ext!");
         for r in rows {
-            out.extend(1i16.to_be_bytes());
-            match r {
-                Some(v) => {
-                    out.extend((v.len() as i32).to_be_bytes());
-                    out.extend(v);
+            out.extend((r.len() as i16).to_be_bytes());
+            for f in r {
+                match f {
+                    Some(v) => {
+                        out.extend((v.len() as i32).to_be_bytes());
+                        out.extend(v);
+                    }
+                    None => out.extend((-1i32).to_be_bytes()),
                 }
-                None => out.extend((-1i32).to_be_bytes()),
             }
         }
         out.extend((-1i16).to_be_bytes());
         out
     }
 
-    fn parse_in_chunks(data: &[u8], cuts: &[usize]) -> Result<(Vec<Vec<u8>>, u64), CopyError> {
+    fn parse_in_chunks(data: &[u8], cuts: &[usize]) -> Result<(Vec<Row>, u64), CopyError> {
         let mut p = CopyParser::default();
         let mut got = Vec::new();
         let mut start = 0;
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (data.len() + 1)).collect();
         cuts.sort();
         for c in cuts.into_iter().chain([data.len()]) {
-            p.feed(&data[start..c], |f| got.push(f.to_vec()))?;
+            p.feed(&data[start..c], |f| {
+                got.push(f.map(|f| f.map(<[u8]>::to_vec)).collect())
+            })?;
             start = c;
         }
         Ok((got, p.finish()?))
@@ -185,14 +213,19 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_chunking_yields_every_field_once(
-            rows in proptest::collection::vec(proptest::option::of(proptest::collection::vec(any::<u8>(), 0..20)), 0..50),
+        fn any_chunking_yields_every_row_once(
+            rows in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::option::of(proptest::collection::vec(any::<u8>(), 0..20)),
+                    1..4,
+                ),
+                0..50,
+            ),
             cuts in proptest::collection::vec(any::<usize>(), 0..10),
         ) {
             let data = encode(&rows);
             let (got, n) = parse_in_chunks(&data, &cuts).unwrap();
-            let want: Vec<Vec<u8>> = rows.iter().flatten().cloned().collect();
-            prop_assert_eq!(got, want);
+            prop_assert_eq!(&got, &rows);
             prop_assert_eq!(n, rows.len() as u64);
         }
 
@@ -204,7 +237,7 @@ mod tests {
 
     #[test]
     fn truncation_and_garbage_are_errors() {
-        let data = encode(&[Some(vec![1; 8]), Some(vec![2; 8])]);
+        let data = encode(&[vec![Some(vec![1; 8])], vec![Some(vec![2; 8]), None]]);
         for cut in 0..data.len() {
             assert_eq!(
                 parse_in_chunks(&data[..cut], &[]),

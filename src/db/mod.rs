@@ -149,26 +149,62 @@ pub struct Queries {
 }
 
 impl Queries {
-    pub fn new(table: &str, key_column: &str, key_type: &str, columns: &[String]) -> Self {
-        let table = table.split('.').map(quote).collect::<Vec<_>>().join(".");
-        let key = quote(key_column);
+    /// `key`: each key column with the type its bound value is cast to
+    /// (`bigint`; `text::citext` to compare as the column does).
+    pub fn new(table: &str, key: &[(&str, &str)], columns: &[String]) -> Self {
+        let table_q = quote_table_name(table);
+        let not_null = key
+            .iter()
+            .map(|(c, _)| format!("{} IS NOT NULL", quote(c)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let typed = key
+            .iter()
+            .map(|(c, ty)| format!("{}::{ty}", quote(c)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Self {
+            row: Arc::from(Self::row_query(table, key, columns)),
+            count: match key {
+                [(c, _)] => format!("SELECT count({}) FROM {table_q}", quote(c)),
+                _ => format!("SELECT count(*) FROM {table_q} WHERE {not_null}"),
+            },
+            keys: format!(
+                // The cast makes the wire format the key type's, whatever the
+                // column's own type (int4, varchar, ...).
+                "COPY (SELECT {typed} FROM {table_q} WHERE {not_null}) TO STDOUT (FORMAT binary)"
+            ),
+        }
+    }
+
+    /// The row query for `key` (as [`Queries::new`] takes it). A key of
+    /// one column is bound as itself; a composite key as one `text[]` of
+    /// its parts' texts (`Key::db_texts`), each cast to its column's type,
+    /// so that one query shape serves every mix of part types.
+    pub fn row_query(table: &str, key: &[(&str, &str)], columns: &[String]) -> String {
+        let table = quote_table_name(table);
         let cols = columns
             .iter()
             .map(|c| quote(c))
             .collect::<Vec<_>>()
             .join(", ");
-        Self {
-            row: Arc::from(format!(
-                "SELECT row_to_json(t)::text FROM (SELECT {cols} FROM {table} WHERE {key} = $1::{key_type} LIMIT 2) t"
-            )),
-            count: format!("SELECT count({key}) FROM {table}"),
-            keys: format!(
-                // The cast makes the wire format the key type's, whatever the
-                // column's own type (int4, varchar, ...).
-                "COPY (SELECT {key}::{key_type} FROM {table} WHERE {key} IS NOT NULL) TO STDOUT (FORMAT binary)"
-            ),
-        }
+        let filter = match key {
+            [(c, ty)] => format!("{} = $1::{ty}", quote(c)),
+            parts => parts
+                .iter()
+                .enumerate()
+                .map(|(i, (c, ty))| format!("{} = ($1::text[])[{}]::{ty}", quote(c), i + 1))
+                .collect::<Vec<_>>()
+                .join(" AND "),
+        };
+        format!(
+            "SELECT row_to_json(t)::text FROM (SELECT {cols} FROM {table} WHERE {filter} LIMIT 2) t"
+        )
     }
+}
+
+fn quote_table_name(table: &str) -> String {
+    table.split('.').map(quote).collect::<Vec<_>>().join(".")
 }
 
 fn quote(ident: &str) -> String {
@@ -538,6 +574,10 @@ impl Db {
                 self.fetch_json_from(sql, s.to_string(), tally, replicas)
                     .await
             }
+            Key::Tuple(_) => {
+                self.fetch_json_from(sql, key.db_texts(), tally, replicas)
+                    .await
+            }
         }
     }
 
@@ -630,7 +670,7 @@ impl Db {
         q: &Queries,
         counts: &QueryCounts,
         start: impl FnOnce(u64) -> S,
-        mut add: impl FnMut(&mut S, &[u8]),
+        mut add: impl FnMut(&mut S, copy::Fields<'_>),
     ) -> Result<(S, u64), DbError> {
         // On a replica that has replayed everything applied before this
         // call (the caller opened its journal first; see `replicas`).
@@ -749,7 +789,7 @@ async fn scan_keys_on<S>(
     scan: &mut ScanConn,
     q: &Queries,
     start: impl FnOnce(u64) -> S,
-    add: &mut impl FnMut(&mut S, &[u8]),
+    add: &mut impl FnMut(&mut S, copy::Fields<'_>),
 ) -> Result<(S, u64), DbError> {
     scan.pid = Some(
         sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -809,8 +849,7 @@ mod tests {
     fn queries_quote_identifiers_and_bind_the_key() {
         let q = Queries::new(
             "public.users",
-            "id",
-            "bigint",
+            &[("id", "bigint")],
             &["id".into(), "name".into()],
         );
         assert_eq!(
@@ -822,5 +861,22 @@ mod tests {
                 .starts_with(r#"COPY (SELECT "id"::bigint FROM "public"."users""#)
         );
         assert!(q.keys.ends_with("(FORMAT binary)"));
+        let q = Queries::new(
+            "orders",
+            &[("tenant_id", "bigint"), ("order_no", "text")],
+            &["item".into()],
+        );
+        assert_eq!(
+            &*q.row,
+            r#"SELECT row_to_json(t)::text FROM (SELECT "item" FROM "orders" WHERE "tenant_id" = ($1::text[])[1]::bigint AND "order_no" = ($1::text[])[2]::text LIMIT 2) t"#
+        );
+        assert_eq!(
+            q.keys,
+            r#"COPY (SELECT "tenant_id"::bigint, "order_no"::text FROM "orders" WHERE "tenant_id" IS NOT NULL AND "order_no" IS NOT NULL) TO STDOUT (FORMAT binary)"#
+        );
+        assert_eq!(
+            q.count,
+            r#"SELECT count(*) FROM "orders" WHERE "tenant_id" IS NOT NULL AND "order_no" IS NOT NULL"#
+        );
     }
 }

@@ -516,8 +516,8 @@ mod tests {
                     columns: vec![WatchedColumn {
                         name: Arc::from("id"),
                         ty: ColumnType::Int8,
-                        unique: true,
                     }],
+                    keys: Vec::new(),
                     served: Vec::new(),
                 })
                 .collect(),

@@ -151,9 +151,9 @@ mod tests {
                 .map(|c| WatchedColumn {
                     name: Arc::from(*c),
                     ty: ColumnType::Text,
-                    unique: true,
                 })
                 .collect(),
+            keys: Vec::new(),
             served: Vec::new(),
         }
     }

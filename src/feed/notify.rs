@@ -556,12 +556,12 @@ mod tests {
         let col = |n: &str| WatchedColumn {
             name: Arc::from(n),
             ty: ColumnType::Text,
-            unique: false,
         };
         Watch {
             tables: vec![WatchedTable {
                 name: Arc::from("public.users"),
                 columns: vec![col("id"), col("email")],
+                keys: Vec::new(),
                 served: Vec::new(),
             }],
         }

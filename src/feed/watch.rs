@@ -72,9 +72,9 @@ pub struct Observed {
     /// (`xmin`): an edit undone before the next check still changes them,
     /// and the changes it kept from the feed meanwhile are rescanned.
     pub dependency: String,
-    /// The watched columns held unique ([`WatchedColumn::unique`]) that no
-    /// unique set of the table lies within now.
-    pub not_unique: Vec<String>,
+    /// The keys held unique ([`WatchedTable::keys`]) that no unique set of
+    /// the table lies within now, each its columns.
+    pub not_unique: Vec<Vec<String>>,
     /// The columns its resources serve, or are keyed by, that it no longer
     /// has.
     pub missing: Vec<String>,
@@ -99,15 +99,26 @@ impl Observed {
         if self.not_unique.is_empty() {
             return None;
         }
-        let key: Vec<&str> = self.not_unique.iter().map(String::as_str).collect();
+        let named: Vec<String> = self
+            .not_unique
+            .iter()
+            .map(|k| match k.as_slice() {
+                [one] => one.clone(),
+                k => format!("({})", k.join(", ")),
+            })
+            .collect();
         Some(format!(
-            "key column {} of {} is no longer unique (no primary key or valid unique index on \
-             it alone), so one key could name several rows: its resources answer from the \
+            "key column {} of {} is no longer unique (no primary key or valid unique index \
+             within it), so one key could name several rows: its resources answer from the \
              database, which refuses a key with two rows; {}",
-            key.join(", "),
+            named.join(", "),
             t.name,
-            key.iter()
-                .map(|c| create_unique_index(&t.name, &[c]))
+            self.not_unique
+                .iter()
+                .map(|k| create_unique_index(
+                    &t.name,
+                    &k.iter().map(String::as_str).collect::<Vec<_>>()
+                ))
                 .collect::<Vec<_>>()
                 .join("; ")
         ))
@@ -165,14 +176,15 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observ
             s.missing = missing;
         }
     }
-    // Each column held unique, and whether a unique set lies within it:
-    // the rule start-up applies (`TableInfo::uniqueness`), by the same
+    // Each key held unique, and whether a unique set lies within it: the
+    // rule start-up applies (`TableInfo::uniqueness`), by the same
     // `pg_index` predicate.
-    let (mut at, mut columns) = (Vec::new(), Vec::new());
+    let (mut at, mut keys, mut named) = (Vec::new(), Vec::new(), Vec::new());
     for (i, t) in watch.tables.iter().enumerate() {
-        for c in t.columns.iter().filter(|c| c.unique) {
+        for key in &t.keys {
             at.push(i as i32);
-            columns.push(c.name.to_string());
+            keys.push(serde_json::to_string(key).unwrap_or_else(|_| "[]".into()));
+            named.push(key);
         }
     }
     if !at.is_empty() {
@@ -183,19 +195,22 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observ
                     AND NOT EXISTS (
                         SELECT 1 FROM unnest(i.indkey) WITH ORDINALITY u(attnum, ord)
                           JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = u.attnum
-                         WHERE u.ord <= i.indnkeyatts AND a.attname::text <> k.col))
-               FROM unnest($2::int4[], $3::text[]) WITH ORDINALITY AS k(at, col, n)
+                         WHERE u.ord <= i.indnkeyatts
+                           AND a.attname::text NOT IN (
+                               SELECT jsonb_array_elements_text(k.cols::jsonb))))
+               FROM unnest($2::int4[], $3::text[]) WITH ORDINALITY AS k(at, cols, n)
               ORDER BY k.n"
         ))
         .bind(&names)
         .bind(&at)
-        .bind(&columns)
+        .bind(&keys)
         .fetch_all(&mut *conn)
         .await?;
-        for ((i, column), unique) in at.into_iter().zip(columns).zip(unique) {
+        for ((i, key), unique) in at.into_iter().zip(named).zip(unique) {
             let s = &mut seen[i as usize];
             if !unique && s.oid.is_some() {
-                s.not_unique.push(column);
+                s.not_unique
+                    .push(key.iter().map(|c| c.to_string()).collect());
             }
         }
     }
@@ -496,8 +511,8 @@ mod tests {
             columns: vec![WatchedColumn {
                 name: Arc::from("id"),
                 ty: ColumnType::Int8,
-                unique: true,
             }],
+            keys: vec![vec![Arc::from("id")]],
             served: Vec::new(),
         };
         Watch {
@@ -601,7 +616,7 @@ mod tests {
         let mut t = Tracker::default();
         let at = |not_unique: &[&str]| {
             let mut s = seen(1, &[]);
-            s.not_unique = not_unique.iter().map(|c| c.to_string()).collect();
+            s.not_unique = not_unique.iter().map(|c| vec![c.to_string()]).collect();
             let problem = s.problem(&w.tables[0]);
             vec![(s, problem), (seen(2, &[]), None)]
         };

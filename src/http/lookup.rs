@@ -32,10 +32,11 @@ pub struct Route {
     /// `server.request_timeout`: a lookup dropped later than this after it
     /// began was dropped at the deadline (see [`finish`]'s guard).
     pub request_timeout: std::time::Duration,
-    /// Which `/`-separated segment of the path is the key. The key is read
-    /// from the raw path rather than from axum's path parameters, which come
+    /// Which `/`-separated segment of the path is the key; for a composite
+    /// key, each part's, in key column order. The key is read from the raw
+    /// path rather than from axum's path parameters, which come
     /// percent-decoded already: decoding is ours to do, strictly and once.
-    pub key_segment: usize,
+    pub key_segments: Box<[usize]>,
     /// The 404 body, the same for every absent key, and its length. These
     /// and the `Cache-Control` values (when visible ASCII, which config
     /// validation ensures) are `'static` (`static_header`): a clone per
@@ -83,12 +84,12 @@ impl Route {
             "message": format!("no {} with this key", resource.name()),
         })
         .to_string();
-        let key_segment = resource
-            .config
-            .route
-            .split('/')
-            .position(|s| s.starts_with('{'))
-            .expect("config validation guarantees one {param} segment");
+        let key_segments = crate::config::route::key_segments(
+            &resource.config.route,
+            &resource.config.key_columns(),
+        )
+        .expect("config validation checks the route's parameters")
+        .into_boxed_slice();
         let p = &auth.policies[policy];
         // A response to a caller is the caller's: no shared cache in front
         // may keep it (RFC 9111 §3.5 covers `Authorization`, not
@@ -120,7 +121,7 @@ impl Route {
             resource,
             max_key_length,
             request_timeout: server.request_timeout,
-            key_segment,
+            key_segments,
             not_found_length: static_header(&not_found.len().to_string())
                 .expect("digits are a valid header value"),
             not_found: static_bytes(&not_found),
@@ -190,9 +191,7 @@ pub fn begin(
     };
     if route.owner_on_key
         && let Some(v) = caller.verified()
-        && !route
-            .auth
-            .owns_key(route.policy(), v, &key, route.resource.comparison())
+        && !owns_key(route, v, &key)
     {
         // Exactly a key the filter rejects: the caller learns nothing of
         // other owners' keys, and nothing past this point is asked.
@@ -321,11 +320,40 @@ fn failed(route: &Route, began: Instant, e: Error) -> Response {
     done(route, began, e.into_response(), outcome)
 }
 
+/// Whether the caller owns `key`: the key itself, or the composite key's
+/// part the owner column names, compared as its column compares.
+fn owns_key(route: &Route, v: &crate::auth::verified::Verified, key: &Key) -> bool {
+    let r = &route.resource;
+    let part = route.policy().owner.as_ref().and_then(|o| o.key_part);
+    match (key, part) {
+        (Key::Tuple(t), Some(i)) => match t.parts().get(i) {
+            Some(owned) => route
+                .auth
+                .owns_key(route.policy(), v, owned, r.part_comparison(i)),
+            None => false,
+        },
+        _ => route.auth.owns_key(route.policy(), v, key, r.comparison()),
+    }
+}
+
 fn key_of(route: &Route, path: &str) -> Result<Key, Error> {
-    // The path matched this route, so it has the key segment.
-    let raw = nth_segment(path, route.key_segment)
-        .ok_or_else(|| Error::Internal("matched path without a key segment".into()))?;
-    route.resource.parse_key(raw, route.max_key_length)
+    // The path matched this route, so it has the key segments.
+    let segment = |n: usize| {
+        nth_segment(path, n)
+            .ok_or_else(|| Error::Internal("matched path without a key segment".into()))
+    };
+    match &*route.key_segments {
+        [one] => route
+            .resource
+            .parse_key(&[segment(*one)?], route.max_key_length),
+        parts => {
+            let raw = parts
+                .iter()
+                .map(|n| segment(*n))
+                .collect::<Result<Vec<_>, _>>()?;
+            route.resource.parse_key(&raw, route.max_key_length)
+        }
+    }
 }
 
 /// `path.split('/').nth(n)`, by bytes: `str::split`'s general searcher is

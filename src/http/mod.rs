@@ -352,17 +352,26 @@ mod tests {
     ];
 
     /// A template a config can hold (`route::check`: literal segments and
-    /// exactly one parameter, not reserved), or `None` (one under
-    /// `/admin`, which `route::check` refuses).
+    /// one parameter `{id}`, or a composite key's two, `{id}` and `{id2}`,
+    /// not reserved), or `None` (one under `/admin`, which `route::check`
+    /// refuses).
     fn template() -> impl Strategy<Value = Option<String>> {
         (
             prop::collection::vec(prop::sample::select(LITERALS.to_vec()), 0..4),
             0usize..4,
+            prop::option::of(0usize..5),
         )
-            .prop_map(|(mut segments, at)| {
+            .prop_map(|(mut segments, at, second)| {
                 segments.insert(at.min(segments.len()), "{id}");
+                let key: &[&str] = match second {
+                    Some(at) => {
+                        segments.insert(at.min(segments.len()), "{id2}");
+                        &["id", "id2"]
+                    }
+                    None => &["id"],
+                };
                 let t = format!("/{}", segments.join("/"));
-                route::check(&t).is_ok().then_some(t)
+                route::check(&t, key).is_ok().then_some(t)
             })
     }
 
@@ -396,7 +405,7 @@ mod tests {
                 }),
                 prop::sample::select(vec!["5", "users", "healthz", "x.y", "%2F"]),
             )
-                .prop_map(|(t, v)| t.replace("{id}", v));
+                .prop_map(|(t, v)| t.replace("{id}", v).replace("{id2}", v));
             let paths = prop::collection::vec(prop_oneof![random, filled], 1..16);
             (Just(set), paths)
         })

@@ -373,21 +373,9 @@ fn base_schema(typname: &str, declared: &str) -> ObjectBuilder {
 }
 
 /// `cors`: `[server.cors]` is on (every answer varies by `Origin`).
-fn add_resource(
-    doc: &mut OpenApi,
-    r: &crate::resource::Resource,
-    max_key_length: usize,
-    columns: Option<&[ColumnInfo]>,
-    cors: bool,
-) {
-    let cfg = &r.config;
-    let param = cfg
-        .route
-        .split('/')
-        .find_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-        .unwrap_or("key");
-    // What `key::parse` accepts, so a client knows before it asks.
-    let key_schema = match cfg.key_type {
+/// What `key::parse` accepts for a key (part) of type `ty`.
+fn key_schema(ty: KeyType, max_key_length: usize) -> ObjectBuilder {
+    match ty {
         KeyType::Bigint => ObjectBuilder::new()
             .schema_type(Type::Integer)
             .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
@@ -408,6 +396,32 @@ fn add_resource(
             .pattern(Some("^[^\\u0000-\\u001f\\u007f]+$"))
             .min_length(Some(1))
             .max_length(Some(max_key_length)),
+    }
+}
+
+fn add_resource(
+    doc: &mut OpenApi,
+    r: &crate::resource::Resource,
+    max_key_length: usize,
+    columns: Option<&[ColumnInfo]>,
+    cors: bool,
+) {
+    let cfg = &r.config;
+    // Each key part's parameter, named as in the route, with what
+    // `key::parse` accepts, so a client knows before it asks.
+    let params: Vec<(String, ObjectBuilder)> = match cfg.key.as_slice() {
+        [one] => vec![(
+            cfg.route
+                .split('/')
+                .find_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .unwrap_or("key")
+                .to_string(),
+            key_schema(one.ty, max_key_length),
+        )],
+        parts => parts
+            .iter()
+            .map(|p| (p.column.clone(), key_schema(p.ty, max_key_length)))
+            .collect(),
     };
     let mut row = ObjectBuilder::new()
         .schema_type(Type::Object)
@@ -465,15 +479,17 @@ fn add_resource(
         .operation_id(Some(format!("get_{}", cfg.name)))
         .summary(Some(format!(
             "One row of `{}` by `{}`",
-            cfg.table, cfg.key_column
+            cfg.table,
+            cfg.key_columns().join("`, `")
         )))
-        .parameter(
+        .parameters(Some(params.into_iter().map(|(name, schema)| {
             ParameterBuilder::new()
-                .name(param)
+                .name(name)
                 .parameter_in(ParameterIn::Path)
                 .required(Required::True)
-                .schema(Some(key_schema)),
-        )
+                .schema(Some(schema))
+                .build()
+        })))
         .response(
             "200",
             ResponseBuilder::new()

@@ -61,8 +61,12 @@ pub(super) async fn resources(
             ));
         }
         // Each column once, the key first (it is usually among `columns`).
+        let key = res.key_columns();
+        let key_text = key.join(", ");
         let mut read: Vec<&str> = Vec::new();
-        let named = std::iter::once(res.key_column.as_str())
+        let named = key
+            .iter()
+            .copied()
             .chain(res.columns.iter().map(String::as_str))
             .chain(res.access.owner_column.as_deref());
         for c in named {
@@ -83,22 +87,23 @@ pub(super) async fn resources(
                 absent.join(", ")
             ));
         }
-        if let Some(key) = info.column(&res.key_column)
-            && !res.key_type.accepts(key.column_type())
-        {
-            r.missing(format!(
-                "resource {}: key column {}.{} is {}, which key_type {:?} does not accept ({})",
-                res.name,
-                info.name,
-                res.key_column,
-                key.declared,
-                res.key_type.sql_type(),
-                res.key_type.accepted()
-            ));
+        for part in &res.key {
+            if let Some(column) = info.column(&part.column)
+                && !part.ty.accepts(column.column_type())
+            {
+                r.missing(format!(
+                    "resource {}: key column {}.{} is {}, which key_type {:?} does not accept ({})",
+                    res.name,
+                    info.name,
+                    part.column,
+                    column.declared,
+                    part.ty.sql_type(),
+                    part.ty.accepted()
+                ));
+            }
         }
         // One key, one row (start-up refuses the same).
-        if info.column(&res.key_column).is_some() {
-            let key = [res.key_column.as_str()];
+        if key.iter().all(|c| info.column(c).is_some()) {
             match info.uniqueness(&key) {
                 Uniqueness::Proven(_) => {}
                 Uniqueness::NotUnique => {
@@ -109,13 +114,15 @@ pub(super) async fn resources(
                     "resource {}: {} is not a table, so its catalog cannot show the key ({}) \
                      unique; a lookup that finds two rows is answered 500 key_not_unique, never \
                      with either",
-                    res.name, info.name, res.key_column
+                    res.name, info.name, key_text
                 )),
             }
         }
         // A key or owner column the gateway could not compare as
         // Postgres does (`key::compare`): start-up would refuse it.
-        let compared = std::iter::once(res.key_column.as_str())
+        let compared = key
+            .iter()
+            .copied()
             .chain(res.access.owner_column.as_deref())
             .filter_map(|c| info.column(c));
         for column in compared {
@@ -135,16 +142,23 @@ pub(super) async fn resources(
             }
         }
         if denied.is_empty() {
-            // The column's own type (`citext`, a domain), which `key_type`
+            // The columns' own types (`citext`, a domain), which `key_type`
             // accepted above.
-            let declared = info
-                .column(&res.key_column)
-                .map_or(res.key_type.sql_type(), |c| c.declared.as_str());
+            let declared: Vec<String> = res
+                .key
+                .iter()
+                .map(|p| {
+                    let ty = info
+                        .column(&p.column)
+                        .map_or(p.ty.sql_type(), |c| c.declared.as_str());
+                    format!("{} {ty}", p.column)
+                })
+                .collect();
             r.ok(format!(
-                "resource {}: {} ({} {declared}), SELECT on {}",
+                "resource {}: {} ({}), SELECT on {}",
                 res.name,
                 info.name,
-                res.key_column,
+                declared.join(", "),
                 read.join(", ")
             ));
         } else {
@@ -168,20 +182,34 @@ pub(super) async fn resources(
             ));
             continue;
         };
-        let Some(key) = source.column(&res.key_column) else {
+        let lacking: Vec<&str> = key
+            .iter()
+            .copied()
+            .filter(|c| source.column(c).is_none())
+            .collect();
+        if !lacking.is_empty() {
             r.missing(format!(
                 "resource {}: source_table {} has no column {}",
-                res.name, source.name, res.key_column
+                res.name,
+                source.name,
+                lacking.join(", ")
             ));
             continue;
-        };
+        }
+        let watched = res
+            .key
+            .iter()
+            .filter_map(|p| {
+                Some(WatchedColumn {
+                    name: Arc::from(p.column.as_str()),
+                    ty: source.column(&p.column)?.column_type(),
+                })
+            })
+            .collect();
         watch.follow(
             &source.name,
-            WatchedColumn {
-                name: Arc::from(res.key_column.as_str()),
-                ty: key.column_type(),
-                unique: res.source_table == res.table,
-            },
+            watched,
+            res.source_table == res.table,
             &res.columns,
         );
     }

@@ -31,9 +31,13 @@ use tokio::sync::mpsc;
 use super::Resource;
 use super::live_filter::{Merge, Scanned, Window, stats_of};
 use super::report::{BuildReport, LastOutcome, RefusalReport};
+use std::borrow::Cow;
+
 use crate::db::DbError;
+use crate::db::copy::Fields;
 use crate::db::stats::{QueryKind, Tally};
 use crate::filter::{FilterError, FilterKey, Item, KeySetBuilder};
+use crate::key::compare::Comparison;
 use crate::key::{self, KeyType};
 use crate::rebuild::{self, Job, Reason, Ticket};
 use crate::shutdown::Shutdown;
@@ -138,10 +142,12 @@ impl Resource {
             counts: &self.stats.db_queries,
             kind: QueryKind::Probe,
         };
-        match self.config.key_type {
-            KeyType::Bigint => self.db.fetch_json(sql, None::<i64>, tally).await,
-            KeyType::Uuid => self.db.fetch_json(sql, None::<uuid::Uuid>, tally).await,
-            KeyType::Text => self.db.fetch_json(sql, None::<String>, tally).await,
+        match self.config.single_type() {
+            Some(KeyType::Bigint) => self.db.fetch_json(sql, None::<i64>, tally).await,
+            Some(KeyType::Uuid) => self.db.fetch_json(sql, None::<uuid::Uuid>, tally).await,
+            Some(KeyType::Text) => self.db.fetch_json(sql, None::<String>, tally).await,
+            // A composite key's parts are one `text[]` (`Queries::row_query`).
+            None => self.db.fetch_json(sql, None::<Vec<String>>, tally).await,
         }
         .map(|_| ())
     }
@@ -332,16 +338,14 @@ impl Resource {
     /// After a refused swap: streams every key into the live set (a second
     /// scan, see `live_filter`). Returns how many it lacked.
     async fn merge_into_live(&self, mut merge: Merge<'_>) -> Result<u64, RebuildError> {
-        let key_type = self.config.key_type;
-        let cmp = self.comparison();
+        let mut row_key = self.row_key();
         self.db
             .scan_keys(
                 &self.queries,
                 &self.stats.db_queries,
                 |_| (),
-                |_, raw| {
-                    let raw = cmp.bytes(raw);
-                    if let Some(item) = key::item_from_column(key_type, &raw) {
+                |_, fields| {
+                    if let Some(Some(item)) = row_key.item(fields) {
                         merge.offer(item);
                     }
                 },
@@ -444,10 +448,27 @@ impl Resource {
         Ok(())
     }
 
+    /// How a scanned row becomes its filter item.
+    fn row_key(&self) -> RowKey<'_> {
+        RowKey {
+            parts: self
+                .config
+                .key
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.ty, self.part_comparison(i)))
+                .collect(),
+            buf: Vec::new(),
+        }
+    }
+
     async fn scan(&self) -> Result<Scanned, RebuildError> {
         let f = &self.config.filter;
-        let key_type = self.config.key_type;
-        let cmp = self.comparison();
+        let kind = match self.config.single_type() {
+            Some(ty) => ty.kind(),
+            None => crate::filter::KeyKind::Bytes,
+        };
+        let mut row_key = self.row_key();
         let mut bad = 0u64;
         let mut rows = 0;
         let mut max_int = i64::MIN;
@@ -463,21 +484,21 @@ impl Resource {
                     let expected = ((count as f64) * f.headroom).ceil().max(1.0) as u64;
                     KeySetBuilder::new(
                         f.mode,
-                        key_type.kind(),
+                        kind,
                         expected,
                         f.false_positive_rate,
                         FilterKey::random(),
                     )
                 },
-                |builder, raw| match (builder, key::item_from_column(key_type, &cmp.bytes(raw))) {
-                    (Ok(b), Some(item)) => {
+                |builder, fields| match (builder, row_key.item(fields)) {
+                    (Ok(b), Some(Some(item))) => {
                         if let Item::Int(v) = item {
                             max_int = max_int.max(v);
                         }
                         b.insert(item)
                     }
-                    (Ok(_), None) => bad += 1,
-                    (Err(_), _) => {}
+                    (Ok(_), Some(None)) => bad += 1,
+                    (Ok(_), None) | (Err(_), _) => {}
                 },
             )
             .await?;
@@ -545,5 +566,42 @@ impl Resource {
                 }
             }
         }
+    }
+}
+
+/// A scanned row's key columns made into the item the filter holds: each
+/// value canonical as its column compares (`key::compare`), then, for a
+/// composite key, the parts encoded as one (`key::encode_part`), as a
+/// request's key is (`Key::item`).
+struct RowKey<'a> {
+    parts: Vec<(KeyType, &'a Comparison)>,
+    buf: Vec<u8>,
+}
+
+impl RowKey<'_> {
+    /// `None` for a row with a NULL key part (no request names it);
+    /// `Some(None)` for a value that cannot be a key of its type.
+    fn item<'r>(&'r mut self, mut fields: Fields<'r>) -> Option<Option<Item<'r>>> {
+        let RowKey { parts, buf } = self;
+        if let [(ty, cmp)] = parts.as_slice() {
+            let raw = fields.next()??;
+            return Some(match cmp.bytes(raw) {
+                Cow::Borrowed(b) => key::item_from_column(*ty, b),
+                Cow::Owned(o) => {
+                    *buf = o;
+                    key::item_from_column(*ty, buf)
+                }
+            });
+        }
+        buf.clear();
+        for (ty, cmp) in parts.iter() {
+            let raw = fields.next()??;
+            let raw = cmp.bytes(raw);
+            match key::item_from_column(*ty, &raw) {
+                Some(item) => key::encode_part(buf, *ty, item),
+                None => return Some(None),
+            }
+        }
+        Some(Some(Item::Bytes(buf)))
     }
 }

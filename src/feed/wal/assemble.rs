@@ -542,8 +542,8 @@ mod tests {
                 columns: vec![WatchedColumn {
                     name: Arc::from("id"),
                     ty: ColumnType::Int8,
-                    unique: false,
                 }],
+                keys: Vec::new(),
                 served: Vec::new(),
             }],
         }

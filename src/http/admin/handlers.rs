@@ -207,10 +207,12 @@ fn accepted_response(a: &Accepted) -> Response {
 }
 
 /// Drops one key's cached row or negative entry. Any key, `clear` and
-/// `keys` included: nothing else lives under `.../cache/keys/`.
+/// `keys` included: nothing else lives under `.../cache/keys/`. A
+/// composite key is its parts in `key_column` order, separated by `,`
+/// (`7,A-12`; a `,` inside a part is written `%2C`).
 #[utoipa::path(delete, path = "/admin/resources/{name}/cache/keys/{key}", tag = "admin", security(("bearer" = [])),
     params(("name" = String, Path, description = "Resource name"),
-           ("key" = String, Path, description = "The key, as in the resource's route")),
+           ("key" = String, Path, description = "The key, as in the resource's route; a composite key's parts in key_column order, separated by ',' (a ',' inside a part percent-encoded)")),
     responses((status = 204, description = "Purged"),
               (status = 400, description = "Malformed key", body = ErrorBody),
               (status = 401, description = "Missing or wrong token", body = ErrorBody),
@@ -226,7 +228,12 @@ async fn purge_key(State(s): St, uri: Uri) -> Response {
     let Some(r) = s.gateway.resource(name) else {
         return no_resource();
     };
-    match r.parse_key(raw, s.gateway.config.server.max_key_length) {
+    // Split before decoding: a part's own `,` arrives as `%2C`.
+    let raw: Vec<&str> = match r.key_parts().len() {
+        1 => vec![raw],
+        _ => raw.split(',').collect(),
+    };
+    match r.parse_key(&raw, s.gateway.config.server.max_key_length) {
         Ok(key) => {
             r.invalidate(&key).await;
             StatusCode::NO_CONTENT.into_response()

@@ -92,8 +92,11 @@ pub(super) fn view(gw: &Gateway, r: &Resource, snap: ResourceSnapshot) -> Resour
         name: snap.name,
         route: r.config.route.clone(),
         table: r.config.table.clone(),
-        key_type: r.config.key_type.sql_type().into(),
-        key_comparison: r.comparison().describe(),
+        key_type: r.config.key_type_name(),
+        key_comparison: (0..r.config.key.len())
+            .map(|i| r.part_comparison(i).describe())
+            .collect::<Vec<_>>()
+            .join(", "),
         freshness: gw.freshness().map(crate::feed::supervisor::name),
         ready: r.is_ready(),
         not_ready_because: r.why_not_ready(),
