@@ -31,7 +31,8 @@
 //!   [`http::forwarded`]; CORS, [`http::cors`]), a resource's `GET`
 //!   answered before the router ([`http::dispatch`]), the admin API and
 //!   status page, the OpenAPI document.
-//! - [`key`]: a raw path segment parsed into a typed [`key::Key`].
+//! - [`key`]: a raw path segment (one per column of a composite key)
+//!   parsed into a typed [`key::Key`].
 //! - [`auth`]: who may read what (JWTs, API keys, scopes, owners, rate
 //!   limits), decided before the filter.
 //! - [`resource`]: one table served by key: its [`resource::LiveFilter`]

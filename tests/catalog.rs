@@ -325,3 +325,58 @@ async fn a_view_that_repeats_a_key_is_answered_500_key_not_unique() {
     assert_eq!(requests["key_not_unique"], 1, "{requests}");
     gw.stop();
 }
+
+/// A composite key is held unique as a set: preflight and start-up accept
+/// a unique index within it, and the same index dropped at run time takes
+/// the resource off its filter and cache, naming the set and the fix,
+/// until it is back.
+#[tokio::test]
+async fn a_composite_key_is_held_unique_as_a_set() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE lines (tenant_id bigint NOT NULL, order_no text NOT NULL, item text NOT NULL);
+         CREATE UNIQUE INDEX lines_key ON lines (tenant_id, order_no);
+         INSERT INTO lines VALUES (1, 'a', 'first'), (2, 'a', 'second');",
+    )
+    .await;
+    let lines = r#"
+        [[resource]]
+        name = "lines"
+        route = "/t/{tenant_id}/lines/{order_no}"
+        table = "lines"
+        key_column = ["tenant_id", "order_no"]
+        key_type = ["bigint", "text"]
+        columns = ["tenant_id", "order_no", "item"]
+    "#;
+    let cfg = config(&db.url, lines);
+    let report = bloomgate::preflight::run(&cfg).await;
+    let text = report.to_string();
+    assert!(report.passed(), "{text}");
+    assert!(
+        text.contains("resource lines: public.lines (tenant_id bigint, order_no text)"),
+        "{text}"
+    );
+    let gw = started(cfg).await;
+    vouched(&gw, "lines").await;
+    assert_eq!(get(&gw, "/t/2/lines/a").await.json()["item"], "second");
+    db.exec("DROP INDEX lines_key").await;
+    eventually("lines reported not ready", || async {
+        !gw.resource("lines").unwrap().is_ready()
+    })
+    .await;
+    let why = gw.readiness().to_string();
+    assert!(
+        why.contains("key column (tenant_id, order_no) of public.lines is no longer unique")
+            && why.contains(
+                r#"CREATE UNIQUE INDEX CONCURRENTLY ON "public"."lines" ("tenant_id", "order_no")"#
+            ),
+        "{why}"
+    );
+    db.exec("CREATE UNIQUE INDEX lines_key ON lines (tenant_id, order_no)")
+        .await;
+    eventually("lines ready again", || async {
+        gw.resource("lines").unwrap().is_ready()
+    })
+    .await;
+    gw.stop();
+}

@@ -125,11 +125,23 @@ async fn a_keycloak_token_reads_its_tenants_rows_with_the_books_recipe() {
         message.contains("\"orders:read\"") && message.contains("/realm_access/roles"),
         "{message}"
     );
-    // A multivalued attribute mapper: the tenant comes as an array. The
-    // claim is named, and what it holds; no scope is.
+    // A multivalued attribute mapper: the tenant comes as an array, and
+    // each of its tenants' rows is the caller's.
     let mut multivalued = keycloak.clone();
     multivalued["tenant"] = json!(["acme"]);
-    let r = c.bearer("/orders/1", &token(&multivalued)).await;
+    assert_eq!(
+        c.bearer("/orders/1", &token(&multivalued)).await.status(),
+        200
+    );
+    assert_eq!(
+        c.bearer("/orders/2", &token(&multivalued)).await.status(),
+        404
+    );
+    // A tenant that is an object names no owner: the claim is named, and
+    // what it holds; no scope is.
+    let mut object = keycloak.clone();
+    object["tenant"] = json!({"name": "acme"});
+    let r = c.bearer("/orders/1", &token(&object)).await;
     assert_eq!(
         h(&r, "www-authenticate"),
         "Bearer realm=\"bloomgate\", error=\"insufficient_scope\""
@@ -137,7 +149,7 @@ async fn a_keycloak_token_reads_its_tenants_rows_with_the_books_recipe() {
     let (status, reason, message) = refusal(r).await;
     assert_eq!((status, reason.as_str()), (403, "owner_claim_type"));
     assert!(
-        message.contains("\"tenant\"") && message.contains("an array, [\"acme\"]"),
+        message.contains("\"tenant\"") && message.contains("an object, {\"name\":\"acme\"}"),
         "{message}"
     );
     assert!(!message.contains("scope"), "{message}");
