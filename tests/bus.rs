@@ -994,6 +994,92 @@ async fn a_redis_that_refuses_writes_keeps_the_relay_s_slot() {
     fleet.drop_slot(&db).await;
 }
 
+/// The relay reads its Redis' memory for the alert that fires before
+/// Redis refuses appends (`BloomgateBusRedisMemory`), and says when the
+/// headroom is short, once, and when it is back.
+#[tokio::test]
+async fn the_relay_reads_its_redis_memory_and_says_when_it_runs_short() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let (logs, _guard) = capture_logs();
+    let gw = started(fleet.patient_config(&db, &redis)).await;
+    eventually("the gateway relays", || async { relaying(&gw) }).await;
+    eventually("the relay read Redis' memory, no limit", || async {
+        let c = gw.bus_status().unwrap().counters();
+        c.redis_used.is_some() && c.redis_max == Some(0)
+    })
+    .await;
+    let mut conn = redis.conn().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // Headroom short of 20 % (15 %).
+    let max = used + used * 3 / 20;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(max)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    eventually("the relay read the limit", || async {
+        gw.bus_status().unwrap().counters().redis_max == Some(max)
+    })
+    .await;
+    let req = axum::http::Request::builder()
+        .uri("/metrics")
+        .header("authorization", "Bearer bus-memory-token")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let m = send(
+        bloomgate::http::admin::app(gw.clone(), "bus-memory-token"),
+        req,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&m.body).to_string();
+    assert!(
+        text.contains(&format!("bloomgate_bus_redis_memory_max_bytes {max}")),
+        "{text}"
+    );
+    eventually("the short headroom said", || async {
+        logs.text()
+            .contains("the bus's Redis may not keep the stream")
+    })
+    .await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    eventually("room again said", || async {
+        logs.text()
+            .contains("the bus's Redis has room for the stream again")
+    })
+    .await;
+    assert_eq!(gw.bus_status().unwrap().counters().redis_max, Some(0));
+    assert_eq!(
+        logs.text().matches("may not keep the stream").count(),
+        1,
+        "said once while it lasted"
+    );
+    gw.stop();
+    drop(redis);
+    fleet.drop_slot(&db).await;
+}
+
 /// Redis stopped under three gateways, on a quiet database: the bus is a
 /// dependency every gateway shares, so none leaves the load balancer for
 /// it (`server.readiness = "local"`): `/readyz` stays 200, saying

@@ -91,6 +91,13 @@ async fn the_dashboard_and_the_rules_name_only_metrics_the_gateway_exports() {
         let mut cfg = fleet.config(&db, &redis);
         cfg.admin.metrics_listen = Some(addr);
         let gw = started(cfg).await;
+        // The relay's reading of Redis' memory (every 10 s, the first
+        // within a second or so of its term).
+        eventually("the relay read Redis' memory", || async {
+            gw.bus_status()
+                .is_some_and(|s| s.counters().redis_used.is_some())
+        })
+        .await;
         let served = serve_socket(&gw, None).await;
         let text = scrape(addr).await;
         served.shutdown().await.unwrap();

@@ -710,6 +710,25 @@ async fn a_prepared_transaction_that_blocks_the_slot_is_named() {
     })
     .await;
     assert!(!starting.is_finished());
+    // And a metric says how long, for the alert (BloomgateSlotBlocked).
+    let blocked = async || {
+        let req = axum::http::Request::builder()
+            .uri("/metrics")
+            .header("authorization", "Bearer slot-metrics-token")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let m = send(
+            bloomgate::http::admin::app(gw.clone(), "slot-metrics-token"),
+            req,
+        )
+        .await;
+        let text = String::from_utf8_lossy(&m.body).to_string();
+        text.lines()
+            .find_map(|l| l.strip_prefix("bloomgate_wal_slot_blocked_seconds "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no slot-blocked gauge in\n{text}"))
+    };
+    assert!(blocked().await >= 2.0, "blocked since the wait began");
     exec(&pool, "COMMIT PREPARED 'bg_blocker_slot'").await;
     tokio::time::timeout(Duration::from_secs(30), starting)
         .await
@@ -717,5 +736,6 @@ async fn a_prepared_transaction_that_blocks_the_slot_is_named() {
         .unwrap()
         .unwrap();
     assert_eq!(get(&gw, "/users/1").await.json()["name"], "held");
+    assert_eq!(blocked().await, 0.0, "not waiting any more");
     gw.stop();
 }

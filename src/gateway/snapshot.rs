@@ -72,6 +72,20 @@ impl Expose for BusSnapshot {
             &[],
             b(self.lost),
         );
+        if let (Some(used), Some(max)) = (self.counters.redis_used, self.counters.redis_max) {
+            out.gauge(
+                "bloomgate_bus_redis_memory_used_bytes",
+                "The bus's Redis used_memory, read every 10 s by the relay (only the relay has it).",
+                &[],
+                used as f64,
+            );
+            out.gauge(
+                "bloomgate_bus_redis_memory_max_bytes",
+                "The bus's Redis maxmemory (0: no limit), read with used_memory: at it, Redis refuses the relay's appends (noeviction, volatile-*) or evicts (allkeys-*).",
+                &[],
+                max as f64,
+            );
+        }
         out.gauge(
             "bloomgate_bus_lag_bytes",
             "How far the stream read is behind the primary's flush position.",

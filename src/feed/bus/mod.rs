@@ -254,6 +254,13 @@ pub trait Bus: Send + 'static {
     fn still_primary(&mut self) -> impl Future<Output = Result<bool, BusError>> + Send {
         async { Ok(true) }
     }
+    /// The node's memory and eviction policy, where the bus has them
+    /// (Redis' `INFO memory`); `None`: a bus without.
+    fn read_memory(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<redis::writes::Memory>, BusError>> + Send {
+        async { Ok(None) }
+    }
 }
 
 /// Whether `e` is the bus refusing a write while it answers (a read-only
@@ -322,6 +329,10 @@ pub struct Status {
     /// Age of the oldest unproven reading of the primary's position, in
     /// milliseconds (0: current).
     pub lag_ms: AtomicU64,
+    /// The bus's Redis `used_memory` and `maxmemory` (0: no limit), as the
+    /// relay last read them; 0 and `u64::MAX`: not read (not the relay).
+    pub redis_used: AtomicU64,
+    pub redis_max: AtomicU64,
 }
 
 /// The bus's counters, read together: the one snapshot both `/metrics`
@@ -337,6 +348,10 @@ pub struct Counters {
     pub appended: u64,
     pub duplicates: u64,
     pub terms: u64,
+    /// `used_memory` and `maxmemory` of the bus's Redis, read by the relay
+    /// (`None`: this gateway has not read them).
+    pub redis_used: Option<u64>,
+    pub redis_max: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -370,11 +385,20 @@ impl Status {
             appended: l(&self.appended),
             duplicates: l(&self.duplicates),
             terms: l(&self.terms),
+            redis_used: match l(&self.redis_used) {
+                0 => None,
+                used => Some(used),
+            },
+            redis_max: match l(&self.redis_max) {
+                u64::MAX => None,
+                max => Some(max),
+            },
         }
     }
 
     pub fn new(url: String, stream: String) -> Self {
         let s = Status::default();
+        s.redis_max.store(u64::MAX, Ordering::Relaxed);
         {
             let mut st = s.lock();
             st.url = url;

@@ -39,6 +39,7 @@
 //! before it has been delivered, and appended, before it.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
@@ -159,6 +160,9 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
             false => LOOK_EVERY,
         };
         opts.status.set_relaying(false);
+        // Only the relay reads Redis' memory: a gateway that no longer
+        // relays exports none (a stale reading would keep an alert on).
+        opts.status.redis_used.store(0, Ordering::Relaxed);
         if shutdown.is_fired() {
             return;
         }
@@ -217,6 +221,31 @@ async fn slot_free(pool: &PgPool, slot: &str) -> bool {
     )
 }
 
+/// How often the relay reads the bus's memory (`INFO memory`): the
+/// gauges an alert fires on before Redis refuses appends.
+const MEMORY_EVERY: Duration = Duration::from_secs(10);
+
+/// Reads the bus's memory into `status`, and says once (until it changes)
+/// what keeps this Redis from holding the stream: an `allkeys-*` policy
+/// that may evict it, or `maxmemory` within 20 % (`Memory::problem`).
+async fn read_memory<B: Bus>(bus: &mut B, status: &Status, said: &mut Option<String>) {
+    let Ok(Some(m)) = bus.read_memory().await else {
+        return;
+    };
+    status.redis_used.store(m.used.max(1), Ordering::Relaxed);
+    status.redis_max.store(m.max, Ordering::Relaxed);
+    let problem = m.problem();
+    if problem != *said {
+        match &problem {
+            Some(p) => {
+                tracing::warn!(problem = %p, "bus relay: the bus's Redis may not keep the stream")
+            }
+            None => tracing::info!("bus relay: the bus's Redis has room for the stream again"),
+        }
+        *said = problem;
+    }
+}
+
 /// One WAL feed on the slot, its events appended, until it is interrupted,
 /// the bus fails, or `shutdown` fires. An append the bus refuses is tried
 /// again for up to [`HOLD_REFUSED`], the slot held; returns whether the
@@ -265,6 +294,9 @@ async fn term<B: Bus>(
     // The last look at where the address leads and which Redis node the
     // sentinels name (once a second).
     let mut checked = Instant::now();
+    // The last reading of Redis' memory, and the problem last said of it.
+    let mut memory_read: Option<Instant> = None;
+    let mut memory_said: Option<String> = None;
     // An event taken from the feed while a batch was gathered, and the
     // first thing handled after the batch is appended.
     let mut next: Option<Event> = None;
@@ -298,6 +330,10 @@ async fn term<B: Bus>(
                     // primary and takes the appends no consumer reads.
                     if let Ok(false) = bus.still_primary().await {
                         break "the sentinels name another Redis primary than the node this relay appends to".into();
+                    }
+                    if memory_read.is_none_or(|r| r.elapsed() >= MEMORY_EVERY) {
+                        memory_read = Some(Instant::now());
+                        read_memory(bus, &opts.status, &mut memory_said).await;
                     }
                 }
                 if relaying

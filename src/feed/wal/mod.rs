@@ -281,6 +281,9 @@ pub struct Stats {
     /// reached the flush position but not the insert position (see
     /// "Heartbeats and checks").
     pub forced_flushes: AtomicU64,
+    /// Since when (Unix milliseconds) the temporary slot's creation has
+    /// waited on another transaction, as first seen; 0: not waiting.
+    pub slot_blocked_since_ms: AtomicU64,
 }
 
 impl Stats {
@@ -300,8 +303,20 @@ impl Stats {
             lag_bytes: l(&self.lag_bytes),
             lag_ms: l(&self.lag_us) as f64 / 1000.0,
             forced_flushes: l(&self.forced_flushes),
+            slot_blocked_seconds: match l(&self.slot_blocked_since_ms) {
+                0 => 0.0,
+                since => unix_ms().saturating_sub(since) as f64 / 1e3,
+            },
         }
     }
+}
+
+/// Now, in Unix milliseconds.
+pub(super) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
 }
 
 /// The WAL feed's counters at one moment (the admin API's `wal`).
@@ -320,6 +335,9 @@ pub struct WalSnapshot {
     pub lag_bytes: u64,
     pub lag_ms: f64,
     pub forced_flushes: u64,
+    /// How long the temporary slot's creation has waited on another
+    /// transaction (0: not waiting); `/readyz` names the transaction.
+    pub slot_blocked_seconds: f64,
 }
 
 impl crate::exposition::Expose for WalSnapshot {
@@ -376,6 +394,12 @@ impl crate::exposition::Expose for WalSnapshot {
             "Commit to receipt of the latest transaction.",
             labels,
             self.lag_ms / 1e3,
+        );
+        out.gauge(
+            "bloomgate_wal_slot_blocked_seconds",
+            "How long the temporary slot's creation has waited for another transaction to end (a prepared transaction, a long one holding an xid); 0: not waiting. /readyz and the log name it.",
+            labels,
+            self.slot_blocked_seconds,
         );
     }
 }

@@ -208,9 +208,9 @@ impl Streamed {
                 let create = repl.create_slot(&name, true);
                 tokio::pin!(create);
                 let mut named = false;
-                let start = loop {
+                let created = loop {
                     tokio::select! {
-                        r = &mut create => break r?,
+                        r = &mut create => break r,
                         () = tokio::time::sleep(BLOCKED_AFTER) => {
                             let found = bounded(limit, async {
                                 slot::blockers(conn).await.map_err(SessionError::from)
@@ -223,12 +223,18 @@ impl Streamed {
                                 if !named {
                                     tracing::warn!(why = %why, "WAL change feed blocked");
                                     named = true;
+                                    // Blocked since the wait began, not since it was named.
+                                    let since = super::unix_ms()
+                                        .saturating_sub(BLOCKED_AFTER.as_millis() as u64);
+                                    feed.stats.slot_blocked_since_ms.store(since, Ordering::Relaxed);
                                 }
                                 feed.health.waiting(why);
                             }
                         }
                     }
                 };
+                feed.stats.slot_blocked_since_ms.store(0, Ordering::Relaxed);
+                let start = created?;
                 (start, feed.position.is_some())
             }
             Some(permanent) => {

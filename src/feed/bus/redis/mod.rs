@@ -57,7 +57,7 @@
 mod replicas;
 mod sentinel;
 mod tls;
-mod writes;
+pub mod writes;
 
 pub use writes::Memory;
 
@@ -471,6 +471,10 @@ fn parse_entry(v: &Value, epoch: crate::feed::Timeline) -> Option<Read> {
 }
 
 impl Bus for RedisBus {
+    async fn read_memory(&mut self) -> Result<Option<writes::Memory>, BusError> {
+        self.memory().await.map(Some)
+    }
+
     fn set_epoch(&mut self, server: Server) {
         if server != self.epoch {
             self.seen = EntryId::START;
