@@ -64,6 +64,11 @@ const SENTINEL_DRAW: u64 = 0xAA3F_C17D_9BA8_45E4;
 /// the replica (and 5, 7 and 12 of 1..12).
 const READ_FROM_DRAW: u64 = 0x4EAD_F40E_2E91_1CA7;
 
+/// Salts the stream every choice about `orders` is drawn from (see
+/// `ops`): one of its own, so that the seeds' other choices are what they
+/// were before it existed.
+const ORDERS_DRAW: u64 = 0x0D3E_5C0A_1B2F_7E11;
+
 /// Salts [`assumption_draw`]'s stream.
 const ASSUMPTION_DRAW: u64 = 0xA55E_7710_0B5E_D050;
 const READERS: usize = 2;
@@ -260,7 +265,11 @@ impl World {
         }
         drop_stale_slots(&mut writer).await;
         let tag = db.name.trim_start_matches("bloomgate_test_").to_string();
-        let mut writes = Gen::new(rng.fork(), format!("truth_{tag}"));
+        let mut writes = Gen::new(
+            rng.fork(),
+            Rng::new(opts.seed ^ ORDERS_DRAW),
+            format!("truth_{tag}"),
+        );
         let prepared: String = sqlx::query_scalar("SHOW max_prepared_transactions")
             .fetch_one(&mut writer)
             .await

@@ -7,11 +7,14 @@
 //! on one Redis stream) and through the faults below.
 //!
 //! # A history
-//! A fresh database with five resources: `users` by `id` (bigint) and by
+//! A fresh database with six resources: `users` by `id` (bigint) and by
 //! `email` (text: one table under two keys, `REPLICA IDENTITY FULL` so the
 //! WAL carries the old email), `docs` (uuid), `tags` (text keys with
 //! spaces, `%`, `/`, non-ASCII letters), `events` (bigint, a partitioned
-//! table), plus `marker` (see Quiescence). 30 rows a table exist before
+//! table), `orders` (a composite key, `(tenant_id bigint, order_no text)`
+//! its primary key, at `/tenants/{tenant_id}/orders/{order_no}`, each part
+//! percent-encoded as a segment of its own), plus `marker` (see
+//! Quiescence). 30 rows a table exist before
 //! the first gateway starts, and a few keys of each resource are probes
 //! that never exist. One writer runs transactions, one at a time: inserts,
 //! updates of non-key columns, updates of the key (`users.id`,
@@ -24,9 +27,31 @@
 //! transaction Postgres aborts (a deadlock with a gateway's DDL at
 //! start-up) is retried and counted in the summary line, as an
 //! application would see it. Two readers GET random present and absent
-//! keys from random gateways throughout. A history is a number of rounds
-//! (`BLOOMGATE_TRUTH_ROUNDS`, 5), each 15-35 transactions with one fault
-//! injected early in it (85 % of rounds), then a quiescence point.
+//! keys from random gateways throughout.
+//!
+//! `orders`' tenants are mostly a few (`1`, `12`, `123`, `0`, `-1`, ...)
+//! and its order numbers as often a few short ones (`3`, `23`, `2/3`, `%`,
+//! `%2F`, `a b`, `é`, ...) as new text keys, so that rows share a part and
+//! keys whose parts run together alike (tenant 1 order `23`, tenant 12
+//! order `3`) live side by side, and a key part comes back; its writes are
+//! inserts, value updates (some setting the key's columns to themselves),
+//! updates of one part of one row's key (`tenant_id` or `order_no`: the
+//! old key must answer 404, the new one the row), every row of a tenant
+//! moved to another, deletes (of a row, of a tenant's rows), `TRUNCATE`,
+//! and deleted or moved keys inserted again. They are drawn from a stream
+//! of the seed's own (`ops::Gen::orders_rng`) and join the transactions the
+//! other tables' stream makes (45 % of them; in a savepoint rolled back or
+//! a prepared transaction too), so that the other choices of every seed,
+//! CI's among them, stay what they were before `orders` existed. A fault
+//! that caches rows to update them next caches 1-3 of `orders` too, which
+//! the next steps update, re-key (one part) or delete; `publication`
+//! drops `orders` with its table a third of the time, `add-column` adds
+//! to it too a quarter of the time, `rewrite` rewrites it too a quarter
+//! of the time (its value column, or its key's columns' types).
+//!
+//! A history is a number of rounds (`BLOOMGATE_TRUTH_ROUNDS`, 5), each
+//! 15-35 transactions with one fault injected early in it (85 % of
+//! rounds), then a quiescence point.
 //!
 //! # The bus feed
 //! A history on `bus` starts a `redis-server` of its own on a free port

@@ -1,5 +1,11 @@
 //! The write generator: what exists (the shadow), and the next step of
 //! the history as SQL with the paths each statement may change.
+//!
+//! `orders` (a composite key) is written from a stream of its own
+//! ([`Gen::orders_rng`]): its statements join the steps the main stream
+//! makes without changing any of that stream's draws, so every seed, CI's
+//! among them, makes the history it made before `orders` existed, with
+//! `orders`' writes added.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,9 +18,12 @@ pub enum Table {
     Docs,
     Tags,
     Events,
+    Orders,
 }
 
 impl Table {
+    /// The tables the main stream draws from; `orders` is drawn from its
+    /// own (see the module doc).
     pub const ALL: [Table; 4] = [Table::Users, Table::Docs, Table::Tags, Table::Events];
 
     pub fn name(self) -> &'static str {
@@ -23,9 +32,38 @@ impl Table {
             Table::Docs => "docs",
             Table::Tags => "tags",
             Table::Events => "events",
+            Table::Orders => "orders",
         }
     }
 }
+
+/// Tenants a new `orders` key part is mostly drawn from: few, so that
+/// rows share a tenant or an order number, with digits that run into the
+/// order numbers' (`1`/`23` and `12`/`3`: a key whose parts were joined
+/// without a boundary would be ambiguous).
+const TENANTS: [i64; 9] = [1, 2, 3, 12, 23, 31, 123, 0, -1];
+
+/// Order numbers drawn as often as new ones ([`text_key`]): short, digits
+/// like the tenants', `/` and `%` (one segment each, percent-encoded;
+/// `%2F` must not be decoded twice), a space, non-ASCII.
+const ORDER_NOS: [&str; 14] = [
+    "1", "2", "3", "12", "23", "123", "2/3", "1/23", "/3", "%", "%2F", "a b", "é", "+",
+];
+
+/// The rows of `orders` before the first gateway starts, besides random
+/// ones: keys whose parts' digits run together alike, each its own row.
+const ORDERS_AT_START: [(i64, &str); 10] = [
+    (1, "23"),
+    (12, "3"),
+    (123, "1"),
+    (31, "2"),
+    (1, "2/3"),
+    (12, "/3"),
+    (2, "%2F"),
+    (2, "%"),
+    (3, "a b"),
+    (-1, "é"),
+];
 
 /// The rows that exist, by key, as the committed history left them.
 #[derive(Clone, Default)]
@@ -41,6 +79,12 @@ pub struct Shadow {
     /// outlive the insert): users (id, email) and tags.
     pub dead_users: Vec<(i64, String)>,
     pub dead_tags: Vec<String>,
+    /// `orders`: (tenant_id, order_no).
+    pub orders: BTreeSet<(i64, String)>,
+    /// Keys of `orders` that had a row (deleted, or moved by a key
+    /// update): a revive inserts one again. May hold keys that came back
+    /// meanwhile (a key update onto one): skipped then.
+    pub dead_orders: Vec<(i64, String)>,
 }
 
 impl Shadow {
@@ -59,6 +103,11 @@ impl Shadow {
                 .iter()
                 .map(|k| Path::new(Res::Events, k.to_string()))
                 .collect(),
+            Table::Orders => self
+                .orders
+                .iter()
+                .map(|(t, o)| Path::order(*t, o))
+                .collect(),
         }
     }
 
@@ -68,7 +117,16 @@ impl Shadow {
             Table::Docs => self.docs.len(),
             Table::Tags => self.tags.len(),
             Table::Events => self.events.len(),
+            Table::Orders => self.orders.len(),
         }
+    }
+
+    fn order_rows_of(&self, tenant: i64) -> Vec<(i64, String)> {
+        self.orders
+            .range((tenant, String::new())..)
+            .take_while(|(t, _)| *t == tenant)
+            .cloned()
+            .collect()
     }
 }
 
@@ -135,12 +193,25 @@ impl Step {
 #[derive(Clone, Debug)]
 pub enum Focus {
     /// Update these (cached) rows' values, one a step; users' emails too
-    /// when `emails`.
+    /// when `emails`. `orders` rows among them are written by the orders
+    /// stream (see [`OrdersFocus::Rows`]).
     Update { paths: Vec<Path>, emails: bool },
-    /// Single-row inserts.
+    /// Single-row inserts (`orders` too).
     Inserts,
     /// Writes on this table.
     Table(Table),
+}
+
+/// What the orders stream writes next, for a fault.
+#[derive(Clone, Debug)]
+pub enum OrdersFocus {
+    /// These (cached) rows, one a step: a value update, a key update of
+    /// one part (the cached key must go 404), or a delete.
+    Rows(Vec<(i64, String)>),
+    /// Single-row inserts.
+    Inserts,
+    /// Any write on `orders` (the publication without it).
+    Writes,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +221,24 @@ enum Kind {
     Key,
     Delete,
     Revive,
+}
+
+/// A write on `orders`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OrderOp {
+    Insert,
+    Bulk,
+    Value,
+    /// `tenant_id` of one row changed, its `order_no` kept.
+    Tenant,
+    /// `order_no` of one row changed, its `tenant_id` kept.
+    OrderNo,
+    Delete,
+    Revive,
+    /// Every row of a tenant moved to another (one part, several rows).
+    MoveTenant,
+    DeleteTenant,
+    Truncate,
 }
 
 pub struct Gen {
@@ -163,10 +252,17 @@ pub struct Gen {
     focus: Option<(Focus, usize)>,
     /// Names prepared transactions uniquely on the cluster.
     pub gid_prefix: String,
+    /// Every choice about `orders` (see the module doc): which steps
+    /// write it and how, which of its rows a fault caches, whether a
+    /// fault on tables includes it.
+    pub orders_rng: Rng,
+    /// `orders`' source of fresh values and keys.
+    orders_counter: u64,
+    orders_focus: Option<(OrdersFocus, usize)>,
 }
 
 impl Gen {
-    pub fn new(rng: Rng, gid_prefix: String) -> Self {
+    pub fn new(rng: Rng, orders_rng: Rng, gid_prefix: String) -> Self {
         Gen {
             rng,
             shadow: Shadow::default(),
@@ -174,11 +270,37 @@ impl Gen {
             prepared_ok: true,
             focus: None,
             gid_prefix,
+            orders_rng,
+            orders_counter: 0,
+            orders_focus: None,
         }
     }
 
+    /// The main stream's focus; `orders` rows among the paths to update,
+    /// and inserts, are the orders stream's focus too (taken out of the
+    /// main one, which skipped them: its draws are as they were).
     pub fn focus(&mut self, f: Focus, steps: usize) {
+        let f = match f {
+            Focus::Update { paths, emails } => {
+                let (orders, paths): (Vec<Path>, Vec<Path>) =
+                    paths.into_iter().partition(|p| p.res == Res::Orders);
+                if !orders.is_empty() {
+                    let rows = orders.iter().map(Path::order_key).collect();
+                    self.focus_orders(OrdersFocus::Rows(rows), steps);
+                }
+                Focus::Update { paths, emails }
+            }
+            Focus::Inserts => {
+                self.focus_orders(OrdersFocus::Inserts, steps);
+                Focus::Inserts
+            }
+            f => f,
+        };
         self.focus = Some((f, steps));
+    }
+
+    pub fn focus_orders(&mut self, f: OrdersFocus, steps: usize) {
+        self.orders_focus = Some((f, steps));
     }
 
     fn fresh(&mut self) -> u64 {
@@ -192,10 +314,24 @@ impl Gen {
         for t in Table::ALL {
             out.push(self.bulk(t, per_table));
         }
+        let rows: Vec<(i64, String)> = ORDERS_AT_START
+            .iter()
+            .map(|(t, o)| (*t, o.to_string()))
+            .collect();
+        let n = per_table.saturating_sub(rows.len());
+        out.push(self.orders_insert(rows, n));
         out
     }
 
+    /// The next transaction: the main stream's, and maybe a write on
+    /// `orders` among its statements.
     pub fn step(&mut self) -> Step {
+        let mut step = self.main_step();
+        self.with_orders(&mut step);
+        step
+    }
+
+    fn main_step(&mut self) -> Step {
         if let Some((focus, left)) = self.focus.take() {
             if left > 1 {
                 self.focus = Some((focus.clone(), left - 1));
@@ -350,6 +486,17 @@ impl Gen {
     /// A statement of `kind` on `t`; an insert when `t` is too empty for
     /// anything else (or nothing is there to revive).
     fn stmt(&mut self, t: Table, kind: Kind) -> Stmt {
+        if t == Table::Orders {
+            let op = match kind {
+                Kind::Insert => OrderOp::Insert,
+                Kind::Value => OrderOp::Value,
+                Kind::Key if self.orders_rng.chance(50) => OrderOp::Tenant,
+                Kind::Key => OrderOp::OrderNo,
+                Kind::Delete => OrderOp::Delete,
+                Kind::Revive => OrderOp::Revive,
+            };
+            return self.order_stmt(op);
+        }
         let kind = if kind != Kind::Insert && kind != Kind::Revive && self.shadow.len(t) < 5 {
             Kind::Insert
         } else {
@@ -462,6 +609,7 @@ impl Gen {
             Table::Docs => self.shadow.docs.iter().nth(i).unwrap().clone(),
             Table::Tags => self.shadow.tags.iter().nth(i).unwrap().clone(),
             Table::Events => self.shadow.events.iter().nth(i).unwrap().to_string(),
+            Table::Orders => unreachable!("orders keys are (tenant_id, order_no)"),
         }
     }
 
@@ -507,6 +655,9 @@ impl Gen {
 
     /// `n` new rows in one statement.
     fn bulk(&mut self, t: Table, n: usize) -> Stmt {
+        if t == Table::Orders {
+            return self.orders_insert(Vec::new(), n);
+        }
         let mut values = Vec::new();
         let mut paths = Vec::new();
         for _ in 0..n {
@@ -532,6 +683,7 @@ impl Gen {
             Table::Docs => "id, title, rev",
             Table::Tags => "code, label, rev",
             Table::Events => "id, kind, rev",
+            Table::Orders => unreachable!("orders: Gen::orders_insert"),
         };
         Stmt {
             sql: format!(
@@ -556,6 +708,10 @@ impl Gen {
                 self.shadow.dead_tags.extend(gone);
             }
             Table::Events => self.shadow.events.clear(),
+            Table::Orders => {
+                let gone = std::mem::take(&mut self.shadow.orders);
+                self.shadow.dead_orders.extend(gone);
+            }
         }
         Stmt {
             sql: format!("TRUNCATE {}", t.name()),
@@ -568,6 +724,7 @@ impl Gen {
         let c = self.fresh();
         match t {
             Table::Users => unreachable!("users keys are made in place"),
+            Table::Orders => unreachable!("orders keys: Gen::new_order_key"),
             Table::Docs => {
                 let a = self.rng.next_u64();
                 let b = self.rng.next_u64();
@@ -605,7 +762,7 @@ impl Gen {
             Table::Docs => assert!(self.shadow.docs.remove(key)),
             Table::Tags => assert!(self.shadow.tags.remove(key)),
             Table::Events => assert!(self.shadow.events.remove(&key.parse().unwrap())),
-            Table::Users => unreachable!(),
+            Table::Users | Table::Orders => unreachable!(),
         }
     }
 
@@ -614,7 +771,7 @@ impl Gen {
             Table::Docs => assert!(self.shadow.docs.insert(key.to_string())),
             Table::Tags => assert!(self.shadow.tags.insert(key.to_string())),
             Table::Events => assert!(self.shadow.events.insert(key.parse().unwrap())),
-            Table::Users => unreachable!(),
+            Table::Users | Table::Orders => unreachable!(),
         }
     }
 
@@ -679,8 +836,335 @@ impl Gen {
             out.push(Path::new(Res::Tags, format!("absent {i}")));
             // Beyond every partition the history can attach.
             out.push(Path::new(Res::Events, (900_000_000 + i).to_string()));
+            // A tenant never drawn with an order number that is; a tenant
+            // that is with an order number never made (no `#`).
+            out.push(Path::order(
+                900_000_000 + i as i64,
+                ORDER_NOS[i % ORDER_NOS.len()],
+            ));
+            out.push(Path::order(
+                TENANTS[i % TENANTS.len()],
+                &format!("absent {i}/%"),
+            ));
         }
         out
+    }
+}
+
+/// `orders`, from its own stream.
+impl Gen {
+    fn orders_fresh(&mut self) -> u64 {
+        self.orders_counter += 1;
+        self.orders_counter
+    }
+
+    /// A write on `orders` joins `step`: what a fault asked for, else
+    /// 45 % of the time. Where the step's statements are undone (a
+    /// savepoint's, a prepared transaction rolled back), so is its effect
+    /// on the shadow.
+    fn with_orders(&mut self, step: &mut Step) {
+        let focused = self.orders_focus.take().map(|(f, left)| {
+            if left > 1 {
+                self.orders_focus = Some((f.clone(), left - 1));
+            }
+            f
+        });
+        let savepoint = step
+            .parts
+            .iter()
+            .position(|p| matches!(p, Part::RolledBack(_)));
+        let into_savepoint = focused.is_none() && savepoint.is_some() && self.orders_rng.chance(30);
+        if focused.is_none() && !into_savepoint && !self.orders_rng.chance(45) {
+            return;
+        }
+        let undone = into_savepoint || matches!(step.end, End::Prepared { commit: false, .. });
+        let kept = undone.then(|| (self.shadow.orders.clone(), self.shadow.dead_orders.clone()));
+        let s = match focused {
+            Some(f) => self.orders_focused(f),
+            None => {
+                let op = self.order_op();
+                self.order_stmt(op)
+            }
+        };
+        if let Some((orders, dead)) = kept {
+            self.shadow.orders = orders;
+            self.shadow.dead_orders = dead;
+        }
+        match savepoint {
+            Some(i) if into_savepoint => {
+                if let Part::RolledBack(ss) = &mut step.parts[i] {
+                    ss.push(s);
+                }
+            }
+            _ => {
+                let at = self.orders_rng.below(step.parts.len() + 1);
+                step.parts.insert(at, Part::Stmt(s));
+            }
+        }
+    }
+
+    fn orders_focused(&mut self, f: OrdersFocus) -> Stmt {
+        match f {
+            OrdersFocus::Rows(rows) => {
+                // The first of them that still exists; the rest are left
+                // for the next steps.
+                let Some(row) = rows
+                    .iter()
+                    .find(|r| self.shadow.orders.contains(r))
+                    .cloned()
+                else {
+                    self.orders_focus = None;
+                    let op = self.order_op();
+                    return self.order_stmt(op);
+                };
+                if let Some((OrdersFocus::Rows(rows), _)) = &mut self.orders_focus {
+                    rows.retain(|r| *r != row);
+                }
+                let op = [
+                    OrderOp::Value,
+                    OrderOp::Tenant,
+                    OrderOp::OrderNo,
+                    OrderOp::Delete,
+                ][self.orders_rng.weighted(&[50, 20, 20, 10])];
+                self.order_write(op, row)
+            }
+            OrdersFocus::Inserts => self.order_stmt(OrderOp::Insert),
+            OrdersFocus::Writes => {
+                let op = *self.orders_rng.pick(&[
+                    OrderOp::Insert,
+                    OrderOp::Value,
+                    OrderOp::Tenant,
+                    OrderOp::OrderNo,
+                    OrderOp::Delete,
+                ]);
+                self.order_stmt(op)
+            }
+        }
+    }
+
+    fn order_op(&mut self) -> OrderOp {
+        use OrderOp::*;
+        const OPS: [OrderOp; 10] = [
+            Insert,
+            Bulk,
+            Value,
+            Tenant,
+            OrderNo,
+            Delete,
+            Revive,
+            MoveTenant,
+            DeleteTenant,
+            Truncate,
+        ];
+        OPS[self
+            .orders_rng
+            .weighted(&[22, 3, 25, 13, 13, 11, 7, 3, 2, 1])]
+    }
+
+    /// A statement of `op`; an insert when `orders` is too empty for
+    /// anything else (or nothing is there to revive).
+    fn order_stmt(&mut self, op: OrderOp) -> Stmt {
+        let small = self.shadow.orders.len() < 5;
+        match op {
+            OrderOp::Insert => self.orders_insert(Vec::new(), 1),
+            OrderOp::Bulk => {
+                let n = self.orders_rng.range(3, 12);
+                self.orders_insert(Vec::new(), n)
+            }
+            OrderOp::Revive => {
+                while !self.shadow.dead_orders.is_empty() {
+                    let i = self.orders_rng.below(self.shadow.dead_orders.len());
+                    let row = self.shadow.dead_orders.swap_remove(i);
+                    if !self.shadow.orders.contains(&row) {
+                        return self.orders_insert(vec![row], 0);
+                    }
+                }
+                self.orders_insert(Vec::new(), 1)
+            }
+            _ if small => self.orders_insert(Vec::new(), 1),
+            OrderOp::Truncate => self.truncate(Table::Orders),
+            OrderOp::MoveTenant | OrderOp::DeleteTenant => {
+                let (tenant, _) = self.pick_order();
+                let rows = self.shadow.order_rows_of(tenant);
+                if op == OrderOp::DeleteTenant {
+                    for r in &rows {
+                        self.shadow.orders.remove(r);
+                    }
+                    let paths = rows.iter().map(|(t, o)| Path::order(*t, o)).collect();
+                    self.shadow.dead_orders.extend(rows);
+                    return Stmt {
+                        sql: format!("DELETE FROM orders WHERE tenant_id = {tenant}"),
+                        paths,
+                    };
+                }
+                // Onto a tenant none of whose order numbers it has.
+                let mut to = None;
+                for _ in 0..8 {
+                    let t = self.new_tenant();
+                    let free = rows
+                        .iter()
+                        .all(|(_, o)| !self.shadow.orders.contains(&(t, o.clone())));
+                    if t != tenant && free {
+                        to = Some(t);
+                        break;
+                    }
+                }
+                let Some(to) = to else {
+                    let row = rows[self.orders_rng.below(rows.len())].clone();
+                    return self.order_write(OrderOp::Tenant, row);
+                };
+                let mut paths = Vec::new();
+                for (t, o) in rows {
+                    paths.push(Path::order(t, &o));
+                    paths.push(Path::order(to, &o));
+                    self.shadow.orders.remove(&(t, o.clone()));
+                    self.shadow.orders.insert((to, o.clone()));
+                    self.shadow.dead_orders.push((t, o));
+                }
+                Stmt {
+                    sql: format!("UPDATE orders SET tenant_id = {to} WHERE tenant_id = {tenant}"),
+                    paths,
+                }
+            }
+            _ => {
+                let row = self.pick_order();
+                self.order_write(op, row)
+            }
+        }
+    }
+
+    fn pick_order(&mut self) -> (i64, String) {
+        let i = self.orders_rng.below(self.shadow.orders.len());
+        self.shadow.orders.iter().nth(i).unwrap().clone()
+    }
+
+    /// A write of one existing row: a value, one part of its key, or a
+    /// delete.
+    fn order_write(&mut self, op: OrderOp, (tenant, order_no): (i64, String)) -> Stmt {
+        let at = format!("tenant_id = {tenant} AND order_no = {}", lit(&order_no));
+        let old = Path::order(tenant, &order_no);
+        match op {
+            OrderOp::Value => {
+                let c = self.orders_fresh();
+                // Sometimes the key's columns set too, to what they are: a
+                // change of the value only.
+                let same = if self.orders_rng.chance(20) {
+                    ", tenant_id = tenant_id, order_no = order_no"
+                } else {
+                    ""
+                };
+                Stmt {
+                    sql: format!("UPDATE orders SET item = 'v{c}', rev = rev + 1{same} WHERE {at}"),
+                    paths: vec![old],
+                }
+            }
+            OrderOp::Tenant | OrderOp::OrderNo => {
+                // A key no row has, the other part kept (one that had a
+                // row may come back); else one never used.
+                let mut new = None;
+                for _ in 0..8 {
+                    let key = if op == OrderOp::Tenant {
+                        (self.new_tenant(), order_no.clone())
+                    } else {
+                        (tenant, self.new_order_no())
+                    };
+                    if !self.shadow.orders.contains(&key) {
+                        new = Some(key);
+                        break;
+                    }
+                }
+                let new = match new {
+                    Some(key) => key,
+                    None if op == OrderOp::Tenant => {
+                        (100_000 + self.orders_fresh() as i64, order_no.clone())
+                    }
+                    None => {
+                        let c = self.orders_fresh();
+                        (tenant, text_key(&mut self.orders_rng, c))
+                    }
+                };
+                let set = if op == OrderOp::Tenant {
+                    format!("tenant_id = {}", new.0)
+                } else {
+                    format!("order_no = {}", lit(&new.1))
+                };
+                let row = (tenant, order_no);
+                assert!(self.shadow.orders.remove(&row));
+                assert!(self.shadow.orders.insert(new.clone()));
+                self.shadow.dead_orders.push(row);
+                Stmt {
+                    sql: format!("UPDATE orders SET {set} WHERE {at}"),
+                    paths: vec![old, Path::order(new.0, &new.1)],
+                }
+            }
+            OrderOp::Delete => {
+                let row = (tenant, order_no);
+                assert!(self.shadow.orders.remove(&row));
+                self.shadow.dead_orders.push(row);
+                Stmt {
+                    sql: format!("DELETE FROM orders WHERE {at}"),
+                    paths: vec![old],
+                }
+            }
+            _ => unreachable!("not a write of one row: {op:?}"),
+        }
+    }
+
+    /// A tenant for a new key: mostly one of a few, else never used.
+    fn new_tenant(&mut self) -> i64 {
+        if self.orders_rng.chance(75) {
+            *self.orders_rng.pick(&TENANTS)
+        } else {
+            100_000 + self.orders_fresh() as i64
+        }
+    }
+
+    /// An order number for a new key: one of a few, or never used.
+    fn new_order_no(&mut self) -> String {
+        if self.orders_rng.chance(40) {
+            self.orders_rng.pick(&ORDER_NOS).to_string()
+        } else {
+            let c = self.orders_fresh();
+            text_key(&mut self.orders_rng, c)
+        }
+    }
+
+    /// A key no row has now (one that had a row before may come back).
+    fn new_order_key(&mut self) -> (i64, String) {
+        for _ in 0..8 {
+            let key = (self.new_tenant(), self.new_order_no());
+            if !self.shadow.orders.contains(&key) {
+                return key;
+            }
+        }
+        let tenant = self.new_tenant();
+        let c = self.orders_fresh();
+        (tenant, text_key(&mut self.orders_rng, c))
+    }
+
+    /// One statement inserting `rows` (keys no row has) and `n` new ones.
+    fn orders_insert(&mut self, mut rows: Vec<(i64, String)>, n: usize) -> Stmt {
+        for _ in 0..n {
+            let key = self.new_order_key();
+            if !rows.contains(&key) {
+                rows.push(key);
+            }
+        }
+        let mut values = Vec::new();
+        let mut paths = Vec::new();
+        for (t, o) in rows {
+            let c = self.orders_fresh();
+            values.push(format!("({t}, {}, 'new {c}', {c})", lit(&o)));
+            paths.push(Path::order(t, &o));
+            assert!(self.shadow.orders.insert((t, o)), "a key no row has");
+        }
+        Stmt {
+            sql: format!(
+                "INSERT INTO orders (tenant_id, order_no, item, rev) VALUES {}",
+                values.join(", ")
+            ),
+            paths,
+        }
     }
 }
 
@@ -698,6 +1182,7 @@ fn single_res(t: Table) -> Res {
         Table::Docs => Res::Docs,
         Table::Tags => Res::Tags,
         Table::Events => Res::Events,
+        Table::Orders => Res::Orders,
     }
 }
 

@@ -18,15 +18,19 @@ pub enum Res {
     Docs,
     Tags,
     Events,
+    /// A composite key, `(tenant_id bigint, order_no text)`: its path's
+    /// key is `{tenant_id}/{order_no}` (see [`Path::order`]).
+    Orders,
 }
 
 impl Res {
-    pub const ALL: [Res; 5] = [
+    pub const ALL: [Res; 6] = [
         Res::Users,
         Res::UsersByEmail,
         Res::Docs,
         Res::Tags,
         Res::Events,
+        Res::Orders,
     ];
 
     pub fn name(self) -> &'static str {
@@ -36,16 +40,19 @@ impl Res {
             Res::Docs => "docs",
             Res::Tags => "tags",
             Res::Events => "events",
+            Res::Orders => "orders",
         }
     }
 
+    /// The config's `route`.
     pub fn route(self) -> &'static str {
         match self {
-            Res::Users => "/users",
-            Res::UsersByEmail => "/users-by-email",
-            Res::Docs => "/docs",
-            Res::Tags => "/tags",
-            Res::Events => "/events",
+            Res::Users => "/users/{key}",
+            Res::UsersByEmail => "/users-by-email/{key}",
+            Res::Docs => "/docs/{key}",
+            Res::Tags => "/tags/{key}",
+            Res::Events => "/events/{key}",
+            Res::Orders => "/tenants/{tenant_id}/orders/{order_no}",
         }
     }
 
@@ -55,23 +62,37 @@ impl Res {
             Res::Docs => "docs",
             Res::Tags => "tags",
             Res::Events => "events",
+            Res::Orders => "orders",
         }
     }
 
+    /// The config's `key_column`, in the route's order (one column but
+    /// for a composite key).
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            Res::UsersByEmail => &["email"],
+            Res::Tags => &["code"],
+            Res::Orders => &["tenant_id", "order_no"],
+            _ => &["id"],
+        }
+    }
+
+    /// The key column of a resource with one.
     pub fn key(self) -> &'static str {
-        match self {
-            Res::UsersByEmail => "email",
-            Res::Tags => "code",
-            _ => "id",
+        match self.keys() {
+            [k] => k,
+            _ => panic!("{self:?} has a composite key"),
         }
     }
 
-    /// The config's `key_type`, which is also the SQL type of the column.
-    pub fn key_type(self) -> &'static str {
+    /// The config's `key_type`, which is also the SQL type of each key
+    /// column.
+    pub fn key_types(self) -> &'static [&'static str] {
         match self {
-            Res::Users | Res::Events => "bigint",
-            Res::Docs => "uuid",
-            Res::UsersByEmail | Res::Tags => "text",
+            Res::Users | Res::Events => &["bigint"],
+            Res::Docs => &["uuid"],
+            Res::UsersByEmail | Res::Tags => &["text"],
+            Res::Orders => &["bigint", "text"],
         }
     }
 
@@ -81,11 +102,14 @@ impl Res {
             Res::Docs => &["id", "title", "rev"],
             Res::Tags => &["code", "label", "rev"],
             Res::Events => &["id", "kind", "rev"],
+            Res::Orders => &["tenant_id", "order_no", "item", "rev"],
         }
     }
 }
 
-/// One key of one resource: one URL.
+/// One key of one resource: one URL. A composite key's parts are joined
+/// with `/` (`orders`: `{tenant_id}/{order_no}`; a bigint has no `/`, so
+/// the first one splits them).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Path {
     pub res: Res,
@@ -108,12 +132,35 @@ impl Path {
         }
     }
 
-    pub fn url(&self) -> String {
-        format!(
-            "{}/{}",
-            self.res.route(),
-            utf8_percent_encode(&self.key, SEGMENT)
+    /// A row of `orders`.
+    pub fn order(tenant: i64, order_no: &str) -> Self {
+        Path::new(Res::Orders, format!("{tenant}/{order_no}"))
+    }
+
+    /// An `orders` path's key: `(tenant_id, order_no)`.
+    pub fn order_key(&self) -> (i64, String) {
+        assert_eq!(self.res, Res::Orders, "{self:?}");
+        let (tenant, order_no) = self.key.split_once('/').expect("tenant/order_no");
+        (
+            tenant.parse().expect("a bigint tenant"),
+            order_no.to_string(),
         )
+    }
+
+    /// The route with each key part percent-encoded as one segment.
+    pub fn url(&self) -> String {
+        let enc = |part: &str| utf8_percent_encode(part, SEGMENT).to_string();
+        match self.res {
+            Res::Orders => {
+                let (tenant, order_no) = self.order_key();
+                format!(
+                    "/tenants/{}/orders/{}",
+                    enc(&tenant.to_string()),
+                    enc(&order_no)
+                )
+            }
+            res => res.route().replace("{key}", &enc(&self.key)),
+        }
     }
 }
 
@@ -129,11 +176,13 @@ pub const SETUP: &str = "
     CREATE TABLE events (id bigint PRIMARY KEY, kind text NOT NULL, rev int NOT NULL)
         PARTITION BY RANGE (id);
     CREATE TABLE events_p0 PARTITION OF events FOR VALUES FROM (0) TO (1000000);
+    CREATE TABLE orders (tenant_id bigint NOT NULL, order_no text NOT NULL,
+        item text NOT NULL, rev int NOT NULL, PRIMARY KEY (tenant_id, order_no));
     CREATE TABLE marker (id bigint PRIMARY KEY);
 ";
 
 /// Every table a resource serves: what the publication must cover.
-pub const TABLES: &str = "users, docs, tags, events, marker";
+pub const TABLES: &str = "users, docs, tags, events, orders, marker";
 
 /// Keys of `events` partition `n` (0 is `events_p0`, always attached; the
 /// others are attached and detached by the partition fault).
@@ -218,15 +267,23 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
         }
         text.push('\n');
     }
+    // A key of one column is written alone, a composite one as arrays.
+    let toml = |items: &[&str]| match items {
+        [one] => format!("\"{one}\""),
+        _ => {
+            let quoted: Vec<String> = items.iter().map(|c| format!("\"{c}\"")).collect();
+            format!("[{}]", quoted.join(", "))
+        }
+    };
     for r in Res::ALL {
         let columns: Vec<String> = r.columns().iter().map(|c| format!("\"{c}\"")).collect();
         text.push_str(&format!(
-            "[[resource]]\nname = \"{}\"\nroute = \"{}/{{key}}\"\ntable = \"{}\"\nkey_column = \"{}\"\nkey_type = \"{}\"\ncolumns = [{}]\n\n",
+            "[[resource]]\nname = \"{}\"\nroute = \"{}\"\ntable = \"{}\"\nkey_column = {}\nkey_type = {}\ncolumns = [{}]\n\n",
             r.name(),
             r.route(),
             r.table(),
-            r.key(),
-            r.key_type(),
+            toml(r.keys()),
+            toml(r.key_types()),
             columns.join(", ")
         ));
     }
@@ -237,22 +294,42 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
 }
 
 /// The rows of `keys` as the gateway would serve them: the same columns
-/// through the same `row_to_json`, by key text.
+/// through the same `row_to_json`, by key text (a composite key's as
+/// [`Path`] joins it).
 pub async fn fetch(
     conn: &mut PgConnection,
     res: Res,
     keys: &[String],
 ) -> Result<HashMap<String, Value>, sqlx::Error> {
     let cols: Vec<String> = res.columns().iter().map(|c| format!("\"{c}\"")).collect();
-    let sql = format!(
-        "SELECT t.\"{key}\"::text, row_to_json(t)::text FROM \
-         (SELECT {cols} FROM \"{table}\" WHERE \"{key}\" = ANY($1::text[]::{ty}[])) t",
-        key = res.key(),
-        cols = cols.join(", "),
-        table = res.table(),
-        ty = res.key_type(),
-    );
-    let rows: Vec<(String, String)> = sqlx::query_as(&sql).bind(keys).fetch_all(conn).await?;
+    let rows: Vec<(String, String)> = if res == Res::Orders {
+        // Both parts of each key, as two arrays unnested side by side.
+        let (tenants, order_nos): (Vec<i64>, Vec<String>) = keys
+            .iter()
+            .map(|k| Path::new(res, k.as_str()).order_key())
+            .unzip();
+        let sql = format!(
+            "SELECT t.tenant_id::text || '/' || t.order_no, row_to_json(t)::text FROM \
+             (SELECT {cols} FROM orders WHERE (tenant_id, order_no) IN \
+               (SELECT * FROM unnest($1::bigint[], $2::text[]))) t",
+            cols = cols.join(", "),
+        );
+        sqlx::query_as(&sql)
+            .bind(tenants)
+            .bind(order_nos)
+            .fetch_all(conn)
+            .await?
+    } else {
+        let sql = format!(
+            "SELECT t.\"{key}\"::text, row_to_json(t)::text FROM \
+             (SELECT {cols} FROM \"{table}\" WHERE \"{key}\" = ANY($1::text[]::{ty}[])) t",
+            key = res.key(),
+            cols = cols.join(", "),
+            table = res.table(),
+            ty = res.key_types()[0],
+        );
+        sqlx::query_as(&sql).bind(keys).fetch_all(conn).await?
+    };
     Ok(rows
         .into_iter()
         .map(|(k, json)| (k, serde_json::from_str(&json).expect("row_to_json")))

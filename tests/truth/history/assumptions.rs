@@ -41,7 +41,8 @@ impl World {
     /// key's type changed (the values stay; on the WAL feeds the
     /// publication's column list is taken off first, as PostgreSQL refuses
     /// to change the type of a listed column). The new values are read in
-    /// the rewriting transaction, as the writer's are.
+    /// the rewriting transaction, as the writer's are. `orders` is
+    /// rewritten with it a quarter of the time (drawn from its stream).
     async fn rewrite(&mut self) -> bool {
         let rng = self.assume_rng.as_mut().expect("drawn from its stream");
         let (table, column) = *rng.pick(&[
@@ -83,7 +84,54 @@ impl World {
             },
         };
         let key = how == 2 && matches!(table, Table::Docs | Table::Tags);
-        if key && self.opts.feed.is_wal() {
+        // `orders` rewritten too, in the same transaction, a quarter of
+        // the time (its own draw): its value column as above, or its
+        // key's two columns (`order_no` between `varchar(300)` and `text`,
+        // `tenant_id` to itself), not while it is empty (the trigger's
+        // probe below needs a row).
+        let orders_how = self
+            .writes
+            .orders_rng
+            .chance(25)
+            .then(|| self.writes.orders_rng.below(3))
+            .map(|h| {
+                if h == 2 && self.writes.shadow.orders.is_empty() {
+                    0
+                } else {
+                    h
+                }
+            });
+        let mut statements = statements;
+        statements.extend(match orders_how {
+            None => Vec::new(),
+            Some(0) => {
+                vec!["ALTER TABLE orders ALTER COLUMN item TYPE text USING item || '~'".into()]
+            }
+            Some(1) => vec![
+                format!("ALTER TABLE orders RENAME COLUMN item TO item_was_{n}"),
+                format!("ALTER TABLE orders ALTER COLUMN item_was_{n} DROP NOT NULL"),
+                format!(
+                    "ALTER TABLE orders ADD COLUMN item text NOT NULL DEFAULT 'renamed at {n}'"
+                ),
+            ],
+            Some(_) => vec![format!(
+                "ALTER TABLE orders ALTER COLUMN order_no TYPE {} USING order_no, \
+                 ALTER COLUMN tenant_id TYPE bigint USING tenant_id",
+                if n.is_multiple_of(2) {
+                    "varchar(300)"
+                } else {
+                    "text"
+                }
+            )],
+        });
+        let mut keys_changed = Vec::new();
+        if key {
+            keys_changed.push(name);
+        }
+        if orders_how == Some(2) {
+            keys_changed.push("orders");
+        }
+        if !keys_changed.is_empty() && self.opts.feed.is_wal() {
             self.sql(&format!(
                 "ALTER PUBLICATION bloomgate SET TABLE {}",
                 schema::TABLES
@@ -91,7 +139,10 @@ impl World {
             .await;
         }
         let paths = self.warm(6, table == Table::Users).await;
-        let all = self.writes.shadow.paths(table);
+        let mut all = self.writes.shadow.paths(table);
+        if orders_how.is_some() {
+            all.extend(self.writes.shadow.paths(Table::Orders));
+        }
         let c = &mut self.writer;
         let done = async {
             c.execute("BEGIN").await?;
@@ -122,7 +173,10 @@ impl World {
         }
         self.shared
             .note(format!("fault rewrite: {}", statements.join("; ")));
-        if key && !self.opts.feed.is_wal() {
+        if self.opts.feed.is_wal() {
+            keys_changed.clear();
+        }
+        for name in keys_changed {
             // The writer's session planned the table's trigger with the
             // key's old type, and PL/pgSQL fails its writes there until
             // the function is replaced, which the gateway does when it

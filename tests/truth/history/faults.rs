@@ -14,7 +14,7 @@ use super::{FEED_GAP, WATCHED, World};
 /// broken, not the gateway.
 const PROMOTION_LIMIT: Duration = Duration::from_secs(60);
 use crate::model::secs;
-use crate::ops::{Focus, Table, user_paths};
+use crate::ops::{Focus, OrdersFocus, Table, user_paths};
 use crate::redis::Restart;
 use crate::schema::{self, Path, Res};
 use crate::{Fault, Feed};
@@ -65,8 +65,9 @@ impl World {
     }
 
     /// Loads `n` random rows into every gateway's cache (GET once), and
-    /// returns their paths: a fault followed by writes to them shows
-    /// whether the gateway drops what it cached.
+    /// 1-3 of `orders` (drawn from its own stream), and returns their
+    /// paths: a fault followed by writes to them shows whether the gateway
+    /// drops what it cached.
     pub(super) async fn warm(&mut self, n: usize, by_email: bool) -> Vec<Path> {
         let mut paths = Vec::new();
         for _ in 0..n {
@@ -87,6 +88,13 @@ impl World {
                 p
             };
             paths.push(p);
+        }
+        let orders = self.writes.shadow.paths(Table::Orders);
+        if !orders.is_empty() {
+            for _ in 0..self.writes.orders_rng.range(1, 3) {
+                let i = self.writes.orders_rng.below(orders.len());
+                paths.push(orders[i].clone());
+            }
         }
         for g in self.shared.live() {
             for p in &paths {
@@ -217,13 +225,18 @@ impl World {
                     self.columns_added += 1;
                     let t = self.writes.rng.pick(&Table::ALL).name();
                     let n = self.columns_added;
-                    let sql = if self.writes.rng.chance(50) {
-                        format!("ALTER TABLE {t} ADD COLUMN extra{n} int DEFAULT {n}")
-                    } else {
-                        format!("ALTER TABLE {t} ADD COLUMN extra{n} text")
-                    };
-                    self.sql(&sql).await;
-                    self.shared.note(format!("fault add-column: {sql}"));
+                    let int = self.writes.rng.chance(50);
+                    // `orders` too, a quarter of the time (its own draw).
+                    let orders = self.writes.orders_rng.chance(25);
+                    for t in std::iter::once(t).chain(orders.then_some("orders")) {
+                        let sql = if int {
+                            format!("ALTER TABLE {t} ADD COLUMN extra{n} int DEFAULT {n}")
+                        } else {
+                            format!("ALTER TABLE {t} ADD COLUMN extra{n} text")
+                        };
+                        self.sql(&sql).await;
+                        self.shared.note(format!("fault add-column: {sql}"));
+                    }
                     true
                 }
             }
@@ -561,8 +574,19 @@ impl World {
             ),
             1 => {
                 let t = *self.writes.rng.pick(&Table::ALL);
+                // `orders` dropped with it a third of the time (its own
+                // draw), then written for as long.
+                let orders = if self.writes.orders_rng.chance(35) {
+                    self.writes.focus_orders(OrdersFocus::Writes, 8);
+                    ", orders"
+                } else {
+                    ""
+                };
                 (
-                    format!("ALTER PUBLICATION bloomgate DROP TABLE {}", t.name()),
+                    format!(
+                        "ALTER PUBLICATION bloomgate DROP TABLE {}{orders}",
+                        t.name()
+                    ),
                     Focus::Table(t),
                 )
             }

@@ -239,6 +239,10 @@ impl World {
             .fetch_all(&mut *w)
             .await
             .unwrap();
+        let orders: Vec<(i64, String)> = sqlx::query_as("SELECT tenant_id, order_no FROM orders")
+            .fetch_all(&mut *w)
+            .await
+            .unwrap();
         let attached: Vec<String> = sqlx::query_scalar(
             "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
               WHERE i.inhparent = 'events'::regclass",
@@ -251,6 +255,7 @@ impl World {
         shadow.docs = docs.into_iter().collect();
         shadow.tags = tags.into_iter().collect();
         shadow.events = events.into_iter().collect();
+        shadow.orders = orders.into_iter().collect();
         shadow.attached = attached
             .iter()
             .filter_map(|n| n.strip_prefix("events_p")?.parse().ok())
@@ -261,6 +266,8 @@ impl World {
             .dead_users
             .retain(|(id, email)| !users.contains_key(id) && !users.values().any(|e| e == email));
         shadow.dead_tags.retain(|t| !tags.contains(t));
+        let orders = &shadow.orders;
+        shadow.dead_orders.retain(|o| !orders.contains(o));
     }
 
     /// A lifecycle fault, if it applies now: on a cluster of the history's
