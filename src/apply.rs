@@ -3,9 +3,10 @@
 //!
 //! Events are applied one at a time, in the order received. For each
 //! [`RowChange`] every resource following that table gets the change, each
-//! reading *its own* key column from the new and old values (two resources
+//! reading *its own* key columns from the new and old values (two resources
 //! on one table, `users` by `id` and `users_by_email` by `email`, both
-//! stay fresh):
+//! stay fresh; a composite key is all its parts, and a change of one part
+//! is the old key's delete and the new key's insert):
 //!
 //! | change | that resource's key | done |
 //! |---|---|---|
@@ -20,9 +21,9 @@
 //! case and check what the promise rests on: a key in a new row always
 //! ends up in the filter, and every key a change names leaves the cache.
 //!
-//! A NULL key is no key: nothing to insert or invalidate (no request can
-//! name it). A key that does not parse for the resource's key type cannot be
-//! requested either. An update whose source carries no old row has not
+//! A NULL key (any part NULL) is no key: nothing to insert or invalidate
+//! (no request can name it). A key that does not parse for the resource's
+//! key types cannot be requested either. An update whose source carries no old row has not
 //! changed any watched column (the feed's contract).
 //!
 //! # Provenance
@@ -353,6 +354,11 @@ fn key_in(follower: &Follower, row: Option<&Columns>) -> KeyInRow {
         } else {
             KeyInRow::None
         };
+    }
+    // A count of parts that is not the key's cannot be judged: unknown
+    // (a resync), never "no key", which would skip the filter.
+    if texts.len() != follower.resource.key_parts().len() {
+        return KeyInRow::Unknown;
     }
     match follower.resource.key_from_db(&texts) {
         Some(k) => KeyInRow::Key(k),

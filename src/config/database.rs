@@ -46,7 +46,7 @@ pub struct DatabaseConfig {
     pub listen: Option<bool>,
     /// Create (or replace) the notification triggers at start-up: one
     /// function and two triggers per table (`source_table` for a view),
-    /// announcing the key column of every resource on it (needs the
+    /// announcing the key columns of every resource on it (needs the
     /// privilege to create triggers on those tables). Default false:
     /// `bloomgate install-triggers` does it once; the shipped config sets it.
     pub install_triggers: bool,

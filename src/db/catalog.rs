@@ -7,8 +7,8 @@
 //! - one canonical name per table (`schema.table`, as Postgres names it), so
 //!   a change announced for `public.users` reaches the resource configured as
 //!   `users`;
-//! - the key column's base type (domains resolved), which decides whether the
-//!   key type fits and what canonical text its values have
+//! - each key column's base type (domains resolved), which decides whether
+//!   its key type fits and what canonical text its values have
 //!   ([`ColumnType`], [`canonical_text`]);
 //! - every column's type and nullability, for the response schemas;
 //! - the replica identity, which decides whether logical replication carries

@@ -20,8 +20,8 @@
 //!   changed meanwhile was not delivered);
 //! - the first check only records (the first scan follows it), except that
 //!   a problem is reported at once;
-//! - a key column a resource serves its table by that is no longer a
-//!   unique set (its unique index dropped, say: see
+//! - a key (one column, or a composite key's columns) a resource serves
+//!   its table by that is no longer a unique set (its unique index dropped, say: see
 //!   `db::catalog::TableInfo::uniqueness`) is a problem of that table
 //!   ([`Observed::problem`]): one key could now name several rows, so its
 //!   resources answer from the database, whose row query refuses two rows.
@@ -183,7 +183,8 @@ pub async fn tables(conn: &mut PgConnection, watch: &Watch) -> Result<Vec<Observ
     for (i, t) in watch.tables.iter().enumerate() {
         for key in &t.keys {
             at.push(i as i32);
-            keys.push(serde_json::to_string(key).unwrap_or_else(|_| "[]".into()));
+            let names: Vec<&str> = key.iter().map(|c| &**c).collect();
+            keys.push(serde_json::to_string(&names).unwrap_or_else(|_| "[]".into()));
             named.push(key);
         }
     }

@@ -12,7 +12,7 @@
 //! - the route's service is cloned, and the handler's future is boxed.
 //!
 //! The lookup needs none of that. It reads its key from the raw path itself
-//! (`lookup::Route::key_segment`). Here:
+//! (`lookup::Route::key_segments`). Here:
 //! - a `GET` on a resource route is matched segment by segment against the
 //!   few route templates;
 //! - the key is parsed and filtered, and the cache read, inside `call`. A

@@ -3,7 +3,7 @@
 //! started on it, naming the statement that provides each missing piece.
 //!
 //! Checked, per resource: its table or view exists, every configured column
-//! exists, the key column's type is one its `key_type` accepts, and the role
+//! exists, each key column's type is one its `key_type` accepts, and the role
 //! may `SELECT` every column read (and use the schema). Then for the change
 //! feed `database.freshness` asks for (`auto` resolved as start-up would,
 //! from `wal_level` and the role's `REPLICATION`):

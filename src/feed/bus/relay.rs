@@ -228,21 +228,30 @@ const MEMORY_EVERY: Duration = Duration::from_secs(10);
 /// Reads the bus's memory into `status`, and says once (until it changes)
 /// what keeps this Redis from holding the stream: an `allkeys-*` policy
 /// that may evict it, or `maxmemory` within 20 % (`Memory::problem`).
-async fn read_memory<B: Bus>(bus: &mut B, status: &Status, said: &mut Option<String>) {
-    let Ok(Some(m)) = bus.read_memory().await else {
-        return;
+async fn read_memory<B: Bus>(bus: &mut B, status: &Status, said: &mut Option<&'static str>) {
+    let m = match bus.read_memory().await {
+        Ok(Some(m)) => m,
+        // Unread now: no figure rather than an old one an alert would
+        // keep firing (or keep quiet) on.
+        _ => {
+            status.redis_used.store(0, Ordering::Relaxed);
+            return;
+        }
     };
     status.redis_used.store(m.used.max(1), Ordering::Relaxed);
     status.redis_max.store(m.max, Ordering::Relaxed);
+    // Said once per kind of problem: its text holds the figures, which
+    // move with every reading.
     let problem = m.problem();
-    if problem != *said {
+    let kind = problem.as_ref().map(|_| m.problem_kind());
+    if kind != *said {
         match &problem {
             Some(p) => {
                 tracing::warn!(problem = %p, "bus relay: the bus's Redis may not keep the stream")
             }
             None => tracing::info!("bus relay: the bus's Redis has room for the stream again"),
         }
-        *said = problem;
+        *said = kind;
     }
 }
 
@@ -296,7 +305,7 @@ async fn term<B: Bus>(
     let mut checked = Instant::now();
     // The last reading of Redis' memory, and the problem last said of it.
     let mut memory_read: Option<Instant> = None;
-    let mut memory_said: Option<String> = None;
+    let mut memory_said: Option<&'static str> = None;
     // An event taken from the feed while a batch was gathered, and the
     // first thing handled after the batch is appended.
     let mut next: Option<Event> = None;

@@ -207,6 +207,7 @@ impl Streamed {
             None => {
                 let create = repl.create_slot(&name, true);
                 tokio::pin!(create);
+                let waits_since = super::unix_ms();
                 let mut named = false;
                 let created = loop {
                     tokio::select! {
@@ -224,9 +225,9 @@ impl Streamed {
                                     tracing::warn!(why = %why, "WAL change feed blocked");
                                     named = true;
                                     // Blocked since the wait began, not since it was named.
-                                    let since = super::unix_ms()
-                                        .saturating_sub(BLOCKED_AFTER.as_millis() as u64);
-                                    feed.stats.slot_blocked_since_ms.store(since, Ordering::Relaxed);
+                                    feed.stats
+                                        .slot_blocked_since_ms
+                                        .store(waits_since, Ordering::Relaxed);
                                 }
                                 feed.health.waiting(why);
                             }

@@ -16,6 +16,7 @@ pub struct ResourceView {
     table: String,
     key_type: String,
     /// How its keys compare, as the key column's type and collation say
+    /// (per part of a composite key, comma-separated)
     /// (`bytes`, `trailing spaces ignored (char(n))`, `lower() under
     /// collation …`): see docs/src/your-tables.md, key types.
     key_comparison: String,

@@ -43,6 +43,15 @@ impl Memory {
         })
     }
 
+    /// Which of [`Memory::problem`]'s problems it has: `"policy"` or
+    /// `"headroom"` (its text holds figures that change with each reading).
+    pub fn problem_kind(&self) -> &'static str {
+        match self.policy.starts_with("allkeys-") {
+            true => "policy",
+            false => "headroom",
+        }
+    }
+
     /// What keeps this Redis from holding the stream, if anything.
     pub fn problem(&self) -> Option<String> {
         if self.policy.starts_with("allkeys-") {
