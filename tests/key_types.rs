@@ -677,7 +677,8 @@ async fn a_composite_key_compares_each_part_as_its_column_does() {
     let gw = started(config(&db.url, seats)).await;
     let show = "0b7e4a3c-1f2d-4c5b-9a8e-7d6c5b4a3f2e";
     let path = |v: &str, s: &str, seat: &str| format!("/venues/{v}/shows/{s}/seats/{seat}");
-    let holder = |who: &'static str| move |r: &Resp| r.status == StatusCode::OK && r.json()["holder"] == who;
+    let holder =
+        |who: &'static str| move |r: &Resp| r.status == StatusCode::OK && r.json()["holder"] == who;
     // The scanned key, asked in other spellings of the same row.
     for (s, seat) in [
         (show, "Row%20A-1"),
@@ -690,25 +691,41 @@ async fn a_composite_key_compares_each_part_as_its_column_does() {
     }
     // Cached once: every spelling is the one key.
     assert_eq!(
-        get(&gw, &path("7", show, "ROW%20a-1")).await.header("cache-status"),
+        get(&gw, &path("7", show, "ROW%20a-1"))
+            .await
+            .header("cache-status"),
         "bloomgate; hit"
     );
     // The feed's keys: a new row asked in another case, the row changed
     // under a cached spelling, then its citext part changed in case only
     // (the same key to Postgres), then to another seat.
-    db.exec(&format!("INSERT INTO seats VALUES (8, '{show}', 'Box 2', 'bob')"))
-        .await;
+    db.exec(&format!(
+        "INSERT INTO seats VALUES (8, '{show}', 'Box 2', 'bob')"
+    ))
+    .await;
     fresh(&gw, &path("8", show, "BOX%202"), holder("bob")).await;
-    db.exec("UPDATE seats SET holder = 'carol' WHERE venue = 7").await;
+    db.exec("UPDATE seats SET holder = 'carol' WHERE venue = 7")
+        .await;
     fresh(&gw, &path("7", show, "row%20a-1"), holder("carol")).await;
-    db.exec("UPDATE seats SET seat = 'ROW A-1' WHERE venue = 7").await;
+    db.exec("UPDATE seats SET seat = 'ROW A-1' WHERE venue = 7")
+        .await;
     fresh(&gw, &path("7", show, "Row%20a-1"), holder("carol")).await;
-    db.exec("UPDATE seats SET seat = 'Row B-2' WHERE venue = 7").await;
+    db.exec("UPDATE seats SET seat = 'Row B-2' WHERE venue = 7")
+        .await;
     fresh(&gw, &path("7", show, "row%20b-2"), holder("carol")).await;
-    fresh(&gw, &path("7", show, "row%20a-1"), |r| r.status == StatusCode::NOT_FOUND).await;
+    fresh(&gw, &path("7", show, "row%20a-1"), |r| {
+        r.status == StatusCode::NOT_FOUND
+    })
+    .await;
     // A rebuild scans the same keys.
     gw.resource("seats").unwrap().rebuild(true).await.unwrap();
-    assert_eq!(get(&gw, &path("7", show, "ROW%20B-2")).await.status, StatusCode::OK);
-    assert_eq!(get(&gw, &path("8", show, "box%202")).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&gw, &path("7", show, "ROW%20B-2")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&gw, &path("8", show, "box%202")).await.status,
+        StatusCode::OK
+    );
     gw.stop();
 }

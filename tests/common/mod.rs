@@ -962,12 +962,22 @@ pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
 
 /// Polls until `f` holds, every 10 ms; panics naming `what` after 15 s,
 /// which only catches "never" (no latency is asserted).
-pub async fn eventually<F, Fut>(what: &str, mut f: F)
+pub async fn eventually<F, Fut>(what: &str, f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    eventually_within(what, std::time::Duration::from_secs(15), f).await
+}
+
+/// [`eventually`] with a budget of its own, for a wait whose pace a server
+/// sets (only "never" fails, as there).
+pub async fn eventually_within<F, Fut>(what: &str, budget: std::time::Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + budget;
     while !f().await {
         assert!(std::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use super::eventually;
 use super::redis_server::{Fleet, Redis, free_port};
+use super::{eventually, eventually_within};
 
 pub const USER: &str = "bg";
 pub const PASSWORD: &str = "s3cret-bus-password";
@@ -137,15 +137,24 @@ impl Site {
             replica_in_sync(&site.replica).await.is_ok()
         })
         .await;
-        eventually("the sentinels know the replica and each other", || async {
-            let mut all = true;
-            for (_, port) in &site.sentinels {
-                let replicas = site.sentinel_count(*port, "replicas").await;
-                let others = site.sentinel_count(*port, "sentinels").await;
-                all &= replicas == Some(1) && others == Some(2);
-            }
-            all
-        })
+        // A sentinel finds the replica in the primary's INFO, which it
+        // reads every 10 s, and the other sentinels by their hellos (every
+        // 2 s): on a loaded machine that takes more than `eventually`'s
+        // 15 s (CI, once).
+        let discovery = std::time::Duration::from_secs(60);
+        eventually_within(
+            "the sentinels know the replica and each other",
+            discovery,
+            || async {
+                let mut all = true;
+                for (_, port) in &site.sentinels {
+                    let replicas = site.sentinel_count(*port, "replicas").await;
+                    let others = site.sentinel_count(*port, "sentinels").await;
+                    all &= replicas == Some(1) && others == Some(2);
+                }
+                all
+            },
+        )
         .await;
         site
     }
