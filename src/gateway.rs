@@ -462,7 +462,7 @@ impl Gateway {
             for part in &c.key {
                 let Some(column) = source.column(&part.column) else {
                     return Err(bad(format!(
-                        "source_table {} has no column {:?} (the key columns must have the same names there)",
+                        "source_table {} has no column {:?}: the key's columns must have the same names there (a key computed in the view cannot be followed: key the view by the table's own key columns, several as key_column = [..])",
                         source.name, part.column
                     )));
                 };

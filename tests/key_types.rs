@@ -729,3 +729,65 @@ async fn a_composite_key_compares_each_part_as_its_column_does() {
     );
     gw.stop();
 }
+
+/// A view keyed by a key it computes cannot be followed on its source
+/// table, and the refusal names the way out: the table's own key columns,
+/// as a composite key, which a view serves and follows.
+#[tokio::test]
+async fn a_view_keyed_by_a_computed_key_is_pointed_to_a_composite_key() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders (tenant_id bigint, order_no bigint, item text NOT NULL,
+                              PRIMARY KEY (tenant_id, order_no));
+         INSERT INTO orders VALUES (1, 23, 'one'), (12, 3, 'twelve');
+         CREATE VIEW keyed_orders AS
+           SELECT tenant_id || '-' || order_no AS order_key, item FROM orders;
+         CREATE VIEW open_orders AS SELECT tenant_id, order_no, item FROM orders;",
+    )
+    .await;
+    let computed = r#"
+        [[resource]]
+        name = "keyed_orders"
+        route = "/keyed-orders/{order_key}"
+        table = "keyed_orders"
+        source_table = "orders"
+        key_column = "order_key"
+        key_type = "text"
+        columns = ["order_key", "item"]
+    "#;
+    let gw = gateway(config(&db.url, computed));
+    let e = gw.start().await.unwrap_err().to_string();
+    gw.stop();
+    assert!(
+        e.contains(r#"source_table public.orders has no column "order_key""#)
+            && e.contains("key_column = [..]"),
+        "{e}"
+    );
+    let composite = r#"
+        [[resource]]
+        name = "open_orders"
+        route = "/tenants/{tenant_id}/open-orders/{order_no}"
+        table = "open_orders"
+        source_table = "orders"
+        key_column = ["tenant_id", "order_no"]
+        key_type = "bigint"
+        columns = ["tenant_id", "order_no", "item"]
+    "#;
+    let gw = started(config(&db.url, composite)).await;
+    assert_eq!(
+        get(&gw, "/tenants/12/open-orders/3").await.json()["item"],
+        "twelve"
+    );
+    db.exec("UPDATE orders SET item = 'changed' WHERE tenant_id = 12")
+        .await;
+    fresh(&gw, "/tenants/12/open-orders/3", |r| {
+        r.status == StatusCode::OK && r.json()["item"] == "changed"
+    })
+    .await;
+    db.exec("INSERT INTO orders VALUES (12, 4, 'new')").await;
+    fresh(&gw, "/tenants/12/open-orders/4", |r| {
+        r.status == StatusCode::OK
+    })
+    .await;
+    gw.stop();
+}

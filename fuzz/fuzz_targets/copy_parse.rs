@@ -57,7 +57,10 @@ fn run(stream: &[u8], cuts: &[usize]) -> Outcome {
     let mut fields = Vec::new();
     let mut start = 0;
     for &c in cuts.iter().chain([&stream.len()]) {
-        if let Err(e) = p.feed(&stream[start..c], |f| fields.push(f.to_vec())) {
+        let fed = p.feed(&stream[start..c], |row| {
+            fields.extend(row.flatten().map(<[u8]>::to_vec));
+        });
+        if let Err(e) = fed {
             return Outcome {
                 fields,
                 result: Err(e),
