@@ -1037,17 +1037,7 @@ async fn the_relay_reads_its_redis_memory_and_says_when_it_runs_short() {
         gw.bus_status().unwrap().counters().redis_max == Some(max)
     })
     .await;
-    let req = axum::http::Request::builder()
-        .uri("/metrics")
-        .header("authorization", "Bearer bus-memory-token")
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let m = send(
-        bloomgate::http::admin::app(gw.clone(), "bus-memory-token"),
-        req,
-    )
-    .await;
-    let text = String::from_utf8_lossy(&m.body).to_string();
+    let text = gateway_metrics(&gw).await;
     assert!(
         text.contains(&format!("bloomgate_bus_redis_memory_max_bytes {max}")),
         "{text}"

@@ -712,17 +712,7 @@ async fn a_prepared_transaction_that_blocks_the_slot_is_named() {
     assert!(!starting.is_finished());
     // And a metric says how long, for the alert (BloomgateSlotBlocked).
     let blocked = async || {
-        let req = axum::http::Request::builder()
-            .uri("/metrics")
-            .header("authorization", "Bearer slot-metrics-token")
-            .body(axum::body::Body::empty())
-            .unwrap();
-        let m = send(
-            bloomgate::http::admin::app(gw.clone(), "slot-metrics-token"),
-            req,
-        )
-        .await;
-        let text = String::from_utf8_lossy(&m.body).to_string();
+        let text = gateway_metrics(&gw).await;
         text.lines()
             .find_map(|l| l.strip_prefix("bloomgate_wal_slot_blocked_seconds "))
             .and_then(|v| v.parse::<f64>().ok())

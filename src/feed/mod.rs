@@ -184,6 +184,14 @@ pub struct Commit {
     pub truncated: Vec<TableName>,
 }
 
+/// Now, in Unix milliseconds (0 before the epoch).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
 /// How often a feed proves it is current ([`Event::Heartbeat`]).
 pub const HEARTBEAT_EVERY: Duration = Duration::from_millis(100);
 

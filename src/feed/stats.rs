@@ -5,19 +5,12 @@
 //! feed's own families only for the feed in force.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use super::HealthState;
 use super::notify::NotifySnapshot;
 use super::wal::WalSnapshot;
+use super::{HealthState, now_ms};
 use crate::exposition::{Exposition, Labels};
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
 
 /// What the applier has applied, in Unix milliseconds (0: nothing yet).
 #[derive(Debug, Default)]

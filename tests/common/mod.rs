@@ -552,6 +552,18 @@ pub async fn fresh(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) 
     }
 }
 
+/// The gateway's `/metrics` text, through the admin API.
+pub async fn gateway_metrics(gw: &Arc<Gateway>) -> String {
+    const TOKEN: &str = "metrics-text-token";
+    let req = Request::builder()
+        .uri("/metrics")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let m = send(bloomgate::http::admin::app(gw.clone(), TOKEN), req).await;
+    String::from_utf8_lossy(&m.body).to_string()
+}
+
 /// A gateway on `config` whose pool counts queries; not started.
 pub fn gateway(config: Config) -> Arc<Gateway> {
     grant_what_preflight_asks(&config);

@@ -305,18 +305,10 @@ impl Stats {
             forced_flushes: l(&self.forced_flushes),
             slot_blocked_seconds: match l(&self.slot_blocked_since_ms) {
                 0 => 0.0,
-                since => unix_ms().saturating_sub(since) as f64 / 1e3,
+                since => crate::feed::now_ms().saturating_sub(since) as f64 / 1e3,
             },
         }
     }
-}
-
-/// Now, in Unix milliseconds.
-pub(super) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
 }
 
 /// The WAL feed's counters at one moment (the admin API's `wal`).

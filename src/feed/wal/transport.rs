@@ -207,7 +207,7 @@ impl Streamed {
             None => {
                 let create = repl.create_slot(&name, true);
                 tokio::pin!(create);
-                let waits_since = super::unix_ms();
+                let waits_since = crate::feed::now_ms();
                 let mut named = false;
                 let created = loop {
                     tokio::select! {
