@@ -55,6 +55,9 @@
 //!   publishes the position applied up to.
 //! - [`vouch`]: whether a resource's filter and cache may answer.
 //! - [`rebuild`]: a resource's rebuilds, at most one running and one pending.
+//! - [`snapshot`]: a filter sealed for the fleet (`bus.fleet_key_file`):
+//!   what a snapshot is complete at, its manifest, its encryption under the
+//!   fleet key, and the store (the bus's Redis) it is kept in.
 //! - [`gateway`]: the database, resources, access checks, applier and feed:
 //!   start-up, and every background task.
 //! - [`config`]: the TOML file and environment, read into typed structs, one
@@ -103,6 +106,7 @@ pub mod resource;
 pub mod seed;
 pub mod server;
 pub mod shutdown;
+pub mod snapshot;
 pub mod telemetry;
 pub mod traffic;
 pub mod vouch;
