@@ -264,6 +264,9 @@ impl Applier {
                     follower.resource.vouch.set_problem(problem.clone());
                 }
             }
+            Event::Barrier(done) => {
+                let _ = done.send(());
+            }
         }
     }
 
@@ -297,7 +300,8 @@ impl Applier {
         };
         for change in &c.changes {
             for follower in self.on(&change.table) {
-                apply_change(follower, change, from, c.phase).await;
+                let lsn = c.position.map(|p| p.lsn.0);
+                apply_change(follower, change, from, c.phase, lsn).await;
             }
         }
         for table in &c.truncated {
@@ -443,7 +447,15 @@ fn plan(op: Op, old: Option<KeyInRow>, new: KeyInRow, phase: Phase) -> Vec<Actio
     out
 }
 
-async fn apply_change(follower: &Follower, change: &RowChange, from: Provenance, phase: Phase) {
+/// `lsn`: the commit's, if it has one (kept with a key the resource
+/// inserts: see "Recent keys" in `resource::fleet`).
+async fn apply_change(
+    follower: &Follower,
+    change: &RowChange,
+    from: Provenance,
+    phase: Phase,
+    lsn: Option<u64>,
+) {
     let r = &follower.resource;
     let new = match change.op {
         Op::Insert | Op::Update => key_in(follower, change.new.as_ref()),
@@ -453,7 +465,7 @@ async fn apply_change(follower: &Follower, change: &RowChange, from: Provenance,
     for action in plan(change.op, old, new, phase) {
         match action {
             Action::ClearCache => r.clear_cache(),
-            Action::InsertKey(k) => r.insert_key_from(&k, from).await,
+            Action::InsertKey(k) => r.insert_key_at(&k, from, lsn).await,
             Action::InsertAgain(k) => r.insert_key_again(&k),
             Action::NoteDelete(k) => r.note_delete(&k).await,
             Action::Invalidate(k) => r.invalidate(&k).await,

@@ -251,6 +251,7 @@ impl Gateway {
             }
         }
         let feed = self.feed.get_or_init(|| feed);
+        self.share_filters(feed, &followers);
         self.start_feed(feed, followers, &watch).await?;
         let _ = self.watch.set(watch);
         if let Some(replicas) = self.db.replicas() {
@@ -506,6 +507,38 @@ impl Gateway {
         Ok(())
     }
 
+    /// With `bus.fleet_key_file`: the followed resources' filters shared
+    /// with the fleet (`resource::fleet`), and the consumer's first start
+    /// on the bus installing the fleet's snapshots.
+    fn share_filters(&self, feed: &Supervisor, followers: &[Follower]) {
+        let Some(b) = &feed.bus else { return };
+        let Some(store) = &b.snapshots else { return };
+        let sharing: Vec<Arc<Resource>> = followers
+            .iter()
+            .filter(|f| f.resource.config.filter.enabled)
+            .map(|f| {
+                f.resource.use_snapshots(store.clone(), f.table.clone());
+                f.resource.clone()
+            })
+            .collect();
+        let _ = b.join.set(Arc::new(move |head| {
+            let sharing = sharing.clone();
+            Box::pin(async move {
+                // Read on from the oldest place installed: a resource whose
+                // snapshot is newer gets what it holds once more.
+                let mut from: Option<crate::snapshot::Mark> = None;
+                for r in &sharing {
+                    if let Some(at) = r.join(&head).await
+                        && from.as_ref().is_none_or(|f| f.reaches(&at))
+                    {
+                        from = Some(at);
+                    }
+                }
+                from
+            })
+        }));
+    }
+
     /// The applier task, and the change feed feeding it, streaming before
     /// this returns (so before the first scan takes its snapshot: see
     /// `feed`).
@@ -556,6 +589,12 @@ impl Gateway {
     /// it has.
     pub fn freshness(&self) -> Option<Freshness> {
         self.feed.get().map(Supervisor::freshness)
+    }
+
+    /// The fleet's snapshots (`bus.fleet_key_file`), once the feed is chosen.
+    pub fn snapshot_store(&self) -> Option<Arc<dyn crate::snapshot::Store>> {
+        let s = self.feed.get()?.bus.as_ref()?.snapshots.clone()?;
+        Some(s)
     }
 
     /// What the bus says of itself (`bus.url`), once the feed is chosen.

@@ -62,10 +62,13 @@ pub enum Reason {
     Growth,
     /// A caller awaiting `Resource::rebuild` directly.
     Direct,
+    /// Joining the fleet: the filter installed from its snapshot on the
+    /// bus (`resource::fleet`).
+    Join,
 }
 
 impl Reason {
-    const ALL: [Reason; 11] = [
+    const ALL: [Reason; 12] = [
         Reason::Startup,
         Reason::Schedule,
         Reason::Admin,
@@ -77,6 +80,7 @@ impl Reason {
         Reason::Deletes,
         Reason::Growth,
         Reason::Direct,
+        Reason::Join,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -92,6 +96,7 @@ impl Reason {
             Reason::Deletes => "deletes",
             Reason::Growth => "growth",
             Reason::Direct => "direct",
+            Reason::Join => "join",
         }
     }
 

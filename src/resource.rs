@@ -13,6 +13,9 @@
 //!   high-water mark and decay (no I/O);
 //! - [`build`]: scanning the table into a new key set, the shrink guard,
 //!   rebuild reports and retries;
+//! - [`fleet`]: where a rebuild's set comes from in a fleet that shares
+//!   snapshots on the bus (a snapshot, the fleet's one scan, a scan of its
+//!   own), and the recent keys that let an older snapshot do;
 //! - [`report`]: what the admin API shows of a resource's filter.
 //!
 //! # Outages
@@ -34,7 +37,9 @@
 
 mod build;
 mod column;
+mod fleet;
 mod live_filter;
+mod recent;
 mod report;
 mod stats;
 
@@ -170,6 +175,14 @@ pub struct Resource {
     /// Ready at least once since start-up (see [`Resource::note_ready`]).
     was_ready: std::sync::atomic::AtomicBool,
     pub stats: Stats,
+    /// The fleet's snapshots on the bus (see `fleet`), when configured.
+    snapshots: std::sync::OnceLock<fleet::Fleet>,
+    /// A snapshot the joining consumer hands the next rebuild.
+    joining: Mutex<Option<crate::snapshot::Opened>>,
+    /// The first filter came from the fleet's snapshot.
+    joined: std::sync::atomic::AtomicBool,
+    /// Keys recent commits inserted (see "Recent keys" in `fleet`).
+    recent: Mutex<recent::Recent>,
 }
 
 impl Resource {
@@ -213,6 +226,10 @@ impl Resource {
             unbuilt_answers: std::sync::atomic::AtomicBool::new(false),
             was_ready: std::sync::atomic::AtomicBool::new(false),
             stats: Stats::default(),
+            snapshots: std::sync::OnceLock::new(),
+            joining: Mutex::new(None),
+            joined: std::sync::atomic::AtomicBool::new(false),
+            recent: Mutex::default(),
         }
     }
 
@@ -290,6 +307,7 @@ impl Resource {
     /// emptied and that rebuild requested.
     pub fn resync(&self, why: &str, reason: Reason) {
         if self.config.filter.enabled {
+            self.poison_recent();
             self.vouch.open_gap(why);
         }
         self.cache.clear();
@@ -603,6 +621,16 @@ impl Resource {
     /// goes into the filter either way. May request a rebuild (see the
     /// module doc on decay); never waits for one.
     pub async fn insert_key_from(&self, key: &Key, from: Provenance) {
+        self.insert_key_at(key, from, None).await;
+    }
+
+    /// [`insert_key_from`](Self::insert_key_from) for a commit at `lsn`
+    /// (on the feed's timeline), which the fleet's snapshots may need
+    /// again (see "Recent keys" in `fleet`).
+    pub async fn insert_key_at(&self, key: &Key, from: Provenance, lsn: Option<u64>) {
+        if let Some(lsn) = lsn {
+            self.remember(lsn, key);
+        }
         self.add_to_filter(key, from);
         self.stats.live_inserts.fetch_add(1, Ordering::Relaxed);
         if from == Provenance::Announced {

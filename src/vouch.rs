@@ -67,6 +67,13 @@ fn nanos(at: Instant) -> u64 {
 #[must_use = "a rebuild's ticket closes its gaps once its filter is in place"]
 pub struct Covers(u64);
 
+impl Covers {
+    /// Gaps opened before the window (what it covers).
+    pub fn gaps(&self) -> u64 {
+        self.0
+    }
+}
+
 #[derive(Debug)]
 pub struct Vouch {
     ok: AtomicBool,
@@ -178,6 +185,12 @@ impl Vouch {
             s.gap = Some(why.to_string());
             s.stale_since = None;
         });
+    }
+
+    /// Gaps opened so far (compared with [`Covers::gaps`]: one opened
+    /// since a window opened).
+    pub fn gaps_opened(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).opened
     }
 
     /// A rebuild's journal has opened: returns what it will cover. Called

@@ -96,6 +96,33 @@ pub struct BusConfig {
     /// a replica that stops following is left halfway to `max_lag`.
     /// Default `primary`.
     pub read_from: ReadFrom,
+    /// The fleet key: a file holding at least 32 secret bytes (whitespace
+    /// around them trimmed: `openssl rand -hex 32 > fleet.key`), the same
+    /// file on every gateway of the fleet, readable by the gateway only.
+    /// Set, a rebuild's filter is published on the bus as a snapshot, so
+    /// a gateway that joins the fleet, or meets a gap the whole fleet
+    /// meets, loads it instead of scanning the table: one scan per fleet.
+    /// Each build's filter key and the snapshot's encryption key are
+    /// derived from it, so what Redis holds lets nobody craft keys that
+    /// pass a filter, nor read the set of keys (docs/src/bus.md,
+    /// "Snapshots"). Read at start-up. `BLOOMGATE_BUS__FLEET_KEY_FILE`.
+    /// Default none: every gateway scans for itself.
+    pub fleet_key_file: Option<PathBuf>,
+    /// With `fleet_key_file`: how long a rebuild waits for the snapshot of
+    /// the scan another gateway of the fleet is making before it scans by
+    /// itself (within `max_parallel_scans`). Default `30s`.
+    #[serde(with = "crate::config::forms::duration")]
+    pub snapshot_wait: Duration,
+    /// With `fleet_key_file`: scans of one resource the fleet makes at
+    /// once: the fleet's one scan, and gateways that waited past
+    /// `snapshot_wait` (leases in Redis, so a gateway that dies mid-scan
+    /// frees its slot within 15 s). Without the bus answering, a gateway
+    /// scans regardless. Default 2, at least 1.
+    pub max_parallel_scans: u32,
+    /// With `fleet_key_file`: snapshots kept per resource and stream of
+    /// the bus (each about a filter's size: docs/src/bus.md, "Snapshots",
+    /// on sizing). Default 2, at most 16.
+    pub snapshot_keep: u32,
 }
 
 /// `bus.read_from`.
@@ -124,6 +151,10 @@ impl Default for BusConfig {
             sentinels: Vec::new(),
             sentinel_master: None,
             read_from: ReadFrom::Primary,
+            fleet_key_file: None,
+            snapshot_wait: Duration::from_secs(30),
+            max_parallel_scans: 2,
+            snapshot_keep: 2,
         }
     }
 }
@@ -145,6 +176,10 @@ impl std::fmt::Debug for BusConfig {
             .field("sentinels", &self.redacted_sentinels())
             .field("sentinel_master", &self.sentinel_master)
             .field("read_from", &self.read_from)
+            .field("fleet_key_file", &self.fleet_key_file)
+            .field("snapshot_wait", &self.snapshot_wait)
+            .field("max_parallel_scans", &self.max_parallel_scans)
+            .field("snapshot_keep", &self.snapshot_keep)
             .finish()
     }
 }
@@ -298,6 +333,30 @@ pub fn validate(b: &BusConfig, database_slot: Option<&str>) -> Result<(), (Strin
     }
     if !(1..=100_000).contains(&b.batch_max_commits) {
         return bad("batch_max_commits", "must be 1 to 100000");
+    }
+    if b.fleet_key_file.is_some() && b.url.is_none() {
+        return bad(
+            "fleet_key_file",
+            "shares snapshots on the bus and needs bus.url",
+        );
+    }
+    if b.fleet_key_file
+        .as_ref()
+        .is_some_and(|p| p.as_os_str().is_empty())
+    {
+        return bad(
+            "fleet_key_file",
+            "is empty: give the file's path, or leave it unset",
+        );
+    }
+    if b.max_parallel_scans == 0 {
+        return bad(
+            "max_parallel_scans",
+            "must be at least 1 (the fleet's one scan)",
+        );
+    }
+    if !(1..=16).contains(&b.snapshot_keep) {
+        return bad("snapshot_keep", "must be 1 to 16");
     }
     if b.max_direct_fallback > 1000 {
         return bad(

@@ -36,7 +36,8 @@ const SECTIONS: [&str; 9] = [
 const INSTEAD_OF: [(&str, &str); 1] = [("cache.max_entries", "cache.max_bytes")];
 
 /// Examples that need other examples uncommented with them.
-const TOGETHER: [(&str, &[&str]); 5] = [
+const TOGETHER: [(&str, &[&str]); 6] = [
+    ("bus.fleet_key_file", &["bus.url"]),
     ("bus.ca_file", &["bus.url"]),
     ("bus.cert_file", &["bus.url", "bus.key_file"]),
     ("bus.key_file", &["bus.url", "bus.cert_file"]),

@@ -210,6 +210,10 @@ pub enum Event {
     Resync(Resync),
     /// Whether the feed can follow a table.
     Coverage(Coverage),
+    /// Answered once every event queued before it is applied (a
+    /// snapshot's publisher waits so: see "What a snapshot is complete at"
+    /// in `snapshot`). Sent by no feed.
+    Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
 #[derive(Debug)]

@@ -51,6 +51,13 @@ pub struct BusSetup {
     /// The relay's WAL feed's counters (the gateway's own are its
     /// direct feed's).
     pub relay_stats: Arc<wal::Stats>,
+    /// Where the consumer has read to (for snapshots).
+    cursor: Arc<bus::cursor::Cursor>,
+    /// With `bus.fleet_key_file`: the fleet's snapshots.
+    pub snapshots: Option<Arc<bus::redis::snapshots::RedisSnapshots>>,
+    /// What the consumer does as it first starts on the bus: installs
+    /// snapshots (set by the gateway, which knows the resources).
+    pub join: std::sync::OnceLock<bus::cursor::Join>,
 }
 
 /// The name `database.freshness` gives a feed.
@@ -125,6 +132,27 @@ impl Supervisor {
                     bus_cfg.retention,
                 )
                 .map_err(|e| e.to_string())?;
+                let cursor = Arc::new(bus::cursor::Cursor::default());
+                let snapshots = match &bus_cfg.fleet_key_file {
+                    None => None,
+                    Some(path) => {
+                        let key = crate::snapshot::FleetKey::from_file(path)
+                            .map_err(|e| format!("bus.fleet_key_file: {e}"))?;
+                        let settings = crate::snapshot::Settings {
+                            wait: bus_cfg.snapshot_wait,
+                            max_parallel_scans: bus_cfg.max_parallel_scans,
+                            keep: bus_cfg.snapshot_keep,
+                        };
+                        Some(Arc::new(bus::redis::snapshots::RedisSnapshots::new(
+                            &redis,
+                            key,
+                            settings,
+                            cursor.clone(),
+                            pool.clone(),
+                            watch.clone(),
+                        )))
+                    }
+                };
                 let shown = bus_cfg.shown().unwrap_or_default();
                 tracing::info!(url = %shown, stream = %stream, slot = %bus_cfg.slot, "change feed: the WAL through the bus (one relay decodes it for every gateway)");
                 Some(BusSetup {
@@ -132,6 +160,9 @@ impl Supervisor {
                     config: bus_cfg.clone(),
                     status: Arc::new(bus::Status::new(shown, stream)),
                     relay_stats: Arc::default(),
+                    cursor,
+                    snapshots,
+                    join: Default::default(),
                 })
             }
         };
@@ -289,6 +320,8 @@ impl Supervisor {
             wal_stats: self.wal_stats.clone(),
             max_direct: b.config.max_direct_fallback,
             identity: db.identity.clone(),
+            cursor: b.cursor.clone(),
+            join: b.join.get().cloned(),
         };
         let relay = bus::relay::run(b.redis.another(), relay, watch.clone(), shutdown.clone());
         let consumer = bus::consumer::run(

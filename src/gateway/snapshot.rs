@@ -49,6 +49,8 @@ pub struct BusSnapshot {
     /// ticket is free (`bus.max_direct_fallback`).
     pub lost: bool,
     pub counters: crate::feed::bus::Counters,
+    /// With `bus.fleet_key_file`: what the fleet's snapshots did here.
+    pub snapshots: Option<crate::snapshot::Totals>,
 }
 
 impl Expose for BusSnapshot {
@@ -132,6 +134,49 @@ impl Expose for BusSnapshot {
         ] {
             out.counter(name, help, &[], v as f64);
         }
+        let Some(s) = &self.snapshots else { return };
+        for (name, help, v) in [
+            (
+                "bloomgate_bus_snapshots_published_total",
+                "Filters this gateway published on the bus for the fleet (bus.fleet_key_file).",
+                s.published,
+            ),
+            (
+                "bloomgate_bus_snapshots_loaded_total",
+                "Filters this gateway loaded from the fleet's snapshots instead of scanning.",
+                s.loaded,
+            ),
+            (
+                "bloomgate_bus_snapshots_unusable_total",
+                "Snapshots refused: damaged, changed, sealed under another fleet key, or gone mid-read (each passed over; a scan, never a wrong filter).",
+                s.unusable,
+            ),
+            (
+                "bloomgate_bus_snapshot_publish_failures_total",
+                "Scans for the fleet whose snapshot was not published (Redis refused it, or changes may have been missed during the rebuild).",
+                s.publish_failed,
+            ),
+        ] {
+            out.counter(name, help, &[], v as f64);
+        }
+        for (why, v) in [
+            ("for_fleet", s.scans_for_fleet),
+            ("after_wait", s.scans_after_wait),
+            ("without_bus", s.scans_without_bus),
+        ] {
+            out.counter(
+                "bloomgate_bus_snapshot_scans_total",
+                "Scans of a table this gateway made with snapshots on: the fleet's one scan (for_fleet), by itself past bus.snapshot_wait (after_wait), or with Redis not answering (without_bus).",
+                &[("why", why)],
+                v as f64,
+            );
+        }
+        out.gauge(
+            "bloomgate_bus_snapshot_last_bytes",
+            "Bytes of the last snapshot this gateway published (sealed chunks in Redis).",
+            &[],
+            s.last_bytes as f64,
+        );
     }
 }
 
@@ -199,6 +244,7 @@ impl Gateway {
                     direct: st.mode == crate::feed::bus::Mode::Direct,
                     lost: st.mode == crate::feed::bus::Mode::Lost,
                     counters: b.counters(),
+                    snapshots: self.snapshot_store().map(|s| s.stats().totals()),
                 }
             }),
         }

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 
 use super::Resource;
+use super::fleet::Origin;
 use super::live_filter::{Merge, Scanned, Window, stats_of};
 use super::report::{BuildReport, LastOutcome, RefusalReport};
 use std::borrow::Cow;
@@ -286,14 +287,16 @@ impl Resource {
         let began = Instant::now();
         let reasons = job.reasons.names();
         let (window, covers) = self.live.open_rebuild_window(&self.vouch);
+        let gaps_before = covers.gaps();
         let result = self
-            .build_and_swap(window, job.force, began, &reasons)
+            .build_and_swap(window, job.force, began, &reasons, gaps_before)
             .await;
         if let Ok(_) | Err(RebuildError::Shrunk { .. }) = &result {
             // Swapped in, or every key the scan found merged into the live
             // filter: the filter holds every key of the snapshot.
             self.vouch.rebuild_covered(covers);
         }
+        self.settle_recent(result.is_ok() && self.vouch.gaps_opened() <= gaps_before);
         self.record(&result, &reasons, job.ticket);
         result
     }
@@ -304,12 +307,23 @@ impl Resource {
         force: bool,
         began: Instant,
         reasons: &[&'static str],
+        gaps_before: u64,
     ) -> RebuildOutcome {
-        let scanned = self.scan().await?;
+        let (mut scanned, mut origin) = self.obtain().await?;
+        // A snapshot the guard would refuse is not used: its publisher's
+        // first build had no guard, and the refusal's merge needs a scan
+        // of this gateway's own anyway.
+        if matches!(origin, Origin::Loaded { .. })
+            && self.check_shrink(scanned.keys, force).is_err()
+        {
+            tracing::warn!(resource = %self.name(), keys = scanned.keys, "the fleet's snapshot holds far fewer keys than this filter (filter.max_shrink): not used; scanning");
+            (scanned, origin) = (self.scan(FilterKey::random()).await?, Origin::Scan);
+        }
         let (keys, rows) = (scanned.keys, scanned.rows);
         if let Err((old, min)) = self.check_shrink(keys, force) {
             let merge = window.refuse(scanned.max_int);
             drop(scanned);
+            self.publish_after(origin, None, 0).await;
             let recovered = self.merge_into_live(merge).await?;
             return Err(RebuildError::Shrunk {
                 old,
@@ -319,11 +333,18 @@ impl Resource {
                 recovered,
             });
         }
+        let source = origin.name();
+        if let Origin::Loaded { by } = &origin {
+            tracing::debug!(resource = %self.name(), by = %by, "loading the fleet's snapshot");
+        }
         let swapped = window.swap(scanned);
         if let Some(d) = swapped.decayed {
             self.decayed(d);
         }
+        self.publish_after(origin, Some(&swapped), gaps_before)
+            .await;
         Ok(BuildReport {
+            source,
             generation: swapped.generation,
             keys,
             rows_counted: rows,
@@ -462,7 +483,8 @@ impl Resource {
         }
     }
 
-    async fn scan(&self) -> Result<Scanned, RebuildError> {
+    /// Every key of the table into a new set hashed with `key`.
+    pub(super) async fn scan(&self, key: FilterKey) -> Result<Scanned, RebuildError> {
         let f = &self.config.filter;
         let kind = match self.config.single_type() {
             Some(ty) => ty.kind(),
@@ -482,13 +504,7 @@ impl Resource {
                     // Sized for growth until the next rebuild; at least one
                     // key so an empty table still gets a valid filter.
                     let expected = ((count as f64) * f.headroom).ceil().max(1.0) as u64;
-                    KeySetBuilder::new(
-                        f.mode,
-                        kind,
-                        expected,
-                        f.false_positive_rate,
-                        FilterKey::random(),
-                    )
+                    KeySetBuilder::new(f.mode, kind, expected, f.false_positive_rate, key.clone())
                 },
                 |builder, fields| match (builder, row_key.item(fields)) {
                     (Ok(b), Some(Some(item))) => {
@@ -548,6 +564,12 @@ impl Resource {
             if e.is_permanent() {
                 return Err(e);
             }
+        }
+        // Installed from the fleet's snapshot as the feed started.
+        if self.joined()
+            && let Some(r) = self.last_build()
+        {
+            return Ok(r);
         }
         let mut delay = Duration::from_millis(200);
         loop {

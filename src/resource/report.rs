@@ -11,6 +11,8 @@ use crate::filter::FilterStats;
 /// What the last successful build did.
 #[derive(Clone, Debug, Serialize)]
 pub struct BuildReport {
+    /// `scan` (the table read) or `snapshot` (the fleet's, from the bus).
+    pub source: &'static str,
     pub generation: u64,
     pub keys: u64,
     pub rows_counted: u64,

@@ -64,6 +64,8 @@ pub async fn run<B: Bus>(
             Ended::Shutdown => return,
             Ended::Unhealthy(why) => why,
         };
+        // Off the bus: nothing is published or loaded against it.
+        opts.cursor.clear();
         if shutdown.is_fired() || tx.is_closed() {
             return;
         }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
+use super::cursor::{Cursor, Join};
 use super::{
     Bus, Entry, EntryId, Mode, Read, Status, primary_and_shapes, primary_through_the_pool,
     primary_where_the_address_leads,
@@ -24,6 +25,7 @@ use crate::feed::probes::{Gap, Probes};
 use crate::feed::watch::Shapes;
 use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Server, Watch, wal};
 use crate::shutdown::Shutdown;
+use crate::snapshot::Mark;
 
 /// What a consumer is given (see `consumer`).
 pub struct ConsumerOptions {
@@ -40,6 +42,11 @@ pub struct ConsumerOptions {
     /// The gateway's connections, held to the server this consumer follows
     /// (see `db::identity`).
     pub identity: Arc<Identity>,
+    /// Where it has read to, set after each entry is passed on.
+    pub cursor: Arc<Cursor>,
+    /// Installs the fleet's snapshots as it first starts on the bus (see
+    /// `resource::fleet`).
+    pub join: Option<Join>,
 }
 
 /// How the bus mode ended.
@@ -156,6 +163,25 @@ impl<'a, B: Bus> Following<'a, B> {
         };
         opts.identity.follow(server);
         opts.status.set_stream(bus.stream());
+        // Joining (start-up only): the snapshots installed before anything
+        // is passed on, and the stream read from their place on (see
+        // "When a snapshot may be used" in `snapshot`).
+        let mut start = head;
+        if let (false, Some(join)) = (back, &opts.join) {
+            let at = Mark {
+                stream: bus.stream().to_string(),
+                lsn: head.lsn,
+                seq: head.seq,
+            };
+            if let Some(from) = join(at).await {
+                tracing::info!(from = %EntryId { lsn: from.lsn, seq: from.seq }, head = %head, "bus: joined from the fleet's snapshots; reading the stream from their place");
+                start = EntryId {
+                    lsn: from.lsn,
+                    seq: from.seq,
+                };
+            }
+        }
+        opts.cursor.set(bus.stream(), start, tx);
         opts.health.streaming();
         opts.status.set_mode(Mode::Bus, None);
         if let Some(r) = ready.take() {
@@ -168,11 +194,11 @@ impl<'a, B: Bus> Following<'a, B> {
             shapes: Shapes::new(watch),
             tx,
             shutdown,
-            last: head,
+            last: start,
             // Every commit up to the head was visible before the head was
             // read: the scan that follows (start-up, or the resync below)
-            // covers it.
-            proven: Lsn(head.lsn),
+            // covers it. From a snapshot's place, what it holds.
+            proven: Lsn(start.lsn),
             probes: Probes::new(server, READINGS),
             next_probe: Instant::now(),
             next_relay: Instant::now(),
@@ -290,13 +316,23 @@ impl<'a, B: Bus> Following<'a, B> {
         };
         self.last = head;
         self.proven = Lsn(head.lsn);
+        // Read before the resync is passed on: a rebuild it starts needs a
+        // snapshot of this stream from here on (see `cursor`).
+        self.opts.cursor.read(self.bus.stream(), head);
         tracing::warn!(change = %change, stream = %self.bus.stream(), "bus: the primary changed; every cache is emptied and every filter rebuilt");
-        self.send(Resync::all(format!("bus: {change}"))).await
+        self.send(Resync::all(format!("bus: {change}"))).await?;
+        self.opts.cursor.set(self.bus.stream(), head, self.tx);
+        Ok(())
     }
 
     /// Entries read: each checked against its predecessor, passed on.
     async fn take(&mut self, entries: Vec<Read>) -> Result<(), Ended> {
         self.opts.status.set_reading(self.bus.node());
+        // Read before anything is passed on: a break among them is a
+        // resync whose rebuild needs a snapshot from past it (`cursor`).
+        if let Some(newest) = entries.last() {
+            self.opts.cursor.read(self.bus.stream(), newest.at);
+        }
         if self.failing.take().is_some() {
             self.opts.health.streaming();
             self.opts.status.set_mode(Mode::Bus, None);
@@ -338,6 +374,7 @@ impl<'a, B: Bus> Following<'a, B> {
             };
             self.send(ev).await?;
         }
+        self.opts.cursor.set(self.bus.stream(), self.last, self.tx);
         Ok(())
     }
 

@@ -9,8 +9,10 @@
 //! Files: [`entry`] (what one entry carries, and its encoding), [`redis`]
 //! (the [`Bus`] on Redis Streams), [`relay`] (the slot to the stream),
 //! [`consumer`] (the stream to the applier, and the fall-back to a direct
-//! feed), `follow` (the consumer's bus mode), [`fallback`] (who may follow
-//! the WAL directly). Another log (NATS JetStream, Kafka) needs only another [`Bus`].
+//! feed), `follow` (the consumer's bus mode), [`cursor`] (where the
+//! consumer has read to, for snapshots), [`fallback`] (who may follow
+//! the WAL directly). Snapshots of the filters travel beside the stream
+//! (`redis::snapshots`; the protocol: `crate::snapshot`). Another log (NATS JetStream, Kafka) needs only another [`Bus`].
 //!
 //! # Who relays: the slot is the lock
 //! Every gateway is a candidate. Once a second it looks whether the slot
@@ -133,6 +135,7 @@
 //!   database answers.
 
 pub mod consumer;
+pub mod cursor;
 pub mod entry;
 pub mod fallback;
 mod follow;

@@ -398,6 +398,10 @@ async fn term<B: Bus>(
             }
             Event::Resync(r) => (Entry::Resync(r), None),
             Event::Coverage(c) => (Entry::Coverage(c), None),
+            Event::Barrier(done) => {
+                let _ = done.send(());
+                continue;
+            }
             Event::Interrupted(why) => {
                 if relaying {
                     let _ = bus.append(&Entry::Interrupted(why.clone())).await;

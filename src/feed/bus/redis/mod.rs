@@ -51,11 +51,13 @@
 //! otherwise stay for good.
 //!
 //! The rest lives in rooms of its own: [`sentinel`] (connections to the
-//! primary the sentinels name), [`tls`] (`rediss://` and its files) and
-//! [`replicas`] (the read tier, `bus.read_from = "replicas"`).
+//! primary the sentinels name), [`tls`] (`rediss://` and its files),
+//! [`replicas`] (the read tier, `bus.read_from = "replicas"`) and
+//! [`snapshots`] (the fleet's filters beside the stream).
 
 mod replicas;
 mod sentinel;
+pub mod snapshots;
 mod tls;
 pub mod writes;
 
