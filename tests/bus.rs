@@ -1710,3 +1710,7 @@ async fn preflight_checks_the_bus() {
     );
     fleet.drop_slot(&db).await;
 }
+
+/// Snapshots on the bus (`bus.fleet_key_file`).
+#[path = "bus/snapshots.rs"]
+mod snapshots;

@@ -435,7 +435,12 @@ impl Fleet {
                 .keys(&format!("{}:*", self.prefix))
                 .await
                 .into_iter()
-                .filter(|k| !k.ends_with(":relay") && !k.ends_with(":epochs"))
+                .filter(|k| {
+                    !k.ends_with(":relay")
+                        && !k.ends_with(":epochs")
+                        && !k.contains(":snap:")
+                        && !k.contains(":scan:")
+                })
                 .collect();
             if let Some(k) = keys.into_iter().next() {
                 return k;
