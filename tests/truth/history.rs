@@ -69,6 +69,9 @@ const READ_FROM_DRAW: u64 = 0x4EAD_F40E_2E91_1CA7;
 /// were before it existed.
 const ORDERS_DRAW: u64 = 0x0D3E_5C0A_1B2F_7E11;
 
+/// Salts [`snapshot_draw`]'s stream.
+const SNAPSHOT_DRAW: u64 = 0x5_4A95_407F_1EE7;
+
 /// Salts [`assumption_draw`]'s stream.
 const ASSUMPTION_DRAW: u64 = 0xA55E_7710_0B5E_D050;
 const READERS: usize = 2;
@@ -215,6 +218,8 @@ struct World {
     /// of choices (see [`sentinel_draw`]).
     site: Option<Site>,
     sentinel_rng: Option<Rng>,
+    /// The fleet shares snapshots (see [`snapshot_draw`]).
+    snapshot_rng: Option<Rng>,
     /// The stream the faults of what was assumed are drawn from (see
     /// [`assumption_draw`]); `None`: the history has none.
     assume_rng: Option<Rng>,
@@ -310,6 +315,7 @@ impl World {
             };
         let sentinel_rng = sentinel_draw(&opts);
         let assume_rng = assumption_draw(&opts);
+        let mut snapshot_rng = snapshot_draw(&opts);
         let mut site_slot = None;
         // A fleet of two or three; `bus.max_lag` short (a consumer falls
         // back to its own feed before a failover completes) or the default
@@ -345,6 +351,13 @@ impl World {
                 let url = redis.url();
                 (Some(redis), url, Vec::new(), None)
             };
+            let snapshots = snapshot_rng.as_mut().map(|r| {
+                let path = std::env::temp_dir().join(format!("truth_{tag}.fleet.key"));
+                let key: String = (0..32).map(|_| format!("{:02x}", r.below(256))).collect();
+                std::fs::write(&path, key).unwrap();
+                let wait = if r.chance(50) { "1s" } else { "30s" };
+                (path.to_string_lossy().into_owned(), wait)
+            });
             let bus = BusSetup {
                 url,
                 sentinels,
@@ -354,6 +367,7 @@ impl World {
                 max_lag,
                 max_direct_fallback,
                 read_from,
+                snapshots,
             };
             (redis, Some(bus), fleet)
         } else {
@@ -367,10 +381,14 @@ impl World {
                     .unwrap_or_default(),
                 if let Some(b) = &bus {
                     format!(
-                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, bus.max_direct_fallback {}, bus.read_from {}, {}",
+                        "bus.slot (permanent), a fleet of {fleet}, bus.max_lag {}, bus.max_direct_fallback {}, bus.read_from {}, {}, {}",
                         b.max_lag,
                         b.max_direct_fallback,
                         b.read_from,
+                        match &b.snapshots {
+                            Some((_, wait)) => format!("snapshots (bus.snapshot_wait {wait})"),
+                            None => "no snapshots".into(),
+                        },
                         match (&redis, &site_slot) {
                             (Some(r), _) => format!("redis-server on port {}", r.port),
                             (None, Some(site)) => format!(
@@ -451,6 +469,7 @@ impl World {
             redis_back_at: Duration::ZERO,
             site: site_slot,
             sentinel_rng,
+            snapshot_rng,
             assume_rng,
             wal_writer: None,
             copy: None,
@@ -700,7 +719,11 @@ impl World {
             .faults
             .iter()
             .copied()
-            .filter(|f| !f.is_lifecycle() && !f.is_assumption() && *f != Fault::RedisFailover)
+            .filter(|f| {
+                !f.is_lifecycle()
+                    && !f.is_assumption()
+                    && !matches!(f, Fault::RedisFailover | Fault::DamagedSnapshots)
+            })
             .collect();
         faults.sort_by_key(|f| f.name());
         let lifecycle: Vec<Fault> = self
@@ -748,6 +771,13 @@ impl World {
                 && ((fault.is_none() && faults.is_empty() && lifecycle.is_empty()) || a.chance(40))
             {
                 fault = Some((a.below(steps / 2 + 1), *a.pick(&assumptions)));
+            }
+            // Damaged snapshots, from the snapshots' own stream.
+            if let Some(r) = &mut self.snapshot_rng
+                && self.opts.faults.contains(&Fault::DamagedSnapshots)
+                && ((fault.is_none() && faults.is_empty()) || r.chance(33))
+            {
+                fault = Some((r.below(steps / 2 + 1), Fault::DamagedSnapshots));
             }
             for s in 0..steps {
                 self.run_due(false).await;
@@ -1264,6 +1294,22 @@ fn sentinel_draw(opts: &Opts) -> Option<Rng> {
         .faults
         .iter()
         .all(|f| *f == Fault::RedisFailover || f.is_lifecycle());
+    (drawn || only).then_some(rng)
+}
+
+/// Whether a bus history's fleet shares snapshots (`bus.fleet_key_file`),
+/// and the stream `damaged-snapshots` and the snapshots' settings are
+/// drawn from: one of its own (the seed mixed with [`SNAPSHOT_DRAW`]), so
+/// that the seeds' other choices stay what they were before snapshots
+/// existed. Half the bus seeds; always when `damaged-snapshots` is the only
+/// fault selected.
+fn snapshot_draw(opts: &Opts) -> Option<Rng> {
+    if opts.feed != Feed::Bus {
+        return None;
+    }
+    let mut rng = Rng::new(opts.seed ^ SNAPSHOT_DRAW);
+    let drawn = rng.chance(50);
+    let only = opts.faults.iter().all(|f| *f == Fault::DamagedSnapshots);
     (drawn || only).then_some(rng)
 }
 

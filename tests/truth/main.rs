@@ -93,6 +93,18 @@
 //! the primary restarted in place would race the sentinels' promotion of
 //! its replica, and a lost primary is what `redis-failover` plays.
 //!
+//! **Snapshots.** On half the bus seeds (a draw of its own, so that the
+//! seeds' other choices stay what they were; always when
+//! `damaged-snapshots` is the only fault selected) the fleet shares a
+//! `bus.fleet_key_file`, with `bus.snapshot_wait` 1 s or 30 s: every
+//! rebuild then loads the fleet's snapshot or makes the fleet's one scan,
+//! and every gateway the faults start (`restart`, the relay's replacement)
+//! joins from the snapshots and reads the stream from their place. On
+//! those histories a round's fault is `damaged-snapshots` a third of the
+//! time, when selected: every snapshot on the bus damaged (a byte of its
+//! first chunk flipped) or deleted, half and half, then a gateway
+//! restarted, which must scan what it cannot load.
+//!
 //! # The oracle
 //! For every path the checker keeps the versions Postgres committed: the
 //! body (`row_to_json` of the resource's columns, the gateway's own query)
@@ -162,6 +174,7 @@
 //! | `pause` | all | a gateway's runtime held (both workers) for 3 or 4 s, as SIGSTOP holds a process, past its bound: rows it cached are updated meanwhile, and requests queued late in the pause are answered on resume and judged | none |
 //! | `wal-writer` | all, on a cluster of its own | asynchronous commits while the WAL writer is at `wal_writer_delay` 10 s (set at run time) or stopped (SIGSTOP), for 3 or 8 s | none |
 //! | `restore` | all, on a cluster of its own | the primary stopped (`-m immediate`), its data directory copied, started again; 3-8 steps later stopped again and the copy put back (the same system identifier and timeline, at a lower position): what was committed since is lost; a new standby is made, and the read replica, ahead of the restored primary, is left stranded | as `crash`, at each of the two restarts |
+//! | `damaged-snapshots` | bus, with snapshots | every snapshot of the fleet's filters on the bus damaged (a byte of its first chunk flipped) or deleted, half and half; then a gateway restarted, which joins over them (see "Snapshots" above) | none |
 //!
 //! # What was assumed
 //! The last four faults are what the promise once assumed instead of
@@ -392,10 +405,11 @@ pub enum Fault {
     Pause,
     WalWriter,
     Restore,
+    DamagedSnapshots,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 21] = [
+    pub const ALL: [Fault; 22] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -417,6 +431,7 @@ impl Fault {
         Fault::Pause,
         Fault::WalWriter,
         Fault::Restore,
+        Fault::DamagedSnapshots,
     ];
 
     /// The database's own lifecycle: played on a cluster of the history's
@@ -466,6 +481,7 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::WalWriter => "wal-writer",
             Fault::Restore => "restore",
+            Fault::DamagedSnapshots => "damaged-snapshots",
         }
     }
 
@@ -476,7 +492,10 @@ impl Fault {
             | Fault::Publication
             | Fault::ReplicaIdentity => feed.is_wal(),
             Fault::KillListener => !feed.is_wal(),
-            Fault::KillRelay | Fault::RestartRedis | Fault::RedisFailover => feed == Feed::Bus,
+            Fault::KillRelay
+            | Fault::RestartRedis
+            | Fault::RedisFailover
+            | Fault::DamagedSnapshots => feed == Feed::Bus,
             // A bus history is a fleet already.
             Fault::SecondGateway => feed != Feed::Bus,
             _ => true,

@@ -220,6 +220,8 @@ pub struct BusSetup {
     pub max_direct_fallback: usize,
     /// `bus.read_from`: `"replicas"` on half the Sentinel histories.
     pub read_from: &'static str,
+    /// `bus.fleet_key_file` and `bus.snapshot_wait`, on half the histories.
+    pub snapshots: Option<(String, &'static str)>,
 }
 
 pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
@@ -258,6 +260,11 @@ pub fn config(s: &Setup<'_>) -> bloomgate::config::Config {
             "[bus]\nurl = \"{}\"\nslot = \"{}\"\nprefix = \"{}\"\nmax_lag = \"{}\"\nmax_direct_fallback = {}\nread_from = \"{}\"\n",
             b.url, b.slot, b.prefix, b.max_lag, b.max_direct_fallback, b.read_from
         ));
+        if let Some((key, wait)) = &b.snapshots {
+            text.push_str(&format!(
+                "fleet_key_file = \"{key}\"\nsnapshot_wait = \"{wait}\"\n"
+            ));
+        }
         if let Some(master) = &b.sentinel_master {
             let urls: Vec<String> = b.sentinels.iter().map(|u| format!("\"{u}\"")).collect();
             text.push_str(&format!(

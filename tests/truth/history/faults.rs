@@ -241,6 +241,7 @@ impl World {
                 }
             }
             Fault::KillRelay => self.kill_relay().await,
+            Fault::DamagedSnapshots => self.damage_snapshots().await,
             Fault::RestartRedis => {
                 if self.open_redis || self.redis.is_none() {
                     false
@@ -356,6 +357,69 @@ impl World {
             6,
         );
         self.spawn_gateway("replaces the killed relay");
+        true
+    }
+
+    /// `damaged-snapshots`: every snapshot on the bus damaged (a byte of
+    /// its first chunk flipped) or deleted, half and half; then a gateway
+    /// restarted, which joins over them: what does not open is scanned.
+    async fn damage_snapshots(&mut self) -> bool {
+        let (Some(redis), Some(bus)) = (&self.redis, &self.bus) else {
+            self.shared
+                .note("fault damaged-snapshots: not on one redis-server: not injected".into());
+            return false;
+        };
+        if bus.snapshots.is_none() {
+            return false;
+        }
+        let client = redis::Client::open(redis.url()).unwrap();
+        let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+            self.shared
+                .note("fault damaged-snapshots: Redis does not answer: not injected".into());
+            return false;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*:snap:*", bus.prefix))
+            .query_async(&mut c)
+            .await
+            .unwrap_or_default();
+        let (mut damaged, mut deleted) = (0, 0);
+        // The hashes end in a nonce of 32 hex digits; the lists in a name.
+        for k in keys
+            .iter()
+            .filter(|k| k.rsplit(':').next().is_some_and(|n| n.len() == 32))
+        {
+            if self.writes.rng.chance(50) {
+                let _: Result<(), _> = redis::cmd("DEL").arg(k).query_async(&mut c).await;
+                deleted += 1;
+                continue;
+            }
+            let chunk: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(k)
+                .arg("0")
+                .query_async(&mut c)
+                .await
+                .unwrap_or_default();
+            if let Some(mut chunk) = chunk.filter(|c| !c.is_empty()) {
+                let at = self.writes.rng.below(chunk.len());
+                chunk[at] ^= 1 << self.writes.rng.below(8);
+                let _: Result<(), _> = redis::cmd("HSET")
+                    .arg(k)
+                    .arg("0")
+                    .arg(chunk)
+                    .query_async(&mut c)
+                    .await;
+                damaged += 1;
+            }
+        }
+        let live = self.shared.live();
+        let g = live[self.writes.rng.below(live.len())].clone();
+        self.shared.note(format!(
+            "fault damaged-snapshots: {damaged} damaged, {deleted} deleted; gw{} restarted over them",
+            g.id
+        ));
+        self.retire(&g);
+        self.spawn_gateway("restarted over damaged snapshots");
         true
     }
 
