@@ -529,9 +529,12 @@ impl Resource {
         })
     }
 
-    /// Requests a rebuild every `rebuild_interval`, jittered by ±10 % so
-    /// replicas do not all scan the table at once, and waits for each. Runs
-    /// until `shutdown` fires.
+    /// Requests a rebuild `rebuild_interval` after the last build (whatever
+    /// made it), jittered by ±10 % so replicas do not all scan the table at
+    /// once, and waits for each. With the fleet's snapshots, sooner: as
+    /// soon as the fleet publishes a filter newer than this one's, so the
+    /// fleet's schedules follow the first to fire, and its scan serves
+    /// them all (`fleet`). Runs until `shutdown` fires.
     pub async fn rebuild_periodically(self: Arc<Self>, mut shutdown: Shutdown) {
         let base = self.config.filter.rebuild_interval;
         if base.is_zero() || !self.config.filter.enabled {
@@ -540,7 +543,21 @@ impl Resource {
         loop {
             let jitter = rand::random_range(0.9..1.1);
             let next = async {
-                tokio::time::sleep(base.mul_f64(jitter)).await;
+                let wait = base.mul_f64(jitter);
+                let began = Instant::now();
+                loop {
+                    let since = self
+                        .last_build()
+                        .and_then(|r| r.built_at.elapsed().ok())
+                        .unwrap_or_else(|| began.elapsed());
+                    let Some(left) = wait.checked_sub(since).filter(|d| !d.is_zero()) else {
+                        break;
+                    };
+                    tokio::time::sleep(left.min(super::fleet::follow_every(base))).await;
+                    if self.fleet_rebuilt_since_ours().await {
+                        break;
+                    }
+                }
                 // Errors are logged and counted by the rebuild; the old
                 // filter stays.
                 let _ = self

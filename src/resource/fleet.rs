@@ -9,7 +9,9 @@
 //! 2. **A snapshot complete for the window**: at or past the place `W` the
 //!    consumer had read to when the window opened, on its stream, or a
 //!    little behind it with the keys applied since still held
-//!    (`recent`). Loaded, no scan.
+//!    (`recent`), and published after this resource's last build (an older
+//!    one cannot be better than the filter it would replace). Loaded, no
+//!    scan.
 //! 3. **The fleet's one scan**: slot 0 of the resource's scan leases on the
 //!    stream, free: this gateway scans (with the build key the fleet can
 //!    derive), swaps, and publishes; the lease is held, renewed, until the
@@ -62,6 +64,15 @@ const CATCH_UP: Duration = Duration::from_secs(1);
 /// Past this many `bus.snapshot_wait`s with every slot held, a rebuild
 /// scans without a lease.
 pub const UNLEASED_AFTER: u32 = 4;
+
+/// How often a resource's schedule looks for a filter the fleet published
+/// (see `Resource::rebuild_periodically`): a tenth of the interval, at
+/// most this.
+const FOLLOW_EVERY: Duration = Duration::from_secs(5);
+
+pub(super) fn follow_every(interval: Duration) -> Duration {
+    (interval / 10).clamp(Duration::from_millis(100), FOLLOW_EVERY)
+}
 
 /// A resource's part in the fleet: the store, and the watched table whose
 /// catalog state a snapshot must match.
@@ -252,8 +263,20 @@ impl Resource {
         mark: &Mark,
         catalog: &str,
     ) -> Result<Option<(Scanned, Origin)>, String> {
+        // Never one published before this filter was built: it cannot be
+        // better than the filter it would replace (a rebuild that restores
+        // precision would load the same deleted keys again), and a
+        // rebuild that covers a gap needs one labelled after the gap.
+        let ours = self.last_build().map(|r| {
+            r.built_at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64)
+        });
         for (bytes, m) in self.manifests(store, &mark.stream).await? {
-            if m.catalog != catalog || !self.fits(&m.at, mark) {
+            if m.catalog != catalog
+                || ours.is_some_and(|ours| m.published_ms <= ours)
+                || !self.fits(&m.at, mark)
+            {
                 continue;
             }
             let Some(opened) = self.open(store, &mark.stream, bytes, &m).await? else {
@@ -538,6 +561,28 @@ impl Resource {
             }
         }
         Ok(None)
+    }
+
+    /// Whether the fleet published a filter of this resource after this
+    /// gateway's last build: its schedule then rebuilds now, and loads it
+    /// (see `Resource::rebuild_periodically`). One look at the newest
+    /// manifest; `false` without snapshots, off the bus, or when Redis
+    /// does not answer (the schedule's own timer goes on).
+    pub(super) async fn fleet_rebuilt_since_ours(&self) -> bool {
+        let (Some(fleet), Some(ours)) = (self.fleet(), self.last_build()) else {
+            return false;
+        };
+        let Some(mark) = fleet.store.mark() else {
+            return false;
+        };
+        let ours = ours
+            .built_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        match self.manifests(&*fleet.store, &mark.stream).await {
+            Ok(found) => found.first().is_some_and(|(_, m)| m.published_ms > ours),
+            Err(_) => false,
+        }
     }
 
     /// Whether the filter was installed by [`Resource::join`] (the

@@ -46,11 +46,19 @@
 //!   it has applied), and takes a snapshot at `R ≥ W` on the same stream:
 //!   entries up to `W` are in the snapshot, later ones in the journal.
 //!
+//! - **A little behind**: a snapshot at `R < W` plus the keys this
+//!   gateway applied from commits past `R`, when it still holds every one
+//!   of them and no gap opened since a rebuild was last complete
+//!   (`resource::recent`).
+//!
 //! Never a snapshot of another stream (a manifest names its stream, and
 //! the name is authenticated with the body): another cluster, database,
 //! set of watched columns, timeline or start of the primary. Never one
 //! of another key definition (table, key columns and types, how each
-//! compares: [`Manifest::shape`]).
+//! compares: [`Manifest::shape`]), nor of another catalog state of the
+//! table ([`Store::catalog`]: a rewrite, partitions, a replaced table, an
+//! edited publication change rows no stream entry names, and may have
+//! happened while no feed ran to see them).
 
 pub mod seal;
 

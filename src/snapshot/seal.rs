@@ -37,8 +37,11 @@ use crate::filter::FilterKey;
 
 /// Bytes of body per chunk (before the 16-byte tag): one Redis command
 /// moves at most this much, so a large snapshot never holds Redis' one
-/// thread for long.
-pub const CHUNK: usize = 1 << 20;
+/// thread for long. A sealed chunk stays within 1 MiB, one of jemalloc's
+/// size classes: 16 bytes past it, Redis would hold each in 1.25 MiB
+/// (measured: 14 chunks of 1 MiB + 16 bytes take 18.4 MB, of 1 MiB − 48
+/// bytes 14.7 MB; BENCHMARKS.md, "Snapshots").
+pub const CHUNK: usize = (1 << 20) - 64;
 
 /// The fewest bytes a fleet key file may hold (after trimming whitespace).
 pub const MIN_FLEET_KEY: usize = 32;

@@ -347,7 +347,7 @@ async fn a_snapshot_of_another_epoch_or_past_the_stream_is_not_used() {
     let _ = std::fs::remove_file(key);
 }
 
-/// A gap every gateway of a fleet of three meets (a resync on the
+/// A gap every gateway of a fleet of four meets (a resync on the
 /// stream): one scan per table for the whole fleet; the others load its
 /// snapshot. The table is large enough that the scan outlasts the
 /// moment each gateway opens its rebuild's window.
@@ -364,7 +364,7 @@ async fn a_fleet_wide_gap_costs_the_fleet_one_scan() {
     let fleet = Fleet::new();
     let key = fleet_key("fleet_gap");
     let mut gws = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..4 {
         gws.push(started(with_key(fleet.patient_config(&db, &redis), &key)).await);
     }
     wait_all_on_bus(&gws).await;
@@ -393,7 +393,7 @@ async fn a_fleet_wide_gap_costs_the_fleet_one_scan() {
         gws.iter().map(|g| totals(g)).collect::<Vec<_>>()
     );
     let loaded: u64 = gws.iter().map(|g| totals(g).loaded).sum();
-    assert!(loaded >= 4, "two gateways loaded both: {loaded}");
+    assert!(loaded >= 6, "three gateways loaded both: {loaded}");
     for g in &gws {
         assert_eq!(get_status(g, "/users/150000").await, StatusCode::OK);
         assert_eq!(
@@ -490,12 +490,13 @@ async fn the_wait_for_the_fleet_s_scan_is_bounded() {
     let _ = std::fs::remove_file(key);
 }
 
-/// A rebuild that only restores precision (the schedule), with no gap
-/// since the fleet's snapshot: it loads that snapshot, older than its
-/// window, plus the keys it applied since (a text key, which no
-/// high-water mark would rescue), and scans nothing.
+/// Rebuilds that only restore precision (the schedule), with no gap: one
+/// never reloads a snapshot older than its own filter (it scans, and
+/// publishes); another gateway's then loads that fresh snapshot, with the
+/// keys it applied since (a text key, which no high-water mark would
+/// rescue), and scans nothing.
 #[tokio::test]
-async fn a_scheduled_rebuild_loads_an_older_snapshot_and_the_keys_applied_since() {
+async fn a_scheduled_rebuild_loads_the_fleet_s_newer_snapshot_and_the_keys_applied_since() {
     use bloomgate::rebuild::Reason;
     let _one = ONE_AT_A_TIME.lock().await;
     let redis = Redis::start().await;
@@ -508,34 +509,42 @@ async fn a_scheduled_rebuild_loads_an_older_snapshot_and_the_keys_applied_since(
         totals(&a).published == 3
     })
     .await;
+    let b = started(with_key(fleet.patient_config(&db, &redis), &key)).await;
+    let both = [a.clone(), b.clone()];
+    wait_all_on_bus(&both).await;
+    assert_eq!(scans(&b, "users_by_email"), 0, "b joined");
+    let schedule = |g: &Gateway| {
+        g.resource("users_by_email")
+            .unwrap()
+            .request_rebuild(Reason::Schedule, false)
+    };
+    // a: its own snapshot is as old as its filter: a scan.
+    let scanned = scans(&a, "users_by_email");
+    let report = schedule(&a).outcome().await.unwrap().unwrap();
+    assert_eq!(report.source, "scan");
+    assert_eq!(scans(&a, "users_by_email"), scanned + 1);
+    eventually("a published it", || async { totals(&a).published == 4 }).await;
+    // Applied by b after a's snapshot was labelled.
     db.exec("INSERT INTO users (id, email, name) VALUES (900, 'recent@x.org', 'Recent')")
         .await;
-    eventually("a applied it", || async {
-        get_status(&a, "/users-by-email/recent@x.org").await == StatusCode::OK
+    eventually("b applied it", || async {
+        get_status(&b, "/users-by-email/recent@x.org").await == StatusCode::OK
     })
     .await;
-    let r = a.resource("users_by_email").unwrap();
-    let scanned = scans(&a, "users_by_email");
-    let report = r
-        .request_rebuild(Reason::Schedule, false)
-        .outcome()
-        .await
-        .unwrap()
-        .unwrap();
+    let report = schedule(&b).outcome().await.unwrap().unwrap();
     assert_eq!(report.source, "snapshot");
-    assert_eq!(scans(&a, "users_by_email"), scanned, "no scan");
-    assert_eq!(totals(&a).loaded, 1);
-    vouched(&a, "users_by_email").await;
+    assert_eq!(scans(&b, "users_by_email"), 0, "no scan");
+    vouched(&b, "users_by_email").await;
     assert_eq!(
-        get_status(&a, "/users-by-email/recent@x.org").await,
+        get_status(&b, "/users-by-email/recent@x.org").await,
         StatusCode::OK
     );
     assert_eq!(
-        get_status(&a, "/users-by-email/u3@example.com").await,
+        get_status(&b, "/users-by-email/u3@example.com").await,
         StatusCode::OK
     );
-    no_fallbacks(std::slice::from_ref(&a));
-    fleet.stop(std::slice::from_ref(&a), &db).await;
+    no_fallbacks(&both);
+    fleet.stop(&both, &db).await;
     let _ = std::fs::remove_file(key);
 }
 
@@ -588,5 +597,48 @@ async fn a_table_rewritten_while_the_fleet_was_down_is_scanned_not_loaded() {
     assert_eq!(scans(&b, "articles"), 0);
     no_fallbacks(std::slice::from_ref(&b));
     fleet.stop(std::slice::from_ref(&b), &db).await;
+    let _ = std::fs::remove_file(key);
+}
+
+/// A gateway whose own schedule is far off follows the fleet's: as soon as
+/// another gateway's scheduled scan publishes a filter newer than its own,
+/// it rebuilds, and loads it: one scan per schedule for the fleet.
+#[tokio::test]
+async fn a_schedule_follows_the_fleet_s_scan_and_loads_it() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let db = bus_db().await;
+    let fleet = Fleet::new();
+    let key = fleet_key("fleet_follow");
+    let every = |interval: u64| {
+        let mut cfg = with_key(fleet.patient_config(&db, &redis), &key);
+        for r in cfg.resources.iter_mut() {
+            r.filter.rebuild_interval = Some(Duration::from_secs(interval));
+        }
+        cfg
+    };
+    let a = started(every(3)).await;
+    wait_all_on_bus(std::slice::from_ref(&a)).await;
+    let b = started(every(3600)).await;
+    let both = [a.clone(), b.clone()];
+    wait_all_on_bus(&both).await;
+    assert_eq!(scans(&b, "users"), 0, "b joined");
+    let was = rebuilds(&b, "users");
+    a.spawn_rebuilds();
+    b.spawn_rebuilds();
+    eventually_within(
+        "b followed a's scheduled scan",
+        Duration::from_secs(30),
+        || async { rebuilds(&b, "users") >= was + 2 },
+    )
+    .await;
+    assert!(scans(&a, "users") >= 2, "a's schedule scanned");
+    assert_eq!(scans(&b, "users"), 0, "b loaded what a scanned");
+    assert_eq!(
+        b.resource("users").unwrap().last_build().unwrap().source,
+        "snapshot"
+    );
+    no_fallbacks(&both);
+    fleet.stop(&both, &db).await;
     let _ = std::fs::remove_file(key);
 }
