@@ -40,7 +40,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::Resource;
-use super::build::RebuildError;
+use super::RebuildError;
 use super::live_filter::{Scanned, Swapped};
 use crate::filter::FilterKey;
 use crate::key::Key;

@@ -134,8 +134,10 @@ mod tests {
     }
 
     fn settled() -> Recent {
-        let mut r = Recent::default();
-        r.pending = Some(0);
+        let mut r = Recent {
+            pending: Some(0),
+            ..Recent::default()
+        };
         r.settle(true);
         r
     }

@@ -395,6 +395,7 @@ mod tests {
             format: 0,
             resource: resource.into(),
             shape: shape(&["users".into(), "id bigint".into()]),
+            catalog: "16384|id:1:20:-1".into(),
             at: Mark {
                 stream: "bg:1:db:abc:tl1:s1".into(),
                 lsn: 100,
