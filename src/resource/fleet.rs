@@ -39,8 +39,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::Resource;
 use super::RebuildError;
+use super::Resource;
 use super::live_filter::{Scanned, Swapped};
 use crate::filter::FilterKey;
 use crate::key::Key;
