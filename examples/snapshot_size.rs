@@ -50,6 +50,7 @@ fn main() {
             resource: "t".into(),
             shape: "s".into(),
             catalog: String::new(),
+            key_id: String::new(),
             at: Mark {
                 stream: "s".into(),
                 lsn: 1,

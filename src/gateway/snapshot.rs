@@ -163,10 +163,11 @@ impl Expose for BusSnapshot {
             ("for_fleet", s.scans_for_fleet),
             ("after_wait", s.scans_after_wait),
             ("without_bus", s.scans_without_bus),
+            ("after_refusal", s.scans_after_refusal),
         ] {
             out.counter(
                 "bloomgate_bus_snapshot_scans_total",
-                "Scans of a table this gateway made with snapshots on: the fleet's one scan (for_fleet), by itself past bus.snapshot_wait (after_wait), or with Redis not answering (without_bus).",
+                "Scans of a table this gateway made with snapshots on: the fleet's one scan (for_fleet), by itself past bus.snapshot_wait (after_wait), with Redis or the catalog not answering or this gateway off the bus (without_bus), or after the shrink guard refused the snapshot it loaded (after_refusal).",
                 &[("why", why)],
                 v as f64,
             );

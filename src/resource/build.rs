@@ -313,11 +313,14 @@ impl Resource {
         // A snapshot the guard would refuse is not used: its publisher's
         // first build had no guard, and the refusal's merge needs a scan
         // of this gateway's own anyway.
-        if matches!(origin, Origin::Loaded { .. })
-            && self.check_shrink(scanned.keys, force).is_err()
-        {
-            tracing::warn!(resource = %self.name(), keys = scanned.keys, "the fleet's snapshot holds far fewer keys than this filter (filter.max_shrink): not used; scanning");
-            (scanned, origin) = (self.scan(FilterKey::random()).await?, Origin::Scan);
+        if let Origin::Loaded { .. } = origin {
+            if self.check_shrink(scanned.keys, force).is_err() {
+                tracing::warn!(resource = %self.name(), keys = scanned.keys, "the fleet's snapshot holds far fewer keys than this filter (filter.max_shrink): not used; scanning");
+                self.count_snapshot(|s| &s.scans_after_refusal);
+                (scanned, origin) = (self.scan(FilterKey::random()).await?, Origin::Scan);
+            } else {
+                self.count_snapshot(|s| &s.loaded);
+            }
         }
         let (keys, rows) = (scanned.keys, scanned.rows);
         if let Err((old, min)) = self.check_shrink(keys, force) {
@@ -540,21 +543,29 @@ impl Resource {
         if base.is_zero() || !self.config.filter.enabled {
             return;
         }
+        // The last snapshot followed: each is followed once.
+        let mut followed: Option<String> = None;
         loop {
             let jitter = rand::random_range(0.9..1.1);
             let next = async {
                 let wait = base.mul_f64(jitter);
-                let began = Instant::now();
+                // Since the later of the last build and this task's last
+                // attempt: a refused or failed rebuild waits its interval
+                // too, as a loaded one does.
+                let attempted = Instant::now();
                 loop {
                     let since = self
                         .last_build()
                         .and_then(|r| r.built_at.elapsed().ok())
-                        .unwrap_or_else(|| began.elapsed());
+                        .map_or(attempted.elapsed(), |b| b.min(attempted.elapsed()));
                     let Some(left) = wait.checked_sub(since).filter(|d| !d.is_zero()) else {
                         break;
                     };
                     tokio::time::sleep(left.min(super::fleet::follow_every(base))).await;
-                    if self.fleet_rebuilt_since_ours().await {
+                    if let Some(nonce) = self.fleet_rebuilt_since_ours().await
+                        && followed.as_ref() != Some(&nonce)
+                    {
+                        followed = Some(nonce);
                         break;
                     }
                 }

@@ -79,6 +79,30 @@ pub(super) fn follow_every(interval: Duration) -> Duration {
 pub(super) struct Fleet {
     store: Arc<dyn Store>,
     table: Arc<str>,
+    /// Snapshots that did not open, by nonce (the last [`REFUSED`]): not
+    /// fetched again, nor counted again.
+    refused: std::sync::Mutex<std::collections::VecDeque<String>>,
+}
+
+/// Refused snapshots remembered per resource.
+const REFUSED: usize = 64;
+
+impl Fleet {
+    fn refused(&self, nonce: &str) -> bool {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|n| n == nonce)
+    }
+
+    fn refuse(&self, nonce: &str) {
+        let mut r = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+        if r.len() >= REFUSED {
+            r.pop_front();
+        }
+        r.push_back(nonce.to_string());
+    }
 }
 
 /// Where a rebuild's set came from, and what is owed after the swap.
@@ -118,11 +142,22 @@ impl Resource {
     /// Shares this resource's filters with the fleet through `store`
     /// (once, at start-up); `table`: the watched table it follows.
     pub fn use_snapshots(&self, store: Arc<dyn Store>, table: Arc<str>) {
-        let _ = self.snapshots.set(Fleet { store, table });
+        let _ = self.snapshots.set(Fleet {
+            store,
+            table,
+            refused: Default::default(),
+        });
     }
 
     fn fleet(&self) -> Option<&Fleet> {
         self.snapshots.get()
+    }
+
+    /// Counts on the fleet's snapshot stats, if snapshots are on.
+    pub(super) fn count_snapshot(&self, which: impl Fn(&Stats) -> &std::sync::atomic::AtomicU64) {
+        if let Some(f) = self.fleet() {
+            Stats::count(which(f.store.stats()));
+        }
     }
 
     /// Keeps a key a commit at `lsn` inserted (see `recent`); nothing
@@ -293,7 +328,6 @@ impl Resource {
             for k in &missing {
                 opened.set.insert(k.item());
             }
-            Stats::count(&store.stats().loaded);
             return Ok(Some(loaded(opened)));
         }
         Ok(None)
@@ -407,6 +441,7 @@ impl Resource {
             resource: self.name().to_string(),
             shape: self.shape(),
             catalog: f.catalog.clone(),
+            key_id: String::new(),
             at,
             nonce: String::new(),
             kind: String::new(),
@@ -434,18 +469,39 @@ impl Resource {
     }
 
     /// The manifests of this resource on `stream`, newest first, parsed
-    /// (not yet authenticated: only to choose what to fetch); those that do
-    /// not parse or name an impossible size are counted and left out.
+    /// (not yet authenticated: only to choose what to fetch), without
+    /// those this gateway cannot use whatever its place: another fleet key
+    /// or format, published before the primary's position last went back,
+    /// refused before. One that does not parse or names an impossible size
+    /// is refused (and counted) here.
     async fn manifests(
         &self,
         store: &dyn Store,
         stream: &str,
     ) -> Result<Vec<(Vec<u8>, Manifest)>, String> {
+        let Some(fleet) = self.fleet() else {
+            return Ok(Vec::new());
+        };
+        let (key_id, not_before) = (store.fleet().id(), store.not_before_ms());
         let mut out = Vec::new();
         for bytes in store.manifests(stream, self.name()).await? {
             match snapshot::manifest(&bytes) {
-                Ok(m) if (1..=MAX_CHUNKS).contains(&m.chunks) => out.push((bytes, m)),
-                _ => Stats::count(&store.stats().unusable),
+                Ok(m) if fleet.refused(&m.nonce) => {}
+                Ok(m)
+                    if (1..=MAX_CHUNKS).contains(&m.chunks)
+                        && m.format == snapshot::FORMAT
+                        && m.key_id == key_id
+                        && m.published_ms >= not_before =>
+                {
+                    out.push((bytes, m))
+                }
+                Ok(m) if m.published_ms < not_before => {}
+                Ok(m) => {
+                    fleet.refuse(&m.nonce);
+                    Stats::count(&store.stats().unusable);
+                    tracing::warn!(resource = %self.name(), by = %m.by, "a snapshot on the bus was not used: another fleet key (bus.fleet_key_file), format, or size");
+                }
+                Err(_) => Stats::count(&store.stats().unusable),
             }
         }
         Ok(out)
@@ -460,11 +516,17 @@ impl Resource {
         bytes: Vec<u8>,
         m: &Manifest,
     ) -> Result<Option<Opened>, String> {
+        let refuse = || {
+            if let Some(f) = self.fleet() {
+                f.refuse(&m.nonce);
+            }
+            Stats::count(&store.stats().unusable);
+        };
         let Some(chunks) = store
             .chunks(stream, self.name(), &m.nonce, m.chunks)
             .await?
         else {
-            Stats::count(&store.stats().unusable);
+            refuse();
             return Ok(None);
         };
         let fleet = store.fleet().clone();
@@ -481,7 +543,7 @@ impl Resource {
         match opened {
             Ok(o) => Ok(Some(o)),
             Err(e) => {
-                Stats::count(&store.stats().unusable);
+                refuse();
                 tracing::warn!(resource = %self.name(), error = %e, "a snapshot on the bus was not used");
                 Ok(None)
             }
@@ -522,7 +584,6 @@ impl Resource {
             .is_some();
         match outcome {
             Some(Ok(r)) if !unused && r.source == "snapshot" => {
-                Stats::count(&store.stats().loaded);
                 self.joined.store(true, Ordering::Relaxed);
                 tracing::info!(resource = %self.name(), keys = r.keys, "filter loaded from the fleet's snapshot; no scan");
                 Some(at)
@@ -563,26 +624,29 @@ impl Resource {
         Ok(None)
     }
 
-    /// Whether the fleet published a filter of this resource after this
-    /// gateway's last build: its schedule then rebuilds now, and loads it
-    /// (see `Resource::rebuild_periodically`). One look at the newest
-    /// manifest; `false` without snapshots, off the bus, or when Redis
-    /// does not answer (the schedule's own timer goes on).
-    pub(super) async fn fleet_rebuilt_since_ours(&self) -> bool {
-        let (Some(fleet), Some(ours)) = (self.fleet(), self.last_build()) else {
-            return false;
-        };
-        let Some(mark) = fleet.store.mark() else {
-            return false;
-        };
+    /// A filter of this resource the fleet published after this gateway's
+    /// last build, that it could load (this fleet key and format, this key
+    /// definition and catalog state), by its nonce: the schedule then
+    /// rebuilds now, once per snapshot (see
+    /// `Resource::rebuild_periodically`). A snapshot another gateway
+    /// cannot use is not followed, so gateways that differ (a fleet key
+    /// being rotated, a rolling upgrade) never take turns scanning. `None`
+    /// without snapshots, off the bus, or when Redis does not answer (the
+    /// schedule's own timer goes on).
+    pub(super) async fn fleet_rebuilt_since_ours(&self) -> Option<String> {
+        let (fleet, ours) = (self.fleet()?, self.last_build()?);
+        let mark = fleet.store.mark()?;
         let ours = ours
             .built_at
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        match self.manifests(&*fleet.store, &mark.stream).await {
-            Ok(found) => found.first().is_some_and(|(_, m)| m.published_ms > ours),
-            Err(_) => false,
+        let found = self.manifests(&*fleet.store, &mark.stream).await.ok()?;
+        let (_, newest) = found.first()?;
+        if newest.published_ms <= ours || newest.shape != self.shape() {
+            return None;
         }
+        let catalog = fleet.store.catalog(&fleet.table).await.ok()?;
+        (newest.catalog == catalog).then(|| newest.nonce.clone())
     }
 
     /// Whether the filter was installed by [`Resource::join`] (the

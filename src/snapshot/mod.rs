@@ -16,9 +16,10 @@
 //! 1. the publisher's rebuild scans with its window open, as every
 //!    rebuild does (`resource::live_filter`), and swaps the new set in;
 //! 2. then it reads the stream's newest place, lets its consumer read up
-//!    to it (for a second at most), reads where the consumer has read to,
-//!    `R` ([`Store::settled`]), and waits until every event of the entries
-//!    up to `R` has been applied (a barrier through the applier's queue).
+//!    to it (for a second at most), reads where the consumer has passed
+//!    entries on to, `R` ([`Store::settled`]), and waits until every event
+//!    of the entries up to `R` has been applied (a barrier through the
+//!    applier's queue).
 //!    Reading up to the head first is for the rest of the fleet: every
 //!    gateway that opened its window before the swap asks for a snapshot
 //!    at or past its own place, which is at or before that head;
@@ -99,6 +100,8 @@ pub struct Manifest {
     /// The table's catalog state as the publisher's rebuild began
     /// ([`Store::catalog`]): a snapshot is used only where it is the same.
     pub catalog: String,
+    /// The fleet key's public name ([`FleetKey::id`]).
+    pub key_id: String,
     /// Complete at this place (see the module doc).
     pub at: Mark,
     /// The build's nonce ([`Nonce::hex`]): names the snapshot, and with
@@ -197,6 +200,7 @@ pub fn publishable(
 ) -> Stored {
     let packed = seal::pack(&set.to_bytes());
     manifest.format = FORMAT;
+    manifest.key_id = fleet.id();
     manifest.nonce = key.nonce.hex();
     manifest.kind = set.kind().to_string();
     manifest.plain_bytes = packed.plain_len;
@@ -254,10 +258,15 @@ pub trait Store: Send + Sync + 'static {
     /// Where this gateway's consumer has read to: past everything it has
     /// applied. `None` off the bus (starting, or following the WAL itself).
     fn mark(&self) -> Option<Mark>;
-    /// [`Store::mark`], once everything read up to it is applied (see the
-    /// module doc, step 2); `None` off the bus, or if the applier does not
-    /// get there within a few seconds.
+    /// Where this gateway's consumer has passed entries on to, once the
+    /// applier has applied everything passed on before it (see the module
+    /// doc, step 2); `None` off the bus, or if the applier does not get
+    /// there within a few seconds.
     fn settled(&self) -> BoxFuture<'_, Option<Mark>>;
+    /// Snapshots published before this (Unix milliseconds) are not used:
+    /// the primary's position went back within its epoch since (see
+    /// `feed::bus::cursor`). 0: none.
+    fn not_before_ms(&self) -> u64;
     /// Keeps `stored` as the newest snapshot of `resource` on its stream;
     /// older ones past `bus.snapshot_keep` are deleted.
     fn put<'a>(
@@ -336,12 +345,15 @@ pub struct Stats {
     pub scans_for_fleet: AtomicU64,
     /// Scans it made by itself: no snapshot within `bus.snapshot_wait`.
     pub scans_after_wait: AtomicU64,
-    /// Scans made without the bus: Redis did not answer, or this gateway
-    /// was off it (following the WAL itself).
+    /// Scans made without the bus: Redis or the catalog did not answer,
+    /// or this gateway was off the bus (following the WAL itself).
     pub scans_without_bus: AtomicU64,
-    /// Snapshots refused (forged, damaged, another fleet key, another
-    /// catalog state, gone mid-read).
+    /// Snapshots refused, each once (forged, damaged, another fleet key,
+    /// an impossible manifest, gone mid-read).
     pub unusable: AtomicU64,
+    /// Scans made because the snapshot loaded holds far fewer keys than
+    /// the filter it would replace (`filter.max_shrink`).
+    pub scans_after_refusal: AtomicU64,
     /// Publishes that failed (Redis refused, or a gap made the set unfit).
     pub publish_failed: AtomicU64,
     /// Bytes of the last snapshot published.
@@ -361,6 +373,7 @@ impl Stats {
             scans_for_fleet: l(&self.scans_for_fleet),
             scans_after_wait: l(&self.scans_after_wait),
             scans_without_bus: l(&self.scans_without_bus),
+            scans_after_refusal: l(&self.scans_after_refusal),
             unusable: l(&self.unusable),
             publish_failed: l(&self.publish_failed),
             last_bytes: l(&self.last_bytes),
@@ -376,6 +389,7 @@ pub struct Totals {
     pub scans_for_fleet: u64,
     pub scans_after_wait: u64,
     pub scans_without_bus: u64,
+    pub scans_after_refusal: u64,
     pub unusable: u64,
     pub publish_failed: u64,
     pub last_bytes: u64,
@@ -396,6 +410,7 @@ mod tests {
             resource: resource.into(),
             shape: shape(&["users".into(), "id bigint".into()]),
             catalog: "16384|id:1:20:-1".into(),
+            key_id: String::new(),
             at: Mark {
                 stream: "bg:1:db:abc:tl1:s1".into(),
                 lsn: 100,

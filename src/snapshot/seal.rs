@@ -53,6 +53,7 @@ pub const MIN_FLEET_KEY: usize = 32;
 pub const MAX_PLAIN: u64 = 1 << 36;
 
 const BODY_LABEL: &[u8] = b"bloomgate snapshot body v1";
+const ID_LABEL: &[u8] = b"bloomgate fleet key id v1";
 const FILTER_LABEL: &[u8] = b"bloomgate snapshot filter key v1";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -103,6 +104,20 @@ impl FleetKey {
 
     fn prk(&self, nonce: &Nonce) -> hkdf::Prk {
         hkdf::Salt::new(hkdf::HKDF_SHA256, &nonce.0).extract(&self.ikm)
+    }
+
+    /// A name of the key that is safe to publish (64 bits of HKDF output
+    /// under a label of its own, which says nothing of the key): a
+    /// manifest carries it, so a gateway with another key passes a
+    /// snapshot over without fetching it.
+    pub fn id(&self) -> String {
+        let mut bytes = [0u8; 8];
+        hkdf::Salt::new(hkdf::HKDF_SHA256, ID_LABEL)
+            .extract(&self.ikm)
+            .expand(&[ID_LABEL], Len(8))
+            .and_then(|okm| okm.fill(&mut bytes))
+            .expect("HKDF-SHA256 yields 8 bytes");
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The filter key of the build `nonce` names (see the module doc).
@@ -298,6 +313,16 @@ mod tests {
             a.filter_key(&n).fingerprint(),
             b.filter_key(&n).fingerprint()
         );
+    }
+
+    #[test]
+    fn a_key_s_id_names_it_and_is_none_of_its_keys() {
+        assert_eq!(fleet(1).id(), fleet(1).id());
+        assert_ne!(fleet(1).id(), fleet(2).id());
+        assert_eq!(fleet(1).id().len(), 16);
+        let n = Nonce([0; 16]);
+        let fp = format!("{:016x}", fleet(1).filter_key(&n).fingerprint());
+        assert_ne!(fleet(1).id(), fp);
     }
 
     #[test]

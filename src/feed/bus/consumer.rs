@@ -61,7 +61,10 @@ pub async fn run<B: Bus>(
         )
         .await
         {
-            Ended::Shutdown => return,
+            Ended::Shutdown => {
+                opts.cursor.clear();
+                return;
+            }
             Ended::Unhealthy(why) => why,
         };
         // Off the bus: nothing is published or loaded against it.

@@ -43,6 +43,11 @@ struct Places {
 #[derive(Default)]
 pub struct Cursor {
     at: Mutex<Places>,
+    /// Snapshots published before this (Unix ms) are not used: the
+    /// primary's position went back within its epoch (a restore that kept
+    /// what the epoch is told by), and a snapshot labelled on this stream
+    /// before then may hold what the restored primary never had.
+    not_before_ms: std::sync::atomic::AtomicU64,
 }
 
 fn mark(stream: &str, at: EntryId) -> Mark {
@@ -72,6 +77,18 @@ impl Cursor {
             g.read = Some(m.clone());
         }
         g.passed = Some((m, tx.clone()));
+    }
+
+    /// The primary's position went back within its epoch: no snapshot
+    /// published until now is used.
+    pub fn discard_before_now(&self) {
+        self.not_before_ms
+            .store(crate::feed::now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn not_before_ms(&self) -> u64 {
+        self.not_before_ms
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The consumer left the bus.

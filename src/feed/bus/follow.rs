@@ -277,6 +277,7 @@ impl<'a, B: Bus> Following<'a, B> {
             // The same epoch going back (a restore that kept what the
             // epoch is told by): nothing proven on it holds.
             Err(Gap(why)) if before == Some(now) => {
+                self.opts.cursor.discard_before_now();
                 tracing::warn!(why = %why, "bus: the primary's position went back; every cache is emptied and every filter rebuilt");
                 self.send(Resync::all(format!("bus: {why}"))).await
             }

@@ -192,6 +192,10 @@ impl Store for RedisSnapshots {
         self.cursor.settled().boxed()
     }
 
+    fn not_before_ms(&self) -> u64 {
+        self.cursor.not_before_ms()
+    }
+
     fn put<'a>(
         &'a self,
         resource: &'a str,
