@@ -90,6 +90,10 @@ async fn the_dashboard_and_the_rules_name_only_metrics_the_gateway_exports() {
         drop(free);
         let mut cfg = fleet.config(&db, &redis);
         cfg.admin.metrics_listen = Some(addr);
+        // Snapshots on (`bus.fleet_key_file`): their metrics too.
+        let key = std::env::temp_dir().join(format!("deploy_fleet_key_{}", std::process::id()));
+        std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+        cfg.bus.fleet_key_file = Some(key.clone());
         let gw = started(cfg).await;
         // The relay's reading of Redis' memory (every 10 s, the first
         // within a second or so of its term).
@@ -102,6 +106,7 @@ async fn the_dashboard_and_the_rules_name_only_metrics_the_gateway_exports() {
         let text = scrape(addr).await;
         served.shutdown().await.unwrap();
         fleet.stop(&[gw], &db).await;
+        let _ = std::fs::remove_file(key);
         let have = exported(&text);
         (text, have)
     };
