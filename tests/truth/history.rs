@@ -1224,6 +1224,9 @@ impl World {
         for g in self.shared.live() {
             self.retire(&g);
         }
+        if let Some((key, _)) = self.bus.as_ref().and_then(|b| b.snapshots.as_ref()) {
+            let _ = std::fs::remove_file(key);
+        }
         if let Some(r) = self.paused.take() {
             r.resume().await;
         }
