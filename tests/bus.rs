@@ -1608,6 +1608,29 @@ async fn preflight_checks_the_bus() {
         report.contains("ok      room for the relay and bus.max_direct_fallback = 2"),
         "{report}"
     );
+    assert!(!report.contains("fleet_key_file"), "{report}");
+    // The fleet key as start-up reads it: its public id, or what is wrong.
+    let key = std::env::temp_dir().join(unique("preflight_fleet_key"));
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let mut keyed = config.clone();
+    keyed.bus.fleet_key_file = Some(key.clone());
+    let report = bloomgate::preflight::run(&keyed).await.to_string();
+    let id = bloomgate::snapshot::FleetKey::from_file(&key).unwrap().id();
+    assert!(
+        report.contains(&format!("ok      bus.fleet_key_file: a fleet key (id {id}")),
+        "{report}"
+    );
+    assert!(
+        !report.contains("0123456789abcdef0123"),
+        "the key quoted:\n{report}"
+    );
+    std::fs::write(&key, "short").unwrap();
+    let report = bloomgate::preflight::run(&keyed).await.to_string();
+    assert!(
+        report.contains("MISSING bus.fleet_key_file: holds 5 bytes"),
+        "{report}"
+    );
+    let _ = std::fs::remove_file(key);
 
     let mut greedy = config.clone();
     greedy.bus.max_direct_fallback = 1000;

@@ -325,6 +325,16 @@ pub(super) async fn bus(
             Err(_) => r.note("bus.read_from = \"replicas\": the primary's replicas could not be listed (no answer within 10 s)".into()),
         }
     }
+    // Snapshots: the fleet key as start-up reads it (never quoted).
+    if let Some(path) = &b.fleet_key_file {
+        match crate::snapshot::FleetKey::from_file(path) {
+            Ok(k) => r.ok(format!(
+                "bus.fleet_key_file: a fleet key (id {}; every gateway of the fleet must show the same)",
+                k.id()
+            )),
+            Err(e) => r.missing(format!("bus.fleet_key_file: {e}")),
+        }
+    }
     let slot: Option<(Option<String>, bool)> =
         sqlx::query_as("SELECT wal_status, active FROM pg_replication_slots WHERE slot_name = $1")
             .bind(&b.slot)
