@@ -38,6 +38,18 @@ fn totals(g: &Gateway) -> Totals {
     g.snapshot_store().unwrap().stats().totals()
 }
 
+/// The fleet's first gateway on `cfg`, once on the bus and with its
+/// three filters (users, users_by_email, articles) published.
+async fn publisher(cfg: Config) -> Arc<Gateway> {
+    let a = started(cfg).await;
+    wait_all_on_bus(std::slice::from_ref(&a)).await;
+    eventually("a published its three filters", || async {
+        totals(&a).published == 3
+    })
+    .await;
+    a
+}
+
 fn rebuilds(g: &Gateway, resource: &str) -> u64 {
     g.resource(resource)
         .unwrap()
@@ -118,12 +130,7 @@ async fn a_gateway_joining_the_fleet_loads_the_snapshots_and_scans_nothing() {
     db.exec("DELETE FROM users WHERE id = 4").await;
     let fleet = Fleet::new();
     let key = fleet_key("fleet_join");
-    let a = started(with_key(fleet.patient_config(&db, &redis), &key)).await;
-    wait_all_on_bus(std::slice::from_ref(&a)).await;
-    eventually("a published its three filters", || async {
-        totals(&a).published == 3
-    })
-    .await;
+    let a = publisher(with_key(fleet.patient_config(&db, &redis), &key)).await;
     assert_eq!(totals(&a).scans_for_fleet, 3);
     assert_eq!(
         a.resource("users").unwrap().last_build().unwrap().source,
@@ -182,12 +189,7 @@ async fn a_damaged_or_foreign_snapshot_is_a_scan_never_a_wrong_filter() {
     let db = bus_db().await;
     let fleet = Fleet::new();
     let key = fleet_key("fleet_damaged");
-    let a = started(with_key(fleet.patient_config(&db, &redis), &key)).await;
-    wait_all_on_bus(std::slice::from_ref(&a)).await;
-    eventually("a published its three filters", || async {
-        totals(&a).published == 3
-    })
-    .await;
+    let a = publisher(with_key(fleet.patient_config(&db, &redis), &key)).await;
     let stream = fleet.stream(&redis).await;
     let hash = newest_snapshot(&redis, &stream, "users_by_email").await;
     let mut chunk: Vec<u8> = redis_cmd(&redis, redis::cmd("HGET").arg(&hash).arg("0")).await;
@@ -236,12 +238,7 @@ async fn a_snapshot_of_another_epoch_or_past_the_stream_is_not_used() {
     let db = bus_db().await;
     let fleet = Fleet::new();
     let key = fleet_key("fleet_epoch");
-    let a = started(with_key(fleet.patient_config(&db, &redis), &key)).await;
-    wait_all_on_bus(std::slice::from_ref(&a)).await;
-    eventually("a published its three filters", || async {
-        totals(&a).published == 3
-    })
-    .await;
+    let a = publisher(with_key(fleet.patient_config(&db, &redis), &key)).await;
     let stream = fleet.stream(&redis).await;
     let fleet_key = FleetKey::from_file(&key).unwrap();
     let head = {
@@ -430,12 +427,7 @@ async fn the_wait_for_the_fleet_s_scan_is_bounded() {
     let mut cfg = with_key(fleet.patient_config(&db, &redis), &key);
     cfg.bus.snapshot_wait = Duration::from_secs(1);
     cfg.bus.max_parallel_scans = 2;
-    let a = started(cfg).await;
-    wait_all_on_bus(std::slice::from_ref(&a)).await;
-    eventually("a published its three filters", || async {
-        totals(&a).published == 3
-    })
-    .await;
+    let a = publisher(cfg).await;
     let stream = fleet.stream(&redis).await;
     for r in ["users", "users_by_email", "articles"] {
         redis_cmd::<()>(
@@ -513,12 +505,7 @@ async fn a_scheduled_rebuild_loads_the_fleet_s_newer_snapshot_and_the_keys_appli
     let db = bus_db().await;
     let fleet = Fleet::new();
     let key = fleet_key("fleet_recent");
-    let a = started(with_key(fleet.patient_config(&db, &redis), &key)).await;
-    wait_all_on_bus(std::slice::from_ref(&a)).await;
-    eventually("a published its three filters", || async {
-        totals(&a).published == 3
-    })
-    .await;
+    let a = publisher(with_key(fleet.patient_config(&db, &redis), &key)).await;
     let b = started(with_key(fleet.patient_config(&db, &redis), &key)).await;
     let both = [a.clone(), b.clone()];
     wait_all_on_bus(&both).await;
@@ -570,12 +557,7 @@ async fn a_table_rewritten_while_the_fleet_was_down_is_scanned_not_loaded() {
     let db = bus_db().await;
     let fleet = Fleet::new();
     let key = fleet_key("fleet_rewrite");
-    let a = started(with_key(fleet.patient_config(&db, &redis), &key)).await;
-    wait_all_on_bus(std::slice::from_ref(&a)).await;
-    eventually("a published its three filters", || async {
-        totals(&a).published == 3
-    })
-    .await;
+    let a = publisher(with_key(fleet.patient_config(&db, &redis), &key)).await;
     // Stopped, its slot kept: the next relay resumes it, so nothing on the
     // stream says a thing happened meanwhile.
     a.stop();
