@@ -59,6 +59,10 @@
 //!   gap, empties its caches and asks for a rebuild (coalesced, never
 //!   forced: a forged event must not get past the shrink guard); see
 //!   `Resource::resync`.
+//! - [`Event::Fork`]: a promotion the feed proved (`feed::wal::fork`):
+//!   the read replicas' required LSN raised as for a resync, every cache
+//!   emptied, and each filter kept where its build saw nothing the new
+//!   timeline lost (`Resource::keep_across`), else that resource resyncs.
 //! - [`Event::Coverage`]: the problem, if any, of every resource on that
 //!   table.
 //!
@@ -259,6 +263,7 @@ impl Applier {
                 self.check_fresh();
             }
             Event::Resync(r) => self.resync(r).await,
+            Event::Fork(f) => self.fork(f).await,
             Event::Coverage(Coverage { table, problem }) => {
                 for follower in self.on(&table) {
                     follower.resource.vouch.set_problem(problem.clone());
@@ -270,15 +275,37 @@ impl Applier {
         }
     }
 
-    async fn resync(&self, r: Resync) {
-        tracing::info!(reason = %r.reason, scope = ?r.scope, "change feed resync: caches emptied, filters rebuilt");
-        // The missed commits' positions are not known: past all of them.
+    /// Read replicas must reach the primary's position before they answer
+    /// again: past every change missed or lost, whose positions are not
+    /// known.
+    async fn past_the_primary(&self) {
         if let Some(reps) = &self.replicas {
             match reps.primary_lsn().await {
                 Ok(lsn) => reps.note_change(lsn),
                 Err(_) => reps.note_unknown_change(),
             }
         }
+    }
+
+    /// A promotion the feed proved (see `feed::wal::fork`): every cache
+    /// emptied; each filter kept if its build saw nothing the new timeline
+    /// lost, else that resource resyncs.
+    async fn fork(&self, f: crate::feed::Fork) {
+        self.past_the_primary().await;
+        let why = format!(
+            "the primary was promoted (timeline {} forked from {} at {}) and the filter's build may have seen what the new timeline lost",
+            f.to.id, f.from.id, f.at
+        );
+        for follower in &self.followers {
+            if !follower.resource.keep_across(&f) {
+                follower.resource.resync(&why, Reason::Resync);
+            }
+        }
+    }
+
+    async fn resync(&self, r: Resync) {
+        tracing::info!(reason = %r.reason, scope = ?r.scope, "change feed resync: caches emptied, filters rebuilt");
+        self.past_the_primary().await;
         let reason = match &r.scope {
             Scope::All => Reason::Resync,
             Scope::Table(_) => Reason::Rescan,

@@ -316,6 +316,32 @@ impl Resource {
         }
     }
 
+    /// The primary was promoted and the feed proved which of its changes
+    /// the new timeline kept (`feed::wal::fork`): every cached row and
+    /// negative entry goes (a row read from the old primary may be one the
+    /// new timeline lost, and nothing would invalidate it), and the filter
+    /// is kept if its own proof holds (see "Across a promotion" in
+    /// `live_filter`). False: it does not, and the caller resyncs.
+    pub fn keep_across(&self, fork: &crate::db::position::Fork) -> bool {
+        self.cache.clear();
+        if !self.config.filter.enabled {
+            return true;
+        }
+        match self.live.keep_across(fork) {
+            Ok(()) => {
+                self.stats
+                    .kept_across_failover
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(resource = %self.config.name, "filter kept across the promotion; caches emptied");
+                true
+            }
+            Err(why) => {
+                tracing::info!(resource = %self.config.name, why = %why, "filter not kept across the promotion: rebuilt");
+                false
+            }
+        }
+    }
+
     /// Parses the raw path segments of a key, one per key column, for
     /// this resource's key types.
     pub fn parse_key(&self, raw: &[&str], max_len: usize) -> Result<Key, Error> {

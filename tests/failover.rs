@@ -883,3 +883,230 @@ async fn a_replica_ahead_of_a_restored_primary_is_never_read() {
     gw.stop();
     drop((pool, replica_pool));
 }
+
+/// The permanent slot `bg_kept`, copied to `standby` as Patroni's
+/// permanent slots keep it on a replica: the gateway on `primary` has
+/// applied and confirmed past the standby's base backup (so the WAL the
+/// copy needs is on the standby), the primary's checkpoint wrote the
+/// slot's state, and the standby, restarted with the copy, caught up.
+async fn keep_the_slot_on(primary: &Server, primary_pool: &sqlx::PgPool, standby: &Server) {
+    let backup_end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(primary_pool)
+        .await
+        .unwrap();
+    let mut id = 900;
+    eventually_within(
+        "the slot's restart position past the standby's base backup",
+        Duration::from_secs(60),
+        || {
+            id += 1;
+            let id = id;
+            let backup_end = backup_end.clone();
+            async move {
+                exec(primary_pool, &format!("INSERT INTO users (id, email, name) VALUES ({id}, 'k{id}', 'Kept {id}'); CHECKPOINT")).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT restart_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'bg_kept'",
+                )
+                .bind(&backup_end)
+                .fetch_one(primary_pool)
+                .await
+                .unwrap_or(false)
+            }
+        },
+    )
+    .await;
+    exec(primary_pool, "CHECKPOINT").await;
+    standby.stop("fast");
+    standby.copy_slot_from(primary, "bg_kept");
+    standby.start();
+    let standby_pool = standby.pool(DB).await;
+    cluster::caught_up(primary_pool, &standby_pool).await;
+    let slots: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bg_kept'")
+            .fetch_one(&standby_pool)
+            .await
+            .unwrap();
+    assert_eq!(slots, 1, "the standby holds the copied slot");
+    standby_pool.close().await;
+}
+
+fn rebuilds(gw: &Gateway) -> u64 {
+    let users = gw.resource("users").unwrap();
+    users
+        .stats
+        .rebuilds
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn kept(gw: &Gateway) -> (u64, u64) {
+    let users = gw.resource("users").unwrap();
+    (
+        gw.wal_stats
+            .forks_kept
+            .load(std::sync::atomic::Ordering::Relaxed),
+        users
+            .stats
+            .kept_across_failover
+            .load(std::sync::atomic::Ordering::Relaxed),
+    )
+}
+
+/// A switchover where the slot survived (A <= F: the gateway had applied
+/// nothing the new timeline lacks): the filter is kept, not rebuilt (no
+/// scan of the new primary), the caches are emptied, and once the stream
+/// from the kept slot is proven, every answer is the new primary's.
+#[tokio::test]
+async fn a_switchover_that_keeps_the_slot_keeps_the_filter() {
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db(DB, 10).await;
+    let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
+    let mut standby = primary.standby();
+    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    vouched(&gw, "users").await;
+    for _ in 0..2 {
+        assert_eq!(name_of(&gw, 1).await.0, StatusCode::OK);
+    }
+    assert_eq!(name_of(&gw, 1).await.2, "bloomgate; hit");
+    let before = rebuilds(&gw);
+    // A clean switchover: the old primary ships everything to the standby
+    // as it stops, so the new timeline forks past all the gateway applied.
+    primary_pool.close().await;
+    primary.stop("fast");
+    standby.stop("fast");
+    cluster::promote_onto_the_primary_address(&primary, &mut standby);
+    let new_primary = standby.pool(DB).await;
+    exec(
+        &new_primary,
+        "UPDATE users SET name = 'after the switchover' WHERE id = 1;
+         INSERT INTO users (id, email, name) VALUES (5000, 'new@x.org', 'New');",
+    )
+    .await;
+    vouched(&gw, "users").await;
+    assert_eq!(
+        kept(&gw),
+        (1, 1),
+        "the promotion was proven, the filter kept"
+    );
+    assert_eq!(
+        rebuilds(&gw),
+        before,
+        "no rebuild: the new primary was not scanned"
+    );
+    let (status, name, cs) = name_of(&gw, 1).await;
+    assert_eq!(
+        (status, name.as_str()),
+        (StatusCode::OK, "after the switchover"),
+        "{cs}"
+    );
+    assert_eq!(name_of(&gw, 5000).await.0, StatusCode::OK);
+    assert_eq!(name_of(&gw, 901).await.0, StatusCode::OK);
+    assert_eq!(name_of(&gw, 7777).await.0, StatusCode::NOT_FOUND);
+    gw.stop();
+}
+
+/// A failover that lost a tail (A > F: the standby stopped receiving, the
+/// old primary went on, the gateway applied it): an insert, an update and
+/// a delete only the old timeline had. The filter is kept (the lost
+/// delete removed nothing from it; the lost insert is an extra key), the
+/// cache that held the lost update is emptied, and every answer is the new
+/// timeline's: the row the lost delete removed is served again.
+#[tokio::test]
+async fn a_failover_that_lost_a_tail_keeps_the_filter_and_serves_the_new_timeline() {
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db(DB, 10).await;
+    let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
+    let mut standby = primary.standby();
+    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    standby.stop("fast");
+    exec(
+        &primary_pool,
+        "INSERT INTO users (id, email, name) VALUES (2050, 'lost', 'Lost');
+         UPDATE users SET name = 'a lost update' WHERE id = 2;
+         DELETE FROM users WHERE id = 3;",
+    )
+    .await;
+    vouched(&gw, "users").await;
+    for _ in 0..2 {
+        assert_eq!(name_of(&gw, 2).await.1, "a lost update");
+    }
+    assert_eq!(name_of(&gw, 2).await.2, "bloomgate; hit");
+    assert_eq!(name_of(&gw, 3).await.0, StatusCode::NOT_FOUND);
+    let before = rebuilds(&gw);
+    primary_pool.close().await;
+    cluster::promote_onto_the_primary_address(&primary, &mut standby);
+    let new_primary = standby.pool(DB).await;
+    exec(
+        &new_primary,
+        "INSERT INTO users (id, email, name) VALUES (5000, 'new@x.org', 'New')",
+    )
+    .await;
+    vouched(&gw, "users").await;
+    assert_eq!(
+        kept(&gw),
+        (1, 1),
+        "the promotion was proven, the filter kept"
+    );
+    assert_eq!(
+        rebuilds(&gw),
+        before,
+        "no rebuild: the new primary was not scanned"
+    );
+    let (status, name, cs) = name_of(&gw, 2).await;
+    assert_eq!(
+        (status, name.as_str()),
+        (StatusCode::OK, "User 2"),
+        "the lost update is not served ({cs})"
+    );
+    assert_eq!(
+        name_of(&gw, 3).await.0,
+        StatusCode::OK,
+        "the row the lost delete removed"
+    );
+    assert_eq!(
+        name_of(&gw, 2050).await.0,
+        StatusCode::NOT_FOUND,
+        "the lost insert"
+    );
+    assert_eq!(name_of(&gw, 5000).await.0, StatusCode::OK);
+    gw.stop();
+}
+
+/// The fall-back the filter's own proof makes: a rebuild scanned the old
+/// primary after the standby stopped receiving, so its snapshot saw the
+/// lost delete, and the set lacks a key the new timeline has. Kept, that
+/// row would be answered 404; the resource resyncs instead, and the row
+/// is served.
+#[tokio::test]
+async fn a_filter_built_from_what_the_new_timeline_lost_is_rebuilt() {
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db(DB, 10).await;
+    let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
+    let mut standby = primary.standby();
+    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    standby.stop("fast");
+    exec(&primary_pool, "DELETE FROM users WHERE id = 3").await;
+    let users = gw.resource("users").unwrap().clone();
+    users
+        .rebuild(true)
+        .await
+        .expect("a rebuild on the old primary");
+    vouched(&gw, "users").await;
+    assert!(!users.filter_contains(&bloomgate::key::Key::Int(3)));
+    let before = rebuilds(&gw);
+    primary_pool.close().await;
+    cluster::promote_onto_the_primary_address(&primary, &mut standby);
+    vouched(&gw, "users").await;
+    assert_eq!(
+        name_of(&gw, 3).await.0,
+        StatusCode::OK,
+        "the row the lost delete removed"
+    );
+    assert_eq!(
+        kept(&gw),
+        (1, 0),
+        "the feed proved the promotion, the filter's build did not"
+    );
+    assert!(rebuilds(&gw) > before, "rebuilt");
+    gw.stop();
+}

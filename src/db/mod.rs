@@ -655,6 +655,13 @@ impl Db {
     /// and the scan is exempt from `statement_timeout` (a large table takes a
     /// while). Memory stays constant: keys are handed over chunk by chunk.
     ///
+    /// Also returns, on the primary, a position the snapshot saw nothing
+    /// past: the insert position read in its transaction once the snapshot
+    /// is taken (every commit it sees ends at or before it; see "What a
+    /// reading proves" in `position`). `None` on a replica, or where it
+    /// could not be read. A filter's survival of a promotion rests on it
+    /// (`feed::wal::fork`).
+    ///
     /// # Cancellation
     /// Dropping the future mid-scan (a rebuild task aborted at shutdown)
     /// cancels the query on the server: the scan's connection is taken out of
@@ -671,7 +678,7 @@ impl Db {
         counts: &QueryCounts,
         start: impl FnOnce(u64) -> S,
         mut add: impl FnMut(&mut S, copy::Fields<'_>),
-    ) -> Result<(S, u64), DbError> {
+    ) -> Result<(S, u64, Option<position::Position>), DbError> {
         // On a replica that has replayed everything applied before this
         // call (the caller opened its journal first; see `replicas`).
         let replica = match &self.replicas {
@@ -701,7 +708,7 @@ impl Db {
                 state: ScanState::Running,
                 connect: (*pool.connect_options()).clone(),
             };
-            let r = scan_keys_on(&mut scan, q, start, &mut add).await;
+            let r = scan_keys_on(&mut scan, q, target == Target::Primary, start, &mut add).await;
             scan.state = match r {
                 Ok(_) => ScanState::Done,
                 Err(_) => ScanState::Failed,
@@ -788,9 +795,10 @@ impl Drop for ScanConn {
 async fn scan_keys_on<S>(
     scan: &mut ScanConn,
     q: &Queries,
+    primary: bool,
     start: impl FnOnce(u64) -> S,
     add: &mut impl FnMut(&mut S, copy::Fields<'_>),
-) -> Result<(S, u64), DbError> {
+) -> Result<(S, u64, Option<position::Position>), DbError> {
     scan.pid = Some(
         sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(scan.conn())
@@ -804,6 +812,11 @@ async fn scan_keys_on<S>(
         .execute(&mut *tx)
         .await?;
     let count: i64 = sqlx::query_scalar(&q.count).fetch_one(&mut *tx).await?;
+    // After the count: the snapshot is taken by then.
+    let seen_upto = match primary {
+        true => bound(&mut tx).await?,
+        false => None,
+    };
     let mut sink = start(count.max(0) as u64);
 
     let began = Instant::now();
@@ -832,7 +845,32 @@ async fn scan_keys_on<S>(
     }
     parser.finish()?;
     tx.commit().await?;
-    Ok((sink, keys))
+    Ok((sink, keys, seen_upto))
+}
+
+/// The insert position, read in `tx` (see [`Db::scan_keys`]); `None` where
+/// the server refuses it (in recovery: a replica behind the primary's
+/// address), which must not fail the scan: under a savepoint.
+async fn bound(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+) -> Result<Option<position::Position>, sqlx::Error> {
+    sqlx::query("SAVEPOINT bloomgate_bound")
+        .execute(&mut **tx)
+        .await?;
+    match position::Server::read(&mut **tx).await {
+        Ok((_, reading)) => {
+            sqlx::query("RELEASE SAVEPOINT bloomgate_bound")
+                .execute(&mut **tx)
+                .await?;
+            Ok(Some(reading.insert))
+        }
+        Err(_) => {
+            sqlx::query("ROLLBACK TO SAVEPOINT bloomgate_bound")
+                .execute(&mut **tx)
+                .await?;
+            Ok(None)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -86,6 +86,16 @@ impl fmt::Display for Timeline {
     }
 }
 
+/// A promotion: timeline `to` forked from `from` at `at` (its history
+/// file says so). Every change past `at` on `from` was lost with it, and
+/// every change up to it is in `to`'s history (see `feed::wal::fork`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fork {
+    pub from: Timeline,
+    pub at: Lsn,
+    pub to: Timeline,
+}
+
 /// A WAL position with the history it belongs to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Position {

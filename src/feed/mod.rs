@@ -61,6 +61,13 @@
 //!   started after the event has swapped its filter in (its scan and the
 //!   stream, live since before it, meet). A feed sends it only once the new
 //!   stream is in place, so that rebuild's snapshot is covered.
+//! - [`Event::Fork`]: the WAL feed went on along a promoted standby's
+//!   timeline from a slot that survived the promotion, and proved which
+//!   of the changes it applied the new timeline kept (`wal::fork`). Every
+//!   cached row and negative entry is dropped (a row read from the old
+//!   primary may be one the new timeline lost); each filter is kept where
+//!   its own build saw nothing the new timeline lost, else it is a
+//!   [`Event::Resync`] for that resource.
 //! - [`Event::Coverage`]: whether the feed can follow a table at all (the
 //!   publication lacks it, publishes only some operations, filters its rows;
 //!   its trigger is missing). A table it cannot follow is not vouched for
@@ -105,7 +112,7 @@ pub use crate::db::catalog::{
     ColumnType, TableName, Watch, WatchedColumn, WatchedTable, canonical_text,
 };
 pub use crate::db::lsn::Lsn;
-pub use crate::db::position::{Position, Server, Timeline};
+pub use crate::db::position::{Fork, Position, Server, Timeline};
 
 /// A watched column's value in one version of a row.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,6 +215,9 @@ pub enum Event {
     Interrupted(String),
     /// Changes to the scope may have been missed; the stream is live again.
     Resync(Resync),
+    /// A promotion the feed proved the filters survive (see `wal::fork`):
+    /// caches are emptied, filters kept where their own proof holds.
+    Fork(Fork),
     /// Whether the feed can follow a table.
     Coverage(Coverage),
     /// Answered once every event queued before it is applied (a

@@ -497,7 +497,7 @@ impl Resource {
         let mut bad = 0u64;
         let mut rows = 0;
         let mut max_int = i64::MIN;
-        let (builder, keys) = self
+        let (builder, keys, seen_upto) = self
             .db
             .scan_keys(
                 &self.queries,
@@ -529,6 +529,7 @@ impl Resource {
             keys,
             rows,
             max_int,
+            seen_upto,
         })
     }
 

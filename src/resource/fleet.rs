@@ -686,6 +686,9 @@ fn loaded(opened: Opened) -> (Scanned, Origin) {
             keys: m.keys,
             rows: m.rows,
             max_int: m.max_int,
+            // A place on the bus, not a position: no promotion is proven
+            // harmless to it (see `feed::wal::fork`).
+            seen_upto: None,
         },
         Origin::Loaded { by: m.by },
     )

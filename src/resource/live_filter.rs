@@ -54,6 +54,30 @@
 //! Raises and resets both happen under the journal lock, so a reset cannot
 //! lose a raise.
 //!
+//! # Across a promotion
+//! A filter may hold keys that do not exist; it must hold every key that
+//! does. A promotion the feed proved (`feed::wal::fork`: the new timeline
+//! forked from the old at `F`; the stream goes on from at or before both
+//! `F` and what was applied) loses the old timeline's changes past `F`.
+//! What they did to the live set:
+//! - their deletes did nothing: a deleted key stays in the set (Bloom or
+//!   exact) until the next build, so there is nothing to put back;
+//! - their inserts left keys the new history lacks: extra keys, which a
+//!   filter may hold. Nothing relies on an exact set having none: it holds
+//!   deleted keys already, and every key it passes is looked up. What did
+//!   rely on them is the high-water mark ("known to exist"): it is lowered
+//!   to what the build's scan found, forgetting every raise since (a
+//!   lower mark only sends more rejected keys to the database).
+//!
+//! What the *scan* of the live set's build saw is another matter: a
+//! snapshot of the old primary past `F` may lack a row that a lost delete
+//! removed and the new timeline still has. So the set is kept only when
+//! its scan saw nothing past `F` (the insert position read in the scan's
+//! transaction, `db::Db::scan_keys`, at or before `F` on the old timeline,
+//! or on the new one already), and no rebuild's window is open (its scan
+//! may be reading the old primary). A set loaded from a snapshot or
+//! scanned on a replica has no such position: rebuilt.
+//!
 //! # Decay
 //! Inserts fill a Bloom filter past the count it was sized for, and deleted
 //! keys stay in any filter; both let more absent keys through. Each swap
@@ -74,6 +98,7 @@ use arc_swap::ArcSwapOption;
 
 use super::report::Protection;
 use crate::config::FilterConfig;
+use crate::db::position::{Fork, Position};
 use crate::filter::{FilterStats, Item, KeySet};
 use crate::key::{Key, KeyType};
 use crate::rebuild::Reason;
@@ -99,6 +124,9 @@ pub struct Scanned {
     pub rows: u64,
     /// The highest integer key found, `i64::MIN` if none.
     pub max_int: i64,
+    /// A position the scan's snapshot saw nothing past, if known (see
+    /// "Across a promotion").
+    pub seen_upto: Option<Position>,
 }
 
 /// What a swap did.
@@ -136,6 +164,19 @@ pub struct LiveFilter {
     /// The highest integer key known to exist (see the module doc).
     high_water: AtomicI64,
     decay: Decay,
+    /// What the live set's build saw (see "Across a promotion"), under the
+    /// journal lock.
+    built: Mutex<Built>,
+}
+
+/// The live set's build, as a promotion asks about it.
+#[derive(Clone, Copy, Debug)]
+struct Built {
+    /// A position its scan saw nothing past (`None`: unknown, a snapshot
+    /// loaded or a scan on a replica).
+    seen_upto: Option<Position>,
+    /// The highest key its scan found.
+    max_int: i64,
 }
 
 impl LiveFilter {
@@ -148,6 +189,10 @@ impl LiveFilter {
             generation: AtomicU64::new(0),
             high_water: AtomicI64::new(i64::MIN),
             decay: Decay::default(),
+            built: Mutex::new(Built {
+                seen_upto: None,
+                max_int: i64::MIN,
+            }),
         }
     }
 
@@ -225,6 +270,43 @@ impl LiveFilter {
     /// Bumped on every swap.
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Whether the live set survives the promotion `fork` (see "Across a
+    /// promotion"): if so, forgets the mark's raises since its build, and
+    /// its build counts as one of the new timeline; else why not.
+    pub fn keep_across(&self, fork: &Fork) -> Result<(), String> {
+        let journal = self.lock_journal();
+        if journal.is_some() {
+            return Err("a rebuild was scanning the old primary when it changed".into());
+        }
+        if !self.is_built() {
+            return Err("no filter yet".into());
+        }
+        let mut built = self.lock_built();
+        match built.seen_upto {
+            Some(p) if p.timeline == fork.to => {}
+            Some(p) if p.timeline == fork.from && p.lsn <= fork.at => {
+                built.seen_upto = Some(Position::new(fork.to, p.lsn));
+            }
+            Some(p) => {
+                return Err(format!(
+                    "its build saw {p}, which the new timeline (forked at {} on timeline {}) may not hold",
+                    fork.at, fork.from.id
+                ));
+            }
+            None => {
+                return Err("its set was loaded from a snapshot or scanned on a replica: no position to compare with the fork".into());
+            }
+        }
+        // Lowered only: under the journal lock, as every raise.
+        self.high_water.fetch_min(built.max_int, Ordering::Relaxed);
+        drop(journal);
+        Ok(())
+    }
+
+    fn lock_built(&self) -> MutexGuard<'_, Built> {
+        self.built.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A rebuild's window is open.
@@ -379,7 +461,11 @@ impl<'a> Window<'a> {
     pub fn swap(self, scanned: Scanned) -> Swapped {
         let live = self.live;
         let Scanned {
-            set, keys, max_int, ..
+            set,
+            keys,
+            max_int,
+            seen_upto,
+            ..
         } = scanned;
         // Computed before the lock: the sizing model is cheap, but nothing
         // that can be done outside belongs under it.
@@ -402,6 +488,7 @@ impl<'a> Window<'a> {
         d.requested.store(false, Ordering::Relaxed);
         let set = Arc::new(set);
         live.set.store(Some(set.clone()));
+        *live.lock_built() = Built { seen_upto, max_int };
         drop(journal);
         Swapped {
             generation,
@@ -602,6 +689,7 @@ mod tests {
             keys: rows.len() as u64,
             rows: rows.len() as u64,
             max_int: rows.iter().copied().max().unwrap_or(i64::MIN),
+            seen_upto: None,
         }
     }
 
@@ -780,6 +868,92 @@ mod tests {
         live.insert(&Key::Int(2_000), Provenance::Trusted);
         assert_eq!(live.high_water(), Some(2_000));
         assert!(!live.above_high_water(&Key::Int(2_000)));
+    }
+
+    const T1: crate::db::position::Timeline = crate::db::position::Timeline { system: 7, id: 1 };
+    const T2: crate::db::position::Timeline = crate::db::position::Timeline { system: 7, id: 2 };
+
+    fn fork_at(at: u64) -> Fork {
+        Fork {
+            from: T1,
+            at: crate::db::position::Lsn(at),
+            to: T2,
+        }
+    }
+
+    fn seen(timeline: crate::db::position::Timeline, lsn: u64) -> Option<Position> {
+        Some(Position::new(timeline, crate::db::position::Lsn(lsn)))
+    }
+
+    /// A set is kept across a promotion only when its scan saw nothing
+    /// past the fork, and no rebuild is scanning; kept, it holds every key
+    /// it held, and the mark forgets the raises since the build.
+    #[test]
+    fn a_set_survives_a_promotion_only_if_its_scan_saw_nothing_past_the_fork() {
+        for mode in [Mode::Bloom, Mode::Exact] {
+            let rows = BTreeSet::from([1, 2, 3, 40]);
+            let built = |seen_upto| {
+                let live = LiveFilter::new(config(mode), KeyType::Bigint);
+                live.open_window().swap(Scanned {
+                    seen_upto,
+                    ..scan(mode, &rows)
+                });
+                // The lost tail's insert (or a row read since) raised the mark.
+                live.insert(&Key::Int(90), Provenance::Trusted);
+                live
+            };
+            // At or before the fork, on the old timeline.
+            for lsn in [100, 150] {
+                let live = built(seen(T1, lsn));
+                assert_eq!(live.keep_across(&fork_at(150)), Ok(()), "{mode:?} {lsn}");
+                for k in [1, 2, 3, 40, 90] {
+                    assert_eq!(
+                        live.contains(&Key::Int(k)),
+                        Some(true),
+                        "{mode:?}: {k} kept"
+                    );
+                }
+                assert_eq!(live.high_water(), Some(40), "{mode:?}: the raise forgotten");
+                assert!(live.above_high_water(&Key::Int(41)));
+                // Its build now counts as the new timeline's: a second
+                // telling, or the next promotion from it, keeps it.
+                assert_eq!(live.keep_across(&fork_at(150)), Ok(()));
+                let next = Fork {
+                    from: T2,
+                    at: crate::db::position::Lsn(lsn),
+                    to: crate::db::position::Timeline { system: 7, id: 3 },
+                };
+                assert_eq!(live.keep_across(&next), Ok(()));
+            }
+            // A scan of the new timeline already is of the new history.
+            assert_eq!(built(seen(T2, 999)).keep_across(&fork_at(150)), Ok(()));
+            // Past the fork, another timeline, another system, unknown.
+            for seen_upto in [
+                seen(T1, 151),
+                seen(crate::db::position::Timeline { system: 7, id: 5 }, 1),
+                seen(crate::db::position::Timeline { system: 8, id: 1 }, 1),
+                None,
+            ] {
+                let live = built(seen_upto);
+                assert!(
+                    live.keep_across(&fork_at(150)).is_err(),
+                    "{mode:?} {seen_upto:?}"
+                );
+                assert_eq!(
+                    live.high_water(),
+                    Some(90),
+                    "refused: the mark is left alone"
+                );
+            }
+            // A rebuild scanning: its scan may be reading the old primary.
+            let live = built(seen(T1, 100));
+            let window = live.open_window();
+            assert!(live.keep_across(&fork_at(150)).is_err());
+            drop(window);
+            // Never built.
+            let live = LiveFilter::new(config(mode), KeyType::Bigint);
+            assert!(live.keep_across(&fork_at(150)).is_err());
+        }
     }
 
     /// Each decay limit asks for one rebuild per build, and a swap re-arms.

@@ -131,6 +131,9 @@ pub struct Stats {
     /// Rebuilds requested because the protection decayed (false-positive
     /// rate, deletes, growth).
     pub decay_rebuilds: AtomicU64,
+    /// Promotions the filter was kept across (see "Across a promotion" in
+    /// `live_filter`).
+    pub kept_across_failover: AtomicU64,
     /// Loads refused because `max_concurrency` loads were in flight (503),
     /// within the `shed` outcome.
     pub shed_loads: AtomicU64,
@@ -171,6 +174,7 @@ impl Default for Stats {
             announced_unconfirmed: AtomicU64::default(),
             recovered_keys: AtomicU64::default(),
             decay_rebuilds: AtomicU64::default(),
+            kept_across_failover: AtomicU64::default(),
             shed_loads: AtomicU64::default(),
             shed_in_front: AtomicU64::default(),
             unvouched_loads: AtomicU64::default(),
@@ -243,6 +247,7 @@ impl Stats {
             deletes: l(&self.deletes),
             recovered_keys: l(&self.recovered_keys),
             decay_rebuilds: l(&self.decay_rebuilds),
+            kept_across_failover: l(&self.kept_across_failover),
             announced_unconfirmed: l(&self.announced_unconfirmed),
             verified_above_high_water: l(&self.verified_above_high_water),
             unauthorized: requests(RequestOutcome::Unauthorized),
@@ -284,6 +289,8 @@ pub struct StatsSnapshot {
     pub recovered_keys: u64,
     /// Rebuilds the decay limits asked for.
     pub decay_rebuilds: u64,
+    /// Promotions the filter was kept across instead of rebuilt.
+    pub kept_across_failover: u64,
     /// Announced keys above the mark the database did not confirm.
     pub announced_unconfirmed: u64,
     /// Keys above the high-water mark checked against the database.
@@ -327,6 +334,10 @@ crate::expose_fields!(StatsSnapshot {
     decay_rebuilds => counter(
         "bloomgate_decay_rebuilds_total",
         "Rebuilds requested because the filter's protection decayed (false-positive rate, deletes, growth)."
+    ),
+    kept_across_failover => counter(
+        "bloomgate_filter_kept_across_failover_total",
+        "Promotions the filter was kept across (its build saw nothing the new timeline lost) instead of rebuilt."
     ),
     live_inserts => counter(
         "bloomgate_live_inserts_total",

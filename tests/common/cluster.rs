@@ -228,6 +228,23 @@ impl Server {
         self.pg_ctl(&["-m", mode, "stop"], true);
     }
 
+    /// Copies the logical slot `name` from `primary` into this stopped
+    /// standby, as Patroni's permanent slots and `pg_failover_slots` keep a
+    /// slot on a replica (PostgreSQL 17's failover slots synchronise it):
+    /// after a promotion the slot is there, at the position the copy had.
+    /// The primary's slot state is written at its checkpoints: run one
+    /// first.
+    pub fn copy_slot_from(&self, primary: &Server, name: &str) {
+        let from = primary.data().join("pg_replslot").join(name);
+        let to = self.data().join("pg_replslot");
+        let ok = std::process::Command::new("cp")
+            .args(["-a", from.to_str().unwrap(), to.to_str().unwrap()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cp -a {from:?} {to:?}");
+    }
+
     /// `pg_ctl promote`: a standby becomes a primary on a new timeline.
     pub fn promote(&self) {
         self.pg_ctl(&["promote"], false);

@@ -47,7 +47,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Appended, Bus, Entry, Status, primary, primary_where_the_address_leads};
 use crate::feed::probes::{Gap, Probes};
-use crate::feed::{Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Position, Watch, wal};
+use crate::feed::{
+    Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Position, Resync, Scope, Watch, wal,
+};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
 
@@ -397,6 +399,16 @@ async fn term<B: Bus>(
                 }
             }
             Event::Resync(r) => (Entry::Resync(r), None),
+            // The bus does not carry a fork yet: a promotion is a gap for
+            // the fleet, as any new server (consumers rebuild, the fleet
+            // sharing one scan through its snapshots).
+            Event::Fork(f) => (
+                Entry::Resync(Resync {
+                    reason: format!("the primary was promoted from timeline {}", f.from.id),
+                    scope: Scope::All,
+                }),
+                None,
+            ),
             Event::Coverage(c) => (Entry::Coverage(c), None),
             Event::Barrier(done) => {
                 let _ = done.send(());

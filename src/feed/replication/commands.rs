@@ -63,6 +63,20 @@ impl Connection {
         }
     }
 
+    /// `TIMELINE_HISTORY tli`: the history file of timeline `tli` (for
+    /// each earlier timeline of its history, the position where the next
+    /// one forked from it), as text. The server sends the file's bytes as
+    /// they are; a history file is ASCII.
+    pub async fn timeline_history(&mut self, tli: u32) -> Result<String, ReplError> {
+        let rows = self
+            .simple_query(&format!("TIMELINE_HISTORY {tli}"))
+            .await?;
+        rows.into_iter()
+            .next()
+            .and_then(|r| r.into_iter().nth(1).flatten())
+            .ok_or_else(|| protocol("TIMELINE_HISTORY returned no content"))
+    }
+
     /// Creates a logical slot with `pgoutput`; returns its consistent
     /// point. A temporary slot lives exactly as long as this connection.
     pub async fn create_slot(&mut self, name: &str, temporary: bool) -> Result<Lsn, ReplError> {

@@ -177,6 +177,7 @@
 
 pub(crate) mod assemble;
 mod deps;
+mod fork;
 mod session;
 mod slot;
 mod transport;
@@ -281,6 +282,9 @@ pub struct Stats {
     /// reached the flush position but not the insert position (see
     /// "Heartbeats and checks").
     pub forced_flushes: AtomicU64,
+    /// Promotions the permanent slot survived with a proof of what the new
+    /// timeline kept (see `fork`): filters kept, not rebuilt.
+    pub forks_kept: AtomicU64,
     /// Since when (Unix milliseconds) the temporary slot's creation has
     /// waited on another transaction, as first seen; 0: not waiting.
     pub slot_blocked_since_ms: AtomicU64,
@@ -303,6 +307,7 @@ impl Stats {
             lag_bytes: l(&self.lag_bytes),
             lag_ms: l(&self.lag_us) as f64 / 1000.0,
             forced_flushes: l(&self.forced_flushes),
+            forks_kept: l(&self.forks_kept),
             slot_blocked_seconds: match l(&self.slot_blocked_since_ms) {
                 0 => 0.0,
                 since => crate::feed::now_ms().saturating_sub(since) as f64 / 1e3,
@@ -327,6 +332,7 @@ pub struct WalSnapshot {
     pub lag_bytes: u64,
     pub lag_ms: f64,
     pub forced_flushes: u64,
+    pub forks_kept: u64,
     /// How long the temporary slot's creation has waited on another
     /// transaction (0: not waiting); `/readyz` names the transaction.
     pub slot_blocked_seconds: f64,
@@ -362,6 +368,12 @@ impl crate::exposition::Expose for WalSnapshot {
             "WAL flushes the feed forced: its stream had sent all that was flushed, not all that was inserted.",
             labels,
             self.forced_flushes as f64,
+        );
+        out.counter(
+            "bloomgate_wal_failovers_kept_total",
+            "Promotions the permanent slot survived with a proof of what the new timeline kept: caches emptied, filters kept instead of rebuilt.",
+            labels,
+            self.forks_kept as f64,
         );
         out.counter(
             "bloomgate_wal_slot_invalidations_total",
@@ -476,6 +488,8 @@ pub async fn run(
         position,
         server: None,
         changed: None,
+        kept_slot: None,
+        history: None,
         tracker: Tracker::default(),
         shapes,
         streamed: false,
@@ -497,6 +511,8 @@ pub async fn run(
         );
         feed.streamed = false;
         feed.slot_seen = None;
+        feed.kept_slot = None;
+        feed.history = None;
         let r = session::run(&mut feed, &mut applied, &temp_name, &mut shutdown).await;
         if feed.tx.is_closed() || shutdown.is_fired() {
             return;
@@ -550,9 +566,15 @@ struct Feed {
     /// server" in the module doc).
     server: Option<Server>,
     /// A change of server found at a session's start and not yet answered
-    /// with a resync (a session that fails before streaming keeps it for
-    /// the next).
-    changed: Option<String>,
+    /// (a session that fails before streaming keeps it for the next): the
+    /// server before, and what changed in words.
+    changed: Option<(Server, String)>,
+    /// This session's permanent slot, when it was kept (not created): its
+    /// confirmed position (see `fork`).
+    kept_slot: Option<Lsn>,
+    /// The new timeline's history, read on this session's replication
+    /// connection when the timeline changed (see `fork`).
+    history: Option<String>,
     tracker: Tracker,
     /// The watched tables' shapes as last read (see "Shapes" in
     /// `feed::watch`), kept across sessions: a rewrite while the feed was

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::assemble::{Assembler, Pending};
 use super::transport::{Item, Polled, Positions, STATUS_EVERY, Streamed, Transport};
-use super::{Feed, SessionError, bounded, deps, feed_connect, side_connection};
+use super::{Feed, SessionError, bounded, deps, feed_connect, fork, side_connection};
 use crate::feed::pgoutput;
 use crate::feed::{CHECK_EVERY, Event, Lsn, Phase, Position, Resync, Server};
 use crate::shutdown::Shutdown;
@@ -42,8 +42,10 @@ pub(super) async fn run(
     // walsender runs no SQL once it streams); polled, it holds the slot.
     let mut conn = side_connection(&connect).await?;
     let (server, _) = bounded(limit, Server::read(&mut conn)).await?;
-    if let Some(change) = feed.server.and_then(|before| server.change_from(&before)) {
-        feed.changed = Some(change);
+    if let Some(before) = feed.server
+        && let Some(change) = server.change_from(&before)
+    {
+        feed.changed = Some((before, change));
     }
     bounded(limit, deps::check(feed, &mut conn)).await?;
     let timeline = server.timeline;
@@ -233,8 +235,33 @@ async fn started(feed: &mut Feed, server: Server, start: Position, gap: bool) ->
         identity.follow(server);
     }
     let changed = feed.changed.take();
-    let gap = gap || changed.is_some();
     let was = feed.position;
+    // A promotion the filters survive (see `fork`): not a gap; the feed
+    // stands where the new history and what was applied agree.
+    let fork = changed.as_ref().map(|(before, _)| {
+        fork::judge(&fork::Found {
+            before: *before,
+            now: server,
+            applied: was,
+            kept_slot: feed.kept_slot,
+            history: feed.history.as_deref(),
+        })
+    });
+    if let Some(Ok((fork, kept))) = fork {
+        let mut p = kept;
+        p.advance(start);
+        feed.position = Some(p);
+        feed.stats.forks_kept.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(start = %start, applied = ?was, fork_at = %fork.at, from = fork.from.id, to = fork.to.id, "WAL feed: a promotion the replication slot survived; every cache is emptied, the filters are kept where their builds saw nothing the new timeline lost");
+        if feed.tx.send(Event::Fork(fork)).await.is_err() {
+            return false;
+        }
+        if let Some(ready) = feed.ready.take() {
+            let _ = ready.send(Ok(()));
+        }
+        return true;
+    }
+    let gap = gap || changed.is_some();
     feed.position = Some(match was {
         Some(mut p) if !gap => {
             p.advance(start);
@@ -245,7 +272,10 @@ async fn started(feed: &mut Feed, server: Server, start: Position, gap: bool) ->
     if gap {
         feed.stats.gaps.fetch_add(1, Ordering::Relaxed);
         let ev = match changed {
-            Some(change) => {
+            Some((_, change)) => {
+                if let Some(Err(why)) = &fork {
+                    tracing::info!(why = %why, "WAL feed: the filters cannot be kept across this change");
+                }
                 tracing::warn!(start = %start, applied = ?was, change = %change, "WAL feed: a new server; every cache is emptied and every filter rebuilt");
                 Resync::all(format!("WAL feed: {change}"))
             }

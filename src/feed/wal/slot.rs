@@ -43,6 +43,7 @@ pub(super) async fn open_permanent(
             // that failed.
             feed.opts.broken_slot.clear();
             feed.slot_seen = Some(Position::new(timeline, at));
+            feed.kept_slot = Some(at);
             Ok((at, gap))
         }
         Open::Create { again, gap } => {

@@ -198,6 +198,25 @@ impl Streamed {
                 "the replication connection reaches {here}, the SQL connection {timeline} (a failover under way?): trying again"
             )));
         }
+        // A promotion since the last stream: what the new timeline kept is
+        // in its history (see `fork`). Unread, the change is a gap.
+        if let Some(before) = feed.server
+            && before.timeline.system == here.system
+            && before.timeline.id != here.id
+        {
+            match bounded(limit, async {
+                repl.timeline_history(here.id)
+                    .await
+                    .map_err(SessionError::from)
+            })
+            .await
+            {
+                Ok(h) => feed.history = Some(h),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the new timeline's history; the promotion is a gap");
+                }
+            }
+        }
         let name = opts.slot.clone().unwrap_or_else(|| temp_name.to_string());
         let (start, gap) = match opts.slot.clone() {
             // On the replication connection: it lives as long as it does.
