@@ -22,6 +22,8 @@
 #                                       changes the dynamic configuration
 #                                       (patronictl edit-config --set)
 #   scripts/patroni.sh stop DIR [--clean]
+#                                       --clean removes what start made
+#                                       (and DIR, when it is left empty)
 #
 # Output is `key=value` lines on stdout; progress goes to stderr. Every wait
 # is bounded. Environment:
@@ -32,17 +34,30 @@
 #                                    (default 60)
 #   BLOOMGATE_PATRONI_PGBIN          default /usr/lib/postgresql/15/bin
 #
-# Facts the tests rely on (Patroni 3.0.2, patroni/postgresql/slots.py):
-# - The primary creates the permanent slot and publishes its
-#   confirmed_flush_lsn in the DCS every loop. A replica that lacks the slot
-#   reads its state file from the primary (pg_read_binary_file, as the
-#   superuser), stops its PostgreSQL, writes the file into pg_replslot and
-#   starts again: one restart of the replica, which `start` waits out.
-#   Afterwards the replica moves its copy forward with
-#   pg_replication_slot_advance, never past what it has replayed.
-# - That copy only serves after a failover if hot_standby_feedback holds
-#   the catalog rows back on the primary (Patroni forces it on replicas
-#   with permanent logical slots).
+# What Patroni 3.0.2 does with the slot (patroni/postgresql/slots.py), and
+# what was seen here:
+# - The primary creates it and publishes its confirmed_flush_lsn in the DCS
+#   every loop. A replica that lacks it reads the slot's state file from
+#   the primary (pg_read_binary_file, as the superuser), stops its
+#   PostgreSQL, writes the file into pg_replslot and starts again: a
+#   restart of the replica, ~2 s without it, which `start` waits out.
+# - The replica then moves its copy to the published position with
+#   pg_replication_slot_advance, within a second or two, but never past
+#   what it has replayed. After a promotion the slot is therefore at or
+#   before the fork point of the new timeline, never past it, while the
+#   old primary may have confirmed past it (WAL the replica never got):
+#   a consumer that resumes there with START_REPLICATION (accepted) skips
+#   the new timeline's transactions that commit before that position.
+# - When the copy cannot be advanced (its restart_lsn is in WAL the
+#   replica lacks), Patroni copies the slot again: one more restart.
+# - Patroni on PostgreSQL 14+ resumes a replay paused with
+#   pg_wal_replay_pause() within a loop (unless Patroni itself is paused),
+#   so pausing replay cannot make the replica lag for long.
+# - A crashed primary restarts with the slot's confirmed_flush_lsn of its
+#   last checkpoint: consuming alone does not save it to disk.
+# - The copy serves after a failover only if hot_standby_feedback holds the
+#   catalog rows back on the primary (Patroni forces it on replicas that
+#   hold permanent logical slots).
 set -euo pipefail
 
 PGBIN=${BLOOMGATE_PATRONI_PGBIN:-/usr/lib/postgresql/15/bin}
@@ -52,7 +67,7 @@ log() { echo "patroni.sh: $*" >&2; }
 die() { log "$*"; exit 1; }
 
 usage() {
-  sed -n '9,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '9,26p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 
@@ -275,7 +290,7 @@ spawn() {
 }
 
 start_etcd() {
-  if own_pid "$DIR/etcd.pid" "$DIR/etcd" >/dev/null; then return 0; fi
+  if own_pid "$DIR/etcd.pid" "--data-dir $DIR/etcd " >/dev/null; then return 0; fi
   log "starting etcd on 127.0.0.1:$ETCD_PORT"
   rm -f "$DIR/etcd.pid"
   spawn "$DIR/etcd.pid" "$DIR/etcd.log" etcd --name bloomgate --data-dir "$DIR/etcd" \
@@ -286,7 +301,7 @@ start_etcd() {
   local deadline=$((SECONDS + 30))
   until curl -s --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; do
     # Gone already (its port taken, say): its log says why.
-    if [ -s "$DIR/etcd.pid" ] && ! own_pid "$DIR/etcd.pid" "$DIR/etcd" >/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
+    if [ -s "$DIR/etcd.pid" ] && ! own_pid "$DIR/etcd.pid" "--data-dir $DIR/etcd " >/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
       tail -n 20 "$DIR/etcd.log" >&2
       die "etcd did not start"
     fi
@@ -318,45 +333,82 @@ wait_for() {
   done
 }
 
-slot_made() {
-  [ "$(psql_at "$(node_pg "$1")" "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bloomgate'")" = 1 ]
+# copy_usable NODE: the WAL segment holding the restart_lsn of NODE's slot
+# is in NODE's pg_wal (any timeline), so the slot can be decoded or
+# advanced there.
+copy_usable() {
+  [ "$(psql_at "$(node_pg "$1")" "WITH c AS (SELECT setting::bigint AS seg FROM pg_settings WHERE name = 'wal_segment_size'),
+      s AS (SELECT pg_wal_lsn_diff(restart_lsn, '0/0')::bigint / c.seg AS segno, c.seg FROM pg_replication_slots, c WHERE slot_name = 'bloomgate')
+    SELECT EXISTS (SELECT 1 FROM pg_ls_waldir() w, s WHERE w.name ~ '^[0-9A-F]{24}\$'
+      AND ('x' || substr(w.name, 9, 8))::bit(32)::bigint * (4294967296 / s.seg) + ('x' || substr(w.name, 17, 8))::bit(32)::bigint = s.segno)")" = t ]
 }
 
-# settle_slot NODE: on a new cluster, before its replica is made. The
-# primary makes the slot right after initdb, so its restart_lsn lies in a
-# WAL segment the replica's pg_basebackup (which starts at a later
-# checkpoint) never holds. The replica's copy of the slot then cannot be
-# advanced (pg_replication_slot_advance reads from restart_lsn), and
-# Patroni copies it again, restarting the replica each time, as soon as a
-# consumer first moves the slot (seen: three restarts, each ~2 s without a
-# replica, after `start` had returned). Moved forward into a fresh segment
-# here, while the database is still empty (nothing to decode), the slot
-# starts where the replica's WAL does.
+# replica_settled LEADER: the other node streams and holds a copy of the
+# slot that has caught up with the leader's, can be advanced, and has not
+# been restarted for it in the last seconds.
+replica_settled() {
+  local r p
+  r=$(other_node "$1")
+  p=$(node_pg "$r")
+  replica_ready "$r" && copy_usable "$r" \
+    && [ "$(psql_at "$p" "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'bloomgate'")" \
+      = "$(psql_at "$(node_pg "$1")" "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'bloomgate'")" ] \
+    && [ "$(psql_at "$p" "SELECT now() - pg_postmaster_start_time() > interval '3 s'")" = t ]
+}
+
+# settle_slot LEADER: once, on a new cluster, after the replica's first
+# copy of the slot. The primary made the slot right after initdb; the
+# replica's pg_basebackup starts in a later WAL segment (it switches
+# segments), so its copy's restart_lsn is in WAL it never holds and
+# pg_replication_slot_advance fails there. Patroni then copies the slot
+# again, restarting the replica, each time until the primary's restart_lsn
+# has moved into WAL the replica has: left alone, that happens when the
+# tests first consume the slot (seen: three restarts, ~2 s each without a
+# replica, after `start` had returned). Here the database is still empty
+# (nothing to decode), so the slot is moved to the end of WAL now, past a
+# checkpoint's running-xacts record (where decoding may restart), and the
+# replica's restarts happen before `start` returns.
 settle_slot() {
   local p
   p=$(node_pg "$1")
-  wait_for 60 "slot bloomgate on $1" slot_made "$1"
-  # A new segment, then a checkpoint's running-xacts record in it from
-  # which decoding may restart.
-  psql_at "$p" "SELECT pg_switch_wal()" >/dev/null || die "pg_switch_wal failed on $1"
   psql_at "$p" "CHECKPOINT" >/dev/null || die "CHECKPOINT failed on $1"
   psql_db "$p" bloomgate "SELECT pg_replication_slot_advance('bloomgate', pg_current_wal_lsn())" >/dev/null \
     || die "could not advance slot bloomgate on $1"
-  [ "$(psql_at "$p" "SELECT pg_walfile_name(restart_lsn) = pg_walfile_name(pg_current_wal_lsn()) FROM pg_replication_slots WHERE slot_name = 'bloomgate'")" = t ] \
-    || log "slot bloomgate's restart_lsn is still in an older WAL segment: the replica may be restarted when it is first consumed"
+}
+
+# running NODE...: dies, with the end of its log, if the Patroni of one of
+# them has exited (a port taken since, say): waiting on would only time out.
+# No pid yet is a Patroni still being spawned.
+running() {
+  local n
+  for n in "$@"; do
+    [ -s "$DIR/$n/patroni.pid" ] || continue
+    if ! own_pid "$DIR/$n/patroni.pid" "$DIR/$n.yml" >/dev/null; then
+      log "Patroni $n has exited; the end of its log:"
+      tail -n 20 "$DIR/$n/patroni.log" >&2
+      die "Patroni $n is not running"
+    fi
+  done
+}
+
+first_up() {
+  running "$1"
+  writable "$1"
 }
 
 cluster_ready() {
   local l
+  running "${NODES[@]}"
   l=$(find_leader) || return 1
   replica_ready "$(other_node "$l")"
 }
 
 cmd_start() {
-  set_dir "$1"
   cmd_available || die "missing binaries (see above)"
+  [[ ${BLOOMGATE_PATRONI_MAX_LAG:-0} =~ ^[0-9]+$ ]] || die "BLOOMGATE_PATRONI_MAX_LAG is not a number of bytes"
+  mkdir -p "$1"
+  set_dir "$1"
   local began=$SECONDS
-  mkdir -p "$DIR"
   if [ "$(id -u)" -eq 0 ]; then
     id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
     chown postgres "$DIR"
@@ -381,21 +433,26 @@ cmd_start() {
   start_etcd
   start_node "$first"
   if ! find_leader >/dev/null; then
-    wait_for 120 "$first to become the leader" writable "$first"
-  fi
-  if [ ! -e "$DIR/$second/data" ] && [ ! -e "$DIR/$first/slot_settled" ]; then
-    settle_slot "$first"
-    touch "$DIR/$first/slot_settled"
+    wait_for 120 "$first to become the leader" first_up "$first"
   fi
   start_node "$second"
   wait_for 180 "a leader and a streaming replica holding slot bloomgate" cluster_ready
+  local l
+  l=$(find_leader) || die "the leader went away"
+  if [ ! -e "$DIR/slot_settled" ]; then
+    settle_slot "$l"
+    wait_for 60 "the replica's copy of slot bloomgate to settle" replica_settled "$l"
+    touch "$DIR/slot_settled"
+  elif ! copy_usable "$(other_node "$l")"; then
+    log "the replica's copy of slot bloomgate starts in WAL it does not hold: Patroni will copy it again, restarting the replica, when the slot is first consumed"
+  fi
   log "ready in $((SECONDS - began)) s"
   echo "etcd=127.0.0.1:$ETCD_PORT"
   echo "n1_pg=$N1_PG"
   echo "n1_api=$N1_API"
   echo "n2_pg=$N2_PG"
   echo "n2_api=$N2_API"
-  echo "leader=$(find_leader)"
+  echo "leader=$l"
 }
 
 cmd_leader() {
@@ -513,35 +570,36 @@ cmd_stop() {
   for a in "$@"; do
     case "$a" in
       --clean) clean=1 ;;
-      *) dirarg=$a ;;
+      *) [ -z "$dirarg" ] || usage; dirarg=$a ;;
     esac
   done
+  [ -n "$dirarg" ] || usage
+  [ -d "$dirarg" ] || { log "no $dirarg: nothing to stop"; echo "stopped=$dirarg"; return 0; }
   set_dir "$dirarg"
-  [ -d "$DIR" ] || { log "no $DIR: nothing to stop"; return 0; }
   local order=("${NODES[@]}") l pid
   # The replica first: with the leader gone first it would be promoted,
   # only to be stopped in the middle of it.
   if load_env && l=$(find_leader); then order=("$(other_node "$l")" "$l"); fi
   for a in "${order[@]}"; do stop_node "$a"; done
-  if pid=$(own_pid "$DIR/etcd.pid" "$DIR/etcd"); then
+  if pid=$(own_pid "$DIR/etcd.pid" "--data-dir $DIR/etcd "); then
     log "stopping etcd"
     kill -TERM "$pid" 2>/dev/null || true
     wait_gone 20 "$pid" || { kill -KILL "$pid" 2>/dev/null || true; wait_gone 5 "$pid" || true; }
   fi
   if [ "$clean" -eq 1 ]; then
     rm -rf "$DIR/etcd" "$DIR/n1" "$DIR/n2" "$DIR/n1.yml" "$DIR/n2.yml" "$DIR/cluster.env" \
-      "$DIR/post_bootstrap.sh" "$DIR/etcd.log" "$DIR/etcd.pid" "$DIR/last_leader"
+      "$DIR/post_bootstrap.sh" "$DIR/etcd.log" "$DIR/etcd.pid" "$DIR/last_leader" "$DIR/slot_settled"
     rmdir "$DIR" 2>/dev/null || true
   fi
   echo "stopped=$DIR"
 }
 
 case "${1:-}" in
-  available) cmd_available ;;
-  start) cmd_start "${2:-}" ;;
-  leader) cmd_leader "${2:-}" ;;
-  switchover) cmd_switchover "${2:-}" ;;
-  kill-leader) cmd_kill_leader "${2:-}" ;;
+  available) [ $# -eq 1 ] || usage; cmd_available ;;
+  start) [ $# -eq 2 ] || usage; cmd_start "$2" ;;
+  leader) [ $# -eq 2 ] || usage; cmd_leader "$2" ;;
+  switchover) [ $# -eq 2 ] || usage; cmd_switchover "$2" ;;
+  kill-leader) [ $# -eq 2 ] || usage; cmd_kill_leader "$2" ;;
   set) shift; cmd_set "$@" ;;
   stop) shift; cmd_stop "$@" ;;
   *) usage ;;

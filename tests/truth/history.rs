@@ -284,10 +284,12 @@ impl World {
         // two-phase writer can use a table that feed watches.
         writes.prepared_ok = prepared != "0" && opts.feed != Feed::Notify;
         let only_permanent = !opts.faults.is_empty()
-            && opts
-                .faults
-                .iter()
-                .all(|f| matches!(f, Fault::DropSlot | Fault::SecondGateway));
+            && opts.faults.iter().all(|f| {
+                matches!(
+                    f,
+                    Fault::DropSlot | Fault::SecondGateway | Fault::FailoverKeptSlot
+                )
+            });
         let on_bus = opts.feed == Feed::Bus;
         let permanent = opts.feed.is_wal()
             && !on_bus
@@ -297,6 +299,12 @@ impl World {
         // On the bus: `bus.slot`, the relay's (the consumers' direct feeds
         // take temporary ones); `truth_` so a panicked history's is dropped.
         let slot = (permanent || on_bus).then(|| format!("truth_{tag}"));
+        if let Some(l) = &mut life
+            && let Some((r, only)) = life::kept_slot_draw(&opts, slot.is_some())
+        {
+            l.kept = Some(r);
+            l.kept_only = only;
+        }
         let use_replica = (!opts.replicas.is_empty() || life.is_some())
             && (opts.faults.contains(&Fault::ReplicaPause) || rng.chance(50));
         if let Some(l) = &mut life {
@@ -722,17 +730,27 @@ impl World {
             .filter(|f| {
                 !f.is_lifecycle()
                     && !f.is_assumption()
-                    && !matches!(f, Fault::RedisFailover | Fault::DamagedSnapshots)
+                    && !matches!(
+                        f,
+                        Fault::RedisFailover | Fault::DamagedSnapshots | Fault::FailoverKeptSlot
+                    )
             })
             .collect();
         faults.sort_by_key(|f| f.name());
-        let lifecycle: Vec<Fault> = self
+        let mut lifecycle: Vec<Fault> = self
             .opts
             .faults
             .iter()
             .copied()
             .filter(|f| f.is_lifecycle())
             .collect();
+        // `failover-kept-slot` is a way a failover goes (see
+        // `life::kept_slot_draw`): selected alone, it plays failovers.
+        if self.life.as_ref().is_some_and(|l| l.kept.is_some())
+            && !lifecycle.contains(&Fault::Failover)
+        {
+            lifecycle.push(Fault::Failover);
+        }
         for round in 0..self.opts.rounds {
             let steps = self.writes.rng.range(15, 35);
             // Early in the round, so that writes follow the fault.

@@ -209,6 +209,21 @@
 //! every quiescence, a stale label is a violation. An unlabelled answer is
 //! judged as always.
 //!
+//! `failover-kept-slot` is a way a failover goes, drawn from a stream of
+//! its own (`life::kept_slot_draw`, so that the seeds' other choices stay
+//! what they were): in a history with a permanent slot (the bus's, or a
+//! WAL history's when its seed chose one), half its failovers (all of
+//! them when the fault is selected alone) copy the slot onto the standby
+//! first, as Patroni's permanent slots keep it, and the gateways may keep
+//! their filters across the promotion (`feed::wal::fork`). The stream
+//! draws whether the gateways end up behind the fork point (the standby
+//! streams on and the old primary stops cleanly: a switchover) or ahead
+//! of it (the standby stops and the old primary crashes later: a lost
+//! tail), and, ahead, whether every filter is rebuilt from the old primary
+//! after the standby stopped (its scan sees what the new timeline loses:
+//! those filters must not be kept). Answers are judged as after any
+//! failover.
+//!
 //! `FEED_GAP` is deliberately shorter than the WAL feed's reconnect
 //! back-off cap (5 s): a gateway blind for longer than that while it says
 //! ready is reported.
@@ -406,10 +421,11 @@ pub enum Fault {
     WalWriter,
     Restore,
     DamagedSnapshots,
+    FailoverKeptSlot,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 22] = [
+    pub const ALL: [Fault; 23] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -432,6 +448,7 @@ impl Fault {
         Fault::WalWriter,
         Fault::Restore,
         Fault::DamagedSnapshots,
+        Fault::FailoverKeptSlot,
     ];
 
     /// The database's own lifecycle: played on a cluster of the history's
@@ -455,7 +472,11 @@ impl Fault {
     /// Played on a cluster of the history's own: the lifecycle's, and the
     /// assumptions that reconfigure, stop or restore the primary.
     pub fn needs_cluster(self) -> bool {
-        self.is_lifecycle() || matches!(self, Fault::WalWriter | Fault::Restore)
+        self.is_lifecycle()
+            || matches!(
+                self,
+                Fault::WalWriter | Fault::Restore | Fault::FailoverKeptSlot
+            )
     }
 
     pub fn name(self) -> &'static str {
@@ -482,6 +503,7 @@ impl Fault {
             Fault::WalWriter => "wal-writer",
             Fault::Restore => "restore",
             Fault::DamagedSnapshots => "damaged-snapshots",
+            Fault::FailoverKeptSlot => "failover-kept-slot",
         }
     }
 
@@ -490,7 +512,8 @@ impl Fault {
             Fault::KillWalsender
             | Fault::DropSlot
             | Fault::Publication
-            | Fault::ReplicaIdentity => feed.is_wal(),
+            | Fault::ReplicaIdentity
+            | Fault::FailoverKeptSlot => feed.is_wal(),
             Fault::KillListener => !feed.is_wal(),
             Fault::KillRelay
             | Fault::RestartRedis

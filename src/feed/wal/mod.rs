@@ -117,10 +117,13 @@
 //! tried again). A server other than the last session's (a promoted
 //! standby on the primary's address, a restore, a restart that may have
 //! lost `synchronous_commit = off` commits other sessions had read) is a
-//! gap whatever the slot says: a permanent slot that survived the failover
-//! (PostgreSQL 17's failover slots, Patroni's permanent slots) confirms
-//! positions of the new timeline, and a temporary or new slot starts past
-//! what the old server had that the new one lacks. The heartbeat's read of
+//! gap, unless it is a promotion the permanent slot survived and [`fork`]
+//! proves the stream from it misses nothing of the new history: a
+//! temporary or new slot starts past what the old server had that the new
+//! one lacks, and a slot that survived (PostgreSQL 17's failover slots,
+//! Patroni's permanent slots) may stand past the fork. A proven promotion
+//! is [`Event::Fork`]: caches emptied, filters kept where their builds
+//! saw nothing the new timeline lost. The heartbeat's read of
 //! the flush position reads the timeline too, so a side connection that
 //! was replaced mid-session and reached another server ends the session.
 //!

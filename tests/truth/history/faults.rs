@@ -112,6 +112,8 @@ impl World {
             Fault::Failover | Fault::Crash | Fault::SyncHold | Fault::Outage => {
                 self.inject_lifecycle(f).await
             }
+            // Never drawn as a round's fault: a way a failover goes.
+            Fault::FailoverKeptSlot => false,
             Fault::KillWalsender | Fault::KillListener | Fault::DropSlot => {
                 if f == Fault::DropSlot && self.slot.is_none() {
                     false

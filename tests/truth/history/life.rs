@@ -57,6 +57,45 @@ pub(super) struct Life {
     pub hold: Option<JoinHandle<()>>,
     /// An outage is not restored before this.
     pub back_at: Duration,
+    /// `failover-kept-slot`: the stream its failovers draw from whether
+    /// the permanent slot survives (see [`kept_slot_draw`]); `None`: never.
+    pub kept: Option<Rng>,
+    /// Every failover keeps the slot (a replay of the fault alone).
+    pub kept_only: bool,
+    /// The failover under way keeps the slot: how.
+    pub keeping: Option<Keep>,
+}
+
+/// How a failover that keeps the slot goes (see `failover-kept-slot` in the
+/// crate doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Keep {
+    /// The standby streams to the end: the old primary stops cleanly and
+    /// ships it everything first, so the gateways applied nothing the new
+    /// timeline lacks (A <= F).
+    Behind,
+    /// The standby stopped receiving: the gateways apply a tail the new
+    /// timeline loses (A > F); `rebuild`: every gateway rebuilds its
+    /// filters from the old primary meanwhile, so their scans see past the
+    /// fork and the filters must not be kept.
+    Ahead { rebuild: bool },
+}
+
+/// Salts the stream `failover-kept-slot` draws from.
+const KEPT_SALT: u64 = 0x6b65_7074_736c_6f74;
+
+/// The stream a history's failovers draw from whether the slot survives:
+/// one of its own, so that the seeds' other choices, CI's among them, stay
+/// what they were before the fault existed. Only with a permanent slot
+/// (every bus history; a WAL history as its seed chose); every failover
+/// keeps the slot when `failover-kept-slot` is the only fault selected
+/// (a replay of it), else half of them.
+pub(super) fn kept_slot_draw(opts: &Opts, permanent: bool) -> Option<(Rng, bool)> {
+    if !permanent || !opts.faults.contains(&Fault::FailoverKeptSlot) {
+        return None;
+    }
+    let only = opts.faults.iter().all(|f| *f == Fault::FailoverKeptSlot);
+    Some((Rng::new(opts.seed ^ KEPT_SALT), only))
 }
 
 impl Life {
@@ -89,6 +128,9 @@ impl Life {
                 open: None,
                 hold: None,
                 back_at: Duration::ZERO,
+                kept: None,
+                kept_only: false,
+                keeping: None,
             },
             pool,
         )
@@ -289,14 +331,45 @@ impl World {
         let life = self.life.as_mut().unwrap();
         match f {
             Fault::Failover => {
-                // Stopped, the standby falls behind what is written next:
-                // those commits are lost when it is promoted.
-                life.standby.as_ref().unwrap().stop("fast");
+                let keep = match (&mut life.kept, &self.slot) {
+                    (Some(r), Some(_)) => {
+                        let only = life.kept_only;
+                        (only || r.chance(50)).then(|| match r.chance(50) {
+                            true => Keep::Behind,
+                            false => Keep::Ahead {
+                                rebuild: r.chance(50),
+                            },
+                        })
+                    }
+                    _ => None,
+                };
+                let kept = match keep {
+                    Some(k) => self.keep_slot(k).await,
+                    None => None,
+                };
+                let life = self.life.as_mut().unwrap();
+                life.keeping = kept;
+                if kept != Some(Keep::Behind) {
+                    // Stopped, the standby falls behind what is written
+                    // next: those commits are lost when it is promoted.
+                    life.standby.as_ref().unwrap().stop("fast");
+                }
                 life.open = Some((f, now));
-                self.shared.note(
-                    "fault failover: the standby stopped; the primary crashes in a few steps"
-                        .into(),
-                );
+                self.shared.note(format!(
+                    "fault failover: {}; the primary {} in a few steps",
+                    match kept {
+                        None => "the standby stopped".to_string(),
+                        Some(Keep::Behind) => "the permanent slot copied to the standby, which streams on".to_string(),
+                        Some(Keep::Ahead { rebuild }) => format!(
+                            "the permanent slot copied to the standby, which stopped{}",
+                            if rebuild { "; every filter rebuilt from the old primary" } else { "" }
+                        ),
+                    },
+                    if kept == Some(Keep::Behind) { "stops cleanly" } else { "crashes" }
+                ));
+                if let Some(Keep::Ahead { rebuild: true }) = kept {
+                    self.rebuild_filters().await;
+                }
                 self.later(2, 5, Action::Promote);
             }
             Fault::Crash => {
@@ -403,8 +476,14 @@ impl World {
             m.open_window("failover", t);
         }
         let life = self.life.as_mut().unwrap();
-        life.primary.stop("immediate");
         let standby = life.standby.take().unwrap();
+        if life.keeping.take() == Some(Keep::Behind) {
+            // A switchover: the old primary ships everything as it stops.
+            life.primary.stop("fast");
+            standby.stop("fast");
+        } else {
+            life.primary.stop("immediate");
+        }
         standby.start();
         standby.promote();
         life.proxy.retarget(addr(&standby));
@@ -431,6 +510,67 @@ impl World {
                 ""
             }
         ));
+    }
+
+    /// Copies the permanent slot onto the standby, as Patroni's permanent
+    /// slots keep it there: once the WAL it needs from is on the standby
+    /// (the gateways' confirmations move it; up to 10 s of checkpoints),
+    /// after a checkpoint wrote its state; the standby stopped for the
+    /// copy, and started again for `Keep::Behind`. `None`: the WAL never
+    /// reached the standby's, and the failover is a plain one.
+    async fn keep_slot(&mut self, keep: Keep) -> Option<Keep> {
+        let slot = self.slot.clone()?;
+        let life = self.life.as_ref().unwrap();
+        let standby = life.standby.as_ref().unwrap();
+        let mut c = PgConnection::connect(&life.primary.url("postgres"))
+            .await
+            .ok()?;
+        let pg_wal = standby.path().join("data").join("pg_wal");
+        let mut ready = false;
+        for _ in 0..50 {
+            let _ = c.execute("CHECKPOINT").await;
+            let file = sqlx::query_scalar::<_, Option<String>>(
+                "SELECT pg_walfile_name(restart_lsn) FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(&slot)
+            .fetch_optional(&mut c)
+            .await
+            .ok()
+            .flatten()
+            .flatten();
+            // The standby's segments are of the same timeline (it follows
+            // this primary), named alike.
+            if file.is_some_and(|f| pg_wal.join(&f).exists()) {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if !ready {
+            self.shared.note(
+                "failover-kept-slot: the slot's WAL is not on the standby; a plain failover".into(),
+            );
+            return None;
+        }
+        let _ = c.execute("CHECKPOINT").await;
+        standby.stop("fast");
+        let primary = &self.life.as_ref().unwrap().primary;
+        standby.copy_slot_from(primary, &slot);
+        if keep == Keep::Behind {
+            standby.start();
+        }
+        Some(keep)
+    }
+
+    /// Every gateway's filters rebuilt now, from the old primary (the
+    /// writes continue meanwhile; a gateway that is not up is left).
+    async fn rebuild_filters(&mut self) {
+        for g in self.shared.live() {
+            for r in &g.gw.resources {
+                let r = r.clone();
+                let _ = tokio::time::timeout(Duration::from_secs(10), r.rebuild(false)).await;
+            }
+        }
     }
 
     /// The end of `outage`: connections pass again.
