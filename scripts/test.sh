@@ -8,7 +8,8 @@
 # notify, queue), two lanes side by side; then the randomized checker
 # (tests/truth) runs its CI seeds, beside the outside checks: Schemathesis
 # and REDbot against the live gateway (scripts/contract.sh), then the book's
-# Getting started page, run as written (scripts/walk.py).
+# Getting started page, run as written (scripts/walk.py). Beside the
+# freshness reruns, tests/patroni.rs runs in a lane of its own.
 # BLOOMGATE_SKIP_CONTRACT=1 leaves all of these out (cargo test alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,17 @@ if ! command -v nginx >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nginx-light >&2
   # Only the binary is wanted: no service of its own.
   $sudo systemctl disable --now nginx >/dev/null 2>&1 || $sudo service nginx stop >/dev/null 2>&1 || true
+fi
+# tests/patroni.rs: Debian's patroni and etcd-server (a real HA stack on
+# throwaway ports, scripts/patroni.sh); only the binaries are wanted, no
+# service of their own.
+if ! scripts/patroni.sh available 2>/dev/null; then
+  echo "test.sh: installing patroni and etcd-server for tests/patroni.rs" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq patroni etcd-server >&2
+  $sudo systemctl disable --now etcd patroni >/dev/null 2>&1 || $sudo service etcd stop >/dev/null 2>&1 || true
 fi
 # The alerting rules are checked and unit-tested with promtool, from
 # Debian's prometheus package: only the binary is taken out of it (into
@@ -136,6 +148,12 @@ other_reruns() {
   phase "freshness least queue" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness || s=1
   return $s
 }
+# A failover on a real Patroni cluster (tests/patroni.rs, ignored in the
+# run above): one cluster at a time, about three minutes, mostly waiting on
+# Patroni's loop and leader key.
+patroni_lane() {
+  phase "patroni" cargo test --locked --test patroni -- --ignored --test-threads=1
+}
 # The randomized checker (tests/truth, ignored in the run above): its CI
 # seeds on every feed (the bus's among them), about three minutes, with its
 # one-line summaries.
@@ -186,5 +204,5 @@ side_by_side() {
 # there; `cargo test` put its own in target/debug): put back now, not while
 # the checker runs beside them.
 phase "build (the binary, again)" cargo build --locked --bin bloomgate
-phase "freshness reruns (side by side)" side_by_side wal_reruns other_reruns
+phase "freshness reruns and patroni (side by side)" side_by_side wal_reruns other_reruns patroni_lane
 phase "checker and outside checks (side by side)" side_by_side checker_seeds outside_checks
