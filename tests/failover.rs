@@ -112,10 +112,11 @@ async fn a_read_replica_stranded_on_the_old_timeline_is_never_read() {
 }
 
 /// A failover under a direct WAL feed with a permanent slot that the new
-/// primary has too (PostgreSQL 17's failover slots, Patroni's permanent
-/// slots: played here by creating it there by hand): the slot's position
-/// is on the new timeline, and resuming from it as if nothing happened
-/// would keep the rows the old timeline had and the new one lost.
+/// primary has, created there by hand after the promotion: it stands past
+/// the fork point, on WAL of the new timeline only, so the stream from it
+/// misses what the new timeline wrote before it (`feed::wal::fork` falls
+/// back), and resuming from it as if nothing happened would keep the rows
+/// the old timeline had and the new one lost: a gap.
 #[tokio::test]
 async fn a_permanent_slot_found_on_a_new_timeline_is_a_gap() {
     let primary = Server::primary(&[]);
