@@ -55,7 +55,7 @@ if ! scripts/patroni.sh available 2>/dev/null; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq patroni etcd-server >&2
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq patroni etcd-server postgresql-15 >&2
   $sudo systemctl disable --now etcd patroni >/dev/null 2>&1 || $sudo service etcd stop >/dev/null 2>&1 || true
 fi
 # The alerting rules are checked and unit-tested with promtool, from
@@ -152,7 +152,17 @@ other_reruns() {
 # run above): one cluster at a time, about three minutes, mostly waiting on
 # Patroni's loop and leader key.
 patroni_lane() {
-  phase "patroni" cargo test --locked --test patroni -- --ignored --test-threads=1
+  local s=0
+  phase "patroni" cargo test --locked --test patroni -- --ignored --test-threads=1 || s=1
+  # A test killed mid-run leaves its cluster running (setsid'd daemons):
+  # every one this run's tests made goes.
+  local d
+  for d in "${TMPDIR:-/tmp}"/bloomgate-test-*/patroni; do
+    [ -d "$d" ] || continue
+    scripts/patroni.sh stop "$d" --clean >/dev/null 2>&1 || true
+    rmdir "$(dirname "$d")" 2>/dev/null || true
+  done
+  return $s
 }
 # The randomized checker (tests/truth, ignored in the run above): its CI
 # seeds on every feed (the bus's among them), about three minutes, with its

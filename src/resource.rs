@@ -457,6 +457,13 @@ impl Resource {
     /// database, through the cache (coalesced, stored) or past it.
     pub async fn load(&self, load: Load) -> Result<Lookup, Error> {
         let Load { key, how } = load;
+        // A row read across a promotion the filter was kept over may be
+        // one the new timeline lost: into the filter, but not the mark.
+        let forks = self.live.forks();
+        let read = || match self.live.forks() == forks {
+            true => Provenance::Trusted,
+            false => Provenance::Announced,
+        };
         match how {
             How::Cached { read_first } => {
                 self.load_through_cache(key, read_first, QueryKind::Row)
@@ -466,7 +473,7 @@ impl Resource {
                 let result = self.load_direct(&key, rejected).await;
                 if rejected && let Ok(Lookup::Unvouched(Some(_))) = &result {
                     // Read by the gateway itself: it exists.
-                    self.add_to_filter(&key, Provenance::Trusted);
+                    self.add_to_filter(&key, read());
                 }
                 result
             }
@@ -477,7 +484,7 @@ impl Resource {
                 if let Ok(Lookup::Cached(Outcome::Loaded { .. })) = &result {
                     // The row exists and its change has not arrived yet;
                     // the gateway read it itself, so it may raise the mark.
-                    self.add_to_filter(&key, Provenance::Trusted);
+                    self.add_to_filter(&key, read());
                 }
                 result
             }

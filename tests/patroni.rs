@@ -48,7 +48,7 @@ impl Cluster {
             .collect()
     }
 
-    fn start() -> Cluster {
+    async fn start() -> Cluster {
         let available = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/patroni.sh"))
             .arg("available")
             .status()
@@ -60,19 +60,26 @@ impl Cluster {
         );
         let dir = tempdir().join("patroni");
         let c = Cluster { dir };
-        c.run(&["start"]);
+        c.run(&["start"]).await;
         c
     }
 
-    fn run(&self, cmd: &[&str]) -> HashMap<String, String> {
-        let mut args = vec![cmd[0], self.dir.to_str().unwrap()];
-        args.extend_from_slice(&cmd[1..]);
-        Self::script(&args)
+    /// `scripts/patroni.sh CMD DIR ARGS…`, off the runtime: a switchover or
+    /// a failover takes seconds, and the gateway and the proxy must live
+    /// through them as they happen.
+    async fn run(&self, cmd: &[&str]) -> HashMap<String, String> {
+        let mut args = vec![cmd[0].to_string(), self.dir.to_str().unwrap().to_string()];
+        args.extend(cmd[1..].iter().map(|a| a.to_string()));
+        tokio::task::spawn_blocking(move || {
+            Self::script(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .await
+        .unwrap()
     }
 
     /// The leader's name and address.
-    fn leader(&self) -> (String, std::net::SocketAddr) {
-        let out = self.run(&["leader"]);
+    async fn leader(&self) -> (String, std::net::SocketAddr) {
+        let out = self.run(&["leader"]).await;
         let port: u16 = out["port"].parse().unwrap();
         (out["leader"].clone(), ([127, 0, 0, 1], port).into())
     }
@@ -87,6 +94,9 @@ impl Drop for Cluster {
         let _ = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/patroni.sh"))
             .args(["stop", self.dir.to_str().unwrap(), "--clean"])
             .output();
+        if let Some(parent) = self.dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }
 
@@ -102,8 +112,8 @@ async fn exec(url: &str, sql: &str) {
 /// The cluster, the users table on it, a proxy to the leader, and a
 /// gateway on the WAL feed with Patroni's permanent slot.
 async fn setup() -> (Cluster, Proxy, Arc<Gateway>) {
-    let cluster = Cluster::start();
-    let (_, leader) = cluster.leader();
+    let cluster = Cluster::start().await;
+    let (_, leader) = cluster.leader().await;
     let pool = sqlx::PgPool::connect(&Cluster::url(leader)).await.unwrap();
     bloomgate::db::MIGRATOR.run(&pool).await.unwrap();
     sqlx::query(
@@ -126,7 +136,7 @@ async fn setup() -> (Cluster, Proxy, Arc<Gateway>) {
 
 /// New connections to the new leader, the old ones cut.
 async fn follow_the_leader(cluster: &Cluster, proxy: &Proxy) -> std::net::SocketAddr {
-    let (_, leader) = cluster.leader();
+    let (_, leader) = cluster.leader().await;
     proxy.retarget(leader);
     proxy.cut();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
@@ -185,7 +195,7 @@ async fn a_switchover_and_a_lagging_failover_keep_the_filter() {
 
     // A switchover: the old leader ships everything before it steps down
     // (the gateway behind the fork point).
-    cluster.run(&["switchover"]);
+    cluster.run(&["switchover"]).await;
     let leader = follow_the_leader(&cluster, &proxy).await;
     exec(
         &Cluster::url(leader),
@@ -200,7 +210,7 @@ async fn a_switchover_and_a_lagging_failover_keep_the_filter() {
 
     // The old leader rejoins as the replica, and Patroni copies the slot
     // to it again.
-    cluster.run(&["start"]);
+    cluster.run(&["start"]).await;
     // A failover of a replica that lagged: the gateway applies a tail the
     // new timeline loses (ahead of the fork point).
     stall_the_replica(leader).await;
@@ -216,8 +226,10 @@ async fn a_switchover_and_a_lagging_failover_keep_the_filter() {
         assert_eq!(name_of(&gw, 2).await.1, "a lost update");
     }
     assert_eq!(name_of(&gw, 3).await.0, StatusCode::NOT_FOUND);
-    cluster.run(&["set", "maximum_lag_on_failover=1073741824"]);
-    let killed = cluster.run(&["kill-leader"]);
+    cluster
+        .run(&["set", "maximum_lag_on_failover=1073741824"])
+        .await;
+    let killed = cluster.run(&["kill-leader"]).await;
     assert_eq!(killed["promoted"], "yes", "{killed:?}");
     let leader = follow_the_leader(&cluster, &proxy).await;
     exec(
@@ -246,7 +258,7 @@ async fn a_switchover_and_a_lagging_failover_keep_the_filter() {
 #[ignore]
 async fn a_filter_scanned_past_the_fork_is_rebuilt_after_a_failover() {
     let (cluster, proxy, gw) = setup().await;
-    let (_, leader) = cluster.leader();
+    let (_, leader) = cluster.leader().await;
     stall_the_replica(leader).await;
     exec(&Cluster::url(leader), "DELETE FROM users WHERE id = 3").await;
     let users = gw.resource("users").unwrap().clone();
@@ -257,8 +269,10 @@ async fn a_filter_scanned_past_the_fork_is_rebuilt_after_a_failover() {
     vouched(&gw, "users").await;
     assert_eq!(name_of(&gw, 3).await.0, StatusCode::NOT_FOUND);
     let (_, _, built) = counts(&gw);
-    cluster.run(&["set", "maximum_lag_on_failover=1073741824"]);
-    let killed = cluster.run(&["kill-leader"]);
+    cluster
+        .run(&["set", "maximum_lag_on_failover=1073741824"])
+        .await;
+    let killed = cluster.run(&["kill-leader"]).await;
     assert_eq!(killed["promoted"], "yes", "{killed:?}");
     follow_the_leader(&cluster, &proxy).await;
     vouched(&gw, "users").await;

@@ -67,7 +67,10 @@
 //!   deleted keys already, and every key it passes is looked up. What did
 //!   rely on them is the high-water mark ("known to exist"): it is lowered
 //!   to what the build's scan found, forgetting every raise since (a
-//!   lower mark only sends more rejected keys to the database).
+//!   lower mark only sends more rejected keys to the database). A row
+//!   read by a load that began before the promotion may be a lost one: it
+//!   goes into the set, but raises the mark only when no promotion was
+//!   kept across meanwhile ([`LiveFilter::forks`]).
 //!
 //! What the *scan* of the live set's build saw is another matter: a
 //! snapshot of the old primary past `F` may lack a row that a lost delete
@@ -167,6 +170,9 @@ pub struct LiveFilter {
     /// What the live set's build saw (see "Across a promotion"), under the
     /// journal lock.
     built: Mutex<Built>,
+    /// Promotions the set was kept across: a load that began before one
+    /// may have read the old primary, and must not raise the mark.
+    forks: AtomicU64,
 }
 
 /// The live set's build, as a promotion asks about it.
@@ -193,6 +199,7 @@ impl LiveFilter {
                 seen_upto: None,
                 max_int: i64::MIN,
             }),
+            forks: AtomicU64::new(0),
         }
     }
 
@@ -296,13 +303,23 @@ impl LiveFilter {
                 ));
             }
             None => {
-                return Err("its set was loaded from a snapshot or scanned on a replica: no position to compare with the fork".into());
+                return Err("its build has no position to compare with the fork (a snapshot loaded, a scan on a replica, or the primary's position not read)".into());
             }
         }
-        // Lowered only: under the journal lock, as every raise.
+        // Lowered only: under the journal lock, as every raise. A load
+        // that began before this may have read the old primary: it checks
+        // `forks` before it raises the mark.
+        self.forks.fetch_add(1, Ordering::Relaxed);
         self.high_water.fetch_min(built.max_int, Ordering::Relaxed);
         drop(journal);
         Ok(())
+    }
+
+    /// Promotions the set was kept across so far: a load reads it when it
+    /// begins, and raises the mark only if it has not changed when the row
+    /// is in (see "Across a promotion").
+    pub fn forks(&self) -> u64 {
+        self.forks.load(Ordering::Relaxed)
     }
 
     fn lock_built(&self) -> MutexGuard<'_, Built> {
@@ -905,7 +922,13 @@ mod tests {
             // At or before the fork, on the old timeline.
             for lsn in [100, 150] {
                 let live = built(seen(T1, lsn));
+                assert_eq!(live.forks(), 0);
                 assert_eq!(live.keep_across(&fork_at(150)), Ok(()), "{mode:?} {lsn}");
+                assert_eq!(
+                    live.forks(),
+                    1,
+                    "a load begun before it will not raise the mark"
+                );
                 for k in [1, 2, 3, 40, 90] {
                     assert_eq!(
                         live.contains(&Key::Int(k)),
@@ -944,6 +967,7 @@ mod tests {
                     Some(90),
                     "refused: the mark is left alone"
                 );
+                assert_eq!(live.forks(), 0);
             }
             // A rebuild scanning: its scan may be reading the old primary.
             let live = built(seen(T1, 100));

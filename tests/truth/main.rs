@@ -214,8 +214,10 @@
 //! what they were): in a history with a permanent slot (the bus's, or a
 //! WAL history's when its seed chose one), half its failovers (all of
 //! them when the fault is selected alone) copy the slot onto the standby
-//! first, as Patroni's permanent slots keep it, and the gateways may keep
-//! their filters across the promotion (`feed::wal::fork`). The stream
+//! first, as Patroni's permanent slots keep it. On the WAL feeds the
+//! gateways may then keep their filters across the promotion
+//! (`feed::wal::fork`; polled, they fall back); on the bus the relay's
+//! next term starts a new epoch's stream, a gap for the fleet as before. The stream
 //! draws whether the gateways end up behind the fork point (the standby
 //! streams on and the old primary stops cleanly: a switchover) or ahead
 //! of it (the standby stops and the old primary crashes later: a lost

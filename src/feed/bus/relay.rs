@@ -399,9 +399,11 @@ async fn term<B: Bus>(
                 }
             }
             Event::Resync(r) => (Entry::Resync(r), None),
-            // The bus does not carry a fork yet: a promotion is a gap for
-            // the fleet, as any new server (consumers rebuild, the fleet
-            // sharing one scan through its snapshots).
+            // Not sent to a relay: each term's feed starts with no server
+            // before it, so it never judges a promotion (a new epoch is a
+            // new stream, and a gap for every consumer: see "Epochs").
+            // Should one come, it is what the relay makes of any new
+            // server.
             Event::Fork(f) => (
                 Entry::Resync(Resync {
                     reason: format!("the primary was promoted from timeline {}", f.from.id),

@@ -20,6 +20,13 @@
 //!   `F` was consumed on the new timeline by someone else, or stands on
 //!   WAL the new history lacks: a gap.
 //!
+//! Timelines are told apart by their ID: `T` found in `T'`'s history is
+//! taken to be the `T` followed. That holds where every promotion of the
+//! cluster picks an ID none of its servers used (a shared WAL archive,
+//! Patroni's DCS, a managed service); two standbys promoted independently
+//! can both start a timeline 2 with identical history files, which no
+//! reading tells apart (the book's failover page says so).
+//!
 //! Then the feed's position becomes `min(A, F)` on `T'`, and the stream
 //! from `S` goes on. The tail `(F, A]`, if any, was lost with `T`: the
 //! resources' side of the proof (`resource::Resource::keep_across`) asks

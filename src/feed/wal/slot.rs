@@ -43,7 +43,9 @@ pub(super) async fn open_permanent(
             // that failed.
             feed.opts.broken_slot.clear();
             feed.slot_seen = Some(Position::new(timeline, at));
-            feed.kept_slot = Some(at);
+            // Only a position the slot states proves where its stream
+            // starts (see `fork`).
+            feed.kept_slot = state.as_ref().and_then(|s| s.confirmed_flush);
             Ok((at, gap))
         }
         Open::Create { again, gap } => {
