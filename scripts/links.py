@@ -13,6 +13,9 @@
   (the pages `{{#include}}` pulls in from the repository are checked there).
 - Every page under docs/src is reachable from docs/src/SUMMARY.md (mdBook
   leaves an unlisted page out of the book without a word).
+- A repository path in a code span (`src/…`, `tests/…`, `scripts/…` and
+  the other top-level folders) names one that exists, outside the perf
+  log (whose entries are records of their day).
 Links off the machine (http, https, mailto) are not followed: CI has no
 network. Exit 1 with one line per broken link.
 """
@@ -93,6 +96,22 @@ def check_markdown(broken):
                 broken.append(f"{where}: no heading #{fragment}")
 
 
+# A repository path in a code span, up to the first character no path of
+# ours has (a glob's `*`, a `:line`, a space).
+PATH = re.compile(r"`((?:src|tests|scripts|bench|benches|docs|config|fuzz|examples|deploy|\.ci)/[A-Za-z0-9_./-]*)")
+
+
+def check_paths(broken):
+    for path in markdown_files():
+        if os.sep + "perf-log" + os.sep in path:
+            continue
+        for n, line in outside_fences(open(path).read()):
+            for m in PATH.finditer(line):
+                p = m.group(1).rstrip(".")
+                if not os.path.exists(os.path.join(ROOT, p)):
+                    broken.append(f"{os.path.relpath(path, ROOT)}:{n}: `{p}`: no such file")
+
+
 def check_summary(broken):
     src = os.path.join(ROOT, "docs", "src")
     listed = {os.path.normpath(os.path.join(src, m.group(1))) for m in LINK.finditer(open(os.path.join(src, "SUMMARY.md")).read()) if m.group(1)}
@@ -149,6 +168,7 @@ def check_html(book, broken):
 def main():
     broken = []
     check_markdown(broken)
+    check_paths(broken)
     check_summary(broken)
     if len(sys.argv) > 1:
         check_html(sys.argv[1], broken)
@@ -157,7 +177,7 @@ def main():
     if broken:
         print(f"links: {len(broken)} broken", file=sys.stderr)
         return 1
-    print("links: every relative link of the Markdown" + (" and the built book" if len(sys.argv) > 1 else "") + " resolves")
+    print("links: every relative link and named path of the Markdown" + (" and the built book" if len(sys.argv) > 1 else "") + " resolves")
     return 0
 
 

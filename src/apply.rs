@@ -232,10 +232,7 @@ impl Applier {
             }
         }
         if unknown {
-            match reps.primary_lsn().await {
-                Ok(lsn) => reps.note_change(lsn),
-                Err(_) => reps.note_unknown_change(),
-            }
+            reps.note_past_the_primary().await;
         }
     }
 
@@ -280,10 +277,7 @@ impl Applier {
     /// known.
     async fn past_the_primary(&self) {
         if let Some(reps) = &self.replicas {
-            match reps.primary_lsn().await {
-                Ok(lsn) => reps.note_change(lsn),
-                Err(_) => reps.note_unknown_change(),
-            }
+            reps.note_past_the_primary().await;
         }
     }
 

@@ -257,10 +257,7 @@ impl Gateway {
         if let Some(replicas) = self.db.replicas() {
             // A replica behind the primary now may lack commits no feed
             // event will ever name: loads wait for it to pass this point.
-            match replicas.primary_lsn().await {
-                Ok(lsn) => replicas.note_change(lsn),
-                Err(_) => replicas.note_unknown_change(),
-            }
+            replicas.note_past_the_primary().await;
         }
         // Started with no feed (the bus down, every fall-back ticket
         // taken): no scan now, which every gateway started during the

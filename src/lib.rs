@@ -9,10 +9,11 @@
 //! # Layout
 //!
 //! A request: [`server`] accepts it, [`http`] matches its route
-//! ([`http::front`], then [`http::dispatch`]), [`key`] parses the key,
-//! [`auth`] checks the caller, and the [`resource`] asks its [`filter`]
-//! (absent: 404, nothing else touched), its [`cache`] (a hit), then [`db`]
-//! (a miss: one query per key, however many wait).
+//! ([`http::front`], then [`http::dispatch`], whose `http::lookup::begin`
+//! answers all that needs no I/O), [`key`] parses the key, [`auth`] checks
+//! the caller, and the [`resource`] asks its [`filter`] (absent: 404,
+//! nothing else touched), its [`cache`] (a hit), then [`db`] (a miss: one
+//! query per key, however many wait, in `http::lookup`'s future).
 //!
 //! A change: a [`feed`] (the WAL, `NOTIFY`, a change table, or the WAL
 //! through the bus, [`feed::bus`]) sends [`feed::Event`]s; [`apply`]

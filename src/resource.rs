@@ -87,6 +87,18 @@ pub enum Lookup {
     },
 }
 
+/// Where a resource's answer during an outage stands
+/// ([`Resource::stale_standing`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stale {
+    /// `cache.stale_if_error` is off: 503 for every key.
+    Off,
+    /// Within the window: what was vouched for, labelled `detail=stale`.
+    Within { age: Duration, window: Duration },
+    /// Past it: 503 for every key.
+    Past { age: Duration, window: Duration },
+}
+
 /// A lookup after its part that needs no future ([`Resource::lookup_now`]).
 #[derive(Debug)]
 pub enum Now {
@@ -425,12 +437,26 @@ impl Resource {
     /// How long ago the filter and cache were last vouched for, if they may
     /// answer during an outage (see "Outages").
     fn stale_age(&self) -> Option<Duration> {
-        let window = self.config.cache.stale_if_error;
-        if window.is_zero() {
-            return None;
+        match self.stale_standing()? {
+            Stale::Within { age, .. } => Some(age),
+            Stale::Off | Stale::Past { .. } => None,
         }
-        let age = self.vouch.stale_since()?.elapsed();
-        (age <= window).then_some(age)
+    }
+
+    /// Where the answer of "Outages" stands: the age of the last vouch
+    /// against `cache.stale_if_error`; `None` if never vouched for. The one
+    /// place the window is judged (readiness says what it decides).
+    pub fn stale_standing(&self) -> Option<Stale> {
+        let since = self.vouch.stale_since()?;
+        let window = self.config.cache.stale_if_error;
+        let age = since.elapsed();
+        Some(if window.is_zero() {
+            Stale::Off
+        } else if age <= window {
+            Stale::Within { age, window }
+        } else {
+            Stale::Past { age, window }
+        })
     }
 
     /// The answer of "Outages": what the filter and cache say of `key`;

@@ -23,9 +23,11 @@ use bloomgate::key::Key;
 use common::*;
 use futures_util::StreamExt;
 
-/// Polls `path` until `done` holds for the response, or panics after 10 s
-/// (which only catches "never"; the latencies are measured, not asserted).
-async fn eventually(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) -> Duration {
+/// How long until `path` answers what `done` wants: polls, and panics
+/// after 10 s (which only catches "never"; the latencies are measured, not
+/// asserted). Not `common::eventually`, which waits on any condition and
+/// measures nothing.
+async fn time_until(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) -> Duration {
     let began = Instant::now();
     loop {
         let r = get(gw, path).await;
@@ -79,7 +81,7 @@ async fn caught_up(gw: &Arc<Gateway>, db: &TestDb) {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    eventually(gw, &format!("/articles/{id}"), |r| {
+    time_until(gw, &format!("/articles/{id}"), |r| {
         r.status == StatusCode::OK
     })
     .await;
@@ -106,7 +108,7 @@ async fn an_insert_is_servable_without_a_rebuild() {
         "bloomgate; detail=filter-absent"
     );
     insert_user(&db.pool, 500).await;
-    eventually(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
     assert_eq!(get(&gw, "/users/500").await.json()["name"], "New 500");
     assert_eq!(
         gw.resource("users").unwrap().generation(),
@@ -128,7 +130,7 @@ async fn an_update_replaces_the_cached_row() {
     );
     db.exec("UPDATE users SET name = 'Changed' WHERE id = 3")
         .await;
-    let took = eventually(&gw, "/users/3", |r| r.json()["name"] == "Changed").await;
+    let took = time_until(&gw, "/users/3", |r| r.json()["name"] == "Changed").await;
     println!("update visible after {took:?}");
 }
 
@@ -139,8 +141,8 @@ async fn a_key_change_moves_the_row() {
     let gw = started(config(&db.url, "")).await;
     assert_eq!(get(&gw, "/users/4").await.status, StatusCode::OK);
     db.exec("UPDATE users SET id = 4000 WHERE id = 4").await;
-    eventually(&gw, "/users/4000", |r| r.status == StatusCode::OK).await;
-    eventually(&gw, "/users/4", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/users/4000", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/4", |r| r.status == StatusCode::NOT_FOUND).await;
 }
 
 #[tokio::test]
@@ -151,18 +153,18 @@ async fn delete_then_reinsert() {
     let gw = started(config(&db.url, "[cache]\nnegative_ttl = \"10m\"")).await;
     assert_eq!(get(&gw, "/users/6").await.status, StatusCode::OK);
     db.exec("DELETE FROM users WHERE id = 6").await;
-    eventually(&gw, "/users/6", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/users/6", |r| r.status == StatusCode::NOT_FOUND).await;
     // Then a negative entry. Not necessarily the first 404's: the WAL feed
     // applies a commit again once it is visible (feed::Phase), dropping what
     // was loaded in between; once caught up, that has happened.
     caught_up(&gw, &db).await;
-    eventually(&gw, "/users/6", |r| {
+    time_until(&gw, "/users/6", |r| {
         r.header("cache-status") == "bloomgate; hit; detail=negative"
     })
     .await;
     let seen = changes_received(&gw);
     insert_user(&db.pool, 6).await;
-    eventually(&gw, "/users/6", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/6", |r| r.status == StatusCode::OK).await;
     assert!(
         changes_received(&gw) > seen,
         "dropped by the insert's change"
@@ -382,7 +384,7 @@ async fn a_cut_listener_reconnects_and_rebuilds() {
     }
     // And it listens again.
     insert_user(&db.pool, 77_777).await;
-    eventually(&gw, "/users/77777", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/77777", |r| r.status == StatusCode::OK).await;
 }
 
 /// 100 users, and a gateway on them through a [`Proxy`], in clear so that
@@ -438,7 +440,7 @@ async fn the_resync_after_a_lost_listener_follows_its_listen() {
     insert_user(&db.pool, 4242).await;
     proxy.release();
 
-    eventually(&gw, "/users/4242", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/4242", |r| r.status == StatusCode::OK).await;
 }
 
 /// A listener whose reconnect is cut short loses nothing after it. The
@@ -479,7 +481,7 @@ async fn a_listener_reconnect_cut_short_loses_no_notification() {
     }
     // The resync's rebuild, whose snapshot follows the new `LISTEN`.
     let users = gw.resource("users").unwrap();
-    eventually(&gw, "/users/100", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/100", |r| r.status == StatusCode::OK).await;
     let rebuilt = users.stats.rebuilds.load(Ordering::Relaxed);
     while users.stats.rebuilds.load(Ordering::Relaxed) == rebuilt
         && began.elapsed() < Duration::from_secs(5)
@@ -612,7 +614,7 @@ async fn install_triggers_makes_a_user_table_fresh() {
     }
     gw.start().await.unwrap();
     db.exec("INSERT INTO things VALUES ('b c%', 'B')").await;
-    eventually(&gw, "/things/b%20c%25", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/things/b%20c%25", |r| r.status == StatusCode::OK).await;
     assert_eq!(get(&gw, "/things/b%20c%25").await.json()["label"], "B");
 }
 
@@ -668,7 +670,7 @@ async fn junk_notifications_are_ignored_without_a_log_flood() {
     .await;
     // A real change after the junk still gets through.
     insert_user(&db.pool, 500).await;
-    eventually(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
     assert!(gw.stats.feed.notifications.load(Ordering::Relaxed) >= 401);
 
     let text = logs.text();
@@ -714,8 +716,8 @@ async fn two_resources_on_one_table_are_both_fresh() {
     // Insert: servable on both routes without a rebuild.
     let gens: Vec<u64> = gw.resources.iter().map(|r| r.generation()).collect();
     insert_user(&db.pool, 500).await;
-    eventually(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
-    eventually(&gw, "/users-by-email/n500@example.com", |r| {
+    time_until(&gw, "/users/500", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users-by-email/n500@example.com", |r| {
         r.status == StatusCode::OK
     })
     .await;
@@ -724,32 +726,32 @@ async fn two_resources_on_one_table_are_both_fresh() {
     // and the row by id is not stale.
     db.exec("UPDATE users SET email = 'moved@example.com' WHERE id = 3")
         .await;
-    eventually(&gw, "/users-by-email/moved@example.com", |r| {
+    time_until(&gw, "/users-by-email/moved@example.com", |r| {
         r.status == StatusCode::OK && r.json()["id"] == 3
     })
     .await;
-    eventually(&gw, "/users-by-email/u3@example.com", |r| {
+    time_until(&gw, "/users-by-email/u3@example.com", |r| {
         r.status == StatusCode::NOT_FOUND
     })
     .await;
-    eventually(&gw, "/users/3", |r| {
+    time_until(&gw, "/users/3", |r| {
         r.json()["email"] == "moved@example.com"
     })
     .await;
 
     // Update of the id: both routes follow.
     db.exec("UPDATE users SET id = 3000 WHERE id = 3").await;
-    eventually(&gw, "/users/3000", |r| r.status == StatusCode::OK).await;
-    eventually(&gw, "/users/3", |r| r.status == StatusCode::NOT_FOUND).await;
-    eventually(&gw, "/users-by-email/moved@example.com", |r| {
+    time_until(&gw, "/users/3000", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/users/3", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/users-by-email/moved@example.com", |r| {
         r.json()["id"] == 3000
     })
     .await;
 
     // Delete: gone on both.
     db.exec("DELETE FROM users WHERE id = 3000").await;
-    eventually(&gw, "/users/3000", |r| r.status == StatusCode::NOT_FOUND).await;
-    eventually(&gw, "/users-by-email/moved@example.com", |r| {
+    time_until(&gw, "/users/3000", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/users-by-email/moved@example.com", |r| {
         r.status == StatusCode::NOT_FOUND
     })
     .await;
@@ -783,7 +785,7 @@ async fn a_key_too_long_to_announce_never_fails_a_write_and_is_served_after_a_re
     // Served after the rescan (a control character cannot be requested:
     // that key is checked in the filter).
     let path = format!("/things/{}", "%22".repeat(4000));
-    eventually(&gw, &path, |r| r.status == StatusCode::OK).await;
+    time_until(&gw, &path, |r| r.status == StatusCode::OK).await;
     let key = Key::Text(Arc::from(controls.as_str()));
     let began = Instant::now();
     while !things.filter_contains(&key) {
@@ -798,7 +800,7 @@ async fn a_key_too_long_to_announce_never_fails_a_write_and_is_served_after_a_re
             .await
             .expect("the trigger failed the update");
     }
-    eventually(&gw, &path, |r| r.json()["label"] == "changed").await;
+    time_until(&gw, &path, |r| r.json()["label"] == "changed").await;
     for key in [&quotes, &controls] {
         sqlx::query("DELETE FROM things WHERE code = $1")
             .bind(key)
@@ -806,7 +808,7 @@ async fn a_key_too_long_to_announce_never_fails_a_write_and_is_served_after_a_re
             .await
             .expect("the trigger failed the delete");
     }
-    eventually(&gw, &path, |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, &path, |r| r.status == StatusCode::NOT_FOUND).await;
 }
 
 /// TOAST blocks read so far for `docs` (heap and index of its TOAST table),
@@ -895,7 +897,7 @@ async fn an_update_never_detoasts_the_rest_of_the_row() {
     assert!(source.contains("NEW.\"id\"::text"), "{source}");
     assert!(!source.contains("to_jsonb"), "{source}");
     // And the update was announced.
-    eventually(&gw, "/docs/1", |r| r.json()["n"] == 2).await;
+    time_until(&gw, "/docs/1", |r| r.json()["n"] == 2).await;
 }
 
 /// Issue 10, suspicion: a resource on `public.my_view` never matched the
@@ -921,12 +923,12 @@ async fn a_view_follows_its_source_table() {
     let gw = started(config(&db.url, view)).await;
     assert_eq!(get(&gw, "/my/3").await.json()["name"], "User 3");
     insert_user(&db.pool, 500).await;
-    eventually(&gw, "/my/500", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/my/500", |r| r.status == StatusCode::OK).await;
     db.exec("UPDATE users SET name = 'Renamed' WHERE id = 3")
         .await;
-    eventually(&gw, "/my/3", |r| r.json()["name"] == "Renamed").await;
+    time_until(&gw, "/my/3", |r| r.json()["name"] == "Renamed").await;
     db.exec("DELETE FROM users WHERE id = 500").await;
-    eventually(&gw, "/my/500", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/my/500", |r| r.status == StatusCode::NOT_FOUND).await;
     if wal_mode() {
         return;
     }
@@ -967,17 +969,17 @@ async fn a_partitioned_table_is_fresh_through_its_parent() {
     assert_eq!(get(&gw, "/events/1").await.json()["kind"], "a");
     db.exec("INSERT INTO events VALUES (5, 'b'), (1500, 'c')")
         .await;
-    eventually(&gw, "/events/5", |r| r.status == StatusCode::OK).await;
-    eventually(&gw, "/events/1500", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/events/5", |r| r.status == StatusCode::OK).await;
+    time_until(&gw, "/events/1500", |r| r.status == StatusCode::OK).await;
     // Moves the row from one partition to the other.
     db.exec("UPDATE events SET id = 2000, kind = 'moved' WHERE id = 1")
         .await;
-    eventually(&gw, "/events/2000", |r| r.json()["kind"] == "moved").await;
-    eventually(&gw, "/events/1", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/events/2000", |r| r.json()["kind"] == "moved").await;
+    time_until(&gw, "/events/1", |r| r.status == StatusCode::NOT_FOUND).await;
     db.exec("DELETE FROM events WHERE id = 1500").await;
-    eventually(&gw, "/events/1500", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/events/1500", |r| r.status == StatusCode::NOT_FOUND).await;
     db.exec("TRUNCATE events").await;
-    eventually(&gw, "/events/5", |r| r.status == StatusCode::NOT_FOUND).await;
+    time_until(&gw, "/events/5", |r| r.status == StatusCode::NOT_FOUND).await;
 }
 
 /// The applier's contract with the feed sources (DESIGN.md): a commit with

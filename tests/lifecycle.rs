@@ -665,11 +665,14 @@ async fn a_silent_feed_is_trusted_no_longer_than_the_bound() {
 }
 
 /// With `synchronous_commit = off` a commit is visible before its WAL is
-/// flushed, and the WAL feed sees it only once the WAL writer flushes it
-/// (`wal_writer_delay`, 200 ms by default): the window in which the old
-/// row can still be served. Measured here (printed, and in the book);
-/// asserted only to close.
+/// flushed, and the WAL feed sees it only once it is flushed (by the WAL
+/// writer, or forced by the feed): how long after each update the new row
+/// is served. A measurement (printed, and in the book), so ignored: what
+/// the promise needs of it, that such a commit is never served stale past
+/// the freshness bound, is asserted by `tests/failover.rs`
+/// (`an_asynchronous_commit_is_never_served_stale_past_the_bound`).
 #[tokio::test]
+#[ignore]
 async fn the_stale_window_of_an_async_commit() {
     let _one = ONE_AT_A_TIME.lock().await;
     let db = logical_db(50).await;

@@ -427,6 +427,17 @@ impl Replicas {
         self.unknown.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Changes whose positions are not known (missed, lost, or not
+    /// carried): loads wait for a replica to pass the primary's position
+    /// now, which is past all of them; unknown when the primary does not
+    /// answer.
+    pub async fn note_past_the_primary(&self) {
+        match self.primary_lsn().await {
+            Ok(lsn) => self.note_change(lsn),
+            Err(_) => self.note_unknown_change(),
+        }
+    }
+
     pub fn required(&self) -> Position {
         *self.required.lock().unwrap_or_else(|p| p.into_inner())
     }

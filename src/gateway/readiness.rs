@@ -7,6 +7,7 @@ use crate::config::{Freshness, ReadinessPolicy};
 use crate::feed;
 
 use super::Gateway;
+use crate::resource::Stale;
 
 /// What stands between the gateway and readiness: each resource's reason
 /// (a filter loading, a resync, a table the feed cannot follow, a feed not
@@ -109,26 +110,21 @@ impl Gateway {
                 resources.push((r.name().to_string(), why));
                 continue;
             }
-            let answers = match (outage, r.vouch.stale_since()) {
-                (Some(_), Some(since)) => {
-                    let window = r.config.cache.stale_if_error;
-                    let age = since.elapsed();
-                    if window.is_zero() {
-                        "the database is unreachable and cache.stale_if_error is off: 503 for every key".to_string()
-                    } else if age <= window {
-                        format!(
-                            "the database is unreachable: answering what was vouched for {}s ago (cache.stale_if_error {}s), labelled detail=stale",
-                            age.as_secs(),
-                            window.as_secs()
-                        )
-                    } else {
-                        format!(
-                            "the database is unreachable, and what was vouched for {}s ago is past cache.stale_if_error ({}s): 503 for every key",
-                            age.as_secs(),
-                            window.as_secs()
-                        )
-                    }
+            let answers = match (outage, r.stale_standing()) {
+                (Some(_), Some(Stale::Off)) => {
+                    "the database is unreachable and cache.stale_if_error is off: 503 for every key"
+                        .to_string()
                 }
+                (Some(_), Some(Stale::Within { age, window })) => format!(
+                    "the database is unreachable: answering what was vouched for {}s ago (cache.stale_if_error {}s), labelled detail=stale",
+                    age.as_secs(),
+                    window.as_secs()
+                ),
+                (Some(_), Some(Stale::Past { age, window })) => format!(
+                    "the database is unreachable, and what was vouched for {}s ago is past cache.stale_if_error ({}s): 503 for every key",
+                    age.as_secs(),
+                    window.as_secs()
+                ),
                 (Some(_), None) => "the database is unreachable: 503 for every key".to_string(),
                 (None, _) => {
                     "answered from the database (filter.verify_budget for keys the filter rejects)"

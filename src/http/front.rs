@@ -32,15 +32,19 @@
 //!    from the headers again (about 40 % of what the line costs a hit).
 //!    The probes (`/healthz`, `/readyz`) have no line with
 //!    `log.access_probes = false` ([`FrontLayer::without_lines_for`]).
-//! 3. **Body limit.** A request declaring a body over `server.max_body_bytes`
+//! 3. **What no route may see** ([`refused_target`]): an HTTP/1.1 request
+//!    over a connection without exactly one `Host` gets 400; `CONNECT` and
+//!    `OPTIONS *` get 405 with `Allow`. Checked before everything below,
+//!    the preflight answer of step 1 included.
+//! 4. **Body limit.** A request declaring a body over `server.max_body_bytes`
 //!    gets 413 before any other work. Bodies are never read (every route is
 //!    a GET), so a smaller one is simply ignored.
-//! 4. **Load shedding.** At most `server.max_concurrency` requests are
+//! 5. **Load shedding.** At most `server.max_concurrency` requests are
 //!    handled at once (per router: the public and the admin router count
 //!    apart); one more is answered 503 with `Retry-After` at once and counted
 //!    in `shed` (and under its resource, when its path names one: see
 //!    [`Counters::on_shed`]), rather than queued without bound.
-//! 5. **Deadline.** A request not answered within the timeout gets 504 and
+//! 6. **Deadline.** A request not answered within the timeout gets 504 and
 //!    is counted in `timeouts`; its handler future is dropped then, no
 //!    sooner than the timeout after its first poll, so that a handler that
 //!    knows its resource can tell this drop from its client's leaving by

@@ -6,10 +6,12 @@
 //! and their OpenAPI entries are registered together (utoipa-axum), so the
 //! document lists exactly what is served.
 //!
-//! Dispatch: a resource's `GET` is matched and, when the filter rejects its
-//! key, answered by [`dispatch::Dispatch`] before axum's router, which
-//! serves every other request (the router would cost a hit more than the
-//! rest of it, and four allocations).
+//! Dispatch: a resource's `GET` goes straight to its lookup in
+//! [`dispatch::Dispatch`], before axum's router, which serves every other
+//! request (the router would cost a hit more than the rest of it, and four
+//! allocations). `lookup::begin` answers there whatever needs no I/O: a
+//! malformed key (400), a key the filter rejects (404), a filter not built
+//! yet (503), a cached row or absence; only a miss gets a future.
 //!
 //! Middleware: one layer, [`front::FrontLayer`], wrapped once around the
 //! whole router ([`App`]): request id, the caller behind trusted proxies
