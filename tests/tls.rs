@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use bloomgate::config::Freshness;
 use bloomgate::db::Db;
 use bloomgate::db::tls::{Tls, connect_options};
-use bloomgate::feed::replication::{Connection, Endpoint, ReplError, password_from_url};
+use bloomgate::feed::wal::replication::{Connection, Endpoint, ReplError, password_from_url};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -184,7 +184,7 @@ async fn require_without_a_ca_encrypts_without_checking() {
     replication(&by_ip).await.unwrap();
 }
 
-// The unit CA of `feed::replication`'s tests and the server certificate it
+// The unit CA of `feed::wal::replication`'s tests and the server certificate it
 // signed for DNS:localhost only (CN localhost), with its key: test
 // material, made once with the openssl CLI, valid 2000-2100.
 const UNIT_CA: &str = include_str!("data/tls/unit-ca.pem");

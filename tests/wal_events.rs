@@ -610,7 +610,7 @@ async fn a_running_transaction_is_not_visible_even_the_newest() {
     );
 }
 
-/// The replication client (`feed::replication`) against a real server:
+/// The replication client (`feed::wal::replication`) against a real server:
 /// each password method `scripts/pg.sh` configures for its three roles
 /// (SCRAM-SHA-256, MD5, cleartext) admits the right password and refuses a
 /// wrong or missing one without echoing it; then, as the superuser, a
@@ -618,8 +618,8 @@ async fn a_running_transaction_is_not_visible_even_the_newest() {
 /// acknowledged position as the slot's confirmed one.
 #[tokio::test]
 async fn the_replication_client_authenticates_and_streams() {
-    use bloomgate::feed::pgoutput::{self, Message};
-    use bloomgate::feed::replication::{Connection, Endpoint, Frame, ReplError};
+    use bloomgate::feed::wal::pgoutput::{self, Message};
+    use bloomgate::feed::wal::replication::{Connection, Endpoint, Frame, ReplError};
 
     let db = logical_db(0).await;
     let opts: PgConnectOptions = db.url.parse().unwrap();
@@ -714,7 +714,7 @@ async fn the_replication_client_authenticates_and_streams() {
     }
     // Looked up as `Endpoint::new` looks it up (without setting
     // `PGPASSFILE`: other tests run in this process).
-    let found = bloomgate::feed::pgpass::lookup_in(
+    let found = bloomgate::feed::wal::replication::pgpass::lookup_in(
         &file,
         opts.get_host(),
         opts.get_port(),

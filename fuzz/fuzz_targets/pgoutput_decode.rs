@@ -1,10 +1,10 @@
-//! Fuzzes `bloomgate::feed::pgoutput::decode_in`, which reads every message
+//! Fuzzes `bloomgate::feed::wal::pgoutput::decode_in`, which reads every message
 //! the WAL feed receives, inside a streamed block and out: it must never
 //! panic, and a message it accepts must decode the same way again (no
 //! hidden state).
 #![no_main]
 
-use bloomgate::feed::pgoutput::decode_in;
+use bloomgate::feed::wal::pgoutput::decode_in;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -8,16 +8,17 @@
 //!   writes (one small function per table, the key columns written in);
 //! - [`queue`]: the same triggers writing rows of a change table instead,
 //!   polled by snapshot (no lock at commit, nothing lost while away);
-//! - [`wal`]: logical replication (`pgoutput`) from a slot, streamed over
-//!   the replication protocol (`replication`, which takes a password from
-//!   the URL, `PGPASSWORD` or the password file, `pgpass`) or polled; it
+//! - [`wal`]: logical replication (`wal::pgoutput`) from a slot, streamed
+//!   over the replication protocol (`wal::replication`, which takes a
+//!   password from the URL, `PGPASSWORD` or the password file, `pgpass`)
+//!   or polled; it
 //!   cannot be forged and puts nothing in the writers' transactions;
 //! - [`bus`]: the WAL decoded once for a fleet, through a Redis stream.
 //!
 //! Beside them, what they share: [`watch`] (what a feed depends on besides
 //! its stream, and the tables' shapes), [`probes`] (readings of the primary
 //! and what they prove), [`supervisor`] (which feed, and its start),
-//! [`stats`]; `pgoutput` and `replication` serve the WAL feed.
+//! [`stats`].
 //!
 //! All deliver the same thing: for each committed transaction, in commit
 //! order, the changed rows reduced to the values of the *watched* columns
@@ -95,11 +96,8 @@
 
 pub mod bus;
 pub mod notify;
-pub mod pgoutput;
 pub mod probes;
-pub use replication::pgpass;
 pub mod queue;
-pub mod replication;
 pub mod stats;
 pub mod supervisor;
 pub mod wal;

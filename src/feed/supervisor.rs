@@ -220,7 +220,7 @@ impl Supervisor {
                     connect,
                     publication: cfg.publication.clone(),
                     slot: cfg.slot.clone(),
-                    password: super::replication::password_from_url(&cfg.url),
+                    password: super::wal::replication::password_from_url(&cfg.url),
                     poll: cfg.wal_poll_interval,
                     silence_limit: wal::SILENCE_LIMIT,
                     install: cfg.install_feed,

@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::Stats;
 use crate::db::catalog::canonical_text;
-use crate::feed::pgoutput::{self, Datum, Message};
+use crate::feed::wal::pgoutput::{self, Datum, Message};
 use crate::feed::{
     Columns, Commit, Lsn, Op, Phase, Position, RowChange, TableName, Timeline, Value, Watch,
 };
@@ -532,7 +532,7 @@ fn pg_time(us: i64) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::feed::pgoutput::{Relation, Tuple};
+    use crate::feed::wal::pgoutput::{Relation, Tuple};
     use crate::feed::{ColumnType, WatchedColumn, WatchedTable};
 
     fn watch() -> Watch {

@@ -4,7 +4,7 @@
 //! resumes where it stopped.
 //!
 //! # How
-//! One replication connection per gateway ([`super::replication`], the
+//! One replication connection per gateway ([`replication`], the
 //! streaming protocol; polled, an ordinary connection, see "Streamed or
 //! polled") holds the slot: a **temporary** one by default
 //! (`CREATE_REPLICATION_SLOT … TEMPORARY`: Postgres drops it when the
@@ -181,6 +181,8 @@
 pub(crate) mod assemble;
 mod deps;
 mod fork;
+pub mod pgoutput;
+pub mod replication;
 mod session;
 mod slot;
 mod transport;
@@ -196,12 +198,12 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::replication::ReplError;
 use super::watch::Tracker;
 use super::{Event, Health, Lsn, Position, Server, Watch};
 use crate::db::publication;
 use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
+use replication::ReplError;
 
 /// How the feed connects and what it reads.
 #[derive(Clone)]
@@ -211,7 +213,7 @@ pub struct WalOptions {
     /// A permanent slot's name, or `None` for a temporary one.
     pub slot: Option<String>,
     /// The password for the replication connection (sqlx keeps the pool's
-    /// to itself); see [`super::replication::Endpoint::new`].
+    /// to itself); see [`replication::Endpoint::new`].
     pub password: Option<String>,
     /// `None`: stream. `Some(every)`: poll the slot at this interval
     /// instead (see "Streamed or polled").

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, watch};
 use super::assemble::{Assembler, Pending};
 use super::transport::{Item, Polled, Positions, STATUS_EVERY, Streamed, Transport};
 use super::{Feed, SessionError, bounded, deps, feed_connect, fork, side_connection};
-use crate::feed::pgoutput;
+use crate::feed::wal::pgoutput;
 use crate::feed::{CHECK_EVERY, Event, Lsn, Phase, Position, Resync, Server};
 use crate::shutdown::Shutdown;
 

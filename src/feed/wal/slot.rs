@@ -10,7 +10,7 @@ use sqlx::PgConnection;
 
 use super::{Feed, SessionError};
 use crate::db::publication::{self, SlotState};
-use crate::feed::replication::ReplError;
+use crate::feed::wal::replication::ReplError;
 use crate::feed::{Lsn, Position, Timeline};
 
 /// Opens the permanent slot `name`: creates it if it does not exist, creates

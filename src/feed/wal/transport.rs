@@ -14,7 +14,7 @@ use sqlx::Row;
 use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, slot};
 use crate::db::position::flush_wal;
 use crate::feed::probes::{Gap, Probes};
-use crate::feed::replication::{self, Endpoint, Frame, ReplError, Stream};
+use crate::feed::wal::replication::{self, Endpoint, Frame, ReplError, Stream};
 use crate::feed::watch::Shapes;
 use crate::feed::{HEARTBEAT_EVERY, Lsn, Server};
 
