@@ -582,14 +582,7 @@ async fn a_fleet_after_a_restore_from_an_older_copy_follows_the_new_epoch() {
     wait_all_on_bus(&gws).await;
     let data = primary.dir.join("data");
     let copy = primary.dir.join("data.copy");
-    let cp = |from: &std::path::Path, to: &std::path::Path| {
-        let ok = std::process::Command::new("cp")
-            .args(["-a", from.to_str().unwrap(), to.to_str().unwrap()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cp -a {from:?} {to:?}");
-    };
+    let cp = common::cluster::cp_a;
     // Row 3 is not on the copy. Stopped at once: a clean stop waits for
     // the relay's walsender to have the shutdown checkpoint confirmed,
     // which a relay confirms only as far as the bus holds.

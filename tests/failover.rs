@@ -819,14 +819,7 @@ async fn a_replica_ahead_of_a_restored_primary_is_never_read() {
     pool.close().await;
     let data = primary.dir.join("data");
     let copy = primary.dir.join("data.copy");
-    let cp = |from: &std::path::Path, to: &std::path::Path| {
-        let ok = std::process::Command::new("cp")
-            .args(["-a", from.to_str().unwrap(), to.to_str().unwrap()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cp -a {from:?} {to:?}");
-    };
+    let cp = cluster::cp_a;
     primary.stop("immediate");
     cp(&data, &copy);
     primary.start();
@@ -932,12 +925,39 @@ async fn keep_the_slot_on(primary: &Server, primary_pool: &sqlx::PgPool, standby
     standby_pool.close().await;
 }
 
+/// A primary with `users` users, a gateway on it with the permanent slot
+/// `bg_kept`, and a standby that holds a copy of the slot
+/// ([`keep_the_slot_on`]).
+async fn with_a_kept_slot(users: i64) -> (Server, sqlx::PgPool, Arc<Gateway>, Server) {
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db(DB, users).await;
+    let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
+    let standby = primary.standby();
+    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    (primary, primary_pool, gw, standby)
+}
+
 fn rebuilds(gw: &Gateway) -> u64 {
     let users = gw.resource("users").unwrap();
     users
         .stats
         .rebuilds
         .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The promotion was proven and the filter kept: no rebuild since
+/// `before` rebuilds, so no scan of the new primary.
+fn kept_with_no_rebuild(gw: &Gateway, before: u64) {
+    assert_eq!(
+        kept(gw),
+        (1, 1),
+        "the promotion was proven, the filter kept"
+    );
+    assert_eq!(
+        rebuilds(gw),
+        before,
+        "no rebuild: the new primary was not scanned"
+    );
 }
 
 fn kept(gw: &Gateway) -> (u64, u64) {
@@ -959,11 +979,7 @@ fn kept(gw: &Gateway) -> (u64, u64) {
 /// from the kept slot is proven, every answer is the new primary's.
 #[tokio::test]
 async fn a_switchover_that_keeps_the_slot_keeps_the_filter() {
-    let primary = Server::primary(&[]);
-    let primary_pool = primary.create_db(DB, 10).await;
-    let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
-    let mut standby = primary.standby();
-    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    let (primary, primary_pool, gw, mut standby) = with_a_kept_slot(10).await;
     vouched(&gw, "users").await;
     for _ in 0..2 {
         assert_eq!(name_of(&gw, 1).await.0, StatusCode::OK);
@@ -984,16 +1000,7 @@ async fn a_switchover_that_keeps_the_slot_keeps_the_filter() {
     )
     .await;
     vouched(&gw, "users").await;
-    assert_eq!(
-        kept(&gw),
-        (1, 1),
-        "the promotion was proven, the filter kept"
-    );
-    assert_eq!(
-        rebuilds(&gw),
-        before,
-        "no rebuild: the new primary was not scanned"
-    );
+    kept_with_no_rebuild(&gw, before);
     let (status, name, cs) = name_of(&gw, 1).await;
     assert_eq!(
         (status, name.as_str()),
@@ -1014,11 +1021,7 @@ async fn a_switchover_that_keeps_the_slot_keeps_the_filter() {
 /// timeline's: the row the lost delete removed is served again.
 #[tokio::test]
 async fn a_failover_that_lost_a_tail_keeps_the_filter_and_serves_the_new_timeline() {
-    let primary = Server::primary(&[]);
-    let primary_pool = primary.create_db(DB, 10).await;
-    let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
-    let mut standby = primary.standby();
-    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    let (primary, primary_pool, gw, mut standby) = with_a_kept_slot(10).await;
     standby.stop("fast");
     exec(
         &primary_pool,
@@ -1043,16 +1046,7 @@ async fn a_failover_that_lost_a_tail_keeps_the_filter_and_serves_the_new_timelin
     )
     .await;
     vouched(&gw, "users").await;
-    assert_eq!(
-        kept(&gw),
-        (1, 1),
-        "the promotion was proven, the filter kept"
-    );
-    assert_eq!(
-        rebuilds(&gw),
-        before,
-        "no rebuild: the new primary was not scanned"
-    );
+    kept_with_no_rebuild(&gw, before);
     let (status, name, cs) = name_of(&gw, 2).await;
     assert_eq!(
         (status, name.as_str()),
@@ -1080,11 +1074,7 @@ async fn a_failover_that_lost_a_tail_keeps_the_filter_and_serves_the_new_timelin
 /// is served.
 #[tokio::test]
 async fn a_filter_built_from_what_the_new_timeline_lost_is_rebuilt() {
-    let primary = Server::primary(&[]);
-    let primary_pool = primary.create_db(DB, 10).await;
-    let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
-    let mut standby = primary.standby();
-    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    let (primary, primary_pool, gw, mut standby) = with_a_kept_slot(10).await;
     standby.stop("fast");
     exec(&primary_pool, "DELETE FROM users WHERE id = 3").await;
     let users = gw.resource("users").unwrap().clone();

@@ -235,14 +235,10 @@ impl Server {
     /// The primary's slot state is written at its checkpoints: run one
     /// first.
     pub fn copy_slot_from(&self, primary: &Server, name: &str) {
-        let from = primary.data().join("pg_replslot").join(name);
-        let to = self.data().join("pg_replslot");
-        let ok = std::process::Command::new("cp")
-            .args(["-a", from.to_str().unwrap(), to.to_str().unwrap()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "cp -a {from:?} {to:?}");
+        cp_a(
+            &primary.data().join("pg_replslot").join(name),
+            &self.data().join("pg_replslot"),
+        );
     }
 
     /// `pg_ctl promote`: a standby becomes a primary on a new timeline.
@@ -307,6 +303,16 @@ impl Drop for Server {
         self.stop("immediate");
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `cp -a from to`: a server's files, with their owner and modes.
+pub fn cp_a(from: &Path, to: &Path) {
+    let ok = Command::new("cp")
+        .args(["-a", from.to_str().unwrap(), to.to_str().unwrap()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "cp -a {from:?} {to:?}");
 }
 
 /// Waits until `standby` has replayed everything `primary` has written (its
