@@ -15,6 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/pg.sh
 ensure_postgres
+# What earlier runs' tests left in the temporary directory (config and key
+# files, a killed test's directories: small, but one run leaves dozens),
+# once it is two hours old, so that a run beside this one keeps its own.
+find "${TMPDIR:-/tmp}" -maxdepth 1 \( -name 'bloomgate-test-*' -o -name 'bloomgate-keys-*.toml' \
+  -o -name 'bloomgate-jwks-*.json' -o -name 'bloomgate-bus_*' \) -mmin +120 \
+  -exec rm -rf {} + 2>/dev/null || true
 # tests/replicas.rs: a throwaway primary with a streaming replica.
 ensure_replica_pair
 # tests/truth: a second replica of it, the checker's own, whose replay it

@@ -509,9 +509,9 @@ async fn the_row_schema_is_typed_from_the_database() {
     assert!(op["responses"]["200"]["headers"]["ETag"].is_object());
 }
 
-/// Issue 10, item 9: an admin rebuild is no longer cut off by the public
-/// `request_timeout` (it answered 504 and abandoned the rebuild, leaving its
-/// journal open), and a dropped request leaves it running to completion.
+/// An admin rebuild is not cut off by the public `request_timeout` (which
+/// would answer 504 and abandon the rebuild, leaving its journal open),
+/// and a dropped request leaves it running to completion.
 #[tokio::test]
 async fn an_admin_rebuild_outlives_request_timeouts_and_dropped_requests() {
     let db = TestDb::new().await;
@@ -589,9 +589,9 @@ async fn an_admin_rebuild_outlives_request_timeouts_and_dropped_requests() {
     );
 }
 
-/// Issue 10, item 11: `DELETE .../cache/clear` meant "purge the key clear"
-/// and hit the POST-only clear route (405). Purge and clear paths are now
-/// disjoint for every key.
+/// `DELETE .../cache/clear` means "purge the key clear", never the
+/// POST-only clear route (which would answer 405): purge and clear paths
+/// are disjoint for every key.
 #[tokio::test]
 async fn purge_and_clear_paths_are_unambiguous_for_every_key() {
     let db = TestDb::new().await;

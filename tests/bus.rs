@@ -477,15 +477,15 @@ async fn redis_killed_and_restarted() {
     fleet.drop_slot(&db).await;
 }
 
-/// Defect 1 of issue 36: a fleet on the bus, the primary replaced by a
-/// standby that was behind (promoted, then moved onto the primary's
-/// address). The stream's entry IDs were the old timeline's LSNs, so the
-/// relay's appends of the new primary's commits (lower LSNs) were refused
-/// as duplicates and every consumer proved itself current by comparing
-/// the new primary's flush position with an old-timeline position: rows
-/// inserted on the new primary answered 404, updated rows stayed hits, and
-/// the fleet said ready. Now each timeline has its stream, and every
-/// consumer moves to the new one and resyncs.
+/// A fleet on the bus, the primary replaced by a standby that was behind
+/// (promoted, then moved onto the primary's address). Were the stream's
+/// entry IDs the old timeline's LSNs, the relay's appends of the new
+/// primary's commits (lower LSNs) would be refused as duplicates and every
+/// consumer would prove itself current by comparing the new primary's
+/// flush position with an old-timeline position: rows inserted on the new
+/// primary would answer 404, updated rows stay hits, and the fleet say
+/// ready. Each timeline has its own stream, and every consumer moves to
+/// the new one and resyncs.
 #[tokio::test]
 async fn a_fleet_after_a_failover_follows_the_new_timeline() {
     use common::cluster::{self, Server};
@@ -876,13 +876,13 @@ async fn a_publication_dropped_and_created_again_costs_the_relay_its_slot_not_th
     fleet.drop_slot(&db).await;
 }
 
-/// Issue 52, item 5: a gateway started while Redis is down, with every
-/// fall-back ticket taken (`bus.max_direct_fallback = 0`), waited for the
-/// bus, 503 "the filter is still loading" for as long as the outage
-/// lasted: a rolling deploy during a Redis outage drained the fleet. It
-/// now starts without a scan, ready and degraded, and answers from the
-/// database (rows 200, absent keys 404) within `filter.verify_budget`, as
-/// a running gateway without a ticket does; once Redis is back, the bus's
+/// A gateway started while Redis is down, with every fall-back ticket
+/// taken (`bus.max_direct_fallback = 0`), does not wait for the bus with
+/// 503 "the filter is still loading" for as long as the outage lasts: a
+/// rolling deploy during a Redis outage would drain the fleet. It starts
+/// without a scan, ready and degraded, and answers from the database
+/// (rows 200, absent keys 404) within `filter.verify_budget`, as a
+/// running gateway without a ticket does; once Redis is back, the bus's
 /// resync builds its filter and it is vouched for, served from its cache.
 #[tokio::test]
 async fn a_gateway_started_while_the_bus_is_down_is_ready_degraded() {
@@ -934,12 +934,12 @@ async fn a_gateway_started_while_the_bus_is_down_is_ready_degraded() {
     fleet.drop_slot(&db).await;
 }
 
-/// Issue 52, item 6: a Redis that answers reads but refuses writes (here
-/// made a read-only replica of a primary nobody runs, for 3 s). The relay
-/// ended its term at the first refused append and opened the slot again
-/// every second, a new walsender each time, with a warning each; it now
-/// holds its slot and tries the append again, so the same term relays
-/// once Redis takes writes again, and the change made meanwhile arrives.
+/// A Redis that answers reads but refuses writes (here made a read-only
+/// replica of a primary nobody runs, for 3 s). The relay does not end its
+/// term at the first refused append and open the slot again every second,
+/// a new walsender each time, with a warning each; it holds its slot and
+/// tries the append again, so the same term relays once Redis takes
+/// writes again, and the change made meanwhile arrives.
 #[tokio::test]
 async fn a_redis_that_refuses_writes_keeps_the_relay_s_slot() {
     let _one = ONE_AT_A_TIME.lock().await;

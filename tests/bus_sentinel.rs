@@ -439,14 +439,14 @@ async fn a_wrong_password_is_named_as_the_cause_and_never_shown() {
     }
 }
 
-/// Issue 52, item 7: a split brain. The sentinels come to name another
-/// node (here: the replica made a primary, and every sentinel told to
-/// monitor it, as a majority cut off from the old primary would promote
-/// it) while the old primary, which no sentinel reaches, stays a primary
-/// and takes writes. The relay checked the node's role only when it
-/// connected, and went on appending to the old primary on its open
-/// connection, which the fleet's new connections never read. It now asks
-/// the sentinels every second and moves: the new primary's stream grows.
+/// A split brain. The sentinels come to name another node (here: the
+/// replica made a primary, and every sentinel told to monitor it, as a
+/// majority cut off from the old primary would promote it) while the old
+/// primary, which no sentinel reaches, stays a primary and takes writes.
+/// A relay that checked the node's role only when it connected would go
+/// on appending to the old primary on its open connection, which the
+/// fleet's new connections never read. The relay asks the sentinels every
+/// second and moves: the new primary's stream grows.
 #[tokio::test]
 async fn a_split_brain_moves_the_relay_to_the_primary_the_sentinels_name() {
     let _one = ONE_AT_A_TIME.lock().await;

@@ -31,11 +31,11 @@ async fn name_of(gw: &Arc<Gateway>, id: i64) -> (StatusCode, String, String) {
     (r.status, name, r.header("cache-status").to_string())
 }
 
-/// Defect 2 of issue 36: a read replica that received everything the old
-/// primary wrote cannot follow the promoted standby ("new timeline forked
-/// off ... before current recovery point"); its replay LSN is past the
-/// new primary's, and compared as bare LSNs it looked caught up ("lag 0"),
-/// so rows inserted on the new primary were answered 404 from it, updated
+/// A read replica that received everything the old primary wrote cannot
+/// follow the promoted standby ("new timeline forked off ... before
+/// current recovery point"); its replay LSN is past the new primary's, and
+/// compared as bare LSNs it would look caught up ("lag 0"), so rows
+/// inserted on the new primary would be answered 404 from it, updated
 /// rows old, and the old timeline's own rows 200. Every answer after the
 /// gateway says it is current again must be the new primary's.
 #[tokio::test]
@@ -406,12 +406,12 @@ async fn an_asynchronous_commit_is_never_served_stale_past_the_bound() {
     gw.stop();
 }
 
-/// Defect 3 of issue 36: a commit held by a synchronous standby that never
-/// answers is committed locally and decoded, but invisible to every other
-/// session. The feed gave up waiting after 60 s and delivered it as
-/// visible; a load then read the old row (the commit still invisible) and
-/// cached it, and once the commit returned the old row stayed a hit until
-/// the TTL. Held 65 s here: past the old give-up.
+/// A commit held by a synchronous standby that never answers is committed
+/// locally and decoded, but invisible to every other session. The feed
+/// keeps waiting rather than give up after 60 s and deliver it as visible:
+/// a load would then read the old row (the commit still invisible) and
+/// cache it, and once the commit returned the old row would stay a hit
+/// until the TTL. Held 65 s here: past a 60 s give-up.
 #[tokio::test]
 async fn a_commit_held_by_a_synchronous_standby_is_never_served_stale() {
     let primary = Server::primary(&[]);
@@ -474,11 +474,11 @@ async fn a_commit_held_by_a_synchronous_standby_is_never_served_stale() {
     gw.stop();
 }
 
-/// The outage regression of issue 36: every connection to Postgres cut
-/// while the gateway had a row cached. Once the feed's loss made the
-/// resource unvouched, a cached hit and a key the filter rejects answered
-/// 503; nginx (`proxy_cache_use_stale error`) and Varnish (grace) would
-/// serve them, and the gateway advertises `stale-if-error=300`. Within
+/// Every connection to Postgres cut while the gateway has a row cached.
+/// Once the feed's loss makes the resource unvouched, a cached hit and a
+/// key the filter rejects are not simply 503: nginx
+/// (`proxy_cache_use_stale error`) and Varnish (grace) would serve them,
+/// and the gateway advertises `stale-if-error=300`. Within
 /// `cache.stale_if_error` they are answered from what was last vouched
 /// for, labelled; a cold key stays 503; `/readyz` stays 200 (the outage is
 /// every gateway's) and says why; once the database answers, nothing
@@ -612,11 +612,11 @@ async fn an_outage_answers_what_was_vouched_for_labelled_stale() {
     off.stop();
 }
 
-/// Issue 52, item 1: a database that hangs (SIGSTOP, a network that drops
-/// packets without a reset): open connections pass nothing, new ones are
-/// accepted and never answered. The pool cannot tell that from busy, so
-/// it was never an outage: every request waited and got 503 or 504, and
-/// no `detail=stale` was ever answered. Now the first request that waits
+/// A database that hangs (SIGSTOP, a network that drops packets without a
+/// reset): open connections pass nothing, new ones are accepted and never
+/// answered. The pool cannot tell that from busy, so left to the pool it
+/// would never be an outage: every request would wait and get 503 or 504,
+/// and no `detail=stale` would be answered. The first request that waits
 /// past `acquire_timeout` has the server asked from outside the pool
 /// (`db::reach`): unanswered, the outage begins and that request is
 /// answered stale; a key neither the cache nor the filter holds gets 503

@@ -688,9 +688,8 @@ async fn junk_notifications_are_ignored_without_a_log_flood() {
     );
 }
 
-/// Issue 10, item 1: two resources on one table each get their own key, old
-/// and new, on insert, update (of either key) and delete; both routes stay
-/// fresh.
+/// Two resources on one table each get their own key, old and new, on
+/// insert, update (of either key) and delete; both routes stay fresh.
 #[tokio::test]
 async fn two_resources_on_one_table_are_both_fresh() {
     let db = TestDb::new().await;
@@ -759,10 +758,10 @@ async fn two_resources_on_one_table_are_both_fresh() {
     assert_eq!(gens, after, "fresh without a rebuild");
 }
 
-/// Issue 10, item 4 (a): a key whose notification would be too long once
-/// JSON-escaped (4000 `"` are 8000 bytes escaped, 1400 `chr(1)` are 8400)
-/// must not fail the writer's transaction: the trigger announces a RESCAN of
-/// the table instead, and the rebuild makes the key servable.
+/// A key whose notification would be too long once JSON-escaped (4000 `"`
+/// are 8000 bytes escaped, 1400 `chr(1)` are 8400) must not fail the
+/// writer's transaction: the trigger announces a RESCAN of the table
+/// instead, and the rebuild makes the key servable.
 #[tokio::test]
 async fn a_key_too_long_to_announce_never_fails_a_write_and_is_served_after_a_rescan() {
     let db = TestDb::new().await;
@@ -829,11 +828,11 @@ async fn toast_blocks(conn: &mut sqlx::PgConnection) -> i64 {
     .unwrap()
 }
 
-/// Issue 10, item 4 (b): the trigger reads only the key columns. Updating a
-/// non-key column of a row holding 2 MB of text must not detoast that text
-/// (which `to_jsonb(NEW)` did: about 30× the cost of the update). Measured
-/// as TOAST blocks read by the update, with a trigger that serialises the
-/// row as the positive control.
+/// The trigger reads only the key columns. Updating a non-key column of a
+/// row holding 2 MB of text must not detoast that text (`to_jsonb(NEW)`
+/// would: about 30× the cost of the update). Measured as TOAST blocks
+/// read by the update, with a trigger that serialises the row as the
+/// positive control.
 #[tokio::test]
 async fn an_update_never_detoasts_the_rest_of_the_row() {
     if notify_only("an_update_never_detoasts_the_rest_of_the_row") {
@@ -900,8 +899,8 @@ async fn an_update_never_detoasts_the_rest_of_the_row() {
     time_until(&gw, "/docs/1", |r| r.json()["n"] == 2).await;
 }
 
-/// Issue 10, suspicion: a resource on `public.my_view` never matched the
-/// notifications (they named the table differently). Now both sides use the
+/// A resource on `public.my_view` matches the notifications, which it
+/// cannot if the two sides name the table differently: both use the
 /// catalog's canonical name, and a view follows its base table through
 /// `source_table`, whose triggers the gateway installs.
 #[tokio::test]

@@ -532,9 +532,9 @@ async fn scheduled_rebuilds_swap_in_fresh_filters() {
     served.shutdown().await.unwrap();
 }
 
-/// Issue 10, item 8: `auto` on an empty uuid (or text) table stayed an exact
-/// integer set, which answers "maybe" for every byte key: every absent key
-/// went to Postgres. An empty table now rejects everything.
+/// `auto` on an empty uuid (or text) table does not stay an exact integer
+/// set, which answers "maybe" for every byte key and so sends every absent
+/// key to Postgres: an empty table rejects everything.
 #[tokio::test]
 async fn an_empty_uuid_or_text_table_rejects_every_key_without_a_query() {
     let db = TestDb::new().await;

@@ -119,11 +119,11 @@ async fn becomes(gw: &Arc<Gateway>, path: &str, new: &str) {
     .await;
 }
 
-/// Defect 1: a resync (a reconnect that could not resume) rebuilt the
-/// filters but kept every cached row, so a row updated during the gap was
-/// served old until its TTL. Default temporary slot, streamed and polled;
-/// a permanent slot dropped from outside; the notify feed's listener
-/// killed.
+/// A resync (a reconnect that could not resume) drops the cached rows the
+/// gap may have changed as well as rebuilding the filters: a row updated
+/// during the gap is never served old (a kept row would be, until its
+/// TTL). Default temporary slot, streamed and polled; a permanent slot
+/// dropped from outside; the notify feed's listener killed.
 #[tokio::test]
 async fn a_gap_drops_the_rows_it_may_have_changed() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -181,10 +181,10 @@ async fn a_gap_drops_the_rows_it_may_have_changed() {
     }
 }
 
-/// Defect 2: a second gateway on a permanent slot another one holds was
-/// ready and served without a stream (inserts 404, updates stale), and
-/// when it took the slot over it resumed from the other's confirmed
-/// position, past changes it had never applied.
+/// A second gateway on a permanent slot another one holds is not ready
+/// and does not serve without a stream (inserts 404, updates stale), and
+/// when it takes the slot over it leaves no gap: resuming from the other's
+/// confirmed position would skip changes it never applied.
 #[tokio::test]
 async fn a_gateway_that_cannot_get_its_slot_is_not_ready_and_takes_over_without_a_gap() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -226,10 +226,10 @@ async fn a_gateway_that_cannot_get_its_slot_is_not_ready_and_takes_over_without_
     drop_slot(&db, &slot).await;
 }
 
-/// Defect 3: a table that left the publication (recreated, swapped by a
-/// rename, or the publication dropped) was followed blind: inserts 404,
-/// updates stale, nothing said. With `install_feed` the gateway repairs
-/// the publication and rescans the table.
+/// A table that leaves the publication (recreated, swapped by a rename,
+/// or the publication dropped) is not followed blind (inserts 404, updates
+/// stale, nothing said): with `install_feed` the gateway repairs the
+/// publication and rescans the table.
 #[tokio::test]
 async fn a_table_that_leaves_the_publication_is_put_back_and_rescanned() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -302,9 +302,9 @@ async fn a_table_that_leaves_the_publication_is_put_back_and_rescanned() {
     gw.stop();
 }
 
-/// Defect 3, without `install_feed`: the gateway cannot repair, so the
-/// resource says it is not ready and why, and never answers a row that
-/// exists with 404.
+/// A table out of the publication without `install_feed`: the gateway
+/// cannot repair, so the resource says it is not ready and why, and never
+/// answers a row that exists with 404.
 #[tokio::test]
 async fn a_table_out_of_the_publication_without_install_feed_is_not_ready() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -346,8 +346,8 @@ async fn a_table_out_of_the_publication_without_install_feed_is_not_ready() {
     gw.stop();
 }
 
-/// Defect 4: a publication that does not deliver every change (updates
-/// not published, a row filter) was accepted as covering the table.
+/// A publication that does not deliver every change (updates not
+/// published, a row filter) is not accepted as covering the table.
 #[tokio::test]
 async fn a_publication_that_drops_changes_is_repaired() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -393,11 +393,11 @@ async fn a_publication_that_drops_changes_is_repaired() {
     gw.stop();
 }
 
-/// Defect 5: `install_feed` added a table without a usable replica
-/// identity to the publication and then refused to start, leaving every
-/// UPDATE and DELETE of the application on that table failing. It must
-/// check every table first and change nothing unless all pass; `auto`
-/// falls back to notify and leaves the publication alone.
+/// `install_feed` must not add a table without a usable replica identity
+/// to the publication and then refuse to start, leaving every UPDATE and
+/// DELETE of the application on that table failing. It checks every
+/// table first and changes nothing unless all pass; `auto` falls back to
+/// notify and leaves the publication alone.
 #[tokio::test]
 async fn install_feed_refuses_a_table_without_a_replica_identity_and_changes_nothing() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -459,11 +459,11 @@ async fn install_feed_refuses_a_table_without_a_replica_identity_and_changes_not
     gw.stop();
 }
 
-/// Issue 52, item 3: `freshness = "auto"` is resolved by `preflight` as
-/// `serve` resolves it. On a server where the WAL feed is possible but no
-/// publication is in place and `install_feed` is off, start-up picks the
-/// notify feed; preflight said "wal here" and checked a feed that would
-/// not run.
+/// `freshness = "auto"` is resolved by `preflight` as `serve` resolves it.
+/// On a server where the WAL feed is possible but no publication is in
+/// place and `install_feed` is off, start-up picks the notify feed, and
+/// preflight says so rather than "wal here" and does not check a feed
+/// that would not run.
 #[tokio::test]
 async fn preflight_and_serve_resolve_auto_the_same_way() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -494,9 +494,9 @@ install_triggers = true",
     gw.stop();
 }
 
-/// Defect 6: `REPLICA IDENTITY` changed at run time. Under `DEFAULT` (the
-/// primary key) an update that changes the email but not the id comes
-/// without an old row, which the feed read as "no watched column changed".
+/// `REPLICA IDENTITY` changed at run time. Under `DEFAULT` (the primary
+/// key) an update that changes the email but not the id comes without an
+/// old row, which the feed must not read as "no watched column changed".
 #[tokio::test]
 async fn a_replica_identity_change_at_run_time_keeps_every_key_fresh() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -530,8 +530,8 @@ async fn a_replica_identity_change_at_run_time_keeps_every_key_fresh() {
     gw.stop();
 }
 
-/// Defect 8: ATTACH and DETACH PARTITION change which rows a partitioned
-/// table holds without a row change any feed sees.
+/// ATTACH and DETACH PARTITION change which rows a partitioned table holds
+/// without a row change any feed sees.
 #[tokio::test]
 async fn attached_and_detached_partitions_are_rescanned() {
     let _one = ONE_AT_A_TIME.lock().await;

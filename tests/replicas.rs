@@ -196,12 +196,12 @@ async fn a_lagging_replica_never_gives_a_404_or_a_stale_row() {
     gw.stop();
 }
 
-/// Defect 7: a replica already behind when the gateway starts. The rows
-/// updated and inserted on the primary before start-up are named by no
-/// feed event, so nothing raised the LSN loads wait for: loads went to the
-/// replica and cached the old rows (and "no such row" for the insert). And
-/// the replica read as lag 0, its lag measured from the gateway's first
-/// check.
+/// A replica already behind when the gateway starts. The rows updated and
+/// inserted on the primary before start-up are named by no feed event, so
+/// nothing raises the LSN loads wait for: loads must still not go to the
+/// replica and cache the old rows (or "no such row" for the insert). Nor
+/// may the replica read as lag 0 because its lag is measured from the
+/// gateway's first check.
 #[tokio::test]
 async fn a_replica_behind_at_start_up_never_serves_old_rows() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -268,8 +268,8 @@ async fn a_load_goes_to_the_replica(gw: &Arc<Gateway>) {
 /// replay paused): a commit made meanwhile reaches no feed, so no applied
 /// position names it, and the replica passes the read-your-writes gate
 /// (which covers what the gateway applied). A lookup the feed does not
-/// vouch for must read the primary, which has the commit. Found by the
-/// checker's `outage` fault, where the replica is cut off with the feed.
+/// vouch for must read the primary, which has the commit. The checker's
+/// `outage` fault, where the replica is cut off with the feed, is the case.
 #[tokio::test]
 async fn a_lookup_the_feed_cannot_vouch_for_never_reads_a_replica() {
     let _one = ONE_AT_A_TIME.lock().await;

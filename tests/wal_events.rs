@@ -283,11 +283,10 @@ async fn an_unchanged_toasted_key_outside_the_replica_identity_is_unknown() {
     assert_eq!(key(&c.changes[0], "old", "code"), Some(Value::Unknown));
 }
 
-/// The audit's suspicion, confirmed and fixed: under `REPLICA IDENTITY
-/// FULL` an UPDATE of another column sends the unchanged, TOASTed key as
-/// "unchanged" in the new row, while the old row carries it whole. Read as
-/// unknown, every such update cleared the resource's cache and asked for a
-/// rebuild; the key is the old row's.
+/// Under `REPLICA IDENTITY FULL` an UPDATE of another column sends the
+/// unchanged, TOASTed key as "unchanged" in the new row, while the old row
+/// carries it whole. Read as unknown, every such update would clear the
+/// resource's cache and ask for a rebuild; the key is the old row's.
 #[tokio::test]
 async fn an_unchanged_toasted_key_under_full_identity_is_the_old_rows() {
     let db = logical_db(0).await;

@@ -280,10 +280,10 @@ async fn a_published_table_outside_the_resources_is_ignored() {
 /// A gateway that starts while the publication already delivers every
 /// change of its tables leaves the publication's catalog rows as they are:
 /// a rewrite is an edit every running feed resyncs for (`feed::watch`), so
-/// each start of a fleet's member (a rolling deploy) made every gateway
-/// rebuild every filter. Found by `tests/bus.rs`
-/// `a_first_start_builds_every_filter_once` once start-up took longer
-/// than the first gateway's first check.
+/// each start of a fleet's member (a rolling deploy) would make every
+/// gateway rebuild every filter, as `tests/bus.rs`
+/// `a_first_start_builds_every_filter_once` shows once start-up takes
+/// longer than the first gateway's first check.
 #[tokio::test]
 async fn a_start_leaves_a_publication_that_is_right_untouched() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -675,12 +675,12 @@ async fn preflights_advice_applied_once_passes_for_every_set_of_resources() {
     }
 }
 
-/// Issue 52, item 2: a prepared transaction nobody commits (or any long
-/// transaction holding an xid) blocks `CREATE_REPLICATION_SLOT`, which
-/// waits for it to end. A gateway starting meanwhile said only "the change
-/// feed is starting"; `/readyz` now names what it waits for, and the
-/// gateway starts once it ends. On a server of the test's own (the
-/// prepared transaction would hold every other test's slots).
+/// A prepared transaction nobody commits (or any long transaction holding
+/// an xid) blocks `CREATE_REPLICATION_SLOT`, which waits for it to end. A
+/// gateway starting meanwhile does not say only "the change feed is
+/// starting": `/readyz` names what it waits for, and the gateway starts
+/// once it ends. On a server of the test's own (the prepared transaction
+/// would hold every other test's slots).
 #[tokio::test]
 async fn a_prepared_transaction_that_blocks_the_slot_is_named() {
     use common::cluster::{Server, exec};
