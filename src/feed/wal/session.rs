@@ -247,46 +247,49 @@ async fn started(feed: &mut Feed, server: Server, start: Position, gap: bool) ->
             history: feed.history.as_deref(),
         })
     });
-    if let Some(Ok((fork, kept))) = fork {
-        let mut p = kept;
-        p.advance(start);
-        feed.position = Some(p);
-        feed.stats.forks_kept.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(start = %start, applied = ?was, fork_at = %fork.at, from = fork.from.id, to = fork.to.id, "WAL feed: a promotion the replication slot survived; every cache is emptied, the filters are kept where their builds saw nothing the new timeline lost");
-        if feed.tx.send(Event::Fork(fork)).await.is_err() {
-            return false;
+    let (position, event) = match (fork, changed) {
+        (Some(Ok((fork, mut kept))), _) => {
+            kept.advance(start);
+            feed.stats.forks_kept.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(start = %start, applied = ?was, fork_at = %fork.at, from = fork.from.id, to = fork.to.id, "WAL feed: a promotion the replication slot survived; every cache is emptied, the filters are kept where their builds saw nothing the new timeline lost");
+            (kept, Some(Event::Fork(fork)))
         }
-        if let Some(ready) = feed.ready.take() {
-            let _ = ready.send(Ok(()));
-        }
-        return true;
-    }
-    let gap = gap || changed.is_some();
-    feed.position = Some(match was {
-        Some(mut p) if !gap => {
-            p.advance(start);
-            p
-        }
-        _ => start,
-    });
-    if gap {
-        feed.stats.gaps.fetch_add(1, Ordering::Relaxed);
-        let ev = match changed {
-            Some((_, change)) => {
-                if let Some(Err(why)) = &fork {
-                    tracing::info!(why = %why, "WAL feed: the filters cannot be kept across this change");
+        (fork, changed) => {
+            let gap = gap || changed.is_some();
+            let position = match was {
+                Some(mut p) if !gap => {
+                    p.advance(start);
+                    p
                 }
-                tracing::warn!(start = %start, applied = ?was, change = %change, "WAL feed: a new server; every cache is emptied and every filter rebuilt");
-                Resync::all(format!("WAL feed: {change}"))
+                _ => start,
+            };
+            let event = match (gap, changed) {
+                (false, _) => None,
+                (true, Some((_, change))) => {
+                    if let Some(Err(why)) = &fork {
+                        tracing::info!(why = %why, "WAL feed: the filters cannot be kept across this change");
+                    }
+                    tracing::warn!(start = %start, applied = ?was, change = %change, "WAL feed: a new server; every cache is emptied and every filter rebuilt");
+                    Some(Resync::all(format!("WAL feed: {change}")))
+                }
+                (true, None) => {
+                    tracing::warn!(start = %start, applied = ?was, "WAL feed: the new stream may start past changes never applied; every filter is rebuilt");
+                    Some(Resync::all(
+                        "WAL feed: the stream started past what was applied",
+                    ))
+                }
+            };
+            if event.is_some() {
+                feed.stats.gaps.fetch_add(1, Ordering::Relaxed);
             }
-            None => {
-                tracing::warn!(start = %start, applied = ?was, "WAL feed: the new stream may start past changes never applied; every filter is rebuilt");
-                Resync::all("WAL feed: the stream started past what was applied")
-            }
-        };
-        if feed.tx.send(ev).await.is_err() {
-            return false;
+            (position, event)
         }
+    };
+    feed.position = Some(position);
+    if let Some(ev) = event
+        && feed.tx.send(ev).await.is_err()
+    {
+        return false;
     }
     if let Some(ready) = feed.ready.take() {
         let _ = ready.send(Ok(()));
