@@ -199,6 +199,11 @@ impl Gateway {
         for r in &self.resources {
             self.keep(tokio::spawn(r.clone().run_background(self.signal())));
         }
+        self.keep(tokio::spawn(self.db.identity.clone().watch_address(
+            (*self.db.pool().connect_options()).clone(),
+            crate::db::identity::ADDRESS_EVERY,
+            self.signal(),
+        )));
         if let Some(replicas) = self.db.replicas() {
             let every = self.config.database.replica_check_interval;
             self.keep(tokio::spawn(

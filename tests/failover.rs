@@ -793,6 +793,40 @@ async fn connections_that_reach_another_cluster_move_the_feed_never_a_row() {
     }
 }
 
+/// A cut-over that no connection of the pool reaches: every read is a
+/// hit, so the gateway opens no connection, and its feed stays on A for as
+/// long as A lives. B's update was never served (the cache and the feed
+/// both on A). The gateway asks where the address leads every
+/// `db::identity::ADDRESS_EVERY` on a connection of its own: it follows B
+/// with a gap, and serves B's rows.
+#[tokio::test]
+async fn a_cut_over_no_pool_connection_reaches_is_followed() {
+    let a = Server::primary(&[]);
+    let b = Server::primary(&[]);
+    let _a_pool = a.create_db(DB, 10).await;
+    let b_pool = b.create_db(DB, 10).await;
+    let at = |s: &Server| std::net::SocketAddr::from(([127, 0, 0, 1], s.port));
+    let proxy = Proxy::start_to(at(&a)).await;
+    let url = format!("postgres://postgres@127.0.0.1:{}/{DB}", proxy.addr.port());
+    let gw = started(config(&url, "freshness = \"wal\"\ninstall_feed = true")).await;
+    vouched(&gw, "users").await;
+    name_of(&gw, 5).await;
+    assert_eq!(name_of(&gw, 5).await.2, "bloomgate; hit");
+    proxy.retarget(at(&b));
+    exec(&b_pool, "UPDATE users SET name = 'B changed' WHERE id = 5").await;
+    eventually_within(
+        "the gateway serves B's row 5 with no miss to open a connection",
+        Duration::from_secs(30),
+        || async { name_of(&gw, 5).await.1 == "B changed" },
+    )
+    .await;
+    assert_eq!(
+        gw.db.identity.followed().map(|s| s.timeline.system),
+        Some(system_of(&b_pool).await)
+    );
+    gw.stop();
+}
+
 async fn system_of(pool: &sqlx::PgPool) -> u64 {
     let s: String = sqlx::query_scalar("SELECT system_identifier::text FROM pg_control_system()")
         .fetch_one(pool)

@@ -29,7 +29,14 @@
 //!   while the feed stayed on the old server);
 //! - a connection opened before the followed server last changed is
 //!   closed before its next use ([`Identity::opened_before_change`], by its
-//!   age): it may be on the old server.
+//!   age): it may be on the old server;
+//! - the address itself is asked every [`ADDRESS_EVERY`], on a connection
+//!   of its own ([`Identity::watch_address`]), and judged as a primary's
+//!   connection. Without it, a gateway whose reads all hit its cache opens
+//!   no connection after a cut-over: its feed stays on the old server, and
+//!   the new server's changes are never heard of for as long as the old
+//!   one lives. So a cut-over is followed within `ADDRESS_EVERY` and a
+//!   feed's restart whatever the load.
 //!
 //! Until a feed follows anything (start-up, `freshness = "off"`), every
 //! connection is accepted: nothing is cached or vouched for from a
@@ -55,6 +62,11 @@ use std::time::{Duration, Instant};
 use sqlx::PgConnection;
 
 use super::position::{Server, Timeline};
+
+/// How often [`Identity::watch_address`] asks where the address leads: one
+/// new connection per gateway per interval (with TLS, a handshake), the
+/// price of following a cut-over that no connection of the pool reached.
+pub const ADDRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// The instant [`Identity`]'s moments count from.
 static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -197,6 +209,43 @@ impl Identity {
             "a connection to a read replica",
             &format!("it is on {found}, the primary on {ours}"),
         ))
+    }
+
+    /// Asks where `connect` leads every `every` until `shutdown`, on a
+    /// connection of its own, while a feed follows a server, and judges
+    /// what it reached as a primary's connection: another server is a
+    /// mismatch the feed hears (see the module doc). A server that does
+    /// not answer, or is a standby, says nothing here: the feed's own
+    /// connections and `outage` judge those.
+    pub async fn watch_address(
+        self: std::sync::Arc<Self>,
+        connect: sqlx::postgres::PgConnectOptions,
+        every: Duration,
+        mut shutdown: crate::shutdown::Shutdown,
+    ) {
+        use sqlx::Connection;
+        loop {
+            tokio::select! {
+                () = shutdown.fired() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            if self.followed().is_none() {
+                continue;
+            }
+            let asked = async {
+                let mut conn = PgConnection::connect_with(&connect).await?;
+                let read = Server::read(&mut conn).await;
+                let _ = conn.close().await;
+                read
+            };
+            if let Ok(Ok((found, _))) = tokio::time::timeout(every, asked).await
+                && self.judge_primary(found).is_err()
+            {
+                tracing::info!(
+                    "the database's address leads to another server than the one the change feed follows: the feed follows it"
+                );
+            }
+        }
     }
 
     /// Reads the server a new primary connection reached and judges it

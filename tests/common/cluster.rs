@@ -141,6 +141,38 @@ impl Server {
         s
     }
 
+    /// Another cluster with `self`'s settings (another system identifier):
+    /// the green side of a blue/green cut-over.
+    pub fn sibling(&self) -> Server {
+        let extra: Vec<&str> = self.settings.iter().map(String::as_str).collect();
+        Server::primary(&extra)
+    }
+
+    /// Database `db` of `self` copied into `to` as `pg_dump | psql` copies
+    /// it (created there; no owners or grants).
+    pub fn dump_into(&self, db: &str, to: &Server) {
+        let bin = bindir();
+        let script = format!(
+            "set -o pipefail; '{psql}' -q -X -h 127.0.0.1 -p {to} -U postgres -d postgres -c 'CREATE DATABASE \"{db}\"' && \
+             '{dump}' -h 127.0.0.1 -p {from} -U postgres --no-owner --no-privileges -d '{db}' | \
+             '{psql}' -q -X -v ON_ERROR_STOP=1 -h 127.0.0.1 -p {to} -U postgres -d '{db}'",
+            psql = bin.join("psql").display(),
+            dump = bin.join("pg_dump").display(),
+            from = self.port,
+            to = to.port,
+        );
+        let out = Command::new("bash")
+            .args(["-c", &script])
+            .output()
+            .expect("running pg_dump | psql");
+        assert!(
+            out.status.success(),
+            "pg_dump | psql: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// A streaming standby of `self` (`pg_basebackup -R`: it follows
     /// whatever answers on `self`'s port), started on a free port.
     pub fn standby(&self) -> Server {

@@ -1335,7 +1335,7 @@ fn snapshot_draw(opts: &Opts) -> Option<Rng> {
 }
 
 /// The stream of choices the faults of what was assumed (`rewrite`,
-/// `pause`, `wal-writer`, `restore`) are drawn from: one of its own (the
+/// `pause`, `wal-writer`, `restore`, `cut-over`) are drawn from: one of its own (the
 /// seed mixed with [`ASSUMPTION_DRAW`]), so that the seeds' other choices,
 /// CI's among them, stay what they were before these faults existed. On
 /// half the seeds; always when the faults selected are all of them.

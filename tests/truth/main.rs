@@ -174,19 +174,22 @@
 //! | `pause` | all | a gateway's runtime held (both workers) for 3 or 4 s, as SIGSTOP holds a process, past its bound: rows it cached are updated meanwhile, and requests queued late in the pause are answered on resume and judged | none |
 //! | `wal-writer` | all, on a cluster of its own | asynchronous commits while the WAL writer is at `wal_writer_delay` 10 s (set at run time) or stopped (SIGSTOP), for 3 or 8 s | none |
 //! | `restore` | all, on a cluster of its own | the primary stopped (`-m immediate`), its data directory copied, started again; 3-8 steps later stopped again and the copy put back (the same system identifier and timeline, at a lower position): what was committed since is lost; a new standby is made, and the read replica, ahead of the restored primary, is left stranded | as `crash`, at each of the two restarts |
+//! | `cut-over` | all, on a cluster of its own | a blue/green cut-over: the database copied with `pg_dump | psql` to a new cluster (another system identifier) between two steps; the proxy sends new connections there and, half the time, closes the gateways' pool connections (as they age out), while the feeds', the relay's and the read replica's (and the other half the pool's) stay on the old cluster, which lives on unwritten; the writer moves (see `life`) | until `db::identity::ADDRESS_EVERY` (5 s) and `FEED_GAP` after the move |
 //! | `damaged-snapshots` | bus, with snapshots | every snapshot of the fleet's filters on the bus damaged (a byte of its first chunk flipped) or deleted, half and half; then a gateway restarted, which joins over them (see "Snapshots" above) | none |
 //!
 //! # What was assumed
-//! The last four faults are what the promise once assumed instead of
-//! proving: a timing (the WAL writer's delay, a timer on the request
-//! path), a position that only grows (a restore), a change that is not a
-//! row change (a rewrite). They are drawn from a stream of the seed's own
+//! `rewrite`, `pause`, `wal-writer`, `restore` and `cut-over` are what the
+//! promise once assumed instead of proving: a timing (the WAL writer's
+//! delay, a timer on the request path), a position that only grows (a
+//! restore), a change that is not a row change (a rewrite), a connection
+//! nobody asked which server it reached (a cut-over). They are drawn from a stream of the seed's own
 //! (`history::assumption_draw`: half the seeds, every seed when they are
 //! the only faults selected), so that every other seed, CI's among them,
 //! keeps the history it had before they existed; on a history that has
-//! them, each round's fault is one of them 40 % of the time. `wal-writer`
-//! and `restore` need the history's own cluster (a reconfigured or restored
-//! primary): a history whose faults are all of these runs on one.
+//! them, each round's fault is one of them 40 % of the time. `wal-writer`,
+//! `restore` and `cut-over` need the history's own cluster (a reconfigured,
+//! restored or replaced primary): a history whose faults are all of these
+//! runs on one.
 //!
 //! # The database's lifecycle
 //! The last four faults run on a cluster of the history's own
@@ -424,10 +427,11 @@ pub enum Fault {
     Restore,
     DamagedSnapshots,
     FailoverKeptSlot,
+    CutOver,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 23] = [
+    pub const ALL: [Fault; 24] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -451,6 +455,7 @@ impl Fault {
         Fault::Restore,
         Fault::DamagedSnapshots,
         Fault::FailoverKeptSlot,
+        Fault::CutOver,
     ];
 
     /// The database's own lifecycle: played on a cluster of the history's
@@ -467,7 +472,7 @@ impl Fault {
     pub fn is_assumption(self) -> bool {
         matches!(
             self,
-            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore
+            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore | Fault::CutOver
         )
     }
 
@@ -477,7 +482,7 @@ impl Fault {
         self.is_lifecycle()
             || matches!(
                 self,
-                Fault::WalWriter | Fault::Restore | Fault::FailoverKeptSlot
+                Fault::WalWriter | Fault::Restore | Fault::FailoverKeptSlot | Fault::CutOver
             )
     }
 
@@ -506,6 +511,7 @@ impl Fault {
             Fault::Restore => "restore",
             Fault::DamagedSnapshots => "damaged-snapshots",
             Fault::FailoverKeptSlot => "failover-kept-slot",
+            Fault::CutOver => "cut-over",
         }
     }
 

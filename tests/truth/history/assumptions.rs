@@ -1,8 +1,10 @@
 //! The faults of what the promise once assumed instead of proving (see
 //! "What was assumed" in the crate doc): a table rewritten under the feed
 //! (`rewrite`), a gateway paused past its bound (`pause`), a WAL writer
-//! slowed or stopped under asynchronous commits (`wal-writer`), and the
-//! primary restored from an older copy of itself (`restore`). None opens a
+//! slowed or stopped under asynchronous commits (`wal-writer`), the
+//! primary restored from an older copy of itself (`restore`), and new
+//! connections sent to another cluster while established ones stay
+//! (`cut-over`, in `life`). `rewrite`, `pause` and `wal-writer` open no
 //! window of the oracle's: the promise holds through each within
 //! `model::BASE`, as it must for writes at any time.
 
@@ -31,6 +33,7 @@ impl World {
             Fault::Pause => self.pause().await,
             Fault::WalWriter => self.slow_wal_writer().await,
             Fault::Restore => self.copy_primary().await,
+            Fault::CutOver => self.cut_over().await,
             _ => unreachable!("not a fault of what was assumed"),
         }
     }

@@ -106,7 +106,7 @@ impl World {
 
     pub(super) async fn inject(&mut self, f: Fault) {
         let injected = match f {
-            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore => {
+            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore | Fault::CutOver => {
                 self.inject_assumption(f).await
             }
             Fault::Failover | Fault::Crash | Fault::SyncHold | Fault::Outage => {

@@ -64,6 +64,10 @@ pub(super) struct Life {
     pub kept_only: bool,
     /// The failover under way keeps the slot: how.
     pub keeping: Option<Keep>,
+    /// The clusters a `cut-over` left: alive to the history's end, as the
+    /// blue side of a blue/green cut-over lives on, with the connections
+    /// established there.
+    pub left: Vec<Server>,
 }
 
 /// How a failover that keeps the slot goes (see `failover-kept-slot` in the
@@ -131,6 +135,7 @@ impl Life {
                 kept: None,
                 kept_only: false,
                 keeping: None,
+                left: Vec::new(),
             },
             pool,
         )
@@ -510,6 +515,83 @@ impl World {
                 ""
             }
         ));
+    }
+
+    /// `cut-over`: a blue/green cut-over by DNS or an HAProxy reload. The
+    /// history's database is copied (`pg_dump | psql`) to a new cluster of
+    /// its own (another system identifier) while the writer waits between
+    /// steps; the proxy sends new connections there and, half the time,
+    /// closes the gateways' pool connections (`application_name`
+    /// `bloomgate`), as connections age out; every other connection (the
+    /// feeds', the relay's, the read replica's; the pool's the other half)
+    /// stays on the old cluster, which lives on; the writer moves. The old cluster's standby goes, a new one is
+    /// made, and the replica, streaming from the old cluster, is stranded
+    /// there. Window: until `ADDRESS_EVERY` (the gateway's own look at
+    /// where the address leads) and `FEED_GAP` past the move.
+    pub(super) async fn cut_over(&mut self) -> bool {
+        let Some(life) = &self.life else {
+            return false;
+        };
+        if life.open.is_some()
+            || self.copy.is_some()
+            || self.wal_writer.is_some()
+            || life.hold.as_ref().is_some_and(|h| !h.is_finished())
+        {
+            return false;
+        }
+        let aged = self
+            .assume_rng
+            .as_mut()
+            .expect("drawn from its stream")
+            .chance(50);
+        let paths = self.warm(6, false).await;
+        let t = self.now();
+        self.shared.model.lock().unwrap().open_window("cut-over", t);
+        let life = self.life.as_mut().unwrap();
+        let green = life.primary.sibling();
+        life.primary.dump_into(&self.db.name, &green);
+        life.proxy.retarget(addr(&green));
+        if aged {
+            life.proxy.cut_named("application_name\0bloomgate\0");
+        }
+        let blue = std::mem::replace(&mut life.primary, green);
+        life.left.push(blue);
+        if let Some(s) = life.standby.take() {
+            s.stop("fast");
+        }
+        self.reconnect_writer().await;
+        self.reset_model().await;
+        let back = self.now();
+        self.shared.model.lock().unwrap().close_window(
+            "cut-over",
+            back + bloomgate::db::identity::ADDRESS_EVERY + FEED_GAP,
+        );
+        let life = self.life.as_mut().unwrap();
+        life.standby = Some(life.primary.standby());
+        life.stranded = life.replica.is_some();
+        self.shared.note(format!(
+            "fault cut-over: the database copied to another cluster (:{}) and new connections sent there in {}ms; {}{}",
+            life.primary.port,
+            (back - t).as_millis(),
+            if aged {
+                "the pool's connections closed, the feeds' left on the old one"
+            } else {
+                "every established connection left on the old one"
+            },
+            if life.replica.is_some() {
+                "; the replica is stranded on the old cluster"
+            } else {
+                ""
+            }
+        ));
+        self.writes.focus(
+            Focus::Update {
+                paths,
+                emails: false,
+            },
+            6,
+        );
+        true
     }
 
     /// Copies the permanent slot onto the standby, as Patroni's permanent
