@@ -89,6 +89,9 @@ pub struct Opts {
     pub trace: bool,
     /// Run every round even after a violation (`BLOOMGATE_TRUTH_KEEP_GOING`).
     pub keep_going: bool,
+    /// The faults of what was assumed, one per round in turn rather than
+    /// drawn (`BLOOMGATE_TRUTH_IN_TURN`; CI's [`crate::CI_IN_TURN_SEED`]).
+    pub in_turn: bool,
 }
 
 #[derive(Default)]
@@ -785,6 +788,14 @@ impl World {
                 .filter(|f| f.is_assumption() && (on_cluster || !f.needs_cluster()))
                 .collect();
             if let Some(a) = &mut self.assume_rng
+                && !assumptions.is_empty()
+                && self.opts.in_turn
+            {
+                fault = Some((
+                    a.below(steps / 2 + 1),
+                    assumptions[round % assumptions.len()],
+                ));
+            } else if let Some(a) = &mut self.assume_rng
                 && !assumptions.is_empty()
                 && ((fault.is_none() && faults.is_empty() && lifecycle.is_empty()) || a.chance(40))
             {

@@ -308,7 +308,10 @@
 //!   permanent), `BLOOMGATE_TRUTH_TRACE=1` (every step
 //!   and fault as it happens), `BLOOMGATE_TRUTH_LOG=info` (the gateways'
 //!   own log, a `RUST_LOG`-style filter), `BLOOMGATE_TRUTH_KEEP_GOING=1`
-//!   (every round of a history even after its first violation).
+//!   (every round of a history even after its first violation),
+//!   `BLOOMGATE_TRUTH_IN_TURN=1` (the faults of what was assumed, one per
+//!   round in turn instead of drawn, on a cluster of the history's own;
+//!   CI's [`CI_IN_TURN_SEED`] runs so).
 //!
 //! # Replay
 //! Every failing history prints its violations, the end of its journal and
@@ -354,6 +357,13 @@ pub const CI_SEEDS: &[u64] = &[1, 2, 3];
 /// `redis-server`), whose primary it kills twice under writes, the second
 /// time after cutting the replica's link (`redis-failover`).
 pub const BUS_CI_SEEDS: &[u64] = &[1008, 1011, 1015, 2];
+
+/// After the CI seeds, on every feed: one history with only the faults of
+/// what was assumed, one per round in turn (`rewrite`, `pause`,
+/// `wal-writer`, `restore`, `cut-over`), on a cluster of its own, so that
+/// CI plays each of them on every feed whatever the draws of the seeds
+/// above.
+pub const CI_IN_TURN_SEED: u64 = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Feed {
@@ -547,6 +557,7 @@ struct Knobs {
     permanent_slot: Option<bool>,
     trace: bool,
     keep_going: bool,
+    in_turn: bool,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -617,14 +628,29 @@ impl Knobs {
             permanent_slot,
             trace: env("BLOOMGATE_TRUTH_TRACE").is_some_and(|v| v != "0"),
             keep_going: env("BLOOMGATE_TRUTH_KEEP_GOING").is_some_and(|v| v != "0"),
+            in_turn: env("BLOOMGATE_TRUTH_IN_TURN").is_some_and(|v| v != "0"),
         }
     }
 
-    /// The command that replays `seed` on `feed` with these knobs.
-    fn replay(&self, feed: Feed, seed: u64) -> String {
+    /// The command that replays `seed` on `feed` with these knobs
+    /// (`in_turn`: CI's history of the assumed faults in turn).
+    fn replay(&self, feed: Feed, seed: u64, in_turn: bool) -> String {
         let mut vars = format!("BLOOMGATE_TRUTH_SEED={seed}");
-        if let Some(f) = &self.faults_given {
+        if in_turn && !self.in_turn {
+            let all: Vec<_> = Fault::ALL
+                .iter()
+                .filter(|f| f.is_assumption())
+                .map(|f| f.name())
+                .collect();
+            vars.push_str(&format!(
+                " BLOOMGATE_TRUTH_FAULTS={} BLOOMGATE_TRUTH_IN_TURN=1",
+                all.join(",")
+            ));
+        } else if let Some(f) = &self.faults_given {
             vars.push_str(&format!(" BLOOMGATE_TRUTH_FAULTS={f}"));
+        }
+        if self.in_turn {
+            vars.push_str(" BLOOMGATE_TRUTH_IN_TURN=1");
         }
         if self.rounds != 5 {
             vars.push_str(&format!(" BLOOMGATE_TRUTH_ROUNDS={}", self.rounds));
@@ -717,12 +743,19 @@ async fn check(feed: Feed) {
         .collect();
 
     let began = Instant::now();
-    let mut seeds = if feed == Feed::Bus && !knobs.seeds_given {
+    let mut seeds: Vec<(u64, bool)> = if feed == Feed::Bus && !knobs.seeds_given {
         BUS_CI_SEEDS.to_vec()
     } else {
         knobs.seeds.clone()
     }
-    .into_iter();
+    .into_iter()
+    .map(|s| (s, knobs.in_turn))
+    .collect();
+    // CI's run (no knob given): the assumed faults in turn, too.
+    if !knobs.seeds_given && knobs.faults_given.is_none() && knobs.duration.is_none() {
+        seeds.push((CI_IN_TURN_SEED, true));
+    }
+    let mut seeds = seeds.into_iter();
     let mut next_long = if knobs.seeds_given {
         knobs.seeds[0]
     } else {
@@ -731,22 +764,31 @@ async fn check(feed: Feed) {
     let (mut histories, mut total) = (0u64, Report::default());
     let mut failed = Vec::new();
     loop {
-        let seed = match knobs.duration {
+        let (seed, in_turn) = match knobs.duration {
             Some(d) => {
                 if began.elapsed() >= d {
                     break;
                 }
                 next_long += 1;
-                next_long - 1
+                (next_long - 1, knobs.in_turn)
             }
             None => match seeds.next() {
                 Some(s) => s,
                 None => break,
             },
         };
+        let faults: Vec<Fault> = match in_turn && !knobs.in_turn {
+            true => faults
+                .iter()
+                .copied()
+                .filter(|f| f.is_assumption())
+                .collect(),
+            false => faults.clone(),
+        };
         let report = history::run(Opts {
             feed,
             seed,
+            in_turn,
             faults: faults.clone(),
             rounds: knobs.rounds,
             permanent_slot: knobs.permanent_slot,
@@ -780,7 +822,7 @@ async fn check(feed: Feed) {
             for line in &report.journal[from..] {
                 eprintln!("  {line}");
             }
-            let replay = knobs.replay(feed, seed);
+            let replay = knobs.replay(feed, seed, in_turn);
             eprintln!("replay: {replay}\n");
             total.violations.extend(report.violations);
             failed.push(replay);

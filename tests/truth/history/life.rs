@@ -18,10 +18,13 @@ use crate::rng::Rng;
 use crate::{Fault, Opts};
 
 /// Whether the history runs on a cluster of its own: when its faults are
-/// all lifecycle faults, never when none is, else as the seed's own
+/// all lifecycle faults (or played in turn), never when none is, else as the seed's own
 /// stream says (a stream apart, so that the other histories' choices are
 /// those of the seeds they had before these faults existed).
 pub(crate) fn private_cluster(opts: &Opts) -> bool {
+    if opts.in_turn {
+        return true;
+    }
     let life = opts.faults.iter().filter(|f| f.needs_cluster()).count();
     match life {
         0 => false,
@@ -534,11 +537,12 @@ impl World {
         };
         if life.open.is_some()
             || self.copy.is_some()
-            || self.wal_writer.is_some()
             || life.hold.as_ref().is_some_and(|h| !h.is_finished())
         {
             return false;
         }
+        // A slowed WAL writer is the old cluster's: as it was, first.
+        self.wal_writer_back(true).await;
         let aged = self
             .assume_rng
             .as_mut()
