@@ -171,8 +171,8 @@ patroni_lane() {
   return $s
 }
 # The randomized checker (tests/truth, ignored in the run above): its CI
-# seeds on every feed (the bus's among them), about three minutes, with its
-# one-line summaries.
+# seeds on every feed (the bus's among them) and a history of the assumed
+# faults in turn on each, about six minutes, with its one-line summaries.
 checker_seeds() {
   phase "checker seeds" cargo test --locked --test truth -- --ignored --nocapture
 }

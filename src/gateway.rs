@@ -10,8 +10,9 @@
 //! ([`crate::shutdown`]): per resource its background task
 //! ([`Resource::run_background`]: the rebuild coordinator every rebuild
 //! request goes through, and the confirmation of announced keys) and its
-//! rebuild schedule; the read replicas' checks; the change feed and the
-//! applier ([`crate::apply`]). [`Gateway::shutdown`] fires the signal and
+//! rebuild schedule; the read replicas' checks; the look at where the
+//! database's address leads (`db::identity::watch_address`); the change
+//! feed and the applier ([`crate::apply`]). [`Gateway::shutdown`] fires the signal and
 //! waits, up to a deadline, for each task to finish the unit of work it is
 //! in and close what it holds; only what is still running then is aborted.
 //! A rebuild mid-scan is dropped at the signal: its query is cancelled on

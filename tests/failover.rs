@@ -793,12 +793,11 @@ async fn connections_that_reach_another_cluster_move_the_feed_never_a_row() {
     }
 }
 
-/// A cut-over that no connection of the pool reaches: every read is a
-/// hit, so the gateway opens no connection, and its feed stays on A for as
-/// long as A lives. B's update was never served (the cache and the feed
-/// both on A). The gateway asks where the address leads every
+/// A cut-over that no connection of the pool reaches: A lives on, every
+/// read is a hit, so no pool connection opens on B and the feed's stay on
+/// A. The gateway asks where the address leads every
 /// `db::identity::ADDRESS_EVERY` on a connection of its own: it follows B
-/// with a gap, and serves B's rows.
+/// with a gap, and B's update to a cached row is served.
 #[tokio::test]
 async fn a_cut_over_no_pool_connection_reaches_is_followed() {
     let a = Server::primary(&[]);

@@ -30,13 +30,16 @@
 //! - a connection opened before the followed server last changed is
 //!   closed before its next use ([`Identity::opened_before_change`], by its
 //!   age): it may be on the old server;
-//! - the address itself is asked every [`ADDRESS_EVERY`], on a connection
-//!   of its own ([`Identity::watch_address`]), and judged as a primary's
-//!   connection. Without it, a gateway whose reads all hit its cache opens
-//!   no connection after a cut-over: its feed stays on the old server, and
-//!   the new server's changes are never heard of for as long as the old
-//!   one lives. So a cut-over is followed within `ADDRESS_EVERY` and a
-//!   feed's restart whatever the load.
+//! - the address itself is asked every [`ADDRESS_EVERY`] on a connection
+//!   of its own ([`Identity::watch_address`], `application_name`
+//!   `bloomgate-address`): another server there is a mismatch as a
+//!   primary's connection's is. Without it, a gateway whose reads all hit
+//!   its cache opens no connection after a cut-over: its feed stays on the
+//!   old server, and the new server's changes are never heard of for as
+//!   long as the old one lives. So a cut-over that leaves the old server
+//!   up is followed within `ADDRESS_EVERY` plus `ADDRESS_WITHIN` and a
+//!   feed's restart, whatever the load (behind a pooler, once the pooler's
+//!   own server connections reach the new server).
 //!
 //! Until a feed follows anything (start-up, `freshness = "off"`), every
 //! connection is accepted: nothing is cached or vouched for from a
@@ -54,6 +57,10 @@
 //! - A connection older than the last change of the followed server is
 //!   old; one opened after it is not. Following the same server again is
 //!   no change.
+//! - The look at the address records another server as a mismatch (which
+//!   wakes the feed), not as a refusal; the followed server, a standby or
+//!   no answer records nothing (`tests/failover.rs`
+//!   `a_cut_over_no_pool_connection_reaches_is_followed` on real servers).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
@@ -67,6 +74,15 @@ use super::position::{Server, Timeline};
 /// new connection per gateway per interval (with TLS, a handshake), the
 /// price of following a cut-over that no connection of the pool reached.
 pub const ADDRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// How long that look may take: a server that has not answered by then
+/// says nothing this time (the next look comes one interval after this
+/// one began).
+pub const ADDRESS_WITHIN: Duration = Duration::from_secs(2);
+
+/// The look's `application_name`, so that `pg_stat_activity` and the
+/// server's log tell it from the pool's connections.
+pub const ADDRESS_APPLICATION_NAME: &str = "bloomgate-address";
 
 /// The instant [`Identity`]'s moments count from.
 static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
@@ -187,9 +203,14 @@ impl Identity {
         };
         self.refused.fetch_add(1, Ordering::Relaxed);
         self.last_refused.store(since_base() + 1, Ordering::Release);
+        self.mismatch_found(found);
+        Err(refusal("a connection to the primary", &change))
+    }
+
+    /// `found` is where the feed should look next: recorded, the feed woken.
+    fn mismatch_found(&self, found: Server) {
         *self.mismatch.lock().unwrap_or_else(|p| p.into_inner()) = Some(found);
         self.wake.notify_waiters();
-        Err(refusal("a connection to the primary", &change))
     }
 
     /// Judges a replica's connection on `found` (its system and timeline).
@@ -212,11 +233,13 @@ impl Identity {
     }
 
     /// Asks where `connect` leads every `every` until `shutdown`, on a
-    /// connection of its own, while a feed follows a server, and judges
-    /// what it reached as a primary's connection: another server is a
-    /// mismatch the feed hears (see the module doc). A server that does
-    /// not answer, or is a standby, says nothing here: the feed's own
-    /// connections and `outage` judge those.
+    /// connection of its own (bounded by [`ADDRESS_WITHIN`]), while a feed
+    /// follows a server: another server is a mismatch the feed hears (see
+    /// the module doc), not a refusal (nothing was refused a row; the
+    /// outage's "a server answered" counts the pool's connections only).
+    /// A server that does not answer, or is a standby, says nothing here:
+    /// the feed's own connections and `outage` judge those. Said in the log
+    /// once per server found.
     pub async fn watch_address(
         self: std::sync::Arc<Self>,
         connect: sqlx::postgres::PgConnectOptions,
@@ -224,25 +247,40 @@ impl Identity {
         mut shutdown: crate::shutdown::Shutdown,
     ) {
         use sqlx::Connection;
+        let connect = connect.application_name(ADDRESS_APPLICATION_NAME);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut said: Option<Server> = None;
         loop {
             tokio::select! {
                 () = shutdown.fired() => return,
-                () = tokio::time::sleep(every) => {}
+                _ = tick.tick() => {}
             }
-            if self.followed().is_none() {
+            let Some(followed) = self.followed() else {
                 continue;
-            }
+            };
             let asked = async {
                 let mut conn = PgConnection::connect_with(&connect).await?;
                 let read = Server::read(&mut conn).await;
                 let _ = conn.close().await;
                 read
             };
-            if let Ok(Ok((found, _))) = tokio::time::timeout(every, asked).await
-                && self.judge_primary(found).is_err()
-            {
+            let found = tokio::select! {
+                () = shutdown.fired() => return,
+                r = tokio::time::timeout(ADDRESS_WITHIN, asked) => match r {
+                    Ok(Ok((found, _))) => found,
+                    _ => continue,
+                },
+            };
+            let Some(change) = found.change_from(&followed) else {
+                continue;
+            };
+            self.mismatch_found(found);
+            if said != Some(found) {
+                said = Some(found);
                 tracing::info!(
-                    "the database's address leads to another server than the one the change feed follows: the feed follows it"
+                    change = %change,
+                    "the database's address leads to another server than the one the change feed follows: the feed is told to follow it"
                 );
             }
         }
@@ -320,6 +358,16 @@ mod tests {
         i.follow(server(8, 1, 5));
         assert_eq!(i.take_mismatch(), None);
         assert!(i.opened_before_change(Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn the_address_look_records_a_mismatch_not_a_refusal() {
+        let i = Identity::default();
+        i.follow(server(7, 1, 5));
+        i.mismatch_found(server(8, 1, 5));
+        assert_eq!(i.take_mismatch(), Some(server(8, 1, 5)));
+        assert_eq!(i.refused.load(Ordering::Relaxed), 0);
+        assert!(!i.refused_within(Duration::from_secs(3600)));
     }
 
     #[tokio::test]

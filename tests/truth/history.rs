@@ -1345,11 +1345,11 @@ fn snapshot_draw(opts: &Opts) -> Option<Rng> {
     (drawn || only).then_some(rng)
 }
 
-/// The stream of choices the faults of what was assumed (`rewrite`,
-/// `pause`, `wal-writer`, `restore`, `cut-over`) are drawn from: one of its own (the
-/// seed mixed with [`ASSUMPTION_DRAW`]), so that the seeds' other choices,
-/// CI's among them, stay what they were before these faults existed. On
-/// half the seeds; always when the faults selected are all of them.
+/// The stream of choices the faults of what was assumed (`rewrite`, `pause`,
+/// `wal-writer`, `restore`, `cut-over`) are drawn from: one of its own (the
+/// seed mixed with [`ASSUMPTION_DRAW`]), so that the seeds' other choices, CI's
+/// among them, stay what they were before these faults existed. On half the
+/// seeds; always when the faults selected are all of them.
 fn assumption_draw(opts: &Opts) -> Option<Rng> {
     if !opts.faults.iter().any(|f| f.is_assumption()) {
         return None;

@@ -86,7 +86,8 @@ pub struct RelayOptions {
     /// for before it moves.
     pub pool: PgPool,
     /// The gateway's: the server its consumer follows. A term on another
-    /// one asks where the address leads, and ends if that is not its own
+    /// one asks where the address leads (and every term does every
+    /// `db::identity::ADDRESS_EVERY`), and ends if that is not its own
     /// server either (a cut-over leaves this pool's connections, and the
     /// term's replication connection, on the old server).
     pub identity: Arc<crate::db::identity::Identity>,
@@ -305,6 +306,8 @@ async fn term<B: Bus>(
     // The last look at where the address leads and which Redis node the
     // sentinels name (once a second).
     let mut checked = Instant::now();
+    // The last look at where the address leads.
+    let mut looked = Instant::now();
     // The last reading of Redis' memory, and the problem last said of it.
     let mut memory_read: Option<Instant> = None;
     let mut memory_said: Option<&'static str> = None;
@@ -330,7 +333,15 @@ async fn term<B: Bus>(
                 }
                 if checked.elapsed() >= Duration::from_secs(1) {
                     checked = Instant::now();
-                    if opts.identity.followed().is_some_and(|f| f != server)
+                    // Its own look every ADDRESS_EVERY too, not only once its
+                    // consumer moved: the consumers of other gateways may
+                    // have moved first, and wait for this term's end.
+                    let look = opts.identity.followed().is_some_and(|f| f != server)
+                        || looked.elapsed() >= crate::db::identity::ADDRESS_EVERY;
+                    if look {
+                        looked = Instant::now();
+                    }
+                    if look
                         && let Some((there, _)) = primary_where_the_address_leads(pool).await
                         && there != server
                     {

@@ -183,17 +183,25 @@ impl World {
             // The writer's session planned the table's trigger with the
             // key's old type, and PL/pgSQL fails its writes there until
             // the function is replaced, which the gateway does when it
-            // sees the rewrite (`install_triggers`): a write that changes
-            // nothing, until it passes.
+            // sees the rewrite (`install_triggers`): a delete, an insert
+            // and an update of one row (each of the function's branches
+            // has plans of its own), rolled back, until they pass.
             let probe = format!(
-                "UPDATE {name} SET rev = rev WHERE ctid = (SELECT ctid FROM {name} LIMIT 1)"
+                "BEGIN;
+                 CREATE TEMP TABLE truth_probe ON COMMIT DROP AS
+                   SELECT * FROM {name} WHERE ctid = (SELECT ctid FROM {name} LIMIT 1);
+                 DELETE FROM {name} WHERE ctid = (SELECT ctid FROM {name} LIMIT 1);
+                 INSERT INTO {name} SELECT * FROM truth_probe;
+                 UPDATE {name} SET rev = rev WHERE ctid = (SELECT ctid FROM {name} LIMIT 1);
+                 ROLLBACK;"
             );
             let began = self.now();
             loop {
-                match self.writer.execute(probe.as_str()).await {
+                match sqlx::raw_sql(&probe).execute(&mut self.writer).await {
                     Ok(_) => break,
                     Err(e) if self.now() - began < Duration::from_secs(10) => {
                         let _ = e;
+                        let _ = self.writer.execute("ROLLBACK").await;
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     Err(e) => panic!(
@@ -350,7 +358,13 @@ impl World {
         }
         let life = self.life.as_ref().expect("on its cluster");
         match how {
-            WalWriter::Stopped(pid) => signal(pid, "-CONT"),
+            // Gone when the primary restarted meanwhile (a crash, a
+            // restore, a failover): its WAL writer is a new process.
+            WalWriter::Stopped(pid) => {
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT", &pid.to_string()])
+                    .status();
+            }
             WalWriter::Delayed => {
                 let mut c = PgConnection::connect(&life.primary.url("postgres"))
                     .await

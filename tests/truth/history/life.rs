@@ -17,9 +17,9 @@ use crate::ops::Focus;
 use crate::rng::Rng;
 use crate::{Fault, Opts};
 
-/// Whether the history runs on a cluster of its own: when its faults are
-/// all lifecycle faults (or played in turn), never when none is, else as the seed's own
-/// stream says (a stream apart, so that the other histories' choices are
+/// Whether the history runs on a cluster of its own: when its faults are all
+/// lifecycle faults (or played in turn), never when none is, else as the seed's
+/// own stream says (a stream apart, so that the other histories' choices are
 /// those of the seeds they had before these faults existed).
 pub(crate) fn private_cluster(opts: &Opts) -> bool {
     if opts.in_turn {
@@ -32,6 +32,10 @@ pub(crate) fn private_cluster(opts: &Opts) -> bool {
         _ => Rng::new(opts.seed ^ LIFE_SALT).chance(50),
     }
 }
+
+/// How soon the book promises a gateway looks where the address leads (a
+/// literal, not the gateway's constant: raising that must fail here).
+const ADDRESS_BOUND: Duration = Duration::from_secs(5);
 
 /// Salts the lifecycle's own stream of random choices.
 const LIFE_SALT: u64 = 0x6c69_6665_6379_639e;
@@ -521,16 +525,17 @@ impl World {
     }
 
     /// `cut-over`: a blue/green cut-over by DNS or an HAProxy reload. The
-    /// history's database is copied (`pg_dump | psql`) to a new cluster of
-    /// its own (another system identifier) while the writer waits between
-    /// steps; the proxy sends new connections there and, half the time,
-    /// closes the gateways' pool connections (`application_name`
-    /// `bloomgate`), as connections age out; every other connection (the
-    /// feeds', the relay's, the read replica's; the pool's the other half)
-    /// stays on the old cluster, which lives on; the writer moves. The old cluster's standby goes, a new one is
-    /// made, and the replica, streaming from the old cluster, is stranded
-    /// there. Window: until `ADDRESS_EVERY` (the gateway's own look at
-    /// where the address leads) and `FEED_GAP` past the move.
+    /// history's database is copied (`pg_dump | psql`) to a new cluster of its
+    /// own (another system identifier) while the writer waits between steps;
+    /// the proxy sends new connections there and, half the time, closes the
+    /// gateways' pool connections (`application_name` `bloomgate`), as
+    /// connections age out; every other connection (the feeds', the relay's,
+    /// the read replica's; the pool's the other half) stays on the old cluster,
+    /// which lives on; the writer moves. The old cluster's standby goes, a new
+    /// one is made, and the replica, streaming from the old cluster, is
+    /// stranded there. Window: from the retarget until [`ADDRESS_BOUND`] (the
+    /// gateway's own look at where the address leads) and `FEED_GAP` past the
+    /// move; played in turn, the pool's connections always stay.
     pub(super) async fn cut_over(&mut self) -> bool {
         let Some(life) = &self.life else {
             return false;
@@ -543,17 +548,22 @@ impl World {
         }
         // A slowed WAL writer is the old cluster's: as it was, first.
         self.wal_writer_back(true).await;
+        // Played in turn (CI), never aged: only the gateway's own look at
+        // the address moves it then.
         let aged = self
             .assume_rng
             .as_mut()
             .expect("drawn from its stream")
-            .chance(50);
+            .chance(50)
+            && !self.opts.in_turn;
         let paths = self.warm(6, false).await;
-        let t = self.now();
-        self.shared.model.lock().unwrap().open_window("cut-over", t);
         let life = self.life.as_mut().unwrap();
         let green = life.primary.sibling();
         life.primary.dump_into(&self.db.name, &green);
+        // Nothing the gateways see changes before the retarget.
+        let t = self.now();
+        self.shared.model.lock().unwrap().open_window("cut-over", t);
+        let life = self.life.as_mut().unwrap();
         life.proxy.retarget(addr(&green));
         if aged {
             life.proxy.cut_named("application_name\0bloomgate\0");
@@ -566,10 +576,11 @@ impl World {
         self.reconnect_writer().await;
         self.reset_model().await;
         let back = self.now();
-        self.shared.model.lock().unwrap().close_window(
-            "cut-over",
-            back + bloomgate::db::identity::ADDRESS_EVERY + FEED_GAP,
-        );
+        self.shared
+            .model
+            .lock()
+            .unwrap()
+            .close_window("cut-over", back + ADDRESS_BOUND + FEED_GAP);
         let life = self.life.as_mut().unwrap();
         life.standby = Some(life.primary.standby());
         life.stranded = life.replica.is_some();
