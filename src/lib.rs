@@ -47,9 +47,9 @@
 //! - [`db`]: the pool, the row query, keys streamed by binary COPY, the
 //!   catalog, replica identities and the publication, the triggers' SQL, WAL
 //!   positions and what a reading of them proves, which server each
-//!   connection reached ([`db::identity`]), whether the server answers at
-//!   all ([`db::outage`], [`db::reach`], queries bounded against a hung
-//!   one), read replicas, TLS.
+//!   connection reached and where the address leads ([`db::identity`]),
+//!   whether the server answers at all ([`db::outage`], [`db::reach`],
+//!   queries bounded against a hung one), read replicas, TLS.
 //! - [`feed`]: the change feeds (`wal`, `notify`, `queue`, the bus) as one
 //!   [`feed::Event`] type; [`feed::supervisor`] picks and starts one.
 //! - [`apply`]: every feed event, in order, to every resource on its table;
