@@ -84,6 +84,23 @@ pub const ADDRESS_WITHIN: Duration = Duration::from_secs(2);
 /// server's log tell it from the pool's connections.
 pub const ADDRESS_APPLICATION_NAME: &str = "bloomgate-address";
 
+/// The server `connect` reaches now and its reading, on a connection of
+/// its own closed at once, if it answers within `within` (a standby does
+/// not: it cannot say where its WAL is inserted).
+pub async fn where_the_address_leads(
+    connect: &sqlx::postgres::PgConnectOptions,
+    within: Duration,
+) -> Option<(Server, super::position::Reading)> {
+    use sqlx::Connection;
+    let read = async {
+        let mut conn = PgConnection::connect_with(connect).await?;
+        let read = Server::read(&mut conn).await;
+        let _ = conn.close().await;
+        read
+    };
+    tokio::time::timeout(within, read).await.ok()?.ok()
+}
+
 /// The instant [`Identity`]'s moments count from.
 static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
 
@@ -246,7 +263,6 @@ impl Identity {
         every: Duration,
         mut shutdown: crate::shutdown::Shutdown,
     ) {
-        use sqlx::Connection;
         let connect = connect.application_name(ADDRESS_APPLICATION_NAME);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -259,17 +275,11 @@ impl Identity {
             let Some(followed) = self.followed() else {
                 continue;
             };
-            let asked = async {
-                let mut conn = PgConnection::connect_with(&connect).await?;
-                let read = Server::read(&mut conn).await;
-                let _ = conn.close().await;
-                read
-            };
             let found = tokio::select! {
                 () = shutdown.fired() => return,
-                r = tokio::time::timeout(ADDRESS_WITHIN, asked) => match r {
-                    Ok(Ok((found, _))) => found,
-                    _ => continue,
+                r = where_the_address_leads(&connect, ADDRESS_WITHIN) => match r {
+                    Some((found, _)) => found,
+                    None => continue,
                 },
             };
             let Some(change) = found.change_from(&followed) else {

@@ -480,17 +480,10 @@ pub(crate) async fn primary_and_shapes(
 /// [`primary`] on a connection of its own, not the pool's: where the
 /// address leads now (see `db::identity`).
 pub(crate) async fn primary_where_the_address_leads(pool: &PgPool) -> Option<(Server, Position)> {
-    use sqlx::Connection;
-    let read = async {
-        let mut conn = sqlx::PgConnection::connect_with(&pool.connect_options()).await?;
-        let read = Server::read(&mut conn).await;
-        let _ = conn.close().await;
-        read
-    };
-    match tokio::time::timeout(Duration::from_secs(2), read).await {
-        Ok(Ok((server, reading))) => Some((server, reading.insert)),
-        _ => None,
-    }
+    let within = crate::db::identity::ADDRESS_WITHIN;
+    crate::db::identity::where_the_address_leads(&pool.connect_options(), within)
+        .await
+        .map(|(server, reading)| (server, reading.insert))
 }
 
 /// [`primary`] through the pool, or where the address leads when the pool
