@@ -115,6 +115,20 @@ own_pid() {
   echo "$pid"
 }
 
+# exited PIDFILE NEEDLE: true once the process in PIDFILE has exited. One
+# look is not proof: while the process execs its program, the kernel shows
+# an empty command line (the new image's arguments are not yet in place), so
+# a process that runs looks, for an instant, like one that does not. A gone
+# process stays gone; three looks over a second tell the two apart.
+exited() {
+  local i
+  for i in 1 2 3; do
+    own_pid "$1" "$2" >/dev/null && return 1
+    [ "$i" -lt 3 ] && sleep 0.5
+  done
+  return 0
+}
+
 # pg_live DATADIR: the postmaster of DATADIR, if it runs (its working
 # directory is its data directory), as in scripts/pg.sh.
 pg_live() {
@@ -301,7 +315,7 @@ start_etcd() {
   local deadline=$((SECONDS + 30))
   until curl -s --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" 2>/dev/null | grep -q '"health":"true"'; do
     # Gone already (its port taken, say): its log says why.
-    if [ -s "$DIR/etcd.pid" ] && ! own_pid "$DIR/etcd.pid" "--data-dir $DIR/etcd " >/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
+    if [ -s "$DIR/etcd.pid" ] && exited "$DIR/etcd.pid" "--data-dir $DIR/etcd " || [ "$SECONDS" -ge "$deadline" ]; then
       tail -n 20 "$DIR/etcd.log" >&2
       die "etcd did not start"
     fi
@@ -383,7 +397,7 @@ running() {
   local n
   for n in "$@"; do
     [ -s "$DIR/$n/patroni.pid" ] || continue
-    if ! own_pid "$DIR/$n/patroni.pid" "$DIR/$n.yml" >/dev/null; then
+    if exited "$DIR/$n/patroni.pid" "$DIR/$n.yml"; then
       log "Patroni $n has exited; the end of its log:"
       tail -n 20 "$DIR/$n/patroni.log" >&2
       die "Patroni $n is not running"
