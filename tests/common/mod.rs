@@ -535,6 +535,16 @@ pub fn config(url: &str, extra: &str) -> Config {
 /// Asks for `path` until `done` holds for the response, or panics after
 /// 10 s (which only catches "never"; no latency is asserted).
 pub async fn fresh(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) {
+    fresh_within(gw, path, std::time::Duration::from_secs(10), done).await;
+}
+
+/// [`fresh`] with a deadline of its own.
+pub async fn fresh_within(
+    gw: &Arc<Gateway>,
+    path: &str,
+    within: std::time::Duration,
+    done: impl Fn(&Resp) -> bool,
+) {
     let began = std::time::Instant::now();
     loop {
         let r = get(gw, path).await;
@@ -542,7 +552,7 @@ pub async fn fresh(gw: &Arc<Gateway>, path: &str, done: impl Fn(&Resp) -> bool) 
             return;
         }
         assert!(
-            began.elapsed() < std::time::Duration::from_secs(10),
+            began.elapsed() < within,
             "{path} never became fresh: last {:?} {} {:?}",
             r.status,
             r.header("cache-status"),
@@ -722,7 +732,10 @@ impl Served {
 /// A TCP proxy to the test database that can be cut: existing connections
 /// are closed and new ones refused until restored. Or frozen: the
 /// connections open at that moment stay open and pass nothing more (a hung
-/// host, a cut network), new ones pass.
+/// host, a cut network), new ones pass. Or hung: every connection, open or
+/// new, passes nothing until it is unhung, and then everything held passes
+/// (a server stopped with SIGSTOP and continued, a network that dropped
+/// packets and healed).
 pub struct Proxy {
     pub addr: SocketAddr,
     /// Where new connections go (the test database's server at first).
@@ -733,6 +746,8 @@ pub struct Proxy {
     /// New connections wait, accepted but not yet passed on, while this is
     /// true: a slow connect, not a refused one.
     held: watch::Sender<bool>,
+    /// Nothing passes, either way, on any connection while this is true.
+    hung: watch::Sender<bool>,
     /// Open connections whose client sent this (an application_name) are
     /// closed, without a word: a cut network, seen by that client alone.
     named: watch::Sender<String>,
@@ -754,6 +769,7 @@ impl Proxy {
         let (cut, cut_rx) = watch::channel(false);
         let (frozen, frozen_rx) = watch::channel(0u64);
         let (held, held_rx) = watch::channel(false);
+        let (hung, hung_rx) = watch::channel(false);
         let (named, named_rx) = watch::channel(String::new());
         let (slowed, slowed_rx) = watch::channel(Vec::<(String, std::time::Duration)>::new());
         let task = tokio::spawn(async move {
@@ -768,13 +784,16 @@ impl Proxy {
                 let mut cut_rx = cut_rx.clone();
                 let mut frozen_rx = frozen_rx.clone();
                 let mut held_rx = held_rx.clone();
+                let (mut hung_up, mut hung_down) = (hung_rx.clone(), hung_rx.clone());
                 let born = *frozen_rx.borrow();
                 let upstream = *upstream_rx.borrow();
                 let mut named_rx = named_rx.clone();
                 named_rx.mark_unchanged();
                 let slowed_rx = slowed_rx.clone();
                 tokio::spawn(async move {
-                    if held_rx.wait_for(|h| !*h).await.is_err() {
+                    if held_rx.wait_for(|h| !*h).await.is_err()
+                        || hung_up.wait_for(|h| !*h).await.is_err()
+                    {
                         return;
                     }
                     let Ok(mut server) = TcpStream::connect(upstream).await else {
@@ -809,7 +828,23 @@ impl Proxy {
                                 if let Some(by) = slow {
                                     tokio::time::sleep(by).await;
                                 }
-                                if sw.write_all(&buf[..n]).await.is_err() {
+                                if hung_up.wait_for(|h| !*h).await.is_err()
+                                    || sw.write_all(&buf[..n]).await.is_err()
+                                {
+                                    return;
+                                }
+                            }
+                        };
+                        let down = async {
+                            let mut buf = vec![0u8; 16 * 1024];
+                            loop {
+                                let n = match sr.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => n,
+                                };
+                                if hung_down.wait_for(|h| !*h).await.is_err()
+                                    || cw.write_all(&buf[..n]).await.is_err()
+                                {
                                     return;
                                 }
                             }
@@ -831,7 +866,7 @@ impl Proxy {
                             biased;
                             f = frozen_rx.wait_for(|f| *f > born) => f.is_ok(),
                             _ = up => false,
-                            _ = tokio::io::copy(&mut sr, &mut cw) => false,
+                            () = down => false,
                             _ = cut_rx.wait_for(|c| *c) => false,
                             () = named => false,
                         }
@@ -850,6 +885,7 @@ impl Proxy {
             cut,
             frozen,
             held,
+            hung,
             named,
             slowed,
             task,
@@ -902,6 +938,19 @@ impl Proxy {
     /// reaches the server `by` later: a slow statement, on the wire.
     pub fn slow_down(&self, text: &str, by: std::time::Duration) {
         self.slowed.send_modify(|s| s.push((text.to_owned(), by)));
+    }
+
+    /// Every connection, open or new, passes nothing, either way, until
+    /// [`Self::unhang`]: no error, no end of stream, as a server stopped
+    /// with SIGSTOP or a network that drops packets. [`Self::cut`] still
+    /// closes them.
+    pub fn hang(&self) {
+        self.hung.send_replace(true);
+    }
+
+    /// What the hung connections held passes, and they go on.
+    pub fn unhang(&self) {
+        self.hung.send_replace(false);
     }
 
     /// The held connections, and new ones, pass again.

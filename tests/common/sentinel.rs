@@ -264,6 +264,56 @@ impl Site {
         panic!("the killed primary could not be started again as a replica");
     }
 
+    /// A split brain: the replica made a primary and every sentinel told
+    /// to watch it (as a majority cut off from the primary would promote
+    /// it), while the primary, which no sentinel watches now, stays a
+    /// primary and takes writes on the connections open to it. The
+    /// sentinels keep the site's settings (a second to judge a node down).
+    pub async fn split(&self) {
+        let mut replica = self.replica.conn().await.unwrap();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("NO")
+            .arg("ONE")
+            .query_async(&mut replica)
+            .await
+            .unwrap();
+        let port = self.replica.port.to_string();
+        for (_, sentinel) in &self.sentinels {
+            let client =
+                redis::Client::open(format!("redis://:{SENTINEL_PASSWORD}@127.0.0.1:{sentinel}"))
+                    .unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            for args in [
+                vec!["REMOVE", MASTER],
+                vec!["MONITOR", MASTER, "127.0.0.1", &port, "2"],
+                vec!["SET", MASTER, "auth-user", USER],
+                vec!["SET", MASTER, "auth-pass", PASSWORD],
+                vec!["SET", MASTER, "down-after-milliseconds", "1000"],
+                vec!["SET", MASTER, "failover-timeout", "4000"],
+            ] {
+                let mut cmd = redis::cmd("SENTINEL");
+                for a in args {
+                    cmd.arg(a);
+                }
+                let _: () = cmd.query_async(&mut c).await.unwrap();
+            }
+        }
+    }
+
+    /// The end of a split brain: the isolated primary made a replica of
+    /// the one the sentinels name (what it took alone is lost), and the
+    /// roles swapped.
+    pub async fn heal(&mut self) {
+        let mut old = self.primary.conn().await.unwrap();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(self.replica.port)
+            .query_async(&mut old)
+            .await
+            .unwrap();
+        std::mem::swap(&mut self.primary, &mut self.replica);
+    }
+
     /// Follows a failover the sentinels made on their own (they judged
     /// the primary down: on a loaded machine a primary can miss
     /// `down-after-milliseconds`): once it is done ([`Site::promoted`]),

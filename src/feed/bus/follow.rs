@@ -419,11 +419,14 @@ impl<'a, B: Bus> Following<'a, B> {
             std::sync::atomic::Ordering::Relaxed,
         );
         // A Redis replica that stopped following its primary freezes the
-        // stream without an error. Halfway to `max_lag`, one new
-        // connection: the node is chosen again (see `redis::replicas`),
+        // stream without an error, and so does a primary the sentinels no
+        // longer name (a split brain: the relay appends elsewhere).
+        // Halfway to `max_lag`, one new connection: the node is chosen
+        // again (see `redis::replicas`; the sentinels' word),
         // and the read goes on after `last` there. Every node holds the
         // one stream with the same IDs and `p`s, so the continuity check
-        // covers the move, and no resync is owed.
+        // covers the move: no resync is owed unless the node left behind
+        // held entries the other lacks (a split brain's), which is a break.
         match oldest {
             Some(d) if d >= self.opts.max_lag / 2 => {
                 if !self.moved_on {

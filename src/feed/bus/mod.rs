@@ -243,7 +243,10 @@ pub trait Bus: Send + 'static {
     /// Who relays, as last announced.
     fn relay(&mut self) -> impl Future<Output = Result<Option<String>, BusError>> + Send;
     /// The next call opens a new connection (a consumer leaving a server
-    /// that did not keep it current: see `redis::replicas`).
+    /// that did not keep it current: a replica behind, see
+    /// `redis::replicas`; a primary the sentinels no longer name). Where
+    /// a new connection would reach the same server, it may keep the one
+    /// it has.
     fn reconnect(&mut self);
     /// Trims the stream to its retention without appending: the append
     /// trims as it adds, and a bus that refuses the append for want of

@@ -603,9 +603,15 @@ impl Bus for RedisBus {
     }
 
     fn reconnect(&mut self) {
-        // Reading the primary, a new connection would reach the same node.
+        // Reading the primary by its address, a new connection would reach
+        // the same node: the open one stays. Through the sentinels, the
+        // next one reaches the primary they name now, which may be
+        // another node even though the old one answers: a split brain
+        // leaves it a primary, with a stream no relay appends to.
         if self.replicas {
             self.left = self.reading.take();
+            self.conn = None;
+        } else if matches!(self.target, Target::Sentinel(_)) {
             self.conn = None;
         }
     }
