@@ -19,6 +19,7 @@ mod assumptions;
 mod faults;
 mod life;
 mod reads;
+mod refusals;
 
 pub(crate) use life::private_cluster;
 
@@ -74,6 +75,9 @@ const SNAPSHOT_DRAW: u64 = 0x5_4A95_407F_1EE7;
 
 /// Salts [`assumption_draw`]'s stream.
 const ASSUMPTION_DRAW: u64 = 0xA55E_7710_0B5E_D050;
+
+/// Salts [`redis_draw`]'s stream.
+const REDIS_DRAW: u64 = 0x2ED1_5EF0_5E5B_0A11;
 const READERS: usize = 2;
 
 pub struct Opts {
@@ -223,6 +227,10 @@ struct World {
     sentinel_rng: Option<Rng>,
     /// The fleet shares snapshots (see [`snapshot_draw`]).
     snapshot_rng: Option<Rng>,
+    /// `redis-refuses` and `redis-split-brain` (see [`redis_draw`]).
+    redis_rng: Option<Rng>,
+    /// A split brain is open (see `refusals`).
+    split: bool,
     /// The stream the faults of what was assumed are drawn from (see
     /// [`assumption_draw`]); `None`: the history has none.
     assume_rng: Option<Rng>,
@@ -327,6 +335,7 @@ impl World {
         let sentinel_rng = sentinel_draw(&opts);
         let assume_rng = assumption_draw(&opts);
         let mut snapshot_rng = snapshot_draw(&opts);
+        let redis_rng = redis_draw(&opts);
         let mut site_slot = None;
         // A fleet of two or three; `bus.max_lag` short (a consumer falls
         // back to its own feed before a failover completes) or the default
@@ -481,6 +490,8 @@ impl World {
             site: site_slot,
             sentinel_rng,
             snapshot_rng,
+            redis_rng,
+            split: false,
             assume_rng,
             wal_writer: None,
             copy: None,
@@ -735,7 +746,11 @@ impl World {
                     && !f.is_assumption()
                     && !matches!(
                         f,
-                        Fault::RedisFailover | Fault::DamagedSnapshots | Fault::FailoverKeptSlot
+                        Fault::RedisFailover
+                            | Fault::DamagedSnapshots
+                            | Fault::FailoverKeptSlot
+                            | Fault::RedisRefuses
+                            | Fault::SplitBrain
                     )
             })
             .collect();
@@ -768,6 +783,7 @@ impl World {
             // `redis-failover` from the Sentinel stream (see
             // [`sentinel_draw`]), for the same reason.
             if let Some(r) = &mut self.sentinel_rng
+                && self.opts.faults.contains(&Fault::RedisFailover)
                 && (faults.is_empty() || r.chance(50))
             {
                 fault = Some((r.below(steps / 2 + 1), Fault::RedisFailover));
@@ -807,6 +823,18 @@ impl World {
                 && ((fault.is_none() && faults.is_empty()) || r.chance(33))
             {
                 fault = Some((r.below(steps / 2 + 1), Fault::DamagedSnapshots));
+            }
+            // Redis refusing the relay, from its own stream (see
+            // [`redis_draw`]).
+            let refusal = match self.site {
+                Some(_) => Fault::SplitBrain,
+                None => Fault::RedisRefuses,
+            };
+            if let Some(r) = &mut self.redis_rng
+                && self.opts.faults.contains(&refusal)
+                && ((fault.is_none() && faults.is_empty()) || r.chance(30))
+            {
+                fault = Some((r.below(steps / 2 + 1), refusal));
             }
             for s in 0..steps {
                 self.run_due(false).await;
@@ -954,7 +982,7 @@ impl World {
             .as_ref()
             .is_some_and(|b| b.max_direct_fallback == 0);
         let ends_first = |a: &Action| {
-            matches!(a, Action::Promote | Action::Restore)
+            matches!(a, Action::Promote | Action::Restore | Action::RedisAccepts)
                 || (no_fallback && matches!(a, Action::RedisBack(_)))
         };
         let ends: Vec<Action> = self
@@ -1314,10 +1342,12 @@ impl World {
 /// draws its failovers from: one of its own (the seed mixed with
 /// [`SENTINEL_DRAW`]), so that the seeds' other choices, CI's among them,
 /// stay what they were before the fault existed. Never without
-/// `redis-failover` among the faults; always when it is the only one on the
-/// bus (a replay of the fault alone plays it), else half the seeds.
+/// `redis-failover` or `redis-split-brain` among the faults; always when
+/// they are the only ones on the bus (a replay of one alone plays it), else
+/// half the seeds. Its failovers only with `redis-failover`.
 fn sentinel_draw(opts: &Opts) -> Option<Rng> {
-    if opts.feed != Feed::Bus || !opts.faults.contains(&Fault::RedisFailover) {
+    let on_sentinel = |f: &Fault| matches!(f, Fault::RedisFailover | Fault::SplitBrain);
+    if opts.feed != Feed::Bus || !opts.faults.iter().any(on_sentinel) {
         return None;
     }
     let mut rng = Rng::new(opts.seed ^ SENTINEL_DRAW);
@@ -1325,8 +1355,18 @@ fn sentinel_draw(opts: &Opts) -> Option<Rng> {
     let only = opts
         .faults
         .iter()
-        .all(|f| *f == Fault::RedisFailover || f.is_lifecycle());
+        .all(|f| on_sentinel(f) || f.is_lifecycle());
     (drawn || only).then_some(rng)
+}
+
+/// The stream `redis-refuses` and `redis-split-brain` are drawn from: one
+/// of its own (the seed mixed with [`REDIS_DRAW`]), so that the seeds' other
+/// choices, CI's among them, stay what they were before these faults
+/// existed. Every bus history that has them.
+fn redis_draw(opts: &Opts) -> Option<Rng> {
+    let has =
+        opts.faults.contains(&Fault::RedisRefuses) || opts.faults.contains(&Fault::SplitBrain);
+    (opts.feed == Feed::Bus && has).then(|| Rng::new(opts.seed ^ REDIS_DRAW))
 }
 
 /// Whether a bus history's fleet shares snapshots (`bus.fleet_key_file`),

@@ -92,6 +92,15 @@
 //! as elsewhere but not injected (so the draws after it stay in step):
 //! the primary restarted in place would race the sentinels' promotion of
 //! its replica, and a lost primary is what `redis-failover` plays.
+//! `redis-split-brain` also puts a history on Sentinel (always when it is
+//! the only bus fault selected, with `redis-failover` as the seed draws).
+//!
+//! **Redis refusing the relay.** `redis-refuses` (on a Redis of the
+//! history's own) and `redis-split-brain` (on Sentinel) come from a stream
+//! of their own (`history::redis_draw`), on every bus history that has
+//! them: each round's fault is the one that applies 30 % of the time, and
+//! every round when it is the only fault selected. The others' draws stay
+//! what they were.
 //!
 //! **Snapshots.** On half the bus seeds (a draw of its own, so that the
 //! seeds' other choices stay what they were; always when
@@ -163,6 +172,8 @@
 //! | `kill-relay` | bus | the gateway holding `bus.slot` (its status says it relays) killed right after caching a few rows that are updated next; a new gateway started in its place | `FEED_GAP` |
 //! | `restart-redis` | bus, not on Sentinel | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later and no sooner than 0, 2 or 6 s after the kill (as the seed chooses: within either `bus.max_lag`, past 1 s, past 5 s; the writer goes on meanwhile), empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
 //! | `redis-failover` | bus, on Sentinel | once the replica is in sync and every sentinel sees it up (else not injected), `SIGKILL` of the primary right after caching rows that are updated next, the writer going on; half the time (as the seed chooses) the replica's link is cut 2-6 transactions before the kill (its replication user turned away), so the primary dies with entries the replica never had, asynchronous replication's loss made certain; the sentinels promote the replica (about 2 s), and the killed node is started again, empty, as the new primary's replica, so a later round fails over again (a failover the sentinels make on their own, a primary judged down on a loaded machine, is followed: the roles are swapped and the journal says so) | `FEED_GAP` from the kill and from the promotion (seen when every sentinel names the replica and it says it is a master); a quiescence waits for the promotion first |
+//! | `redis-refuses` | bus, not on Sentinel | the history's `redis-server` refuses writes (reads still answer) for at least 1, 3 or 6 s and 2-8 transactions, the writer going on: `maxmemory` below its use under `noeviction` (`OOM`), or `min-replicas-to-write 1` with no replica (`NOREPLICAS`), half and half; right after caching rows that are updated next. Then it takes writes again, and no window opens: the relay held its slot across the refused appends, so the stream goes on where it stopped | `FEED_GAP` from the refusal |
+//! | `redis-split-brain` | bus, on Sentinel | once the site is steady (as for `redis-failover`), the replica made a primary and every sentinel told to watch it, as a majority cut off from the primary would promote it, while the primary, which no sentinel watches now, stays a primary and takes writes on the connections open to it (the relay's among them); right after caching rows that are updated next. 2-8 transactions later, or half the time after the round's quiescence (the fleet must be current on the node the sentinels name while the other still takes writes), the isolated node is made the new primary's replica (what it took alone is lost) | `FEED_GAP` from the split and from the heal |
 //! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
 //!
 //! | `failover` | all, on a cluster of the history's own | the standby stopped (it falls behind), 2-5 transactions later the primary's WAL segment switched (`pg_switch_wal()`, as the audit did; the read replica replays it, so once stranded it stands ahead of the new primary's positions for 16 MB of WAL) and the primary crashed (`-m immediate`), the standby promoted (a new timeline) and every gateway's connections sent to it (the proxy in front of the cluster retargeted), the writer on it; the commits the standby never had are lost, and the read replica, which had them, is stranded on the old timeline; a new standby is made of the new primary | from the crash until `FEED_GAP` after the new primary answers; the crash to the promotion is an outage |
@@ -175,22 +186,26 @@
 //! | `wal-writer` | all, on a cluster of its own | asynchronous commits while the WAL writer is at `wal_writer_delay` 10 s (set at run time) or stopped (SIGSTOP), for 3 or 8 s | none |
 //! | `restore` | all, on a cluster of its own | the primary stopped (`-m immediate`), its data directory copied, started again; 3-8 steps later stopped again and the copy put back (the same system identifier and timeline, at a lower position): what was committed since is lost; a new standby is made, and the read replica, ahead of the restored primary, is left stranded | as `crash`, at each of the two restarts |
 //! | `cut-over` | all, on a cluster of its own | a blue/green cut-over: the database copied with `pg_dump \| psql` to a new cluster (another system identifier) between two steps; the proxy sends new connections there and, half the time, closes the gateways' pool connections (as they age out), while the feeds', the relay's and the read replica's (and the other half the pool's) stay on the old cluster, which lives on unwritten; the writer moves (see `life`) | until `db::identity::ADDRESS_EVERY` (5 s) and `FEED_GAP` after the move |
+//! | `hang` | all, on a cluster of its own | the database hung to every gateway: the proxy passes nothing, either way, on any connection, open or new (no error, no end of stream: a primary stopped with SIGSTOP, a network that drops packets), while the writer, connected directly, goes on; for at least 3 or 8 s (past the gateways' `acquire_timeout`, 2 s) and 2-8 transactions, then everything held passes and the connections go on | `FEED_GAP` from the hang; an outage |
 //! | `damaged-snapshots` | bus, with snapshots | every snapshot of the fleet's filters on the bus damaged (a byte of its first chunk flipped) or deleted, half and half; then a gateway restarted, which joins over them (see "Snapshots" above) | none |
 //!
 //! # What was assumed
-//! `rewrite`, `pause`, `wal-writer`, `restore` and `cut-over` are what the
-//! promise once assumed instead of proving: a timing (the WAL writer's
-//! delay, a timer on the request path), a position that only grows (a
-//! restore), a change that is not a row change (a rewrite), a connection
-//! opened after a cut-over (a gateway whose reads all hit opens none).
+//! `rewrite`, `pause`, `wal-writer`, `restore`, `cut-over` and `hang` are
+//! what the promise once assumed instead of proving: a timing (the WAL
+//! writer's delay, a timer on the request path), a position that only
+//! grows (a restore), a change that is not a row change (a rewrite), a
+//! connection opened after a cut-over (a gateway whose reads all hit opens
+//! none), a database that refuses when it cannot be reached (one that
+//! hangs answers nothing, and its connections still count as open).
 //! They are drawn from a stream of the seed's own
 //! (`history::assumption_draw`: half the seeds, every seed when they are
 //! the only faults selected), so that every other seed, CI's among them,
 //! keeps the history it had before they existed; on a history that has
 //! them, each round's fault is one of them 40 % of the time. `wal-writer`,
-//! `restore` and `cut-over` need the history's own cluster (a reconfigured,
-//! restored or replaced primary): a history whose faults are all of these
-//! runs on one.
+//! `restore`, `cut-over` and `hang` need the history's own cluster (a
+//! reconfigured, restored, replaced or hung primary): a history whose
+//! faults are all of these runs on one. Played in turn (CI's
+//! [`CI_IN_TURN_SEED`]), a history has at least one round for each.
 //!
 //! # The database's lifecycle
 //! The last four faults run on a cluster of the history's own
@@ -440,10 +455,13 @@ pub enum Fault {
     DamagedSnapshots,
     FailoverKeptSlot,
     CutOver,
+    Hang,
+    RedisRefuses,
+    SplitBrain,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 24] = [
+    pub const ALL: [Fault; 27] = [
         Fault::KillWalsender,
         Fault::KillListener,
         Fault::DropSlot,
@@ -468,6 +486,9 @@ impl Fault {
         Fault::DamagedSnapshots,
         Fault::FailoverKeptSlot,
         Fault::CutOver,
+        Fault::Hang,
+        Fault::RedisRefuses,
+        Fault::SplitBrain,
     ];
 
     /// The database's own lifecycle: played on a cluster of the history's
@@ -484,7 +505,12 @@ impl Fault {
     pub fn is_assumption(self) -> bool {
         matches!(
             self,
-            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore | Fault::CutOver
+            Fault::Rewrite
+                | Fault::Pause
+                | Fault::WalWriter
+                | Fault::Restore
+                | Fault::CutOver
+                | Fault::Hang
         )
     }
 
@@ -494,7 +520,11 @@ impl Fault {
         self.is_lifecycle()
             || matches!(
                 self,
-                Fault::WalWriter | Fault::Restore | Fault::FailoverKeptSlot | Fault::CutOver
+                Fault::WalWriter
+                    | Fault::Restore
+                    | Fault::FailoverKeptSlot
+                    | Fault::CutOver
+                    | Fault::Hang
             )
     }
 
@@ -524,6 +554,9 @@ impl Fault {
             Fault::DamagedSnapshots => "damaged-snapshots",
             Fault::FailoverKeptSlot => "failover-kept-slot",
             Fault::CutOver => "cut-over",
+            Fault::Hang => "hang",
+            Fault::RedisRefuses => "redis-refuses",
+            Fault::SplitBrain => "redis-split-brain",
         }
     }
 
@@ -538,7 +571,9 @@ impl Fault {
             Fault::KillRelay
             | Fault::RestartRedis
             | Fault::RedisFailover
-            | Fault::DamagedSnapshots => feed == Feed::Bus,
+            | Fault::DamagedSnapshots
+            | Fault::RedisRefuses
+            | Fault::SplitBrain => feed == Feed::Bus,
             // A bus history is a fleet already.
             Fault::SecondGateway => feed != Feed::Bus,
             _ => true,
@@ -792,7 +827,13 @@ async fn check(feed: Feed) {
             seed,
             in_turn,
             faults: faults.clone(),
-            rounds: knobs.rounds,
+            // In turn, every assumed fault gets a round.
+            rounds: match in_turn {
+                true => knobs
+                    .rounds
+                    .max(faults.iter().filter(|f| f.is_assumption()).count()),
+                false => knobs.rounds,
+            },
             permanent_slot: knobs.permanent_slot,
             replicas: replicas.clone(),
             trace: knobs.trace,

@@ -2,7 +2,8 @@
 //! the `restart-redis` fault kills (`SIGKILL`) and starts again on the
 //! same port, empty, with everything it had, or with an older copy of its
 //! data (a stream that lost its tail, as after a failover to a lagging
-//! replica). The minimum of tests/bus.rs's `Redis`, plus persistence.
+//! replica), and that `redis-refuses` makes refuse writes for a while.
+//! The minimum of tests/bus.rs's `Redis`, plus persistence.
 //!
 //! It always runs with an append-only file fsynced at every write
 //! (`appendfsync always`), so "with everything" is every write it
@@ -145,6 +146,59 @@ impl Redis {
             }
         }
         self.spawn().await;
+    }
+}
+
+/// How `redis-refuses` makes the server refuse writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refuse {
+    /// `maxmemory` below what it holds, under `noeviction`: `OOM` for
+    /// every command that may grow it (an append among them).
+    Full,
+    /// `min-replicas-to-write 1` and no replica: `NOREPLICAS` for every
+    /// write.
+    NoReplicas,
+}
+
+impl Refuse {
+    pub fn name(self) -> &'static str {
+        match self {
+            Refuse::Full => "full (maxmemory below its use, noeviction: OOM)",
+            Refuse::NoReplicas => "short of replicas (min-replicas-to-write 1: NOREPLICAS)",
+        }
+    }
+}
+
+impl Redis {
+    async fn config_set(&self, pairs: &[(&str, &str)]) {
+        let client = redis::Client::open(self.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        for (k, v) in pairs {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(*k)
+                .arg(*v)
+                .query_async(&mut c)
+                .await
+                .unwrap_or_else(|e| panic!("CONFIG SET {k} {v}: {e}"));
+        }
+    }
+
+    /// From now on, writes are refused (reads still answer).
+    pub async fn refuse(&self, how: Refuse) {
+        match how {
+            Refuse::Full => {
+                self.config_set(&[("maxmemory-policy", "noeviction"), ("maxmemory", "1")])
+                    .await
+            }
+            Refuse::NoReplicas => self.config_set(&[("min-replicas-to-write", "1")]).await,
+        }
+    }
+
+    /// Writes are taken again.
+    pub async fn accept(&self) {
+        self.config_set(&[("maxmemory", "0"), ("min-replicas-to-write", "0")])
+            .await;
     }
 }
 

@@ -4,7 +4,8 @@
 //! slowed or stopped under asynchronous commits (`wal-writer`), the
 //! primary restored from an older copy of itself (`restore`), and new
 //! connections sent to another cluster while established ones stay
-//! (`cut-over`, in `life`). `rewrite`, `pause` and `wal-writer` open no
+//! (`cut-over`, in `life`), and the database hung to every gateway
+//! (`hang`). `rewrite`, `pause` and `wal-writer` open no
 //! window of the oracle's: the promise holds through each within
 //! `model::BASE`, as it must for writes at any time.
 
@@ -18,6 +19,11 @@ use crate::model::secs;
 use crate::ops::{Focus, Table};
 use crate::schema;
 
+/// How long `hang` holds at least: past the gateways' `acquire_timeout`
+/// (2 s), so that a pool waiting on a hung server times out, and past it
+/// by far.
+const HANG_FOR: [Duration; 2] = [Duration::from_secs(3), Duration::from_secs(8)];
+
 /// `wal-writer` in force, and how it is undone.
 pub(crate) enum WalWriter {
     /// `wal_writer_delay` raised with `ALTER SYSTEM` (reset after).
@@ -27,6 +33,54 @@ pub(crate) enum WalWriter {
 }
 
 impl World {
+    /// `hang`: every gateway connection, open or new, passes nothing
+    /// (the proxy's `hang`) while the writer goes on; ended by
+    /// `Action::Restore` (`life`'s `restore`), when everything held
+    /// passes. The database is unreachable to the gateways, as in an
+    /// outage, but nothing tells them: no refusal, no reset, only
+    /// silence. A gateway must stop vouching within its bound and may
+    /// then answer labelled stale rows or 503, as in any outage.
+    async fn hang(&mut self) -> bool {
+        let Some(life) = &self.life else {
+            return false;
+        };
+        if life.open.is_some()
+            || self.copy.is_some()
+            || life.hold.as_ref().is_some_and(|h| !h.is_finished())
+        {
+            return false;
+        }
+        let down = *self
+            .assume_rng
+            .as_mut()
+            .expect("drawn from its stream")
+            .pick(&HANG_FOR);
+        let paths = self.warm(6, false).await;
+        let now = self.now();
+        {
+            let mut m = self.shared.model.lock().unwrap();
+            m.outage_began("hang", now);
+            m.window("hang", now, FEED_GAP);
+        }
+        let life = self.life.as_mut().unwrap();
+        life.proxy.hang();
+        life.back_at = now + down;
+        life.open = Some((Fault::Hang, now));
+        self.shared.note(format!(
+            "fault hang: every gateway connection passes nothing, at least {}s",
+            down.as_secs()
+        ));
+        self.later(2, 8, Action::Restore);
+        self.writes.focus(
+            Focus::Update {
+                paths,
+                emails: false,
+            },
+            6,
+        );
+        true
+    }
+
     pub(super) async fn inject_assumption(&mut self, f: Fault) -> bool {
         match f {
             Fault::Rewrite => self.rewrite().await,
@@ -34,6 +88,7 @@ impl World {
             Fault::WalWriter => self.slow_wal_writer().await,
             Fault::Restore => self.copy_primary().await,
             Fault::CutOver => self.cut_over().await,
+            Fault::Hang => self.hang().await,
             _ => unreachable!("not a fault of what was assumed"),
         }
     }

@@ -42,6 +42,10 @@ pub(super) enum Action {
     WalWriterBack,
     /// `restore`'s second half: the copy put back.
     PutBackCopy,
+    /// `redis-refuses`' end (see `refusals`).
+    RedisAccepts,
+    /// `redis-split-brain`'s end.
+    Heal,
 }
 
 impl World {
@@ -106,9 +110,12 @@ impl World {
 
     pub(super) async fn inject(&mut self, f: Fault) {
         let injected = match f {
-            Fault::Rewrite | Fault::Pause | Fault::WalWriter | Fault::Restore | Fault::CutOver => {
-                self.inject_assumption(f).await
-            }
+            Fault::Rewrite
+            | Fault::Pause
+            | Fault::WalWriter
+            | Fault::Restore
+            | Fault::CutOver
+            | Fault::Hang => self.inject_assumption(f).await,
             Fault::Failover | Fault::Crash | Fault::SyncHold | Fault::Outage => {
                 self.inject_lifecycle(f).await
             }
@@ -269,7 +276,15 @@ impl World {
                     true
                 }
             }
-            Fault::RedisFailover => self.redis_failover().await,
+            Fault::RedisFailover => {
+                if self.split {
+                    false
+                } else {
+                    self.redis_failover().await
+                }
+            }
+            Fault::RedisRefuses => self.redis_refuses().await,
+            Fault::SplitBrain => self.split_brain().await,
             Fault::ReplicaPause => {
                 if self.replica_admin.is_none() || self.paused.is_some() {
                     false
@@ -707,6 +722,8 @@ impl World {
             Action::Restore => self.restore().await,
             Action::WalWriterBack => self.wal_writer_back(false).await,
             Action::PutBackCopy => self.put_back_copy().await,
+            Action::RedisAccepts => self.redis_accepts().await,
+            Action::Heal => self.heal().await,
             Action::RepairPublication => {
                 let sql = format!(
                     "DO $$ BEGIN

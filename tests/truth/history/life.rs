@@ -670,18 +670,27 @@ impl World {
         }
     }
 
-    /// The end of `outage`: connections pass again.
+    /// The end of `outage` or `hang`: connections pass again (after a
+    /// hang, the open ones go on with what they held).
     pub(super) async fn restore(&mut self) {
         let life = self.life.as_mut().unwrap();
         let wait = life.back_at.saturating_sub(self.shared.now());
         tokio::time::sleep(wait).await;
         let life = self.life.as_mut().unwrap();
-        life.proxy.restore();
+        let what = match life.open {
+            Some((Fault::Hang, _)) => {
+                life.proxy.unhang();
+                "hang over: what the connections held passes, and they go on"
+            }
+            _ => {
+                life.proxy.restore();
+                "outage over: connections pass again"
+            }
+        };
         life.open = None;
         let now = self.now();
         self.shared.model.lock().unwrap().outage_ended(now);
-        self.shared
-            .note("outage over: connections pass again".into());
+        self.shared.note(what.into());
     }
 
     /// Every lifecycle fault in progress brought to its end (a history's
