@@ -111,7 +111,7 @@ pub enum StartError {
     #[error("reading the catalog: {0}")]
     Catalog(sqlx::Error),
     #[error("change feed: {0}")]
-    Feed(String),
+    Feed(#[from] feed::PrepareError),
 }
 
 impl Gateway {
@@ -234,14 +234,23 @@ impl Gateway {
                 .fetch_one(self.db.pool())
                 .await
                 .unwrap_or(false);
-            let transient = match (before.map(|(s, _)| s), after.map(|(s, _)| s)) {
-                (Some(b), Some(a)) => b != a,
-                _ => !in_recovery && (self.db.check_up().await.is_err() || before.is_none()),
+            // So is one the database gave up on while it answered (a
+            // statement held behind a lock, or behind a hung network until
+            // `statement_timeout`): not now is not no.
+            let momentary = match &e {
+                StartError::Feed(f) => f.is_momentary(),
+                StartError::Catalog(e) => crate::db::outage::is_momentary(e),
+                _ => false,
             };
+            let transient = momentary
+                || match (before.map(|(s, _)| s), after.map(|(s, _)| s)) {
+                    (Some(b), Some(a)) => b != a,
+                    _ => !in_recovery && (self.db.check_up().await.is_err() || before.is_none()),
+                };
             if !transient {
                 return Err(e);
             }
-            tracing::warn!(error = %e, "start-up interrupted by the database going away or changing; trying again");
+            tracing::warn!(error = %e, "start-up interrupted (the database went away, changed, or gave up on a statement for now); trying again");
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         };
         // Resources whose changes no feed follows (a view without
@@ -581,9 +590,9 @@ impl Gateway {
         self.keep(task);
         match ready.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StartError::Feed(e)),
+            Ok(Err(e)) => Err(StartError::Feed(e.into())),
             Err(_) => Err(StartError::Feed(
-                "the change feed stopped before it was streaming".into(),
+                String::from("the change feed stopped before it was streaming").into(),
             )),
         }
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use bloomgate::config::Freshness;
 use common::*;
+use sqlx::{Connection, Executor};
 
 /// Tests that kill the feed's backend must not kill another test's.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -240,6 +241,39 @@ async fn auto_takes_the_wal_where_it_can_and_notify_elsewhere() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("install-feed"), "{err}");
+}
+
+/// A statement the database gave up on is not its answer. The
+/// publication's install waits behind a lock another session holds (as
+/// it waits behind a hung network and then runs), `statement_timeout`
+/// cancels it, and start-up tries again once the database is asked again,
+/// rather than stop the gateway with "cannot install the publication".
+#[tokio::test]
+async fn a_publication_install_cancelled_by_statement_timeout_is_tried_again() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let db = logical_db(3).await;
+    let mut holder = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    holder.execute("BEGIN").await.unwrap();
+    holder
+        .execute("LOCK TABLE users IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let gw = gateway(wal_config(&db, "statement_timeout = \"300ms\"\n"));
+    let starting = tokio::spawn({
+        let gw = gw.clone();
+        async move { gw.start().await.map_err(|e| e.to_string()) }
+    });
+    // Several statement timeouts while the lock is held.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!starting.is_finished(), "{:?}", starting.await);
+    holder.execute("COMMIT").await.unwrap();
+    let started = tokio::time::timeout(Duration::from_secs(60), starting)
+        .await
+        .expect("start-up goes on once the lock is gone")
+        .unwrap();
+    assert_eq!(started, Ok(()));
+    assert_eq!(gw.freshness(), Some(Freshness::Wal));
+    gw.stop();
 }
 
 #[tokio::test]

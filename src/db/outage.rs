@@ -112,6 +112,26 @@ pub fn is_unreachable(e: &sqlx::Error, pool_size: u32) -> bool {
     }
 }
 
+/// Whether a statement failed for a reason of the moment, not for an
+/// answer: the server out of reach (as [`is_unreachable`], a pool timed out
+/// counted whatever it holds), or a statement it gave up on while it
+/// answered: `statement_timeout` (57014, which a statement held behind a
+/// hung network meets when it finally runs), `lock_timeout` (55P03), a
+/// deadlock (40P01) or a serialization failure (40001). The same
+/// statement tried again may succeed; a missing table or privilege never
+/// does.
+pub fn is_momentary(e: &sqlx::Error) -> bool {
+    if matches!(e, sqlx::Error::PoolTimedOut) || is_unreachable(e, 0) {
+        return true;
+    }
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| matches!(&*c, "57014" | "55P03" | "40P01" | "40001")),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +182,13 @@ mod tests {
             0
         ));
         assert!(!is_unreachable(&sqlx::Error::RowNotFound, 0));
+    }
+
+    #[test]
+    fn a_pool_timed_out_or_closed_is_momentary_an_answer_is_not() {
+        assert!(is_momentary(&sqlx::Error::PoolTimedOut));
+        assert!(is_momentary(&sqlx::Error::PoolClosed));
+        assert!(!is_momentary(&sqlx::Error::RowNotFound));
+        assert!(!is_momentary(&sqlx::Error::ColumnNotFound("id".into())));
     }
 }

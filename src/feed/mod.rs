@@ -112,6 +112,43 @@ pub use crate::db::catalog::{
 pub use crate::db::lsn::Lsn;
 pub use crate::db::position::{Fork, Position, Server, Timeline};
 
+/// Why the change feed could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// What the configuration or the database's answer rules out (a
+    /// publication `"wal"` cannot use, a standby, a bus without the WAL
+    /// feed): start-up stops and says why.
+    #[error("{0}")]
+    Refused(String),
+    /// A statement that failed: an answer, or a failure of the moment
+    /// ([`PrepareError::is_momentary`]) that start-up tries again.
+    #[error("{what}: {source}")]
+    Db {
+        what: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+}
+
+impl PrepareError {
+    /// Whether trying again may succeed: the database out of reach, or a
+    /// statement it gave up on while it answered (`db::outage::is_momentary`:
+    /// a publication's install held behind a lock or a hung network until
+    /// `statement_timeout`), never a refusal.
+    pub fn is_momentary(&self) -> bool {
+        match self {
+            PrepareError::Refused(_) => false,
+            PrepareError::Db { source, .. } => crate::db::outage::is_momentary(source),
+        }
+    }
+}
+
+impl From<String> for PrepareError {
+    fn from(why: String) -> Self {
+        PrepareError::Refused(why)
+    }
+}
+
 /// A watched column's value in one version of a row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Value {

@@ -22,7 +22,7 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{Event, Health, Position, Watch, bus, notify, queue, wal};
+use super::{Event, Health, Position, PrepareError, Watch, bus, notify, queue, wal};
 use crate::config::{BusConfig, DatabaseConfig, Freshness, ReadFrom};
 use crate::db::triggers::Sink;
 use crate::db::{Db, DbError, publication};
@@ -91,25 +91,29 @@ impl Supervisor {
         watch: &Watch,
         wal_stats: Arc<wal::Stats>,
         notify_counters: Arc<notify::Counters>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, PrepareError> {
         let pool = db.pool();
         let freshness = choose(pool, cfg, watch).await?;
         let bus = match &bus_cfg.url {
             None => None,
             Some(_) if freshness == Freshness::Off => None,
             Some(_) if freshness != Freshness::Wal => {
-                return Err(format!(
+                return Err(PrepareError::Refused(format!(
                     "bus.url needs the WAL feed (database.freshness is {}): the relay decodes the WAL (wal_level = logical, REPLICATION, the publication: see `bloomgate install-feed`)",
                     name(freshness)
-                ));
+                )));
             }
             Some(url) => {
                 let base = bus::stream_key(pool, &bus_cfg.prefix, watch).await?;
                 // The stream of the primary's timeline; relay and consumer
                 // each read it again before they use the bus.
-                let (server, _) = crate::db::position::Server::read_pool(pool)
-                    .await
-                    .map_err(|e| format!("reading the primary's timeline for the bus: {e}"))?;
+                let (server, _) =
+                    crate::db::position::Server::read_pool(pool)
+                        .await
+                        .map_err(|source| PrepareError::Db {
+                            what: "reading the primary's timeline for the bus",
+                            source,
+                        })?;
                 let stream = bus::epoch_key(&base, &server);
                 let tls = bus::redis::TlsFiles {
                     ca_file: bus_cfg.ca_file.clone(),
@@ -342,21 +346,24 @@ impl Supervisor {
 /// A hot standby cannot follow changes (`LISTEN` and the queue's pruning
 /// need the primary, and installing triggers fails there): refused before
 /// anything else is tried, with the cause named.
-pub async fn refuse_standby(pool: &PgPool, cfg: &DatabaseConfig) -> Result<(), String> {
+pub async fn refuse_standby(pool: &PgPool, cfg: &DatabaseConfig) -> Result<(), PrepareError> {
     if cfg.freshness == Freshness::Off {
         return Ok(());
     }
     let standby: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
         .fetch_one(pool)
         .await
-        .map_err(|e| format!("reading the catalog: {e}"))?;
+        .map_err(|source| PrepareError::Db {
+            what: "reading the catalog",
+            source,
+        })?;
     if !standby {
         return Ok(());
     }
-    Err(match cfg.freshness {
+    Err(PrepareError::Refused(match cfg.freshness {
         Freshness::Queue => queue::QueueError::Standby.to_string(),
         _ => notify::NotifyError::Standby.to_string(),
-    })
+    }))
 }
 
 fn sink_of(freshness: Freshness) -> Sink {
@@ -367,7 +374,11 @@ fn sink_of(freshness: Freshness) -> Sink {
 }
 
 /// `database.freshness` resolved; one log line says which and why.
-async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Freshness, String> {
+async fn choose(
+    pool: &PgPool,
+    cfg: &DatabaseConfig,
+    watch: &Watch,
+) -> Result<Freshness, PrepareError> {
     if cfg.freshness == Freshness::Off || watch.tables.is_empty() {
         tracing::info!(
             freshness = "off",
@@ -411,16 +422,27 @@ async fn choose(pool: &PgPool, cfg: &DatabaseConfig, watch: &Watch) -> Result<Fr
                         false => Ok(()),
                     };
                     match installed {
+                        // Not now, rather than no: asked again, so that a
+                        // hiccup never settles the feed for the process's
+                        // life (`preflight` would say "wal" here).
+                        Err(e) if e.is_momentary() => return Err(e),
                         // Nothing was changed: the notify feed instead.
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                         Ok(()) => match wal::check(pool, watch, &cfg.publication).await {
                             Ok(()) => {
                                 tracing::info!(freshness = "wal", publication = %cfg.publication, delivery = %wal_delivery(cfg), "change feed: logical decoding of the WAL (auto: wal_level = logical, REPLICATION, publication in place)");
                                 return Ok(Freshness::Wal);
                             }
-                            Err(e) => e,
+                            Err(e) if e.is_momentary() => return Err(e),
+                            Err(e) => e.to_string(),
                         },
                     }
+                }
+                Err(e) if crate::db::outage::is_momentary(&e) => {
+                    return Err(PrepareError::Db {
+                        what: "reading wal_level",
+                        source: e,
+                    });
                 }
                 Err(e) => format!("cannot read wal_level: {e}"),
             };
@@ -439,16 +461,22 @@ pub async fn install_publication(
     cfg: &DatabaseConfig,
     watch: &Watch,
     narrow: bool,
-) -> Result<(), String> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| format!("reading the catalog: {e}"))?;
+) -> Result<(), PrepareError> {
+    let mut conn = pool.acquire().await.map_err(|source| PrepareError::Db {
+        what: "reading the catalog",
+        source,
+    })?;
     let installed = match narrow {
         true => publication::install_narrowed(&mut conn, watch, &cfg.publication).await,
         false => publication::install(&mut conn, watch, &cfg.publication).await,
     };
-    installed.map_err(|e| format!("cannot install the publication: {e}"))?;
+    installed.map_err(|e| match e {
+        publication::InstallError::Sql(source) => PrepareError::Db {
+            what: "cannot install the publication",
+            source,
+        },
+        e => PrepareError::Refused(format!("cannot install the publication: {e}")),
+    })?;
     tracing::info!(publication = %cfg.publication, "publication covers every resource table");
     Ok(())
 }

@@ -199,7 +199,7 @@ use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::watch::Tracker;
-use super::{Event, Health, Lsn, Position, Server, Watch};
+use super::{Event, Health, Lsn, Position, PrepareError, Server, Watch};
 use crate::db::publication;
 use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
@@ -438,29 +438,39 @@ pub async fn prerequisites(pool: &sqlx::PgPool) -> Result<Prerequisites, sqlx::E
 /// naming its fix: `wal_level`, the role's `REPLICATION`, a publication
 /// that delivers every change of every watched table, and a replica
 /// identity that carries the key on UPDATE and DELETE.
-pub async fn check(pool: &sqlx::PgPool, watch: &Watch, publication: &str) -> Result<(), String> {
-    let r = prerequisites(pool).await.map_err(|e| e.to_string())?;
+pub async fn check(
+    pool: &sqlx::PgPool,
+    watch: &Watch,
+    publication: &str,
+) -> Result<(), PrepareError> {
+    let failed = |what| move |source| PrepareError::Db { what, source };
+    let r = prerequisites(pool)
+        .await
+        .map_err(failed("reading wal_level and the role's REPLICATION"))?;
     if r.wal_level != "logical" {
-        return Err(format!(
+        return Err(PrepareError::Refused(format!(
             "database.freshness = \"wal\" needs wal_level = logical (it is {}): set it in postgresql.conf (managed services: rds.logical_replication = 1, cloudsql.logical_decoding = on, Azure wal_level = LOGICAL) and restart, or use freshness = \"notify\"",
             r.wal_level
-        ));
+        )));
     }
     if !r.can_replicate {
-        return Err("database.freshness = \"wal\" needs the REPLICATION attribute: ALTER ROLE <gateway role> REPLICATION".into());
+        return Err(PrepareError::Refused("database.freshness = \"wal\" needs the REPLICATION attribute: ALTER ROLE <gateway role> REPLICATION".into()));
     }
-    let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(failed("reading the catalog"))?;
     let checked = publication::check(&mut conn, watch, publication)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(failed("reading the publication"))?;
     if let Some(why) = checked.problems.into_iter().flatten().next() {
-        return Err(why);
+        return Err(PrepareError::Refused(why));
     }
     let identity = publication::identity_problems(&mut conn, watch)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(failed("reading the replica identities"))?;
     match identity.into_iter().next() {
-        Some(why) => Err(why),
+        Some(why) => Err(PrepareError::Refused(why)),
         None => Ok(()),
     }
 }

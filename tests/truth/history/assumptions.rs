@@ -41,13 +41,7 @@ impl World {
     /// silence. A gateway must stop vouching within its bound and may
     /// then answer labelled stale rows or 503, as in any outage.
     async fn hang(&mut self) -> bool {
-        let Some(life) = &self.life else {
-            return false;
-        };
-        if life.open.is_some()
-            || self.copy.is_some()
-            || life.hold.as_ref().is_some_and(|h| !h.is_finished())
-        {
+        if !self.cluster_idle() {
             return false;
         }
         let down = *self

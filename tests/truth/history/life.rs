@@ -324,6 +324,16 @@ impl World {
         shadow.dead_orders.retain(|o| !orders.contains(o));
     }
 
+    /// On a cluster of the history's own, with nothing played on it now:
+    /// no lifecycle fault open, no copy to put back, no hold in force.
+    pub(super) fn cluster_idle(&self) -> bool {
+        self.life.as_ref().is_some_and(|life| {
+            life.open.is_none()
+                && self.copy.is_none()
+                && life.hold.as_ref().is_none_or(|h| h.is_finished())
+        })
+    }
+
     /// A lifecycle fault, if it applies now: on a cluster of the history's
     /// own, none other in progress. `false`: not injected.
     pub(super) async fn inject_lifecycle(&mut self, f: Fault) -> bool {
@@ -537,13 +547,7 @@ impl World {
     /// gateway's own look at where the address leads) and `FEED_GAP` past the
     /// move; played in turn, the pool's connections always stay.
     pub(super) async fn cut_over(&mut self) -> bool {
-        let Some(life) = &self.life else {
-            return false;
-        };
-        if life.open.is_some()
-            || self.copy.is_some()
-            || life.hold.as_ref().is_some_and(|h| !h.is_finished())
-        {
+        if !self.cluster_idle() {
             return false;
         }
         // A slowed WAL writer is the old cluster's: as it was, first.
