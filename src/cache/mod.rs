@@ -416,6 +416,26 @@ mod tests {
     type LoadFuture =
         std::pin::Pin<Box<dyn Future<Output = Result<Option<Bytes>, &'static str>> + Send>>;
 
+    /// Key `key` answered from the cache with `cached`, the loader (which
+    /// would give `other`) not run: one load so far, the first.
+    async fn assert_hit(
+        c: &RowCache<i64>,
+        key: i64,
+        loads: &Loads,
+        other: &'static str,
+        cached: &str,
+    ) {
+        match c
+            .get_or_load(key, loader(loads, Ok(Some(other)), 0))
+            .await
+            .unwrap()
+        {
+            Outcome::Hit(r) => assert_eq!(r.body(), cached.as_bytes()),
+            o => panic!("key {key}: {o:?}"),
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+    }
+
     fn loader(
         loads: &Loads,
         result: Result<Option<&'static str>, &'static str>,
@@ -446,15 +466,7 @@ mod tests {
                 ..
             }
         ));
-        let o = c
-            .get_or_load(1, loader(&loads, Ok(Some("b")), 0))
-            .await
-            .unwrap();
-        match o {
-            Outcome::Hit(r) => assert_eq!(r.body(), b"a"),
-            o => panic!("{o:?}"),
-        }
-        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        assert_hit(&c, 1, &loads, "b", "a").await;
     }
 
     #[tokio::test]
@@ -629,15 +641,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         first.abort();
         tokio::time::sleep(Duration::from_millis(150)).await;
-        let o = c
-            .get_or_load(9, loader(&loads, Ok(Some("other")), 0))
-            .await
-            .unwrap();
-        match o {
-            Outcome::Hit(r) => assert_eq!(r.body(), b"row"),
-            o => panic!("the abandoned load should have been cached: {o:?}"),
-        }
-        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        // The abandoned load was cached.
+        assert_hit(&c, 9, &loads, "other", "row").await;
     }
 
     #[tokio::test]

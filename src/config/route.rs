@@ -147,21 +147,24 @@ mod tests {
     use super::*;
     use crate::config::tests::{MINIMAL, err};
 
+    /// Routes refused for a key `id`, and what the refusal says.
+    const REFUSED: [(&str, &str); 8] = [
+        ("users/{id}", "start with '/'"),
+        ("/users/{id}/{x}", "exactly one"),
+        ("/users", "exactly one"),
+        ("/users//{id}", "empty segment"),
+        ("/us ers/{id}", "segment"),
+        ("/users/{1d}", "identifier"),
+        ("/admin/{id}", "reserved"),
+        ("/administrators/{id}", "reserved"),
+    ];
+
     #[test]
     fn routes_have_one_parameter_and_stay_off_the_gateways_paths() {
         assert_eq!(check("/users/{id}", &["id"]), Ok(()));
         assert_eq!(check("/users/{uid}", &["id"]), Ok(()));
         assert_eq!(check("/v1/users/{id}/profile", &["id"]), Ok(()));
-        for (route, problem) in [
-            ("users/{id}", "start with '/'"),
-            ("/users/{id}/{x}", "exactly one"),
-            ("/users", "exactly one"),
-            ("/users//{id}", "empty segment"),
-            ("/us ers/{id}", "segment"),
-            ("/users/{1d}", "identifier"),
-            ("/admin/{id}", "reserved"),
-            ("/administrators/{id}", "reserved"),
-        ] {
+        for (route, problem) in REFUSED {
             let e = check(route, &["id"]).unwrap_err();
             assert!(e.contains(problem), "{route}: {e}");
         }
@@ -208,14 +211,7 @@ mod tests {
     /// resource, and across resources (clashes, duplicates).
     #[test]
     fn configured_routes_are_checked() {
-        for (route, problem) in [
-            ("users/{id}", "start with '/'"),
-            ("/users/{id}/{x}", "exactly one"),
-            ("/users", "exactly one"),
-            ("/users//{id}", "empty segment"),
-            ("/us ers/{id}", "segment"),
-            ("/admin/{id}", "reserved"),
-        ] {
+        for (route, problem) in REFUSED {
             let e = err(&MINIMAL.replace("/users/{id}", route));
             assert!(e.contains(problem), "{route}: {e}");
         }

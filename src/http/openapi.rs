@@ -198,12 +198,7 @@ pub fn admin_document(mut doc: OpenApi) -> OpenApi {
             "401",
             ResponseBuilder::new()
                 .description("Missing or wrong token")
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name("ErrorBody")))
-                        .build(),
-                ),
+                .content("application/json", error_body()),
         ),
     );
     for item in doc.paths.paths.values_mut() {
@@ -309,6 +304,13 @@ pub fn column_schema(c: &ColumnInfo) -> Schema {
         }
     }
     s
+}
+
+/// A JSON error body (`ErrorBody`), what every error response carries.
+fn error_body() -> utoipa::openapi::Content {
+    ContentBuilder::new()
+        .schema(Some(Ref::from_schema_name("ErrorBody")))
+        .build()
 }
 
 fn nullable(t: SchemaType) -> SchemaType {
@@ -453,12 +455,7 @@ fn add_resource(
             .description(d)
             .header("Cache-Status", cache_status())
             .header("Cache-Control", header("`no-store`"))
-            .content(
-                "application/json",
-                ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                    .build(),
-            )
+            .content("application/json", error_body())
     };
     let unavailable =
         |d: &str| error(d).header("Retry-After", header("Seconds to wait before trying again"));
@@ -552,23 +549,13 @@ fn add_resource(
                     false => "Only GET and HEAD",
                 })
                 .header("Allow", header("The methods this route takes"))
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name("ErrorBody")))
-                        .build(),
-                ),
+                .content("application/json", error_body()),
         )
         .response(
             "413",
             ResponseBuilder::new()
                 .description("A declared body over `server.max_body_bytes`")
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name("ErrorBody")))
-                        .build(),
-                ),
+                .content("application/json", error_body()),
         )
         .response(
             "431",

@@ -261,7 +261,18 @@ impl RedisBus {
             Some(s) => Target::Sentinel(Arc::new(SentinelTarget::new(url, s)?)),
             None => Target::Server(Box::new(client)),
         };
-        Ok(Self {
+        Ok(Self::on(target, tls, base, epoch, retention))
+    }
+
+    /// A bus on `target` with no connection yet, reading the primary.
+    fn on(
+        target: Target,
+        tls: Option<TlsFiles>,
+        base: String,
+        epoch: Server,
+        retention: u64,
+    ) -> Self {
+        Self {
             target,
             tls,
             relay_key: format!("{base}:relay"),
@@ -280,31 +291,18 @@ impl RedisBus {
             append: Script::new(APPEND),
             head: Script::new(HEAD),
             retire: Script::new(RETIRE),
-        })
+        }
     }
 
     /// The same bus on a connection of its own (a blocking read holds one).
     pub fn another(&self) -> Self {
-        Self {
-            target: self.target.clone(),
-            tls: self.tls.clone(),
-            base: self.base.clone(),
-            epoch: self.epoch,
-            stream: self.stream.clone(),
-            relay_key: self.relay_key.clone(),
-            epochs_key: self.epochs_key.clone(),
-            retention: self.retention,
-            replicas: false,
-            reading: None,
-            node: String::new(),
-            on_primary_since: None,
-            left: None,
-            conn: None,
-            seen: EntryId::START,
-            append: Script::new(APPEND),
-            head: Script::new(HEAD),
-            retire: Script::new(RETIRE),
-        }
+        Self::on(
+            self.target.clone(),
+            self.tls.clone(),
+            self.base.clone(),
+            self.epoch,
+            self.retention,
+        )
     }
 
     /// [`Self::another`] for a consumer: with `replicas`
