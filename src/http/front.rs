@@ -10,7 +10,8 @@
 //!    `peer`. **CORS** ([`super::cors`], `[server.cors]`): a listed
 //!    origin's preflight is answered here, before anything below could ask
 //!    for a credential; every other answer gets its headers on the way out.
-//! 2. **Access line and trace span.** With access lines on (`log.access`,
+//! 2. **Access line and trace span** (the line's own room: [`access`]).
+//!    With access lines on (`log.access`,
 //!    the target `bloomgate::access` at INFO, and the process's
 //!    [`crate::access`] logger installed): one access line when the
 //!    response is ready (method, route template, status, `Cache-Status`,
@@ -107,9 +108,15 @@ use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 use tracing::Span;
 
+mod access;
+
+pub use access::AccessTemplates;
+#[cfg(test)]
+pub(super) use access::access_index;
+use access::{Access, AccessRoutes, access_line};
+
 use super::cors::{self, Asked, Cors};
 use super::response::json_error;
-use crate::access::{Escaped, Text};
 use crate::error::Error;
 use crate::telemetry::ACCESS;
 use crate::traffic::Traffic;
@@ -161,50 +168,6 @@ struct Shared {
     cors: Option<&'static Cors>,
 }
 
-/// The route templates of a router, for access lines: a path is logged as
-/// its template (`/users/{id}`), never as itself, so the log holds no keys.
-#[derive(Debug)]
-struct AccessRoutes {
-    templates: super::templates::Templates<usize>,
-    /// Per template: the template and the resource it serves (empty if
-    /// none), escaped for the line once, here.
-    names: Vec<(Escaped, Escaped)>,
-    /// Per template: its requests have no line
-    /// ([`FrontLayer::without_lines_for`]).
-    unlogged: Vec<bool>,
-}
-
-/// Route templates as access lines name them: `(template, resource)`, the
-/// resource `None` for routes that serve none ([`FrontLayer::with_access`]).
-pub type AccessTemplates = Vec<(String, Option<String>)>;
-
-/// The access lines' matcher for `routes` (as [`FrontLayer::with_access`]
-/// takes them): a path's template by its index among them.
-pub(super) fn access_index(
-    routes: &[(String, Option<String>)],
-) -> super::templates::Templates<usize> {
-    let mut templates = super::templates::Templates::default();
-    for (i, (template, _)) in routes.iter().enumerate() {
-        templates.add(template, Some(i));
-    }
-    templates
-}
-
-/// What an access line needs from the start of the request; made only
-/// while access lines are on, and kept in the response future (no box).
-/// The route templates are read from the layer's shared state when the
-/// line is written (the in-flight slot holds it), not counted per request.
-struct Access {
-    began: std::time::Instant,
-    method: axum::http::Method,
-    /// The request id is one the layer made (a UUID: nothing to escape).
-    id_made: bool,
-    route: Option<usize>,
-    client: Option<std::net::IpAddr>,
-    /// The connection's address, when a trusted proxy named the client.
-    peer: Option<std::net::IpAddr>,
-}
-
 impl FrontLayer {
     pub fn new(
         max_body: u64,
@@ -231,23 +194,8 @@ impl FrontLayer {
     /// the resource empty for routes that serve none); a path no template
     /// matches alone is logged with an empty route. Call before cloning.
     pub fn with_access(mut self, routes: AccessTemplates) -> Self {
-        let templates = access_index(&routes);
-        let names: Vec<(Escaped, Escaped)> = routes
-            .iter()
-            .map(|(template, resource)| {
-                (
-                    Escaped::new(template),
-                    Escaped::new(resource.as_deref().unwrap_or_default()),
-                )
-            })
-            .collect();
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            let unlogged = vec![false; names.len()];
-            shared.access = Some(Arc::new(AccessRoutes {
-                templates,
-                names,
-                unlogged,
-            }));
+            shared.access = Some(Arc::new(AccessRoutes::new(&routes)));
         }
         self
     }
@@ -259,9 +207,7 @@ impl FrontLayer {
         if let Some(shared) = Arc::get_mut(&mut self.shared)
             && let Some(routes) = shared.access.as_mut().and_then(Arc::get_mut)
         {
-            for (i, (template, _)) in routes.names.iter().enumerate() {
-                routes.unlogged[i] |= templates.iter().any(|t| template.as_str() == *t);
-            }
+            routes.without_lines_for(templates);
         }
         self
     }
@@ -446,7 +392,7 @@ fn start<B, F, S: Tells<F>>(
                 // Told by the inner service once called if it tells it.
                 route: match S::ROUTE {
                     true => None,
-                    false => routes.templates.find(req.uri().path()).copied(),
+                    false => routes.route_of(req.uri().path()),
                 },
                 client: match named {
                     Some(n) => Some(n.caller),
@@ -521,7 +467,7 @@ fn start<B, F, S: Tells<F>>(
                 && let Some(mut a) = access.take()
             {
                 if S::ROUTE {
-                    a.route = routes.templates.find(req.uri().path()).copied();
+                    a.route = routes.route_of(req.uri().path());
                 }
                 access_line(&a, routes, &response, id.to_str().unwrap_or_default(), None);
             }
@@ -543,7 +489,7 @@ fn start<B, F, S: Tells<F>>(
             {
                 a.route = match S::route(&inner) {
                     Told::Index(i) => Some(i),
-                    Told::Path(path) => routes.templates.find(path).copied(),
+                    Told::Path(path) => routes.route_of(path),
                     Told::Unknown => None,
                 };
             }
@@ -602,78 +548,6 @@ fn refused_target<B>(req: &Request<B>, traffic: &crate::traffic::Traffic) -> Opt
     }
     None
 }
-
-/// The access line of a request answered with `response`, whose id is
-/// `request_id` (the client's or the one made for it; a handler's own
-/// `x-request-id`, which none sets, would go to the client but not here:
-/// reading it back would cost a lookup per request).
-/// `told`: the `Cache-Status` the service told ([`Tells::cache_status`]).
-fn access_line(
-    a: &Access,
-    routes: &AccessRoutes,
-    response: &Response,
-    request_id: &str,
-    told: Option<&'static str>,
-) {
-    let Some(logger) = crate::access::global() else {
-        return;
-    };
-    if a.route
-        .is_some_and(|i| routes.unlogged.get(i) == Some(&true))
-    {
-        return;
-    }
-    let text = |name: &HeaderName| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-    };
-    let (route, resource) = a
-        .route
-        .and_then(|i| routes.names.get(i))
-        .map_or((&Escaped::EMPTY, &Escaped::EMPTY), |(t, r)| (t, r));
-    let cache_status = match told {
-        Some(fixed) => Text::Clean(fixed),
-        None => Text::Raw(text(&CACHE_STATUS)),
-    };
-    let status = response.status();
-    // The filter answered and nothing else was touched (`http::lookup`'s
-    // `filter-absent`): the one answer an attack can have at any rate, so
-    // its lines are limited (`log.access_filtered_rate`).
-    let class = if status == StatusCode::NOT_FOUND && cache_status.as_str().ends_with(FILTER_ABSENT)
-    {
-        crate::access::Class::Filtered
-    } else {
-        crate::access::Class::Every
-    };
-    let now = std::time::Instant::now();
-    let line = crate::access::Line {
-        // `http` holds a method to RFC 9110's token characters.
-        method: Text::Clean(a.method.as_str()),
-        route,
-        status: status.as_u16(),
-        cache_status,
-        resource,
-        duration: now.saturating_duration_since(a.began),
-        request_id: match a.id_made {
-            true => Text::Clean(request_id),
-            false => Text::Raw(request_id),
-        },
-        client: a.client,
-        peer: a.peer,
-        reason: response
-            .extensions()
-            .get::<super::response::Refused>()
-            .map(|r| r.0),
-    };
-    logger.log(&line, class, now);
-}
-
-static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
-/// The end of a filtered 404's `Cache-Status` (`http::lookup`).
-const FILTER_ABSENT: &str = "detail=filter-absent";
 
 fn declared_body<B>(req: &Request<B>) -> Option<u64> {
     req.headers()
