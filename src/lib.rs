@@ -44,7 +44,7 @@
 //!   knows nothing of the database.
 //! - [`encoding`]: a row's content codings (gzip, br, zstd), compressed once
 //!   as the row enters the cache.
-//! - [`db`]: the pool, the row query, keys streamed by binary COPY, the
+//! - [`db`]: the pool, the row query, keys streamed by binary COPY (`scan`), the
 //!   catalog, replica identities and the publication, the triggers' SQL, WAL
 //!   positions and what a reading of them proves, which server each
 //!   connection reached and where the address leads ([`db::identity`]),
