@@ -211,6 +211,11 @@ impl Gateway {
                 replicas.clone().run_checks(every, self.signal()),
             ));
         }
+        // Tries again after a step the database gave up on: backing off,
+        // and said at most once per 10 s (a `statement_timeout` too low for
+        // a step fails every try, and the whole fleet tries).
+        let mut again = std::time::Duration::from_millis(200);
+        let said = crate::telemetry::LogThrottle::default();
         let (followers, watch, feed) = loop {
             self.db.wait_until_reachable().await;
             let before = crate::db::position::Server::read_pool(self.db.pool())
@@ -250,8 +255,14 @@ impl Gateway {
             if !transient {
                 return Err(e);
             }
-            tracing::warn!(error = %e, "start-up interrupted (the database went away, changed, or gave up on a statement for now); trying again");
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            if let Some(not_logged) = said.permit() {
+                tracing::warn!(error = %e, retry_in_s = again.as_secs_f64(), not_logged, "start-up interrupted (the database went away, changed, or gave up on a statement for now); trying again (at most one such line per 10 s)");
+            }
+            if momentary {
+                self.db.note_waiting_on(format!("{e} (trying again)"));
+            }
+            tokio::time::sleep(again).await;
+            again = (again * 2).min(std::time::Duration::from_secs(5));
         };
         // Resources whose changes no feed follows (a view without
         // `source_table`) change only at rebuilds: nothing to prove.
@@ -590,10 +601,10 @@ impl Gateway {
         self.keep(task);
         match ready.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StartError::Feed(e.into())),
-            Err(_) => Err(StartError::Feed(
-                String::from("the change feed stopped before it was streaming").into(),
-            )),
+            Ok(Err(e)) => Err(StartError::Feed(feed::PrepareError::Refused(e))),
+            Err(_) => Err(StartError::Feed(feed::PrepareError::Refused(
+                "the change feed stopped before it was streaming".into(),
+            ))),
         }
     }
 

@@ -263,8 +263,15 @@ async fn a_publication_install_cancelled_by_statement_timeout_is_tried_again() {
         let gw = gw.clone();
         async move { gw.start().await.map_err(|e| e.to_string()) }
     });
-    // Several statement timeouts while the lock is held.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Several statement timeouts while the lock is held: said on
+    // `/readyz` meanwhile.
+    eventually("/readyz names the step the database gave up on", || async {
+        gw.readiness()
+            .database
+            .is_some_and(|why| why.contains("cannot install the publication"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!starting.is_finished(), "{:?}", starting.await);
     holder.execute("COMMIT").await.unwrap();
     let started = tokio::time::timeout(Duration::from_secs(60), starting)

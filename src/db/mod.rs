@@ -332,6 +332,13 @@ impl Db {
             .clone()
     }
 
+    /// Start-up's step the database gave up on for now (a statement
+    /// cancelled by `statement_timeout`, say), said where
+    /// [`Db::waiting_on`] is: `/readyz` names it until the next try.
+    pub fn note_waiting_on(&self, why: String) {
+        *self.waiting_on.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
     /// Whether the last check ([`Db::check_up`]) reached the database.
     pub fn is_up(&self) -> bool {
         self.stats.up.load(Ordering::Relaxed)

@@ -143,12 +143,6 @@ impl PrepareError {
     }
 }
 
-impl From<String> for PrepareError {
-    fn from(why: String) -> Self {
-        PrepareError::Refused(why)
-    }
-}
-
 /// A watched column's value in one version of a row.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Value {

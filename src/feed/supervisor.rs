@@ -135,13 +135,14 @@ impl Supervisor {
                     server,
                     bus_cfg.retention,
                 )
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| PrepareError::Refused(e.to_string()))?;
                 let cursor = Arc::new(bus::cursor::Cursor::default());
                 let snapshots = match &bus_cfg.fleet_key_file {
                     None => None,
                     Some(path) => {
-                        let key = crate::snapshot::FleetKey::from_file(path)
-                            .map_err(|e| format!("bus.fleet_key_file: {e}"))?;
+                        let key = crate::snapshot::FleetKey::from_file(path).map_err(|e| {
+                            PrepareError::Refused(format!("bus.fleet_key_file: {e}"))
+                        })?;
                         let settings = crate::snapshot::Settings {
                             wait: bus_cfg.snapshot_wait,
                             max_parallel_scans: bus_cfg.max_parallel_scans,
@@ -463,7 +464,7 @@ pub async fn install_publication(
     narrow: bool,
 ) -> Result<(), PrepareError> {
     let mut conn = pool.acquire().await.map_err(|source| PrepareError::Db {
-        what: "reading the catalog",
+        what: "a connection to install the publication",
         source,
     })?;
     let installed = match narrow {

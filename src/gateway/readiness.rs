@@ -173,7 +173,7 @@ impl Gateway {
             false => self
                 .db
                 .waiting_on()
-                .map(|cause| format!("start-up cannot reach the database: {cause}")),
+                .map(|cause| format!("start-up waits on the database: {cause}")),
         };
         let shutdown = self
             .draining

@@ -791,9 +791,16 @@ impl Proxy {
                 named_rx.mark_unchanged();
                 let slowed_rx = slowed_rx.clone();
                 tokio::spawn(async move {
-                    if held_rx.wait_for(|h| !*h).await.is_err()
-                        || hung_up.wait_for(|h| !*h).await.is_err()
-                    {
+                    // Held or hung, it waits; cut meanwhile, it is closed.
+                    let passes = async {
+                        held_rx.wait_for(|h| !*h).await.is_ok()
+                            && hung_up.wait_for(|h| !*h).await.is_ok()
+                    };
+                    let passes = tokio::select! {
+                        p = passes => p,
+                        _ = cut_rx.wait_for(|c| *c) => false,
+                    };
+                    if !passes {
                         return;
                     }
                     let Ok(mut server) = TcpStream::connect(upstream).await else {

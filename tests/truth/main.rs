@@ -205,7 +205,10 @@
 //! `restore`, `cut-over` and `hang` need the history's own cluster (a
 //! reconfigured, restored, replaced or hung primary): a history whose
 //! faults are all of these runs on one. Played in turn (CI's
-//! [`CI_IN_TURN_SEED`]), a history has at least one round for each.
+//! [`CI_IN_TURN_SEED`]), a history has at least one round for each, whose
+//! fault is that one unless another stream's draw takes the round (on the
+//! bus, snapshots' and Redis's) or the cluster is busy with another fault
+//! (then none is injected).
 //!
 //! # The database's lifecycle
 //! The last four faults run on a cluster of the history's own

@@ -519,7 +519,11 @@ pub fn epoch_key(base: &str, server: &Server) -> String {
 /// cluster's system identifier (the server's address and port where the
 /// role may not read it), the database, and a fingerprint of the watched
 /// tables and columns.
-pub async fn stream_key(pool: &PgPool, prefix: &str, watch: &Watch) -> Result<String, String> {
+pub async fn stream_key(
+    pool: &PgPool,
+    prefix: &str,
+    watch: &Watch,
+) -> Result<String, super::PrepareError> {
     let row: (Option<String>, String) = sqlx::query_as(
         "SELECT CASE WHEN has_function_privilege('pg_control_system()', 'execute')
                 THEN (SELECT system_identifier::text FROM pg_control_system())
@@ -529,7 +533,10 @@ pub async fn stream_key(pool: &PgPool, prefix: &str, watch: &Watch) -> Result<St
     )
     .fetch_one(pool)
     .await
-    .map_err(|e| format!("reading the cluster's identity for the bus: {e}"))?;
+    .map_err(|source| super::PrepareError::Db {
+        what: "reading the cluster's identity for the bus",
+        source,
+    })?;
     let system = row.0.unwrap_or_else(|| "0".into());
     Ok(format!(
         "{prefix}:{system}:{}:{}",
