@@ -283,6 +283,42 @@ async fn an_entry_lost_with_its_redis_never_shares_an_id_with_the_next_terms() {
     }
 }
 
+/// A resync that stands for a position past the stream's newest entry
+/// (a term whose slot stands past the stream) is placed at that
+/// position's LSN, so that no place behind it compares past it: a place
+/// on another history of the stream between the newest entry and that
+/// position (a split brain's old node) is behind the resync. One that
+/// stands for a position at or behind the newest entry is placed after
+/// it, as an entry with no position is. The commits after it, each past
+/// the position, are appended after it.
+#[tokio::test]
+async fn a_resync_is_placed_at_the_position_it_stands_for() {
+    use bloomgate::feed::bus::{Appended, Bus, EntryId};
+    use bloomgate::feed::{Lsn, Position, Resync};
+    let redis = Redis::start().await;
+    let mut bus = handle(&redis, "t:upto");
+    bus.head().await.unwrap();
+    bus.append(&commit(100)).await.unwrap();
+    let ahead = Resync::all_upto("gap", Position::new(TL, Lsn(500))).into_entry();
+    let Appended::At(at) = bus.append(&ahead).await.unwrap() else {
+        panic!("not appended");
+    };
+    assert_eq!(at.lsn, 500, "{at:?}");
+    assert!(at.seq >= 1, "{at:?}");
+    let place_on_the_other_history = EntryId { lsn: 400, seq: 0 };
+    assert!(place_on_the_other_history < at);
+    assert!(matches!(
+        bus.append(&commit(600)).await.unwrap(),
+        Appended::At(EntryId { lsn: 600, seq: 0 })
+    ));
+    let behind = Resync::all_upto("gap", Position::new(TL, Lsn(300))).into_entry();
+    let Appended::At(after) = bus.append(&behind).await.unwrap() else {
+        panic!("not appended");
+    };
+    assert_eq!(after.lsn, 600, "{after:?}");
+    assert!(after.seq >= 1, "{after:?}");
+}
+
 /// Lua's numbers are doubles, exact below 2^53: a sequence the random
 /// step would carry past it steps by one instead, and stays exact.
 #[tokio::test]

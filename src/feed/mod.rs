@@ -260,6 +260,16 @@ pub struct Resync {
     /// For logs and metrics.
     pub reason: String,
     pub scope: Scope,
+    /// Where the stream after it starts, when a new session's stream
+    /// starts past what was delivered (a slot confirmed past it, created
+    /// anew, a new server): the rebuild stands for every commit up to it,
+    /// the stream brings every one after. On the bus the entry is placed
+    /// there, not after the entry before it (see "Lineage" in
+    /// `bus::redis`): a place compared by number with the resync's (a
+    /// snapshot's, labelled on another history of the stream) is past it
+    /// only if it is past what the resync stands for. `None`: the stream
+    /// goes on from the entry before.
+    pub upto: Option<Position>,
 }
 
 impl Resync {
@@ -267,6 +277,16 @@ impl Resync {
         Event::Resync(Resync {
             reason: reason.into(),
             scope: Scope::All,
+            upto: None,
+        })
+    }
+
+    /// [`Resync::all`] for a stream that starts at `upto`.
+    pub fn all_upto(reason: impl Into<String>, upto: Position) -> Event {
+        Event::Resync(Resync {
+            reason: reason.into(),
+            scope: Scope::All,
+            upto: Some(upto),
         })
     }
 
@@ -274,6 +294,7 @@ impl Resync {
         Event::Resync(Resync {
             reason: reason.into(),
             scope: Scope::Table(table),
+            upto: None,
         })
     }
 }

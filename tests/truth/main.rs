@@ -173,7 +173,7 @@
 //! | `restart-redis` | bus, not on Sentinel | `SIGKILL` of the history's `redis-server` right after caching rows that are updated next; started again on the same port 1-8 transactions later and no sooner than 0, 2 or 6 s after the kill (as the seed chooses: within either `bus.max_lag`, past 1 s, past 5 s; the writer goes on meanwhile), empty, with all its data (append-only file, `fsync` at every write), or with a copy of its data taken 2-6 transactions before the kill (a stream that lost its tail, as after a failover to a lagging Redis replica), as the seed chooses | `FEED_GAP` from the kill and from the restart |
 //! | `redis-failover` | bus, on Sentinel | once the replica is in sync and every sentinel sees it up (else not injected), `SIGKILL` of the primary right after caching rows that are updated next, the writer going on; half the time (as the seed chooses) the replica's link is cut 2-6 transactions before the kill (its replication user turned away), so the primary dies with entries the replica never had, asynchronous replication's loss made certain; the sentinels promote the replica (about 2 s), and the killed node is started again, empty, as the new primary's replica, so a later round fails over again (a failover the sentinels make on their own, a primary judged down on a loaded machine, is followed: the roles are swapped and the journal says so) | `FEED_GAP` from the kill and from the promotion (seen when every sentinel names the replica and it says it is a master); a quiescence waits for the promotion first |
 //! | `redis-refuses` | bus, not on Sentinel | the history's `redis-server` refuses writes (reads still answer) for at least 1, 3 or 6 s and 2-8 transactions, the writer going on: `maxmemory` below its use under `noeviction` (`OOM`), or `min-replicas-to-write 1` with no replica (`NOREPLICAS`), half and half; right after caching rows that are updated next. Then it takes writes again, and no window opens: the relay held its slot across the refused appends, so the stream goes on where it stopped | `FEED_GAP` from the refusal |
-//! | `redis-split-brain` | bus, on Sentinel | once the site is steady (as for `redis-failover`), the replica made a primary and every sentinel told to watch it, as a majority cut off from the primary would promote it, while the primary, which no sentinel watches now, stays a primary and takes writes on the connections open to it (the relay's among them); right after caching rows that are updated next. 2-8 transactions later, or half the time after the round's quiescence (the fleet must be current on the node the sentinels name while the other still takes writes), the isolated node is made the new primary's replica (what it took alone is lost). **Played only when named** (`BLOOMGATE_TRUTH_FAULTS=...,redis-split-brain`), not in the default set: it found a false negative that is still open. On a fleet with snapshots reading the Redis replicas, a gateway answered `404 filter-absent` for a row that was re-inserted (its key updated away and inserted again) in the second after the split, in 3 of about 20 replays of `BLOOMGATE_TRUTH_FEEDS=bus BLOOMGATE_TRUTH_FAULTS=all,redis-split-brain BLOOMGATE_TRUTH_SEED=1005`, each on a loaded machine (see RELIABILITY's split-brain row for the likely mechanism) | `FEED_GAP` from the split and from the heal |
+//! | `redis-split-brain` | bus, on Sentinel | once the site is steady (as for `redis-failover`), the replica made a primary and every sentinel told to watch it, as a majority cut off from the primary would promote it, while the primary, which no sentinel watches now, stays a primary and takes writes on the connections open to it (the relay's among them); right after caching rows that are updated next. 2-8 transactions later, or half the time after the round's quiescence (the fleet must be current on the node the sentinels name while the other still takes writes), the isolated node is made the new primary's replica (what it took alone is lost). With snapshots, a publisher whose consumer still reads the old node stores its snapshot on the node the sentinels name: a gateway there must not take it as complete at the new relay's resync when it is labelled behind the position the resync stands for ("Lineage" in `feed::bus::redis`; `tests/bus_sentinel.rs` `a_snapshot_of_the_old_node_never_stands_for_the_promoted_node_s_resync`) | `FEED_GAP` from the split and from the heal |
 //! | `replica-pause` | all, with the replicas | `pg_wal_replay_pause()` on the second of the two read replicas in `replica_urls` (`scripts/pg.sh replica2`, the checker's own); the first stays in step, so scans need not wait for the paused one; half the time every gateway is restarted while it is behind; resumed later | none |
 //!
 //! | `failover` | all, on a cluster of the history's own | the standby stopped (it falls behind), 2-5 transactions later the primary's WAL segment switched (`pg_switch_wal()`, as the audit did; the read replica replays it, so once stranded it stands ahead of the new primary's positions for 16 MB of WAL) and the primary crashed (`-m immediate`), the standby promoted (a new timeline) and every gateway's connections sent to it (the proxy in front of the cluster retargeted), the writer on it; the commits the standby never had are lost, and the read replica, which had them, is stranded on the old timeline; a new standby is made of the new primary | from the crash until `FEED_GAP` after the new primary answers; the crash to the promotion is an outage |
@@ -321,9 +321,8 @@
 //! - `BLOOMGATE_TRUTH_FEEDS=wal,wal-poll,notify,queue,bus` (default all).
 //! - `BLOOMGATE_REDIS_SERVER`: the `redis-server` the bus feed runs
 //!   (default: the one on `PATH`).
-//! - `BLOOMGATE_TRUTH_FAULTS=kill-walsender,restart` or `all` (default:
-//!   every fault but `redis-split-brain`, see its row) or `none`; `all`
-//!   in a list adds the default set (`all,redis-split-brain`).
+//! - `BLOOMGATE_TRUTH_FAULTS=kill-walsender,restart` or `all` (the
+//!   default: every fault) or `none`; `all` in a list adds every fault.
 //! - `BLOOMGATE_TRUTH_ROUNDS` (5), `BLOOMGATE_TRUTH_SLOT=temporary|permanent`
 //!   (default: the seed chooses; the bus's `bus.slot` is always
 //!   permanent), `BLOOMGATE_TRUTH_TRACE=1` (every step
@@ -631,15 +630,7 @@ impl Knobs {
                 .collect(),
         };
         let faults_given = env("BLOOMGATE_TRUTH_FAULTS");
-        // `redis-split-brain` is played when named, not by default: it
-        // found a false negative that is still open (see its row in the
-        // table above), and a CI that fails now and then on a known finding
-        // would keep every fix from landing. `all` in a list is the default
-        // set (`all,redis-split-brain`: everything).
-        let default: Vec<Fault> = Fault::ALL
-            .into_iter()
-            .filter(|f| *f != Fault::SplitBrain)
-            .collect();
+        let default: Vec<Fault> = Fault::ALL.to_vec();
         let faults = match faults_given.as_deref() {
             None => default,
             Some("none") => Vec::new(),

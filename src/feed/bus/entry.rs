@@ -46,12 +46,15 @@ impl Entry {
         }
     }
 
-    /// The LSN that places it (commits and heartbeats; 0 for the rest).
+    /// The LSN that places it: a commit's and a heartbeat's own, the
+    /// position a resync stands for ([`Resync::upto`]), 0 for the rest
+    /// (placed after the newest entry: "Lineage" in `redis`).
     pub fn lsn(&self) -> u64 {
         match self {
             Entry::Commit(c) => c.position.map_or(0, |p| p.lsn.0),
             Entry::Batch(b) => b.last().and_then(|c| c.position).map_or(0, |p| p.lsn.0),
             Entry::Heartbeat(l) => l.0,
+            Entry::Resync(r) => r.upto.map_or(0, |p| p.lsn.0),
             _ => 0,
         }
     }
@@ -108,12 +111,15 @@ impl Entry {
                 Entry::Batch(commits)
             }
             "h" => Entry::Heartbeat(Lsn(lsn)),
+            // Where it stands is its ID's business; a consumer reads on
+            // after the ID, whatever placed it.
             "r" => Entry::Resync(Resync {
                 reason: text(&v, "why")?,
                 scope: match v.get("t").and_then(Json::as_str) {
                     None => Scope::All,
                     Some(t) => Scope::Table(Arc::from(t)),
                 },
+                upto: None,
             }),
             "v" => Entry::Coverage(Coverage {
                 table: Arc::from(text(&v, "t")?),
@@ -307,6 +313,7 @@ mod tests {
         let r = Entry::Resync(Resync {
             reason: "x".into(),
             scope: Scope::Table(Arc::from("public.t")),
+            upto: None,
         });
         match Entry::decode("r", TL, 0, &r.encode()).unwrap() {
             Entry::Resync(r) => assert_eq!(r.scope, Scope::Table(Arc::from("public.t"))),

@@ -409,7 +409,12 @@ async fn term<B: Bus>(
                     None => continue,
                 }
             }
-            Event::Resync(r) => (Entry::Resync(r), None),
+            // Placed where it stands (see "Lineage" in `redis`): only a
+            // position on this stream's timeline places an entry on it.
+            Event::Resync(mut r) => {
+                r.upto = r.upto.filter(|p| p.timeline == epoch);
+                (Entry::Resync(r), None)
+            }
             // Not sent to a relay: each term's feed starts with no server
             // before it, so it never judges a promotion (a new epoch is a
             // new stream, and a gap for every consumer: see "Epochs").
@@ -419,6 +424,7 @@ async fn term<B: Bus>(
                 Entry::Resync(Resync {
                     reason: format!("the primary was promoted from timeline {}", f.from.id),
                     scope: Scope::All,
+                    upto: None,
                 }),
                 None,
             ),

@@ -270,12 +270,13 @@ async fn started(feed: &mut Feed, server: Server, start: Position, gap: bool) ->
                         tracing::info!(why = %why, "WAL feed: the filters cannot be kept across this change");
                     }
                     tracing::warn!(start = %start, applied = ?was, change = %change, "WAL feed: a new server; every cache is emptied and every filter rebuilt");
-                    Some(Resync::all(format!("WAL feed: {change}")))
+                    Some(Resync::all_upto(format!("WAL feed: {change}"), start))
                 }
                 (true, None) => {
                     tracing::warn!(start = %start, applied = ?was, "WAL feed: the new stream may start past changes never applied; every filter is rebuilt");
-                    Some(Resync::all(
+                    Some(Resync::all_upto(
                         "WAL feed: the stream started past what was applied",
+                        start,
                     ))
                 }
             };

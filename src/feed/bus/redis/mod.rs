@@ -26,8 +26,19 @@
 //! # Lineage
 //! A commit's ID is its LSN and a heartbeat's the primary's insert
 //! position: whoever appends them, the same ID says the same thing on one
-//! timeline. A resync, a coverage change or an interruption has no LSN of
-//! its own and is placed after the newest entry, at the same LSN with a
+//! timeline. A resync that stands for a position (a new term's stream
+//! starting past the stream's newest entry: [`crate::feed::Resync::upto`]) is placed
+//! at that position's LSN. A stream can hold two histories under one key
+//! (a Sentinel split brain: the old node took entries the promoted one
+//! never had), and places are compared by number across them (a
+//! snapshot's label, [`crate::snapshot::Mark`]): placed at the newest
+//! entry of the node it lands on, such a resync would let a snapshot
+//! labelled on the other node, behind the position the resync stands
+//! for, pass for complete past it, and the commits between them (on the
+//! other node only, and never appended again) would be in neither. At
+//! the position, only a place past every commit it stands for is past
+//! it. A resync, a coverage change or an interruption with no such
+//! position is placed after the newest entry, at the same LSN with a
 //! greater sequence. Were that sequence the next one, two relays placing
 //! such an entry after the same entry would give both one ID: the old
 //! relay's on a Redis that then lost it (with commits after it), the new
@@ -81,7 +92,9 @@ use tls::{install_ring_provider, tls_problem};
 /// (already there), or `{2, prev}` when the stream's newest position is
 /// below `ARGV[5]`, the newest this handle saw (see "A stream that went
 /// back"). LSNs travel as decimal strings (Lua's numbers are doubles) and
-/// are compared as such. An entry without an LSN of its own is placed
+/// are compared as such. A resync that stands for an LSN past the newest
+/// entry's is placed at that LSN with the sequence `ARGV[6]`; any other
+/// entry without an LSN of its own is placed
 /// `ARGV[6]` (drawn at random, see "Lineage") after the newest entry's
 /// sequence; sequences stay below 2^53, where doubles are exact: past it
 /// the step is 1 (after 2^21 such entries on one LSN, which no stream
@@ -114,6 +127,8 @@ local id
 if kind == 'c' or kind == 'b' or kind == 'h' then
   if not after(lsn, tl) then return {0, prev} end
   if kind == 'h' then id = lsn .. '-1' else id = lsn .. '-0' end
+elseif lsn ~= '0' and after(lsn, tl) then
+  id = lsn .. '-' .. ARGV[6]
 else
   local step = tonumber(ARGV[6])
   if ts + step >= 9007199254740992 then step = 1 end
