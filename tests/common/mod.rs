@@ -359,11 +359,22 @@ impl Drop for TestDb {
                     .connect(&admin_url())
                     .await
                 {
-                    let _ = admin
-                        .execute(
-                            format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
-                        )
-                        .await;
+                    // FORCE ends the database's backends, a logical
+                    // walsender among them, but does not wait for it to let
+                    // go of its slot: until it has, the drop fails ("used by
+                    // an active logical replication slot") and the database
+                    // would be left behind. A few tries cover that instant.
+                    for _ in 0..20 {
+                        let dropped = admin
+                            .execute(
+                                format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),
+                            )
+                            .await;
+                        if dropped.is_ok() {
+                            break;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                    }
                     if least_privilege() {
                         let role = gateway_role(&name);
                         let _ = admin
@@ -753,6 +764,10 @@ pub struct Proxy {
     named: watch::Sender<String>,
     /// Client bytes holding this text wait this long before they pass.
     slowed: watch::Sender<Vec<(String, std::time::Duration)>>,
+    /// What a client sends on a connection whose start-up message carried
+    /// this (an application_name) passes nothing while it is set: that
+    /// client alone finds the server silent.
+    stalled: watch::Sender<String>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -772,6 +787,7 @@ impl Proxy {
         let (hung, hung_rx) = watch::channel(false);
         let (named, named_rx) = watch::channel(String::new());
         let (slowed, slowed_rx) = watch::channel(Vec::<(String, std::time::Duration)>::new());
+        let (stalled, stalled_rx) = watch::channel(String::new());
         let task = tokio::spawn(async move {
             loop {
                 let Ok((mut client, _)) = listener.accept().await else {
@@ -790,6 +806,7 @@ impl Proxy {
                 let mut named_rx = named_rx.clone();
                 named_rx.mark_unchanged();
                 let slowed_rx = slowed_rx.clone();
+                let mut stalled_rx = stalled_rx.clone();
                 tokio::spawn(async move {
                     // Held or hung, it waits; cut meanwhile, it is closed.
                     let passes = async {
@@ -835,7 +852,16 @@ impl Proxy {
                                 if let Some(by) = slow {
                                     tokio::time::sleep(by).await;
                                 }
-                                if hung_up.wait_for(|h| !*h).await.is_err()
+                                let passes = |name: &String| {
+                                    name.is_empty()
+                                        || !seen
+                                            .lock()
+                                            .unwrap()
+                                            .windows(name.len())
+                                            .any(|w| w == name.as_bytes())
+                                };
+                                if stalled_rx.wait_for(passes).await.is_err()
+                                    || hung_up.wait_for(|h| !*h).await.is_err()
                                     || sw.write_all(&buf[..n]).await.is_err()
                                 {
                                     return;
@@ -895,6 +921,7 @@ impl Proxy {
             hung,
             named,
             slowed,
+            stalled,
             task,
         }
     }
@@ -939,6 +966,18 @@ impl Proxy {
     /// message, just the end of the stream. The others go on.
     pub fn cut_named(&self, name: &str) {
         self.named.send_replace(name.to_owned());
+    }
+
+    /// Connections whose start-up message carries `name` (their
+    /// `application_name`), open or new, pass nothing more from their
+    /// client until [`Self::unstall`]: that client alone finds the server
+    /// silent (it sends its start-up, no answer comes).
+    pub fn stall_named(&self, name: &str) {
+        self.stalled.send_replace(name.to_owned());
+    }
+
+    pub fn unstall(&self) {
+        self.stalled.send_replace(String::new());
     }
 
     /// From now on, what a client sends that holds `text` (a statement)

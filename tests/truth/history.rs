@@ -973,6 +973,14 @@ impl World {
     /// for (ready, applied past the marker), then the fault windows are
     /// let close, then every path is compared on every ready gateway.
     async fn quiesce(&mut self, label: &str) {
+        // A look at the address a cut-over silenced speaks again: the
+        // round's window has closed on the pool's own proof.
+        if let Some(life) = self.life.as_mut()
+            && life.look_held
+        {
+            life.proxy.unstall();
+            life.look_held = false;
+        }
         // An open failover or outage ends first: gateways that cannot
         // reach the database cannot catch up. So does a lost bus where no
         // gateway may fall back to a direct feed (`max_direct_fallback`

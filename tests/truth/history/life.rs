@@ -52,6 +52,10 @@ pub(super) struct Life {
     pub replica: Option<Server>,
     /// A failover stranded the replica: it replays nothing more.
     pub stranded: bool,
+    /// A `cut-over` left the gateways' look at where the address leads
+    /// silent (its connections stall at the proxy) until the round's
+    /// quiescence.
+    pub look_held: bool,
     /// Every gateway's connections to the primary.
     pub proxy: Proxy,
     /// The writer commits with `synchronous_commit = off` (a crash loses
@@ -133,6 +137,7 @@ impl Life {
                 standby: None,
                 replica: None,
                 stranded: false,
+                look_held: false,
                 proxy,
                 async_commits,
                 rng,
@@ -545,7 +550,12 @@ impl World {
     /// one is made, and the replica, streaming from the old cluster, is
     /// stranded there. Window: from the retarget until [`ADDRESS_BOUND`] (the
     /// gateway's own look at where the address leads) and `FEED_GAP` past the
-    /// move; played in turn, the pool's connections always stay.
+    /// move; played in turn, the pool's connections always stay. Half the
+    /// times the pool's connections close, on a direct feed, the look is
+    /// silent too until the round's quiescence (its connections,
+    /// `bloomgate-address`, stall at the proxy): then only the pool's new
+    /// connections, each reading the server it reached, can move the feed,
+    /// and the window is `FEED_GAP` from the retarget.
     pub(super) async fn cut_over(&mut self) -> bool {
         if !self.cluster_idle() {
             return false;
@@ -560,6 +570,13 @@ impl World {
             .expect("drawn from its stream")
             .chance(50)
             && !self.opts.in_turn;
+        let look_held = aged
+            && self.opts.feed != crate::Feed::Bus
+            && self
+                .assume_rng
+                .as_mut()
+                .expect("drawn from its stream")
+                .chance(50);
         let paths = self.warm(6, false).await;
         let life = self.life.as_mut().unwrap();
         let green = life.primary.sibling();
@@ -568,6 +585,13 @@ impl World {
         let t = self.now();
         self.shared.model.lock().unwrap().open_window("cut-over", t);
         let life = self.life.as_mut().unwrap();
+        if look_held {
+            life.proxy.stall_named(&format!(
+                "application_name\0{}\0",
+                bloomgate::db::identity::ADDRESS_APPLICATION_NAME
+            ));
+            life.look_held = true;
+        }
         life.proxy.retarget(addr(&green));
         if aged {
             life.proxy.cut_named("application_name\0bloomgate\0");
@@ -580,11 +604,14 @@ impl World {
         self.reconnect_writer().await;
         self.reset_model().await;
         let back = self.now();
-        self.shared
-            .model
-            .lock()
-            .unwrap()
-            .close_window("cut-over", back + ADDRESS_BOUND + FEED_GAP);
+        self.shared.model.lock().unwrap().close_window(
+            "cut-over",
+            if look_held {
+                back + FEED_GAP
+            } else {
+                back + ADDRESS_BOUND + FEED_GAP
+            },
+        );
         let life = self.life.as_mut().unwrap();
         life.standby = Some(life.primary.standby());
         life.stranded = life.replica.is_some();
@@ -592,7 +619,9 @@ impl World {
             "fault cut-over: the database copied to another cluster (:{}) and new connections sent there in {}ms; {}{}",
             life.primary.port,
             (back - t).as_millis(),
-            if aged {
+            if look_held {
+                "the pool's connections closed, the feeds' left on the old one, the look at the address silent"
+            } else if aged {
                 "the pool's connections closed, the feeds' left on the old one"
             } else {
                 "every established connection left on the old one"
