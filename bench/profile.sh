@@ -14,7 +14,7 @@
 # clock event `cpu-clock`: this VM has no hardware counters, `perf stat -e
 # instructions` says "not supported"; DWARF call graphs, since the release
 # build keeps line tables but no frame pointers). Writes
-# bench/results/profiles/SYSTEM-WORKLOAD.{self,children}.txt (perf report
+# docs/perf-log/results/profiles/SYSTEM-WORKLOAD.{self,children}.txt (perf report
 # --no-children / --children, entries over 1 %) and, when inferno is
 # installed (`cargo install inferno`), SYSTEM-WORKLOAD.svg.
 #
@@ -26,10 +26,10 @@
 # Valgrind runs the threads one at a time and counts user-space
 # instructions exactly, so the figures repeat to within a percent on a busy
 # machine where timings do not; the kernel's share (syscalls, TCP) is not
-# in them. Prints and appends to bench/results/profiles/callgrind.tsv:
+# in them. Prints and appends to docs/perf-log/results/profiles/callgrind.tsv:
 # instructions per request, and calls to malloc/calloc/realloc per request
 # (every Rust heap allocation ends in one of them). Keeps the callgrind
-# output as bench/results/profiles/SYSTEM-WORKLOAD.callgrind.txt
+# output as docs/perf-log/results/profiles/SYSTEM-WORKLOAD.callgrind.txt
 # (callgrind_annotate, top functions, inclusive).
 #
 # cachesim: callgrind as above with its cache simulation on
@@ -41,7 +41,7 @@
 # instructions is mostly such misses on a 10,000-row working set (bare axum
 # touches the same few lines on every request). Simulated on one cache for
 # all threads, so it counts capacity misses, not lines moving between
-# cores. Appends to bench/results/profiles/cachesim.tsv; keeps
+# cores. Appends to docs/perf-log/results/profiles/cachesim.tsv; keeps
 # SYSTEM-WORKLOAD.cachesim.txt (callgrind_annotate by data misses).
 #
 # Environment: CONFIG [config/bloomgate.toml] (bench/auth.sh's resources
@@ -60,7 +60,7 @@ fi
 MODE=$1 SYSTEM=$2 WORKLOAD=$3
 LABEL=${LABEL:-$SYSTEM}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
-OUT=bench/results/profiles
+OUT=docs/perf-log/results/profiles
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/bloomgate-profile.XXXXXX)
 PID=""

@@ -9,8 +9,8 @@ a new file with a title of its own, or, in a file that has one, only its own
 section (from its `## Gateway load test` heading to the next `## ` heading),
 leaving every other section as it is.
 
-    python3 bench/report.py --results bench/results \
-        --benchmarks docs/perf-log/YYYY-MM-DD-gateway-load-test.md --svg bench/results/loadtest.svg
+    python3 bench/report.py --results docs/perf-log/results \
+        --benchmarks docs/perf-log/YYYY-MM-DD-gateway-load-test.md --svg docs/perf-log/results/loadtest.svg
 """
 
 import argparse
@@ -451,7 +451,7 @@ def section(cells, summary, env, svg_rel, preload_env=None):
             f"{max(b / d for b, d in zip(host_busy, dur) if d):.2f} cores busy of {env.get('nproc', '?')}; "
             f"load average (1, 5, 15 min) {env.get('loadavg_before', '?')} before the run and "
             f"{env.get('loadavg_after', '?')} after it. "
-            f"Raw numbers: bench/results/cells.tsv, bench/results/preload.tsv, bench/results/env.txt.",
+            f"Raw numbers: docs/perf-log/results/cells.tsv, docs/perf-log/results/preload.tsv, docs/perf-log/results/env.txt.",
             "",
         ]
     return "\n".join(lines)
@@ -544,11 +544,11 @@ def svg_chart(cells):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--results", default="bench/results")
+    ap.add_argument("--results", default="docs/perf-log/results")
     today = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     ap.add_argument("--benchmarks", default=f"docs/perf-log/{today}-gateway-load-test.md",
                     help="the perf-log entry to write (default: today's, UTC)")
-    ap.add_argument("--svg", default="bench/results/loadtest.svg")
+    ap.add_argument("--svg", default="docs/perf-log/results/loadtest.svg")
     ap.add_argument("--print", action="store_true", help="print the section instead of writing it")
     a = ap.parse_args()
     cells = read_tsv(os.path.join(a.results, "cells.tsv"))

@@ -16,10 +16,10 @@
 # Workloads (bench/keys.lua): hit (pure cache hits over 10,000 keys, warmed
 # and checked), attack, hot, cold, mixed.
 #
-# and writes bench/results/ (raw numbers), the run as an entry of the perf
+# and writes docs/perf-log/results/ (raw numbers), the run as an entry of the perf
 # log, docs/perf-log/YYYY-MM-DD-gateway-load-test.md (its `## Gateway load
 # test` section, replaced if that day's entry has one), and
-# bench/results/loadtest.svg. List a new entry in docs/perf-log/README.md
+# docs/perf-log/results/loadtest.svg. List a new entry in docs/perf-log/README.md
 # and bring BENCHMARKS.md up to date by hand.
 #
 # Environment (defaults in brackets):
@@ -44,8 +44,8 @@
 #                       time takes a few minutes)
 #   PRELOAD_REPS [3]    gateway start-ups / COPY runs per preload size
 #   NO_REPORT [0]       1: measure only, leave the perf log and the chart alone
-#   MERGE [0]           1: keep bench/results rows of systems not in SYSTEMS
-#   SKIP_PRELOAD [0]    1: keep bench/results/preload.tsv, skip the preload runs
+#   MERGE [0]           1: keep docs/perf-log/results rows of systems not in SYSTEMS
+#   SKIP_PRELOAD [0]    1: keep docs/perf-log/results/preload.tsv, skip the preload runs
 #   KEEP_WORK [0]       1: keep the scratch directory (logs, key logs)
 #   QUIET_MAX [20]      seconds to wait, before each cell, for the rest of the
 #   QUIET_CORES [0.3]   machine to use under QUIET_CORES cores (2-core box)
@@ -85,7 +85,7 @@ PORT_VARNISH=18086 PORT_ADMIN_GW=18087 PORT_ADMIN_RAW=18088
 # The gateways' admin API (for their own query and miss counters) takes a
 # bearer token: a fresh one per run, never printed.
 ADMIN_TOKEN=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-RESULTS=bench/results
+RESULTS=docs/perf-log/results
 WORK=$(mktemp -d /tmp/bloomgate-bench.XXXXXX)
 BIN=target/release/bloomgate
 BARE=target/release/examples/bare_axum
@@ -570,7 +570,7 @@ REPORT=docs/perf-log/$(date -u +%Y-%m-%d)-gateway-load-test.md
 if [ "$NO_REPORT" != 1 ]; then
   python3 bench/report.py --results "$RESULTS" --benchmarks "$REPORT" --svg "$RESULTS/loadtest.svg"
 fi
-log "done: $RESULTS/cells.tsv, $RESULTS/preload.tsv$( [ "$NO_REPORT" = 1 ] || echo ", $REPORT, bench/results/loadtest.svg")"
+log "done: $RESULTS/cells.tsv, $RESULTS/preload.tsv$( [ "$NO_REPORT" = 1 ] || echo ", $REPORT, docs/perf-log/results/loadtest.svg")"
 if [ "$CHECK_FAILED" = 1 ]; then
   log "a hit cell was not pure hits (see the check column of $RESULTS/cells.tsv)"
   if [ "$CHECK_FATAL" = 1 ]; then exit 3; fi
