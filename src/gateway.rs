@@ -291,7 +291,7 @@ impl Gateway {
         // feed returns, and its resync builds the filters.
         if self
             .bus_status()
-            .is_some_and(|s| s.get().mode == feed::bus::Mode::Lost)
+            .is_some_and(|s| s.get().mode == feed::bus::Follows::Lost)
         {
             for (r, followed) in self.resources.iter().zip(&followed) {
                 match followed {

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use bloomgate::feed::bus::Mode;
+use bloomgate::feed::bus::Follows;
 use bloomgate::feed::{Server, Timeline};
 use bloomgate::gateway::Gateway;
 use common::redis_server::*;
@@ -413,7 +413,7 @@ async fn the_relay_killed_under_writes_loses_nothing() {
         gws.push(started(fleet.config(&db, &redis)).await);
     }
     eventually("both consumers on the bus", || async {
-        gws.iter().all(|g| mode(g) == Mode::Bus)
+        gws.iter().all(|g| mode(g) == Follows::Bus)
     })
     .await;
     let writer = paced_inserts(&db.pool, 10_000..10_600, Duration::from_millis(5));
@@ -463,7 +463,7 @@ async fn redis_killed_and_restarted() {
     }
     redis.kill();
     eventually("every gateway on a direct feed", || async {
-        gws.iter().all(|g| mode(g) == Mode::Direct)
+        gws.iter().all(|g| mode(g) == Follows::Direct)
     })
     .await;
     db.exec("UPDATE users SET name = 'during the outage' WHERE id = 5")
@@ -808,8 +808,8 @@ async fn losing_the_bus_sends_at_most_max_direct_fallback_gateways_to_the_primar
     let gws = bounded_fleet(&db, &redis, &fleet, 3, 1).await;
     redis.kill();
     eventually("one gateway direct, the others lost", || async {
-        let direct = gws.iter().filter(|g| mode(g) == Mode::Direct).count();
-        let lost = gws.iter().filter(|g| mode(g) == Mode::Lost).count();
+        let direct = gws.iter().filter(|g| mode(g) == Follows::Direct).count();
+        let lost = gws.iter().filter(|g| mode(g) == Follows::Lost).count();
         direct == 1 && lost == 2
     })
     .await;
@@ -825,7 +825,7 @@ async fn losing_the_bus_sends_at_most_max_direct_fallback_gateways_to_the_primar
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert_eq!(walsenders(&db).await, 1, "the bound on direct feeds");
-        assert_eq!(gws.iter().filter(|g| mode(g) == Mode::Direct).count(), 1);
+        assert_eq!(gws.iter().filter(|g| mode(g) == Follows::Direct).count(), 1);
     }
     let redis = Redis::start_on(port).await;
     wait_all_on_bus(&gws).await;
@@ -1273,7 +1273,7 @@ async fn a_consumer_started_while_writes_run_misses_nothing() {
         })
         .await;
     }
-    assert_eq!(mode(&late), Mode::Bus);
+    assert_eq!(mode(&late), Follows::Bus);
     assert_eq!(walsenders(&db).await, 1);
     first.stop();
     late.stop();
@@ -1457,7 +1457,7 @@ async fn a_fleet_on_a_tls_bus_has_one_walsender_and_stays_fresh() {
     assert_eq!(walsenders(&db).await, 1, "one walsender: the relay's");
     for g in &gws {
         let s = g.bus_status().unwrap();
-        assert_eq!(mode(g), Mode::Bus);
+        assert_eq!(mode(g), Follows::Bus);
         assert_eq!(s.fallbacks.load(Ordering::Relaxed), 0, "{:?}", s.get());
         assert!(s.get().url.starts_with("rediss://"));
     }
@@ -1499,7 +1499,7 @@ async fn a_tls_bus_that_cannot_be_trusted_or_reached_is_not_followed() {
     let why = |g: &Arc<Gateway>| g.bus_status().unwrap().get().detail.unwrap_or_default();
     for (g, says) in gws.iter().zip(["TLS", "rediss://"]) {
         let s = g.bus_status().unwrap();
-        assert_eq!(mode(g), Mode::Direct, "{:?}", s.get());
+        assert_eq!(mode(g), Follows::Direct, "{:?}", s.get());
         assert!(s.fallbacks.load(Ordering::Relaxed) >= 1);
         eprintln!("bus.detail: {}", why(g));
         assert!(why(g).contains(says), "{}", why(g));
@@ -1594,7 +1594,7 @@ async fn a_consumer_falling_back_serves_nothing_the_bus_left_stale() {
             began.elapsed() < Duration::from_secs(30),
             "no direct feed in 30 s"
         );
-        if direct_since.is_none() && mode(&gw) == Mode::Direct {
+        if direct_since.is_none() && mode(&gw) == Follows::Direct {
             direct_since = Some(Instant::now());
         }
         let r = get(&gw, "/users/5").await;

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bloomgate::feed::bus::Mode;
+use bloomgate::feed::bus::Follows;
 use bloomgate::gateway::Gateway;
 use common::redis_server::*;
 use common::*;
@@ -247,7 +247,7 @@ async fn the_fleet_reads_the_replica_and_leaves_it_when_stranded(certs: Option<A
     // stream went on from where the replica froze.
     for gw in &gws {
         let b = gw.bus_status().unwrap();
-        assert_eq!(mode(gw), Mode::Bus);
+        assert_eq!(mode(gw), Follows::Bus);
         assert_eq!(b.fallbacks.load(std::sync::atomic::Ordering::Relaxed), 0);
         assert_eq!(b.breaks.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
@@ -297,7 +297,7 @@ async fn preflight_names_the_replicas_the_fleet_would_read() {
     let db = bus_db().await;
     let fleet = Fleet::new();
     let mut config = fleet.config(&db, &pair.primary);
-    config.bus.read_from = bloomgate::config::ReadFrom::Replicas;
+    config.bus.read_from = bloomgate::config::BusReadFrom::Replicas;
     let report = bloomgate::preflight::run(&config).await.to_string();
     assert!(
         report.contains(&format!(

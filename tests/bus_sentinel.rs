@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bloomgate::feed::bus::Mode;
+use bloomgate::feed::bus::Follows;
 use common::redis_server::*;
 use common::sentinel::*;
 use common::*;
@@ -382,7 +382,7 @@ async fn every_row_fresh(db: &TestDb, gws: &[Arc<bloomgate::gateway::Gateway>], 
         .await
         .unwrap();
     for gw in gws {
-        assert_eq!(mode(gw), Mode::Bus);
+        assert_eq!(mode(gw), Follows::Bus);
         for (key, name) in rows.iter() {
             fresh(gw, &format!("/users/{key}"), |r| {
                 r.status == 200 && r.json()["name"] == name.as_str()
@@ -521,8 +521,8 @@ async fn a_snapshot_of_the_old_node_never_stands_for_the_promoted_node_s_resync(
         c.bus.max_lag = Duration::from_secs(120);
         c
     };
-    let old = started(config(bloomgate::config::ReadFrom::Primary)).await;
-    let new = started(config(bloomgate::config::ReadFrom::Replicas)).await;
+    let old = started(config(bloomgate::config::BusReadFrom::Primary)).await;
+    let new = started(config(bloomgate::config::BusReadFrom::Replicas)).await;
     let gws = vec![old.clone(), new.clone()];
     wait_all_on_bus(&gws).await;
     eventually("the second gateway reads the replica", || async {

@@ -320,7 +320,7 @@ async fn a_published_table_outside_the_resources_is_ignored() {
 
 /// A gateway that starts while the publication already delivers every
 /// change of its tables leaves the publication's catalog rows as they are:
-/// a rewrite is an edit every running feed resyncs for (`feed::watch`), so
+/// a rewrite is an edit every running feed resyncs for (`feed::tracker`), so
 /// each start of a fleet's member (a rolling deploy) would make every
 /// gateway rebuild every filter, as `tests/bus.rs`
 /// `a_first_start_builds_every_filter_once` shows once start-up takes

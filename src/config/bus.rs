@@ -95,7 +95,7 @@ pub struct BusConfig {
     /// replica is online (a replica is looked for again every 10 s), and
     /// a replica that stops following is left halfway to `max_lag`.
     /// Default `primary`.
-    pub read_from: ReadFrom,
+    pub read_from: BusReadFrom,
     /// The fleet key: a file holding at least 32 secret bytes (whitespace
     /// around them trimmed: `openssl rand -hex 32 > fleet.key`), the same
     /// file on every gateway of the fleet, readable by the gateway only.
@@ -128,7 +128,7 @@ pub struct BusConfig {
 /// `bus.read_from`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum ReadFrom {
+pub enum BusReadFrom {
     #[default]
     Primary,
     Replicas,
@@ -150,7 +150,7 @@ impl Default for BusConfig {
             max_direct_fallback: 2,
             sentinels: Vec::new(),
             sentinel_master: None,
-            read_from: ReadFrom::Primary,
+            read_from: BusReadFrom::Primary,
             fleet_key_file: None,
             snapshot_wait: Duration::from_secs(30),
             max_parallel_scans: 2,

@@ -55,7 +55,7 @@ pub use admin::{AdminConfig, MIN_TOKEN_LEN};
 pub use auth::{
     Access, AuthConfig, AuthMode, MIN_JWT_SECRET, REDACTED, REDACTED_SECRET, RateLimit, parse_rate,
 };
-pub use bus::{BusConfig, ReadFrom};
+pub use bus::{BusConfig, BusReadFrom};
 pub use cache::{CacheBound, CacheConfig, CacheOverrides, DEFAULT_MAX_BYTES};
 pub use cidr::Cidr;
 pub use cors::CorsConfig;

@@ -97,7 +97,7 @@ pub struct WatchedTable {
     pub keys: Vec<Vec<Arc<str>>>,
     /// Every column a resource on this table serves (distinct): a change of
     /// their type or place that rewrites the table is a change of every row
-    /// served (see `feed::watch`, "Shapes").
+    /// served (see `feed::tracker`, "Shapes").
     pub served: Vec<Arc<str>>,
 }
 
@@ -413,7 +413,7 @@ pub async fn table_info_on(
 /// unique, valid (a `CREATE UNIQUE INDEX CONCURRENTLY` that failed, or is
 /// still building, leaves an index that does not hold the rows unique),
 /// not partial, on plain columns. Shared with the feeds' check
-/// (`feed::watch`), so that start-up and run time judge alike.
+/// (`feed::tracker`), so that start-up and run time judge alike.
 pub const UNIQUE_SET: &str =
     "i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL";
 

@@ -58,7 +58,7 @@ use stats::{Tally, Target};
 
 /// Where a row load may read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadFrom {
+pub enum LoadFrom {
     /// A replica that has replayed past every change the gateway has
     /// applied (`replicas`), else the primary.
     UpToDateReplica,
@@ -570,9 +570,9 @@ impl Db {
         sql: &str,
         key: &Key,
         tally: Tally<'_>,
-        from: ReadFrom,
+        from: LoadFrom,
     ) -> Result<Option<Bytes>, DbError> {
-        let replicas = from == ReadFrom::UpToDateReplica;
+        let replicas = from == LoadFrom::UpToDateReplica;
         match key {
             Key::Int(v) => self.fetch_json_from(sql, *v, tally, replicas).await,
             Key::Uuid(u) => self.fetch_json_from(sql, *u, tally, replicas).await,

@@ -222,7 +222,7 @@ pub struct Reading {
 /// file's name (whose first 8 hex digits are the timeline WAL is inserted
 /// on), the postmaster's start time, and the insert and flush positions;
 /// then `more`, if any (`, <expression>`: what a feed reads in the same
-/// round trip, `feed::watch::Shapes`).
+/// round trip, `feed::tracker::Shapes`).
 pub(crate) fn read_sql(more: &str) -> String {
     format!(
         "SELECT {}, pg_walfile_name(w.i), \

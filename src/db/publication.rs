@@ -218,7 +218,7 @@ pub async fn check(
 
 /// Each watched table's entry in the publication as catalog rows (the
 /// publication's own row, the table's entry, its schema's entry: OIDs and
-/// row versions), in `watch` order, for `feed::watch`: any edit changes
+/// row versions), in `watch` order, for `feed::tracker`: any edit changes
 /// it, even one undone before the next check.
 pub async fn fingerprints(
     conn: &mut PgConnection,
@@ -343,7 +343,7 @@ pub enum InstallError {
 /// A publication that delivers them already is left as it is, tables it
 /// holds besides them and wider column lists included: every rewrite of
 /// its catalog rows is an edit every running feed must resync for
-/// (`feed::watch`), so a gateway that starts (a rolling deploy, a fleet's
+/// (`feed::tracker`), so a gateway that starts (a rolling deploy, a fleet's
 /// next member) would otherwise make the whole fleet rebuild its filters;
 /// and a gateway of an older config would take away tables a newer one
 /// added. When it must change, it is set to exactly the watched tables,

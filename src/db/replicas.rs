@@ -30,7 +30,7 @@
 //! - **Loads.** Only loads through the cache, while the feed vouches for
 //!   the resource: the required LSN covers the changes *applied*, and a
 //!   lookup not vouched for may follow commits no feed has delivered
-//!   (`ReadFrom::Primary`). A load goes to a replica only if the replica's replay
+//!   (`LoadFrom::Primary`). A load goes to a replica only if the replica's replay
 //!   position is at or past the required LSN read when the load starts.
 //!   Every change applied before that moment has its commit at or below it,
 //!   so the replica sees the row as the primary does after the change (new

@@ -335,7 +335,7 @@ pub fn install_with_table(table: &TableName, columns: &[&str], sink: Sink) -> St
 }
 
 /// `table`'s triggers and their function as catalog rows (OIDs and row
-/// versions), for `feed::watch`: any edit changes it, even one undone.
+/// versions), for `feed::tracker`: any edit changes it, even one undone.
 pub async fn fingerprint(
     conn: &mut sqlx::PgConnection,
     table: &TableName,

@@ -15,7 +15,7 @@
 //!   cannot be forged and puts nothing in the writers' transactions;
 //! - [`bus`]: the WAL decoded once for a fleet, through a Redis stream.
 //!
-//! Beside them, what they share: [`watch`] (what a feed depends on besides
+//! Beside them, what they share: [`tracker`] (what a feed depends on besides
 //! its stream, and the tables' shapes), [`probes`] (readings of the primary
 //! and what they prove), [`supervisor`] (which feed, and its start),
 //! [`stats`].
@@ -79,12 +79,12 @@
 //! each watched table's identity (its OID: a table dropped and created
 //! again, or swapped in by a rename, is another table), its shape (its
 //! storage and its served columns' types and places, read with every
-//! proof: a rewrite is a change of every row, see "Shapes" in [`watch`]),
+//! proof: a rewrite is a change of every row, see "Shapes" in [`tracker`]),
 //! its partitions, and
 //! for the WAL feed the publication (tables, `publish` flags, row filters,
 //! column lists, `publish_via_partition_root`) and each `Relation`
 //! message's replica identity; for the trigger feeds the triggers. See
-//! [`watch`]. A check that finds the dependency changed repairs it where the
+//! [`tracker`]. A check that finds the dependency changed repairs it where the
 //! configuration allows (`install_feed`, `install_triggers`) and rescans the
 //! tables involved; otherwise their resources report not ready, naming the
 //! fix. The check runs every [`CHECK_EVERY`]: that is the longest a change
@@ -100,8 +100,8 @@ pub mod probes;
 pub mod queue;
 pub mod stats;
 pub mod supervisor;
+pub mod tracker;
 pub mod wal;
-pub mod watch;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};

@@ -40,7 +40,7 @@
 //! change committed before the query began has been received:
 //! [`Event::Heartbeat`]. Every [`CHECK_EVERY`] it checks, on a second
 //! connection, each watched table and its trigger
-//! ([`super::watch::check_triggers`]): a table dropped and created again
+//! ([`super::tracker::check_triggers`]): a table dropped and created again
 //! has lost its trigger, a partition attached brings rows no trigger
 //! announced.
 //!
@@ -69,7 +69,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgListener};
 use tokio::sync::{mpsc, oneshot};
 
-use super::watch::{Shapes, Tracker};
+use super::tracker::{Shapes, Tracker};
 use super::{
     CHECK_EVERY, Columns, Commit, Event, HEARTBEAT_EVERY, Health, Op, Phase, Resync, RowChange,
     TableName, Value, Watch,
@@ -305,7 +305,7 @@ const BEAT_WITHIN: Duration = Duration::from_secs(5);
 /// server sends the notifications of every transaction committed before
 /// the query arrived ahead of its answer, see "Nothing falls through a
 /// gap"), with the watched tables' shapes (a rewrite, see "Shapes" in
-/// `feed::watch`), and, when `check`, the checks on the pool's other
+/// `feed::tracker`), and, when `check`, the checks on the pool's other
 /// connection. Returns the moment the round trip began, the listener's
 /// backend and what the shapes and the checks found.
 #[allow(clippy::too_many_arguments)]
@@ -327,7 +327,7 @@ async fn heartbeat(
         // return would hang on it and hold its pool slot as long.
         let checked = tokio::time::timeout(
             BEAT_WITHIN,
-            super::watch::check_triggers(&mut conn, watch, Sink::Notify, opts.install, tracker),
+            super::tracker::check_triggers(&mut conn, watch, Sink::Notify, opts.install, tracker),
         )
         .await;
         match checked {
@@ -359,7 +359,7 @@ async fn heartbeat(
         && !rewritten.is_empty()
         && let Ok(mut conn) = pool.acquire().await
     {
-        super::watch::replace_triggers(&mut conn, watch, &rewritten, Sink::Notify).await;
+        super::tracker::replace_triggers(&mut conn, watch, &rewritten, Sink::Notify).await;
     }
     events.extend(rewritten);
     Ok((at, pid, events))

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::{Event, Health, Position, PrepareError, Watch, bus, notify, queue, wal};
-use crate::config::{BusConfig, DatabaseConfig, Freshness, ReadFrom};
+use crate::config::{BusConfig, BusReadFrom, DatabaseConfig, Freshness};
 use crate::db::triggers::Sink;
 use crate::db::{Db, DbError, publication};
 use crate::shutdown::Shutdown;
@@ -330,7 +330,7 @@ impl Supervisor {
         };
         let relay = bus::relay::run(b.redis.another(), relay, watch.clone(), shutdown.clone());
         let consumer = bus::consumer::run(
-            b.redis.reader(b.config.read_from == ReadFrom::Replicas),
+            b.redis.reader(b.config.read_from == BusReadFrom::Replicas),
             consumer,
             watch,
             tx,

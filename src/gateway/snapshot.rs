@@ -242,8 +242,8 @@ impl Gateway {
                 let st = b.get();
                 BusSnapshot {
                     relaying: st.relaying,
-                    direct: st.mode == crate::feed::bus::Mode::Direct,
-                    lost: st.mode == crate::feed::bus::Mode::Lost,
+                    direct: st.mode == crate::feed::bus::Follows::Direct,
+                    lost: st.mode == crate::feed::bus::Follows::Lost,
                     counters: b.counters(),
                     snapshots: self.snapshot_store().map(|s| s.stats().totals()),
                 }

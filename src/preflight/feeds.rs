@@ -308,7 +308,7 @@ pub(super) async fn bus(
             Err(_) => r.note("bus: INFO memory got no answer within 10 s".into()),
         }
     }
-    if b.read_from == crate::config::ReadFrom::Replicas
+    if b.read_from == crate::config::BusReadFrom::Replicas
         && let Ok(bus) = &mut probe
     {
         let listed = tokio::time::timeout(Duration::from_secs(10), bus.replicas_online()).await;

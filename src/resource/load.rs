@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use super::{How, Load, LoadError, Lookup, Provenance, Resource};
 use crate::cache::{Outcome, Row};
 use crate::db::stats::{QueryKind, Tally};
-use crate::db::{DbError, ReadFrom};
+use crate::db::{DbError, LoadFrom};
 use crate::error::Error;
 use crate::key::Key;
 
@@ -63,7 +63,7 @@ impl Resource {
     /// One load from the database for a lookup not vouched for: no cache
     /// read, nothing stored, no coalescing (each such request is one query,
     /// within the load slots and, for keys the filter rejected,
-    /// `verify_budget`), on the primary (see `db::ReadFrom::Primary`).
+    /// `verify_budget`), on the primary (see `db::LoadFrom::Primary`).
     async fn load_direct(&self, key: &Key, rejected: bool) -> Result<Lookup, Error> {
         self.stats.unvouched_loads.fetch_add(1, Ordering::Relaxed);
         let Ok(_slot) = self.loads.clone().try_acquire_owned() else {
@@ -79,7 +79,7 @@ impl Resource {
                 QueryKind::Row
             },
         };
-        let loaded = self.db.fetch_key(sql, key, tally, ReadFrom::Primary).await;
+        let loaded = self.db.fetch_key(sql, key, tally, LoadFrom::Primary).await;
         match loaded {
             Ok(row) => {
                 self.observe_load(false, row.is_none(), !rejected);
@@ -127,7 +127,7 @@ impl Resource {
                     counts: &counts,
                     kind,
                 };
-                db.fetch_key(&sql, &k, tally, ReadFrom::UpToDateReplica)
+                db.fetch_key(&sql, &k, tally, LoadFrom::UpToDateReplica)
                     .await
                     .map_err(LoadError::Db)
             }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bloomgate::config::Config;
-use bloomgate::feed::bus::Mode;
+use bloomgate::feed::bus::Follows;
 use bloomgate::gateway::Gateway;
 
 use super::*;
@@ -492,7 +492,7 @@ pub async fn walsenders(db: &TestDb) -> i64 {
     .unwrap()
 }
 
-pub fn mode(gw: &Gateway) -> Mode {
+pub fn mode(gw: &Gateway) -> Follows {
     gw.bus_status().unwrap().get().mode
 }
 
@@ -502,7 +502,8 @@ pub fn relaying(gw: &Gateway) -> bool {
 
 pub async fn wait_all_on_bus(gws: &[Arc<Gateway>]) {
     eventually("every gateway on the bus, one of them relaying", || async {
-        gws.iter().all(|g| mode(g) == Mode::Bus) && gws.iter().filter(|g| relaying(g)).count() == 1
+        gws.iter().all(|g| mode(g) == Follows::Bus)
+            && gws.iter().filter(|g| relaying(g)).count() == 1
     })
     .await;
 }

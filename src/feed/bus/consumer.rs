@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::fallback::Ticket;
 pub use super::follow::ConsumerOptions;
 use super::follow::{Ended, follow};
-use super::{Bus, EntryId, Mode, Status, primary_through_the_pool};
+use super::{Bus, EntryId, Follows, Status, primary_through_the_pool};
 use crate::feed::{CHECK_EVERY, Event, Position, Resync, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
@@ -79,7 +79,7 @@ pub async fn run<B: Bus>(
         if let Some(not_logged) = throttle.permit() {
             tracing::warn!(why = %why, not_logged, "bus: not current; following the WAL with a direct feed of this gateway's own (within bus.max_direct_fallback) until it is");
         }
-        opts.status.set_mode(Mode::Direct, Some(why.clone()));
+        opts.status.set_mode(Follows::Direct, Some(why.clone()));
         if tx.send(Event::Interrupted(why.clone())).await.is_err() {
             return;
         }
@@ -145,7 +145,7 @@ async fn direct<B: Bus>(
                         ticket = t.number,
                         "bus: following the WAL with a direct feed of this gateway's own"
                     );
-                    opts.status.set_mode(Mode::Direct, Some(why.to_string()));
+                    opts.status.set_mode(Follows::Direct, Some(why.to_string()));
                     feed = Some(Direct::start(opts, watch, tx, applied, ready.is_none()));
                     ticket = Some(t);
                 }
@@ -154,7 +154,7 @@ async fn direct<B: Bus>(
                         "{why}; bus.max_direct_fallback ({}) gateways follow the WAL themselves: answering from the database",
                         opts.max_direct
                     );
-                    opts.status.set_mode(Mode::Lost, Some(lost.clone()));
+                    opts.status.set_mode(Follows::Lost, Some(lost.clone()));
                     opts.health.waiting(format!("bus: {lost}"));
                     // At start-up: the gateway goes on without a feed
                     // (`Resource::answer_unbuilt`) rather than wait for the

@@ -17,12 +17,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::cursor::{Cursor, Join};
 use super::{
-    Bus, Entry, EntryId, Mode, Read, Status, primary_and_shapes, primary_through_the_pool,
+    Bus, Entry, EntryId, Follows, Read, Status, primary_and_shapes, primary_through_the_pool,
     primary_where_the_address_leads,
 };
 use crate::db::identity::Identity;
 use crate::feed::probes::{Gap, Probes};
-use crate::feed::watch::Shapes;
+use crate::feed::tracker::Shapes;
 use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Server, Watch, wal};
 use crate::shutdown::Shutdown;
 use crate::snapshot::Mark;
@@ -96,7 +96,7 @@ struct Following<'a, B> {
     opts: &'a ConsumerOptions,
     watch: &'a Watch,
     /// The watched tables' shapes, read with each reading of the primary
-    /// (see "Shapes" in `feed::watch`).
+    /// (see "Shapes" in `feed::tracker`).
     shapes: Shapes,
     tx: &'a mpsc::Sender<Event>,
     shutdown: &'a mut Shutdown,
@@ -183,7 +183,7 @@ impl<'a, B: Bus> Following<'a, B> {
         }
         opts.cursor.set(bus.stream(), start, tx);
         opts.health.streaming();
-        opts.status.set_mode(Mode::Bus, None);
+        opts.status.set_mode(Follows::Bus, None);
         if let Some(r) = ready.take() {
             let _ = r.send(Ok(()));
         }
@@ -336,7 +336,7 @@ impl<'a, B: Bus> Following<'a, B> {
         }
         if self.failing.take().is_some() {
             self.opts.health.streaming();
-            self.opts.status.set_mode(Mode::Bus, None);
+            self.opts.status.set_mode(Follows::Bus, None);
         }
         for r in entries {
             Status::count(&self.opts.status.read);
@@ -386,7 +386,7 @@ impl<'a, B: Bus> Following<'a, B> {
             Some(since) => since,
             None => {
                 self.opts.health.waiting(format!("bus: {e}"));
-                self.opts.status.set_mode(Mode::Bus, Some(e.clone()));
+                self.opts.status.set_mode(Follows::Bus, Some(e.clone()));
                 self.send(Event::Interrupted(e.clone())).await?;
                 *self.failing.insert(Instant::now())
             }

@@ -286,7 +286,7 @@ pub fn is_refusal(e: &BusError) -> bool {
 
 /// Which the consumer follows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Mode {
+pub enum Follows {
     #[default]
     Starting,
     /// The bus.
@@ -298,13 +298,13 @@ pub enum Mode {
     Lost,
 }
 
-impl Mode {
+impl Follows {
     pub fn name(self) -> &'static str {
         match self {
-            Mode::Starting => "starting",
-            Mode::Bus => "bus",
-            Mode::Direct => "direct",
-            Mode::Lost => "lost",
+            Follows::Starting => "starting",
+            Follows::Bus => "bus",
+            Follows::Direct => "direct",
+            Follows::Lost => "lost",
         }
     }
 }
@@ -362,7 +362,7 @@ pub struct Counters {
 
 #[derive(Clone, Debug, Default)]
 pub struct StatusState {
-    pub mode: Mode,
+    pub mode: Follows,
     /// This gateway holds the slot.
     pub relaying: bool,
     /// Who relays, as announced on the bus.
@@ -421,11 +421,11 @@ impl Status {
         self.lock().clone()
     }
 
-    fn set_mode(&self, mode: Mode, detail: Option<String>) {
+    fn set_mode(&self, mode: Follows, detail: Option<String>) {
         let mut s = self.lock();
         s.mode = mode;
         s.detail = detail;
-        if mode != Mode::Bus {
+        if mode != Follows::Bus {
             s.reading.clear();
         }
     }
@@ -469,10 +469,10 @@ pub(crate) async fn primary(pool: &PgPool) -> Option<(Server, Position)> {
 }
 
 /// [`primary`], and the watched tables' shapes read in the same round trip
-/// (see "Shapes" in `feed::watch`).
+/// (see "Shapes" in `feed::tracker`).
 pub(crate) async fn primary_and_shapes(
     pool: &PgPool,
-    shapes: &super::watch::Shapes,
+    shapes: &super::tracker::Shapes,
 ) -> Option<(Server, Position, Vec<Option<String>>)> {
     match tokio::time::timeout(Duration::from_secs(1), shapes.read_with_proof(pool)).await {
         Ok(Ok((server, reading, tables))) => Some((server, reading.insert, tables)),

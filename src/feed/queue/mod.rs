@@ -54,7 +54,7 @@
 //! has delivered every transaction committed before that moment: each is a
 //! [`Event::Heartbeat`]. A failed poll tells the gateway at once
 //! ([`Event::Interrupted`]). Every [`CHECK_EVERY`] the watched tables and
-//! their triggers are checked ([`super::watch::check_triggers`]).
+//! their triggers are checked ([`super::tracker::check_triggers`]).
 //!
 //! Snapshots compare only within one server's history. When the feed's
 //! connection is new (a different backend), it checks the server's
@@ -111,7 +111,7 @@ use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{mpsc, oneshot};
 
 use super::notify::Counters;
-use super::watch::{Shapes, Tracker, check_triggers};
+use super::tracker::{Shapes, Tracker, check_triggers};
 use super::{CHECK_EVERY, Event, Health, Watch};
 use crate::db::identity::Identity;
 use crate::db::triggers::Sink;
@@ -284,7 +284,7 @@ struct Feed {
     at: Position,
     tracker: Tracker,
     /// The watched tables' shapes as last read (see "Shapes" in
-    /// `feed::watch`).
+    /// `feed::tracker`).
     shapes: Shapes,
     ignored: LogThrottle,
     failures: LogThrottle,
@@ -439,7 +439,7 @@ impl Feed {
                 && !rewritten.is_empty()
                 && let Ok(mut conn) = timed(self.pool.acquire()).await
             {
-                super::watch::replace_triggers(&mut conn, &self.watch, &rewritten, Sink::Queue)
+                super::tracker::replace_triggers(&mut conn, &self.watch, &rewritten, Sink::Queue)
                     .await;
             }
             events.extend(rewritten);

@@ -13,13 +13,13 @@ use super::position::{Position, xmin};
 use super::statement::{Failure, timed};
 use crate::db::position::Server;
 use crate::feed::notify::{self, Counters};
-use crate::feed::watch::Shapes;
+use crate::feed::tracker::Shapes;
 use crate::feed::{Event, Watch};
 use crate::telemetry::LogThrottle;
 
 /// One poll: the statement's snapshot, the backend (see `BACKEND` in
 /// `position`: a new one means a new connection), the pruning mark, the
-/// watched tables' shapes (`$2`, `$3`: see "Shapes" in `feed::watch`), and
+/// watched tables' shapes (`$2`, `$3`: see "Shapes" in `feed::tracker`), and
 /// the payloads of the transactions the snapshot shows as committed that
 /// `$1` did not (see the module doc). One row with a NULL payload when
 /// there are none.

@@ -42,7 +42,7 @@ struct TrackedRelation {
     /// The key and served columns as the message describes them: name,
     /// place, type and modifier. Another description of the same relation
     /// later in the session is a rewrite's sign (see "Shapes" in
-    /// `feed::watch`): the table is rescanned after that transaction.
+    /// `feed::tracker`): the table is rescanned after that transaction.
     shape: Vec<(String, usize, u32, i32)>,
 }
 

@@ -2,7 +2,7 @@
 //! session's start and every [`CHECK_EVERY`] while it streams (see "The
 //! principle" in [`crate::feed`]): the publication
 //! ([`crate::db::publication`]) and the watched tables
-//! ([`crate::feed::watch`]).
+//! ([`crate::feed::tracker`]).
 
 use std::sync::atomic::Ordering;
 
@@ -42,7 +42,7 @@ pub(super) async fn check(feed: &mut Feed, conn: &mut PgConnection) -> Result<()
             }
         }
     }
-    let mut seen = crate::feed::watch::tables(conn, &watch).await?;
+    let mut seen = crate::feed::tracker::tables(conn, &watch).await?;
     let prints = publication::fingerprints(conn, &watch, &publication).await?;
     for (s, print) in seen.iter_mut().zip(prints) {
         s.dependency = print;

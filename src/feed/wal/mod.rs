@@ -200,7 +200,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection};
 use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::watch::Tracker;
+use super::tracker::Tracker;
 use super::{Event, Health, Lsn, Position, PrepareError, Server, Watch};
 use crate::db::publication;
 use crate::shutdown::Shutdown;
@@ -344,7 +344,7 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let position = opts.start_position;
-    let shapes = super::watch::Shapes::new(&watch);
+    let shapes = super::tracker::Shapes::new(&watch);
     let mut feed = Feed {
         opts,
         watch: Arc::new(watch),
@@ -443,9 +443,9 @@ struct Feed {
     history: Option<String>,
     tracker: Tracker,
     /// The watched tables' shapes as last read (see "Shapes" in
-    /// `feed::watch`), kept across sessions: a rewrite while the feed was
+    /// `feed::tracker`), kept across sessions: a rewrite while the feed was
     /// away is seen at the next session's first reading.
-    shapes: super::watch::Shapes,
+    shapes: super::tracker::Shapes,
     /// This session's stream started.
     streamed: bool,
     /// The permanent slot's confirmed position when this session opened it

@@ -14,8 +14,8 @@ use sqlx::Row;
 use super::{CONNECT_TIMEOUT, Feed, SessionError, Stats, bounded, slot};
 use crate::db::position::flush_wal;
 use crate::feed::probes::{Gap, Probes};
+use crate::feed::tracker::Shapes;
 use crate::feed::wal::replication::{self, Endpoint, Frame, ReplError, Stream};
-use crate::feed::watch::Shapes;
 use crate::feed::{HEARTBEAT_EVERY, Lsn, Server};
 
 /// How often the feed tells the server its position when nothing else
@@ -45,7 +45,7 @@ pub(super) enum Item {
     /// Everything before this position has been sent.
     Position(Lsn),
     /// The watched tables' shapes, read with the reading a later position
-    /// may prove (see "Shapes" in `feed::watch`).
+    /// may prove (see "Shapes" in `feed::tracker`).
     Shapes(Vec<Option<String>>),
 }
 
@@ -507,7 +507,7 @@ impl Polled {
         self.began = Instant::now();
         // Protocol 1: the SQL interface returns whole transactions only.
         // The shapes in the same statement: read with the positions this
-        // poll proves (see "Shapes" in `feed::watch`).
+        // poll proves (see "Shapes" in `feed::tracker`).
         let peek = format!(
             "SELECT w.ins::text AS ins, w.upto::text AS upto, w.shapes, c.lsn::text AS lsn, c.data
                FROM (SELECT pg_current_wal_insert_lsn() AS ins,

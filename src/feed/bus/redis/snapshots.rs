@@ -32,7 +32,7 @@ use super::{RedisBus, items, parse_entry, text};
 use crate::feed::Watch;
 use crate::feed::bus::EntryId;
 use crate::feed::bus::cursor::Cursor;
-use crate::feed::watch::{self, Shapes};
+use crate::feed::tracker::{self, Shapes};
 use crate::snapshot::{FleetKey, Lease, Mark, Settings, Stats, Store, Stored};
 
 /// How long a snapshot outlives its last write.
@@ -345,7 +345,7 @@ impl Store for RedisSnapshots {
                     .bind(shapes.columns())
                     .fetch_one(&mut *conn)
                     .await?;
-                let seen = watch::tables(&mut conn, &self.watch).await?;
+                let seen = tracker::tables(&mut conn, &self.watch).await?;
                 Ok::<_, sqlx::Error>((now, seen))
             };
             let (now, seen) = tokio::time::timeout(Duration::from_secs(5), read)
