@@ -268,7 +268,17 @@ async fn an_entry_lost_with_its_redis_never_shares_an_id_with_the_next_terms() {
         // The next term: its slot is past the stream, so a resync first.
         let mut next = handle(&redis, &key);
         assert_eq!(next.head().await.unwrap(), EntryId { lsn: 100, seq: 0 });
-        next.append(&Resync::all("gap").into_entry()).await.unwrap();
+        // Placed as a relay places it: at the slot's position, past the
+        // stream's newest entry.
+        next.append(
+            &Resync::all_upto(
+                "gap",
+                bloomgate::feed::Position::new(TL, bloomgate::feed::Lsn(300)),
+            )
+            .into_entry(),
+        )
+        .await
+        .unwrap();
         next.append(&commit(400)).await.unwrap();
         // The consumer that had read the lost entry reads on after it.
         let read = next

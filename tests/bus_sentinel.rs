@@ -579,17 +579,24 @@ async fn a_snapshot_of_the_old_node_never_stands_for_the_promoted_node_s_resync(
         .unwrap_or(false)
     })
     .await;
-    site.split().await;
-    eventually("the relay appends to the promoted node", || async {
-        id(&last_id(&site.replica, &stream).await) > id(&held)
-    })
-    .await;
+    // The premise: the second gateway still reads the replica, which
+    // holds nothing past the cut (nothing rebuilds it meanwhile).
+    assert_eq!(
+        new.bus_status().unwrap().get().reading,
+        format!("replica 127.0.0.1:{}", site.replica.port)
+    );
+    assert_eq!(last_id(&site.replica, &stream).await, held);
     let rebuilt = new
         .resource("users_by_email")
         .unwrap()
         .stats
         .rebuilds
         .load(std::sync::atomic::Ordering::Relaxed);
+    site.split().await;
+    eventually("the relay appends to the promoted node", || async {
+        id(&last_id(&site.replica, &stream).await) > id(&held)
+    })
+    .await;
     eventually(
         "the promoted node's reader rebuilt and is vouched again",
         || async {

@@ -1046,6 +1046,79 @@ async fn a_switchover_that_keeps_the_slot_keeps_the_filter() {
     gw.stop();
 }
 
+/// A filter scanned on a read replica survives a switchover the permanent
+/// slot survived, as one scanned on the primary does: its scan's bound is
+/// the replica's replay position, read in the scan's transaction (the
+/// replica's snapshot saw nothing past it), which lies before the fork.
+#[tokio::test]
+async fn a_filter_scanned_on_a_read_replica_is_kept_across_a_switchover() {
+    use bloomgate::db::stats::{QueryKind, Target};
+    use bloomgate::rebuild::Reason;
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db(DB, 10).await;
+    let replica = primary.standby();
+    let replica_pool = replica.pool(DB).await;
+    cluster::caught_up(&primary_pool, &replica_pool).await;
+    let gw = started(wal_config_url(
+        &primary.url(DB),
+        &format!(
+            "slot = \"bg_kept\"\nreplica_urls = [\"{}\"]\nmax_replica_lag = \"5s\"\nreplica_check_interval = \"100ms\"",
+            replica.url(DB)
+        ),
+    ))
+    .await;
+    let mut standby = primary.standby();
+    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    let users = gw.resource("users").unwrap();
+    let on_replica = || {
+        users
+            .stats
+            .db_queries
+            .snapshot()
+            .get(QueryKind::Scan, Target::Replica)
+    };
+    let scanned = on_replica();
+    // A rebuild scans a replica once it has replayed what was applied.
+    eventually("a rebuild scanned the replica", || async {
+        users
+            .request_rebuild(Reason::Schedule, false)
+            .outcome()
+            .await
+            .unwrap()
+            .unwrap();
+        on_replica() > scanned
+    })
+    .await;
+    vouched(&gw, "users").await;
+    for _ in 0..2 {
+        assert_eq!(name_of(&gw, 1).await.0, StatusCode::OK);
+    }
+    let before = rebuilds(&gw);
+    primary_pool.close().await;
+    primary.stop("fast");
+    standby.stop("fast");
+    cluster::promote_onto_the_primary_address(&primary, &mut standby);
+    let new_primary = standby.pool(DB).await;
+    exec(
+        &new_primary,
+        "UPDATE users SET name = 'after the switchover' WHERE id = 1;
+         INSERT INTO users (id, email, name) VALUES (5000, 'new@x.org', 'New');",
+    )
+    .await;
+    vouched(&gw, "users").await;
+    kept_with_no_rebuild(&gw, before);
+    let (status, name, cs) = name_of(&gw, 1).await;
+    assert_eq!(
+        (status, name.as_str()),
+        (StatusCode::OK, "after the switchover"),
+        "{cs}"
+    );
+    assert_eq!(name_of(&gw, 5000).await.0, StatusCode::OK);
+    assert_eq!(name_of(&gw, 7777).await.0, StatusCode::NOT_FOUND);
+    replica_pool.close().await;
+    gw.stop();
+}
+
 /// A failover that lost a tail (A > F: the standby stopped receiving, the
 /// old primary went on, the gateway applied it): an insert, an update and
 /// a delete only the old timeline had. The filter is kept (the lost

@@ -274,9 +274,15 @@ const PRIMARY_WRITE_LSN: &str = concat!(
 /// The system and timeline a replica connection reached (see
 /// `db::identity`).
 pub(crate) async fn read_timeline(conn: &mut sqlx::PgConnection) -> Result<Timeline, sqlx::Error> {
+    Ok(read_replay(conn).await?.timeline)
+}
+
+/// A replica's replay position, with its system and timeline, read on
+/// `conn`.
+pub(crate) async fn read_replay(conn: &mut sqlx::PgConnection) -> Result<Position, sqlx::Error> {
     let (system, timeline, lsn): (Option<String>, Option<i64>, i64) =
         sqlx::query_as(REPLAY).fetch_one(conn).await?;
-    Ok(replica_position(system.as_deref(), timeline, lsn).timeline)
+    Ok(replica_position(system.as_deref(), timeline, lsn))
 }
 
 /// A replica's position from [`REPLAY`]'s columns.

@@ -21,12 +21,14 @@ impl Db {
     /// and the scan is exempt from `statement_timeout` (a large table takes a
     /// while). Memory stays constant: keys are handed over chunk by chunk.
     ///
-    /// Also returns, on the primary, a position the snapshot saw nothing
-    /// past: the insert position read in its transaction once the snapshot
-    /// is taken (every commit it sees ends at or before it; see "What a
-    /// reading proves" in `position`). `None` on a replica, or where it
-    /// could not be read. A filter's survival of a promotion rests on it
-    /// (`feed::wal::fork`).
+    /// Also returns a position the snapshot saw nothing past, read in its
+    /// transaction once the snapshot is taken: on the primary its insert
+    /// position (every commit it sees ends at or before it; see "What a
+    /// reading proves" in `position`), on a read replica its replay
+    /// position (a standby's snapshot holds what it had replayed when it
+    /// was taken, at or before what it has replayed when asked after).
+    /// `None` where it could not be read. A filter's survival of a
+    /// promotion rests on it (`feed::wal::fork`).
     ///
     /// # Cancellation
     /// Dropping the future mid-scan (a rebuild task aborted at shutdown)
@@ -169,10 +171,7 @@ async fn scan_keys_on<S>(
         .await?;
     let count: i64 = sqlx::query_scalar(&q.count).fetch_one(&mut *tx).await?;
     // After the count: the snapshot is taken by then.
-    let seen_upto = match primary {
-        true => bound(&mut tx).await?,
-        false => None,
-    };
+    let seen_upto = bound(&mut tx, primary).await?;
     let mut sink = start(count.max(0) as u64);
 
     let began = Instant::now();
@@ -204,21 +203,30 @@ async fn scan_keys_on<S>(
     Ok((sink, keys, seen_upto))
 }
 
-/// The insert position, read in `tx` (see [`Db::scan_keys`]); `None` where
-/// the server refuses it (in recovery: a replica behind the primary's
-/// address), which must not fail the scan: under a savepoint.
+/// The position the scan's snapshot saw nothing past, read in `tx` (see
+/// [`Db::scan_keys`]): the insert position on the `primary`, the replay
+/// position on a replica. `None` where the server refuses it (in recovery:
+/// a replica behind the primary's address), which must not fail the
+/// scan: under a savepoint.
 async fn bound(
     tx: &mut sqlx::Transaction<'_, Postgres>,
+    primary: bool,
 ) -> Result<Option<position::Position>, sqlx::Error> {
     sqlx::query("SAVEPOINT bloomgate_bound")
         .execute(&mut **tx)
         .await?;
-    match position::Server::read(&mut **tx).await {
-        Ok((_, reading)) => {
+    let read = match primary {
+        true => position::Server::read(&mut **tx)
+            .await
+            .map(|(_, reading)| reading.insert),
+        false => super::replicas::read_replay(tx).await,
+    };
+    match read {
+        Ok(at) => {
             sqlx::query("RELEASE SAVEPOINT bloomgate_bound")
                 .execute(&mut **tx)
                 .await?;
-            Ok(Some(reading.insert))
+            Ok(Some(at))
         }
         Err(_) => {
             sqlx::query("ROLLBACK TO SAVEPOINT bloomgate_bound")

@@ -179,7 +179,7 @@ pub struct LiveFilter {
 #[derive(Clone, Copy, Debug)]
 struct Built {
     /// A position its scan saw nothing past (`None`: unknown, a snapshot
-    /// loaded or a scan on a replica).
+    /// loaded, or the scan's position not read).
     seen_upto: Option<Position>,
     /// The highest key its scan found.
     max_int: i64,
@@ -303,7 +303,7 @@ impl LiveFilter {
                 ));
             }
             None => {
-                return Err("its build has no position to compare with the fork (a snapshot loaded, a scan on a replica, or the primary's position not read)".into());
+                return Err("its build has no position to compare with the fork (a snapshot loaded, or the scan's position not read)".into());
             }
         }
         // Lowered only: under the journal lock, as every raise. A load

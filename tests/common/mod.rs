@@ -359,12 +359,19 @@ impl Drop for TestDb {
                     .connect(&admin_url())
                     .await
                 {
-                    // FORCE ends the database's backends, a logical
-                    // walsender among them, but does not wait for it to let
-                    // go of its slot: until it has, the drop fails ("used by
-                    // an active logical replication slot") and the database
-                    // would be left behind. A few tries cover that instant.
+                    // A database with an active logical slot is refused
+                    // before FORCE ends anything ("used by an active logical
+                    // replication slot"), and a gateway still streaming
+                    // would leave it behind: its walsenders are ended first,
+                    // and the drop tried again while they let go.
                     for _ in 0..20 {
+                        let _ = sqlx::query(
+                            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+                             WHERE database = $1 AND active_pid IS NOT NULL",
+                        )
+                        .bind(&name)
+                        .execute(&admin)
+                        .await;
                         let dropped = admin
                             .execute(
                                 format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str(),

@@ -973,13 +973,19 @@ impl World {
     /// for (ready, applied past the marker), then the fault windows are
     /// let close, then every path is compared on every ready gateway.
     async fn quiesce(&mut self, label: &str) {
-        // A look at the address a cut-over silenced speaks again: the
-        // round's window has closed on the pool's own proof.
+        // A look at the address a cut-over silenced speaks again, and the
+        // cut-over's window closes on its bound from now.
+        let now = self.now();
         if let Some(life) = self.life.as_mut()
             && life.look_held
         {
             life.proxy.unstall();
             life.look_held = false;
+            self.shared
+                .model
+                .lock()
+                .unwrap()
+                .close_window("cut-over", now + life::ADDRESS_BOUND + FEED_GAP);
         }
         // An open failover or outage ends first: gateways that cannot
         // reach the database cannot catch up. So does a lost bus where no

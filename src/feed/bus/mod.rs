@@ -50,15 +50,20 @@
 //!   relay's WAL feed proved itself: every commit that ends at or before
 //!   it is in the stream before it) gets `P-1`, and is left out unless `P`
 //!   is past the newest entry's LSN;
-//! - a resync, a coverage change or an interruption (relation-level
-//!   events) gets the newest entry's LSN with a greater sequence, by a
-//!   step drawn at random, so that two relays all but never (odds of
-//!   about 2^-32) give two such entries one ID (`redis`, "Lineage").
+//! - a resync that stands for a position past the newest entry (a term
+//!   whose slot stands past the stream: [`crate::feed::Resync::upto`])
+//!   gets that position's LSN with a sequence drawn at random;
+//! - any other resync, a coverage change or an interruption
+//!   (relation-level events) gets the newest entry's LSN with a greater
+//!   sequence, by a step drawn at random, so that two relays all but never
+//!   (odds of about 2^-32) give two such entries one ID (`redis`,
+//!   "Lineage").
 //!
 //! Every entry carries `p`, the ID of the entry before it, read in the
 //! same atomic step. So the stream is the relay's sequence of commits in
 //! commit order, and an entry's LSN says every commit up to it is in the
-//! stream before it.
+//! stream before it, or, past a resync placed at its position, covered by
+//! the rebuild that resync asks for.
 //!
 //! # Epochs
 //! The relay reads the primary's [`Server`] (system identifier, timeline,

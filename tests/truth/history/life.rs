@@ -35,7 +35,7 @@ pub(crate) fn private_cluster(opts: &Opts) -> bool {
 
 /// How soon the book promises a gateway looks where the address leads (a
 /// literal, not the gateway's constant: raising that must fail here).
-const ADDRESS_BOUND: Duration = Duration::from_secs(5);
+pub(super) const ADDRESS_BOUND: Duration = Duration::from_secs(5);
 
 /// Salts the lifecycle's own stream of random choices.
 const LIFE_SALT: u64 = 0x6c69_6665_6379_639e;
@@ -554,8 +554,9 @@ impl World {
     /// times the pool's connections close, on a direct feed, the look is
     /// silent too until the round's quiescence (its connections,
     /// `bloomgate-address`, stall at the proxy): then only the pool's new
-    /// connections, each reading the server it reached, can move the feed,
-    /// and the window is `FEED_GAP` from the retarget.
+    /// connections, each reading the server it reached, can move the feed
+    /// (a miss opens one), and the window lasts until the quiescence lets
+    /// the look speak again, and [`ADDRESS_BOUND`] and `FEED_GAP` past it.
     pub(super) async fn cut_over(&mut self) -> bool {
         if !self.cluster_idle() {
             return false;
@@ -604,14 +605,16 @@ impl World {
         self.reconnect_writer().await;
         self.reset_model().await;
         let back = self.now();
-        self.shared.model.lock().unwrap().close_window(
-            "cut-over",
-            if look_held {
-                back + FEED_GAP
-            } else {
-                back + ADDRESS_BOUND + FEED_GAP
-            },
-        );
+        // With the look silent, only a pool connection the gateway opens
+        // (a miss) moves the feed, and nothing bounds when one comes: the
+        // window stays open until the quiescence lets the look speak.
+        if !look_held {
+            self.shared
+                .model
+                .lock()
+                .unwrap()
+                .close_window("cut-over", back + ADDRESS_BOUND + FEED_GAP);
+        }
         let life = self.life.as_mut().unwrap();
         life.standby = Some(life.primary.standby());
         life.stranded = life.replica.is_some();

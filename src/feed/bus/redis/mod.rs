@@ -42,7 +42,8 @@
 //! greater sequence. Were that sequence the next one, two relays placing
 //! such an entry after the same entry would give both one ID: the old
 //! relay's on a Redis that then lost it (with commits after it), the new
-//! relay's gap resync on the node promoted in its place. A consumer that
+//! relay's resync on the node promoted in its place (a resync placed at
+//! its position draws its sequence at random too). A consumer that
 //! read the lost one reads on *after* that ID, skips the resync, and finds
 //! the next entry's `p` equal to its position: the lost commits gone
 //! without a break. So the sequence steps by a number drawn at random per
