@@ -46,14 +46,7 @@ async fn a_read_replica_stranded_on_the_old_timeline_is_never_read() {
     let replica = primary.standby();
     let replica_pool = replica.pool(DB).await;
     cluster::caught_up(&primary_pool, &replica_pool).await;
-    let gw = started(wal_config_url(
-        &primary.url(DB),
-        &format!(
-            "replica_urls = [\"{}\"]\nmax_replica_lag = \"5s\"\nreplica_check_interval = \"100ms\"",
-            replica.url(DB)
-        ),
-    ))
-    .await;
+    let gw = started_with_a_replica(&primary, &replica, "").await;
     let standby_pool = standby.pool(DB).await;
     // The publication the gateway installed is on the standby too.
     cluster::caught_up(&primary_pool, &standby_pool).await;
@@ -872,14 +865,7 @@ async fn a_replica_ahead_of_a_restored_primary_is_never_read() {
     std::fs::rename(&copy, &data).unwrap();
     primary.start();
     let pool = primary.pool(DB).await;
-    let gw = started(wal_config_url(
-        &primary.url(DB),
-        &format!(
-            "replica_urls = [\"{}\"]\nmax_replica_lag = \"5s\"\nreplica_check_interval = \"100ms\"",
-            replica.url(DB)
-        ),
-    ))
-    .await;
+    let gw = started_with_a_replica(&primary, &replica, "").await;
     vouched(&gw, "users").await;
     let replica_state = || gw.db.replicas().unwrap().members()[0].snapshot();
     eventually("the replica judged", || async {
@@ -968,6 +954,19 @@ async fn with_a_kept_slot(users: i64) -> (Server, sqlx::PgPool, Arc<Gateway>, Se
     let standby = primary.standby();
     keep_the_slot_on(&primary, &primary_pool, &standby).await;
     (primary, primary_pool, gw, standby)
+}
+
+/// A gateway on the WAL feed of `primary` reading `replica`, checked
+/// every 100 ms, with `extra` in `[database]`.
+async fn started_with_a_replica(primary: &Server, replica: &Server, extra: &str) -> Arc<Gateway> {
+    started(wal_config_url(
+        &primary.url(DB),
+        &format!(
+            "{extra}replica_urls = [\"{}\"]\nmax_replica_lag = \"5s\"\nreplica_check_interval = \"100ms\"",
+            replica.url(DB)
+        ),
+    ))
+    .await
 }
 
 fn rebuilds(gw: &Gateway) -> u64 {
@@ -1070,14 +1069,7 @@ async fn a_filter_scanned_on_a_read_replica_is_kept_across_a_switchover() {
     let replica = primary.standby();
     let replica_pool = replica.pool(DB).await;
     cluster::caught_up(&primary_pool, &replica_pool).await;
-    let gw = started(wal_config_url(
-        &primary.url(DB),
-        &format!(
-            "slot = \"bg_kept\"\nreplica_urls = [\"{}\"]\nmax_replica_lag = \"5s\"\nreplica_check_interval = \"100ms\"",
-            replica.url(DB)
-        ),
-    ))
-    .await;
+    let gw = started_with_a_replica(&primary, &replica, "slot = \"bg_kept\"\n").await;
     let mut standby = primary.standby();
     keep_the_slot_on(&primary, &primary_pool, &standby).await;
     let users = gw.resource("users").unwrap();
