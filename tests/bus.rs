@@ -603,6 +603,176 @@ async fn a_fleet_after_a_failover_follows_the_new_timeline() {
     }
 }
 
+/// A fleet whose bus slot a standby keeps (as Patroni's permanent slots
+/// keep it): two gateways on the bus of `primary`, each vouched for with
+/// user 1 cached, and the standby caught up with the slot copied. Returns
+/// the fleet's gateways, the standby and each gateway's rebuilds so far.
+async fn a_fleet_with_a_kept_slot(
+    redis: &Redis,
+    primary: &common::cluster::Server,
+    primary_pool: &sqlx::PgPool,
+    db: &str,
+) -> (Vec<Arc<Gateway>>, common::cluster::Server, Vec<u64>) {
+    // The fleet's configuration serves users by email too.
+    common::cluster::exec(primary_pool, "ALTER TABLE users REPLICA IDENTITY FULL").await;
+    let standby = primary.standby();
+    let fleet = Fleet::new();
+    let mut gws = Vec::new();
+    for _ in 0..2 {
+        gws.push(started(fleet.config_url(&primary.url(db), redis)).await);
+    }
+    wait_all_on_bus(&gws).await;
+    common::cluster::keep_the_slot_on(primary, primary_pool, &standby, &fleet.slot, db).await;
+    let mut rebuilt = Vec::new();
+    for g in &gws {
+        vouched(g, "users").await;
+        for _ in 0..2 {
+            assert_eq!(get_status(g, "/users/1").await, StatusCode::OK);
+        }
+        assert_eq!(
+            get(g, "/users/1").await.header("cache-status"),
+            "bloomgate; hit"
+        );
+        rebuilt.push(rebuilds(g));
+    }
+    (gws, standby, rebuilt)
+}
+
+fn rebuilds(g: &Gateway) -> u64 {
+    g.resource("users")
+        .unwrap()
+        .stats
+        .rebuilds
+        .load(Ordering::Relaxed)
+}
+
+fn kept_across_failover(g: &Gateway) -> u64 {
+    g.resource("users")
+        .unwrap()
+        .stats
+        .kept_across_failover
+        .load(Ordering::Relaxed)
+}
+
+/// Every gateway of the fleet judged the promotion (kept its filter, or
+/// rebuilt it), and is vouched for again; then it kept it, with no
+/// rebuild since `before`: the new primary was never scanned.
+async fn kept_by_the_fleet(gws: &[Arc<Gateway>], before: &[u64]) {
+    for (g, before) in gws.iter().zip(before) {
+        eventually("the gateway judged the promotion", || async {
+            kept_across_failover(g) > 0 || rebuilds(g) > *before
+        })
+        .await;
+        vouched(g, "users").await;
+        assert_eq!(
+            (kept_across_failover(g), rebuilds(g)),
+            (1, *before),
+            "the filter kept, not rebuilt (bus {:?})",
+            g.bus_status().unwrap().get()
+        );
+        let st = g.bus_status().unwrap().get();
+        assert!(st.stream.contains(":tl2:"), "{st:?}");
+    }
+}
+
+/// A switchover the bus's slot survived: the relay continues the old
+/// epoch's stream on the new one, which opens with one entry saying where
+/// the two meet, and every gateway of the fleet keeps its filter (no scan
+/// of the new primary) and empties its caches. Rows changed and inserted
+/// on the new primary are served.
+#[tokio::test]
+async fn a_fleet_keeps_its_filters_across_a_switchover_its_slot_survived() {
+    use common::cluster::{self, Server};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db("bus_kept", 10).await;
+    let (gws, mut standby, before) =
+        a_fleet_with_a_kept_slot(&redis, &primary, &primary_pool, "bus_kept").await;
+    primary_pool.close().await;
+    primary.stop("fast");
+    standby.stop("fast");
+    cluster::promote_onto_the_primary_address(&primary, &mut standby);
+    let new_primary = standby.pool("bus_kept").await;
+    cluster::exec(
+        &new_primary,
+        "UPDATE users SET name = 'after the switchover' WHERE id = 1;
+         INSERT INTO users (id, email, name) VALUES (5000, 'new@x.org', 'New');",
+    )
+    .await;
+    kept_by_the_fleet(&gws, &before).await;
+    for g in &gws {
+        vouched(g, "users").await;
+        assert_eq!(
+            get(g, "/users/1").await.json()["name"],
+            "after the switchover"
+        );
+        assert_eq!(get_status(g, "/users/5000").await, StatusCode::OK);
+        assert_eq!(get_status(g, "/users/901").await, StatusCode::OK);
+        assert_eq!(get_status(g, "/users/7777").await, StatusCode::NOT_FOUND);
+    }
+    for g in &gws {
+        g.stop();
+    }
+}
+
+/// A failover that lost a tail the fleet had applied (the standby stopped
+/// receiving, the old primary went on): the relay's new stream starts at
+/// the fork, each gateway's filter is kept (the lost insert an extra key,
+/// the lost delete removed nothing), its caches emptied, and every answer
+/// is the new timeline's: the lost update is not served, the row the lost
+/// delete removed is.
+#[tokio::test]
+async fn a_fleet_keeps_its_filters_across_a_failover_that_lost_a_tail() {
+    use common::cluster::{self, Server};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let redis = Redis::start().await;
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db("bus_tail", 10).await;
+    let (gws, mut standby, before) =
+        a_fleet_with_a_kept_slot(&redis, &primary, &primary_pool, "bus_tail").await;
+    standby.stop("fast");
+    cluster::exec(
+        &primary_pool,
+        "INSERT INTO users (id, email, name) VALUES (2050, 'lost', 'Lost');
+         UPDATE users SET name = 'a lost update' WHERE id = 2;
+         DELETE FROM users WHERE id = 3;",
+    )
+    .await;
+    for g in &gws {
+        vouched(g, "users").await;
+        for _ in 0..2 {
+            assert_eq!(get(g, "/users/2").await.json()["name"], "a lost update");
+        }
+        assert_eq!(get_status(g, "/users/3").await, StatusCode::NOT_FOUND);
+    }
+    primary_pool.close().await;
+    cluster::promote_onto_the_primary_address(&primary, &mut standby);
+    let new_primary = standby.pool("bus_tail").await;
+    cluster::exec(
+        &new_primary,
+        "INSERT INTO users (id, email, name) VALUES (5000, 'new@x.org', 'New')",
+    )
+    .await;
+    kept_by_the_fleet(&gws, &before).await;
+    for g in &gws {
+        vouched(g, "users").await;
+        let r = get(g, "/users/2").await;
+        assert_eq!(
+            (r.status, r.json()["name"].clone()),
+            (StatusCode::OK, serde_json::json!("User 2")),
+            "the lost update is not served ({})",
+            r.header("cache-status")
+        );
+        assert_eq!(get_status(g, "/users/3").await, StatusCode::OK);
+        assert_eq!(get_status(g, "/users/2050").await, StatusCode::NOT_FOUND);
+        assert_eq!(get_status(g, "/users/5000").await, StatusCode::OK);
+    }
+    for g in &gws {
+        g.stop();
+    }
+}
+
 /// The primary restored from a cold copy of itself: the same system
 /// identifier and timeline, at a lower position. The stream's key did not
 /// change, so the new relay's appends were refused as duplicates until the

@@ -897,62 +897,15 @@ async fn a_replica_ahead_of_a_restored_primary_is_never_read() {
     drop((pool, replica_pool));
 }
 
-/// The permanent slot `bg_kept`, copied to `standby` as Patroni's
-/// permanent slots keep it on a replica: the gateway on `primary` has
-/// applied and confirmed past the standby's base backup (so the WAL the
-/// copy needs is on the standby), the primary's checkpoint wrote the
-/// slot's state, and the standby, restarted with the copy, caught up.
-async fn keep_the_slot_on(primary: &Server, primary_pool: &sqlx::PgPool, standby: &Server) {
-    let backup_end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
-        .fetch_one(primary_pool)
-        .await
-        .unwrap();
-    let mut id = 900;
-    eventually_within(
-        "the slot's restart position past the standby's base backup",
-        Duration::from_secs(60),
-        || {
-            id += 1;
-            let id = id;
-            let backup_end = backup_end.clone();
-            async move {
-                exec(primary_pool, &format!("INSERT INTO users (id, email, name) VALUES ({id}, 'k{id}', 'Kept {id}') ON CONFLICT (id) DO UPDATE SET name = excluded.name; CHECKPOINT")).await;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                sqlx::query_scalar::<_, bool>(
-                    "SELECT restart_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = 'bg_kept'",
-                )
-                .bind(&backup_end)
-                .fetch_one(primary_pool)
-                .await
-                .unwrap_or(false)
-            }
-        },
-    )
-    .await;
-    exec(primary_pool, "CHECKPOINT").await;
-    standby.stop("fast");
-    standby.copy_slot_from(primary, "bg_kept");
-    standby.start();
-    let standby_pool = standby.pool(DB).await;
-    cluster::caught_up(primary_pool, &standby_pool).await;
-    let slots: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'bg_kept'")
-            .fetch_one(&standby_pool)
-            .await
-            .unwrap();
-    assert_eq!(slots, 1, "the standby holds the copied slot");
-    standby_pool.close().await;
-}
-
 /// A primary with `users` users, a gateway on it with the permanent slot
 /// `bg_kept`, and a standby that holds a copy of the slot
-/// ([`keep_the_slot_on`]).
+/// ([`cluster::keep_the_slot_on`]).
 async fn with_a_kept_slot(users: i64) -> (Server, sqlx::PgPool, Arc<Gateway>, Server) {
     let primary = Server::primary(&[]);
     let primary_pool = primary.create_db(DB, users).await;
     let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
     let standby = primary.standby();
-    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    cluster::keep_the_slot_on(&primary, &primary_pool, &standby, "bg_kept", DB).await;
     (primary, primary_pool, gw, standby)
 }
 
@@ -1071,7 +1024,7 @@ async fn a_filter_scanned_on_a_read_replica_is_kept_across_a_switchover() {
     cluster::caught_up(&primary_pool, &replica_pool).await;
     let gw = started_with_a_replica(&primary, &replica, "slot = \"bg_kept\"\n").await;
     let mut standby = primary.standby();
-    keep_the_slot_on(&primary, &primary_pool, &standby).await;
+    cluster::keep_the_slot_on(&primary, &primary_pool, &standby, "bg_kept", DB).await;
     let users = gw.resource("users").unwrap();
     let on_replica = || {
         users
@@ -1210,7 +1163,7 @@ async fn measure_a_failover_that_keeps_the_filter() {
         let gw = started(wal_config_url(&primary.url(DB), "slot = \"bg_kept\"")).await;
         let mut standby = primary.standby();
         if keep {
-            keep_the_slot_on(&primary, &primary_pool, &standby).await;
+            cluster::keep_the_slot_on(&primary, &primary_pool, &standby, "bg_kept", DB).await;
         } else {
             let standby_pool = standby.pool(DB).await;
             cluster::caught_up(&primary_pool, &standby_pool).await;

@@ -99,6 +99,7 @@ impl Feed {
             silence_limit,
             install: false,
             start_position: None,
+            start_server: None,
             idle_confirm_applied: false,
             broken_slot: Default::default(),
             identity: None,

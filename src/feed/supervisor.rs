@@ -230,6 +230,7 @@ impl Supervisor {
                     silence_limit: wal::SILENCE_LIMIT,
                     install: cfg.install_feed,
                     start_position: None,
+                    start_server: None,
                     idle_confirm_applied: false,
                     broken_slot: Default::default(),
                     identity: Some(db.identity.clone()),

@@ -403,3 +403,58 @@ pub fn promote_onto_the_primary_address(primary: &Server, standby: &mut Server) 
     standby.stop("fast");
     standby.start_on(port);
 }
+
+/// The permanent slot `slot`, copied to `standby` as Patroni's permanent
+/// slots keep it on a replica: the gateway on `primary` (database `db`) has
+/// applied and confirmed past the standby's base backup (so the WAL the
+/// copy needs is on the standby), the primary's checkpoint wrote the
+/// slot's state, and the standby, restarted with the copy, caught up.
+pub async fn keep_the_slot_on(
+    primary: &Server,
+    primary_pool: &PgPool,
+    standby: &Server,
+    slot: &str,
+    db: &str,
+) {
+    let backup_end: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(primary_pool)
+        .await
+        .unwrap();
+    let mut id = 900;
+    super::eventually_within(
+        "the slot's restart position past the standby's base backup",
+        Duration::from_secs(60),
+        || {
+            id += 1;
+            let id = id;
+            let backup_end = backup_end.clone();
+            async move {
+                exec(primary_pool, &format!("INSERT INTO users (id, email, name) VALUES ({id}, 'k{id}', 'Kept {id}') ON CONFLICT (id) DO UPDATE SET name = excluded.name; CHECKPOINT")).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                sqlx::query_scalar::<_, bool>(
+                    "SELECT restart_lsn >= $1::pg_lsn FROM pg_replication_slots WHERE slot_name = $2",
+                )
+                .bind(&backup_end)
+                .bind(slot)
+                .fetch_one(primary_pool)
+                .await
+                .unwrap_or(false)
+            }
+        },
+    )
+    .await;
+    exec(primary_pool, "CHECKPOINT").await;
+    standby.stop("fast");
+    standby.copy_slot_from(primary, slot);
+    standby.start();
+    let standby_pool = standby.pool(db).await;
+    caught_up(primary_pool, &standby_pool).await;
+    let slots: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1")
+            .bind(slot)
+            .fetch_one(&standby_pool)
+            .await
+            .unwrap();
+    assert_eq!(slots, 1, "the standby holds the copied slot");
+    standby_pool.close().await;
+}

@@ -106,6 +106,9 @@ pub struct Report {
     pub unavailable: u64,
     /// The writer's transactions Postgres aborted (deadlocks), retried.
     pub writer_aborts: u64,
+    /// Filters kept across a promotion, summed over the gateways and
+    /// their resources (`failover-kept-slot`: how often the proof held).
+    pub kept: u64,
     pub violations: Vec<String>,
     pub journal: Vec<String>,
     /// The seed's choices (slot kind, replica), for the failure message.
@@ -1346,6 +1349,15 @@ impl World {
         let mut report = std::mem::take(&mut self.report);
         report.checks = self.shared.checks.load(Ordering::Relaxed);
         report.unavailable = self.shared.unavailable.load(Ordering::Relaxed);
+        report.kept = self
+            .shared
+            .gws
+            .read()
+            .unwrap()
+            .iter()
+            .flat_map(|g| g.gw.resources.iter())
+            .map(|r| r.stats.kept_across_failover.load(Ordering::Relaxed))
+            .sum();
         report.violations = std::mem::take(&mut *self.shared.violations.lock().unwrap());
         report.journal = std::mem::take(&mut *self.shared.journal.lock().unwrap());
         report

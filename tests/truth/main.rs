@@ -239,7 +239,9 @@
 //! first, as Patroni's permanent slots keep it. On the WAL feeds the
 //! gateways may then keep their filters across the promotion
 //! (`feed::wal::fork`; polled, they fall back); on the bus the relay's
-//! next term starts a new epoch's stream, a gap for the fleet as before. The stream
+//! next term judges the promotion from the stream before, and the fleet
+//! keeps its filters (see "A promotion the slot survived" in
+//! `feed::bus`). The stream
 //! draws whether the gateways end up behind the fork point (the standby
 //! streams on and the old primary stops cleanly: a switchover) or ahead
 //! of it (the standby stops and the old primary crashes later: a lost
@@ -864,6 +866,7 @@ async fn check(feed: Feed) {
         total.checks += report.checks;
         total.unavailable += report.unavailable;
         total.writer_aborts += report.writer_aborts;
+        total.kept += report.kept;
         if !report.violations.is_empty() {
             let n = report.violations.len();
             eprintln!(
@@ -890,7 +893,7 @@ async fn check(feed: Feed) {
         }
     }
     eprintln!(
-        "truth: feed={} histories={histories} operations={} faults={} checks={} violations={} (503s: {}, writer transactions aborted by Postgres: {}) in {:.0?}",
+        "truth: feed={} histories={histories} operations={} faults={} checks={} violations={} (503s: {}, writer transactions aborted by Postgres: {}, filters kept across a promotion: {}) in {:.0?}",
         feed.name(),
         total.ops,
         total.faults,
@@ -898,6 +901,7 @@ async fn check(feed: Feed) {
         total.violations.len(),
         total.unavailable,
         total.writer_aborts,
+        total.kept,
         began.elapsed()
     );
     assert!(

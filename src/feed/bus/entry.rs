@@ -1,6 +1,7 @@
 //! One entry of the bus, and its encoding: a kind (`k`: `b` a batch of
 //! commits, `c` one commit, `h` heartbeat, `r` resync, `v` coverage, `i`
-//! interruption) and a JSON body (`d`). A commit carries what the applier
+//! interruption, `f` a promotion the relay's slot survived) and a JSON
+//! body (`d`). A commit carries what the applier
 //! reads and nothing else: its xid, LSN, commit time, and per changed row
 //! the table, the operation and the watched columns of the new and old row
 //! (a value is `null`, its canonical text, or `0` for "not carried",
@@ -16,7 +17,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::{Value as Json, json};
 
 use crate::feed::{
-    Columns, Commit, Coverage, Lsn, Op, Phase, Position, Resync, RowChange, Scope, Timeline, Value,
+    Columns, Commit, Coverage, Fork, Lsn, Op, Phase, Position, Resync, RowChange, Scope, Server,
+    Timeline, Value,
 };
 
 /// What the relay appends.
@@ -31,6 +33,24 @@ pub enum Entry {
     Coverage(Coverage),
     /// The relay's stream stopped; why.
     Interrupted(String),
+    /// The first entry of a new epoch's stream whose relay proved its slot
+    /// survived the promotion (see "A promotion the slot survived" in
+    /// [`super`]).
+    Fork(Forked),
+}
+
+/// A promotion the relay proved: the stream it continues, the fork, and
+/// where the new stream takes over from the old one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forked {
+    /// The epoch of the stream the relay continued.
+    pub from: Server,
+    pub fork: Fork,
+    /// `min(A, F)`: `A` the old stream's newest position when the relay
+    /// started, `F` the fork. Every commit of the new history up to it is
+    /// in the old stream; every one after it is in the new stream. The
+    /// entry is placed there.
+    pub kept: Lsn,
 }
 
 impl Entry {
@@ -43,6 +63,7 @@ impl Entry {
             Entry::Resync(_) => "r",
             Entry::Coverage(_) => "v",
             Entry::Interrupted(_) => "i",
+            Entry::Fork(_) => "f",
         }
     }
 
@@ -55,6 +76,7 @@ impl Entry {
             Entry::Batch(b) => b.last().and_then(|c| c.position).map_or(0, |p| p.lsn.0),
             Entry::Heartbeat(l) => l.0,
             Entry::Resync(r) => r.upto.map_or(0, |p| p.lsn.0),
+            Entry::Fork(f) => f.kept.0,
             _ => 0,
         }
     }
@@ -79,6 +101,16 @@ impl Entry {
             }),
             Entry::Coverage(c) => json!({ "t": &*c.table, "p": c.problem }),
             Entry::Interrupted(why) => json!({ "why": why }),
+            // The system identifier as text: JSON readers elsewhere (a
+            // person's `XRANGE`, another language) read numbers as doubles.
+            Entry::Fork(f) => json!({
+                "sys": f.from.timeline.system.to_string(),
+                "from": f.from.timeline.id,
+                "start": f.from.started_us,
+                "at": f.fork.at.0,
+                "to": f.fork.to.id,
+                "kept": f.kept.0,
+            }),
         };
         v.to_string()
     }
@@ -126,6 +158,44 @@ impl Entry {
                 problem: v.get("p").and_then(Json::as_str).map(str::to_string),
             }),
             "i" => Entry::Interrupted(text(&v, "why")?),
+            "f" => {
+                let num = |field: &str| {
+                    v.get(field)
+                        .and_then(Json::as_u64)
+                        .ok_or_else(|| format!("entry field {field} missing"))
+                };
+                let system: u64 = text(&v, "sys")?
+                    .parse()
+                    .map_err(|_| "entry field sys: not a number".to_string())?;
+                let id = |field: &str| {
+                    num(field).and_then(|n| {
+                        u32::try_from(n).map_err(|_| format!("entry field {field}: out of range"))
+                    })
+                };
+                let started_us = v
+                    .get("start")
+                    .and_then(Json::as_i64)
+                    .ok_or("entry field start missing")?;
+                let from = Timeline {
+                    system,
+                    id: id("from")?,
+                };
+                Entry::Fork(Forked {
+                    from: Server {
+                        timeline: from,
+                        started_us,
+                    },
+                    fork: Fork {
+                        from,
+                        at: Lsn(num("at")?),
+                        to: Timeline {
+                            system,
+                            id: id("to")?,
+                        },
+                    },
+                    kept: Lsn(num("kept")?),
+                })
+            }
             other => return Err(format!("unknown entry kind {other:?}")),
         })
     }
@@ -326,6 +396,27 @@ mod tests {
         assert!(
             matches!(Entry::decode("v", TL, 0, &v.encode()).unwrap(), Entry::Coverage(c) if c.problem.is_none())
         );
+        let system = u64::MAX - 7;
+        let from = Timeline { system, id: 3 };
+        let f = Forked {
+            from: Server {
+                timeline: from,
+                started_us: -5,
+            },
+            fork: Fork {
+                from,
+                at: Lsn(0x5000_0000),
+                to: Timeline { system, id: 4 },
+            },
+            kept: Lsn(0x4fff_0000),
+        };
+        let e = Entry::Fork(f);
+        assert_eq!(e.lsn(), 0x4fff_0000, "placed where the streams meet");
+        match Entry::decode("f", TL, 0, &e.encode()).unwrap() {
+            Entry::Fork(back) => assert_eq!(back, f),
+            e => panic!("{e:?}"),
+        }
+        assert!(Entry::decode("f", TL, 0, r#"{"sys":"1","from":1}"#).is_err());
         assert!(Entry::decode("c", TL, 1, "{").is_err());
         assert!(Entry::decode("z", TL, 1, "null").is_err());
         assert!(Entry::decode("c", TL, 1, r#"{"ch":[["t","x",null,null]]}"#).is_err());

@@ -10,6 +10,7 @@
 //! returns `Err(Ended)` when the mode ends.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
@@ -286,11 +287,13 @@ impl<'a, B: Bus> Following<'a, B> {
     }
 
     /// A new epoch (a failover, a restart, a restore, another cluster):
-    /// its stream, after its newest entry (a commit in it by then was
-    /// visible before the resync's scan), once a relay has started it;
-    /// nothing of the old epoch proves anything now (the probes dropped
-    /// what they held).
+    /// its stream, once a relay has started it. Where that stream
+    /// continues this one ([`Following::continued`]), from its first
+    /// entry; else after its newest entry (a commit in it by then was
+    /// visible before the resync's scan). Nothing of the old epoch proves
+    /// anything now (the probes dropped what they held).
     async fn move_to(&mut self, now: Server, change: &str) -> Result<(), Ended> {
+        let before = self.bus.epoch();
         self.opts.identity.follow(now);
         self.bus.set_epoch(now);
         self.opts.status.set_stream(self.bus.stream());
@@ -315,6 +318,9 @@ impl<'a, B: Bus> Following<'a, B> {
                 () = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
         };
+        if self.continued(before, now).await? {
+            return Ok(());
+        }
         self.last = head;
         self.proven = Lsn(head.lsn);
         // Read before the resync is passed on: a rebuild it starts needs a
@@ -324,6 +330,68 @@ impl<'a, B: Bus> Following<'a, B> {
         self.send(Resync::all(format!("bus: {change}"))).await?;
         self.opts.cursor.set(self.bus.stream(), head, self.tx);
         Ok(())
+    }
+
+    /// Whether the new epoch's stream continues the one this consumer read
+    /// (see "A promotion the slot survived" in [`super`]), and the move is
+    /// made: its first entry is the relay's [`Forked`] from this
+    /// consumer's epoch, and the old stream, read to its end, reached the
+    /// position where the new one takes over with no entry missing. Then
+    /// every commit of the new history up to there is applied, the new
+    /// stream brings every one after it, and the applier empties every
+    /// cache and keeps each filter whose own proof holds
+    /// ([`Event::Fork`]). The old stream's entries past the fork (a tail
+    /// the new timeline lost) are applied first: an insert is an extra key
+    /// in a filter, and the caches they touched are emptied with the rest.
+    async fn continued(&mut self, before: Server, now: Server) -> Result<bool, Ended> {
+        let first = match self.bus.read(EntryId::START, READ_WAIT, 1).await {
+            Ok(mut read) if !read.is_empty() => read.swap_remove(0),
+            _ => return Ok(false),
+        };
+        let forked = match first.entry {
+            Ok(Entry::Fork(f))
+                if first.prev == EntryId::START
+                    && f.from == before
+                    && f.fork.to == now.timeline =>
+            {
+                f
+            }
+            _ => return Ok(false),
+        };
+        self.bus.set_epoch(before);
+        let reached = self.read_to_the_end().await;
+        self.bus.set_epoch(now);
+        if !reached? || Lsn(self.last.lsn) < forked.kept {
+            return Ok(false);
+        }
+        self.last = first.at;
+        self.proven = forked.kept;
+        // Read before the fork is passed on: a rebuild it starts needs a
+        // snapshot of this stream from here on (see `cursor`).
+        self.opts.cursor.read(self.bus.stream(), first.at);
+        tracing::warn!(from = before.timeline.id, to = now.timeline.id, fork_at = %forked.fork.at, kept = %forked.kept, stream = %self.bus.stream(), "bus: the primary was promoted and the relay's slot survived; every cache is emptied, the filters are kept where their builds saw nothing the new timeline lost");
+        self.send(Event::Fork(forked.fork)).await?;
+        self.opts.cursor.set(self.bus.stream(), first.at, self.tx);
+        Ok(true)
+    }
+
+    /// Reads the stream in use up to its newest entry as it is now,
+    /// passing every entry on; whether it got there with every entry (a
+    /// break is a resync passed on already).
+    async fn read_to_the_end(&mut self) -> Result<bool, Ended> {
+        let Ok(end) = self.bus.head().await else {
+            return Ok(false);
+        };
+        let opts = self.opts;
+        let breaks = &opts.status.breaks;
+        let broken = breaks.load(Ordering::Relaxed);
+        while self.last < end {
+            match self.bus.read(self.last, READ_WAIT, BATCH).await {
+                Ok(read) if !read.is_empty() => self.take(read).await?,
+                _ => return Ok(false),
+            }
+        }
+        Ok(breaks.load(Ordering::Relaxed) == broken)
     }
 
     /// Entries read: each checked against its predecessor, passed on.
@@ -367,6 +435,10 @@ impl<'a, B: Bus> Following<'a, B> {
                 Ok(Entry::Resync(r)) => Event::Resync(r),
                 Ok(Entry::Coverage(c)) => Event::Coverage(c),
                 Ok(Entry::Interrupted(why)) => Event::Interrupted(format!("bus relay: {why}")),
+                // Met only as a stream's first entry, where `continued`
+                // reads it: anywhere else it says nothing this consumer
+                // can use, and nothing it must do.
+                Ok(Entry::Fork(_)) => continue,
                 Err(e) => {
                     Status::count(&self.opts.status.breaks);
                     tracing::warn!(error = %e, at = %r.at, "bus: an entry that does not decode; every filter is rebuilt");
@@ -409,14 +481,13 @@ impl<'a, B: Bus> Following<'a, B> {
         }
         let status = &self.opts.status;
         let newest = self.probes.newest().unwrap_or(self.proven);
-        status.lag_bytes.store(
-            newest.0.saturating_sub(self.proven.0),
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        status
+            .lag_bytes
+            .store(newest.0.saturating_sub(self.proven.0), Ordering::Relaxed);
         let oldest = self.probes.oldest().map(|asked| asked.elapsed());
         status.lag_ms.store(
             oldest.map_or(0, |d| d.as_millis() as u64),
-            std::sync::atomic::Ordering::Relaxed,
+            Ordering::Relaxed,
         );
         // A Redis replica that stopped following its primary freezes the
         // stream without an error, and so does a primary the sentinels no

@@ -68,13 +68,14 @@
 //! # Epochs
 //! The relay reads the primary's [`Server`] (system identifier, timeline,
 //! postmaster start time) at the start of each term and appends to that
-//! epoch's stream, marking the streams of other epochs to expire
-//! (`redis`, "Epochs"); a commit on another timeline or a reading of
+//! epoch's stream, marking the streams of other epochs to expire once it
+//! holds an entry (`redis`, "Epochs"); a commit on another timeline or a reading of
 //! another server ends its term (the next one starts on the new stream).
 //! Every consumer reads the primary's [`Server`] with each reading of its
 //! insert position (every 100 ms): on a new epoch (a failover, a restart,
 //! a restore) it moves to that epoch's stream, after its newest entry, and
-//! resyncs (every cache and negative entry emptied, every filter rebuilt:
+//! resyncs, unless that stream continues its own (see "A promotion the
+//! slot survived" below) (every cache and negative entry emptied, every filter rebuilt:
 //! the old epoch may have had commits the new one lacks, visible ones
 //! made with `synchronous_commit = off` that a crash lost, and loads may
 //! have cached them); it proves itself current only with entries and
@@ -83,6 +84,34 @@
 //! the gateway that reached another server than the one the consumer
 //! follows (`db::identity`) makes it read the primary on a connection of
 //! its own, where the address leads now.
+//!
+//! # A promotion the slot survived
+//! Where the bus's slot survives a promotion (Patroni's permanent slots,
+//! PostgreSQL 17's failover slots), the fleet keeps its filters, as a
+//! direct feed does (see `wal::fork`). A relay whose new epoch's stream
+//! is empty asks the bus which stream was in use before it
+//! ([`Bus::previous`]: the other stream not yet retired; the streams of
+//! other epochs are retired only once the new one holds an entry). If it
+//! is of another timeline, its term's WAL feed starts as though it had
+//! applied that stream, up to its newest position `A`, from that epoch's
+//! server: the feed judges the promotion with the slot it kept and the
+//! new timeline's history. Proven, the stream's first entry is an
+//! [`Entry::Fork`] ([`Forked`]): the old epoch, the fork `F`, and
+//! `K = min(A, F)`, where it is placed. Every commit of the new history
+//! up to `K` is in the old stream, and the new stream brings every one
+//! after it (the slot stood at or before `K`). Not proven, the first entry
+//! is a resync, as for any new server.
+//!
+//! A consumer that moves to the new epoch reads that first entry: a
+//! `Fork` from the epoch it read, then it reads the old stream to its end
+//! (its tail past `F`, which the new timeline lost, included: an extra key
+//! in a filter is safe, and the caches go with the fork). Once it reached
+//! `K` with no entry missing, it passes the fork on
+//! ([`Event::Fork`](super::Event::Fork): every cache emptied, each filter
+//! kept where its build saw nothing past `F`) and reads the new stream
+//! after that entry. Anything else (another first entry, a stream it
+//! cannot read to `K`, a break) is the resync of "Epochs". Tested in
+//! `tests/bus.rs` for a switchover and for a failover that lost a tail.
 //!
 //! # Guarantees (tested in `tests/bus.rs`; reading Redis replicas, in
 //! `tests/bus_replicas.rs`)
@@ -155,7 +184,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-pub use entry::Entry;
+pub use entry::{Entry, Forked};
 
 use super::{Position, Server, Watch};
 
@@ -221,6 +250,12 @@ pub trait Bus: Send + 'static {
     /// The stream in use is the epoch's: the streams of other epochs of
     /// the same key expire a while later (the relay, as it starts a term).
     fn retire_others(&mut self) -> impl Future<Output = Result<(), BusError>> + Send;
+    /// The epoch whose stream was in use before this one's, and its newest
+    /// entry: the one other stream not yet retired. `None` when there is
+    /// none, or more than one (see "A promotion the slot survived").
+    fn previous(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<(Server, EntryId)>, BusError>> + Send;
     /// The name of the stream in use (the status page).
     fn stream(&self) -> &str;
     /// The node the handle's connection reached, its role and address
@@ -520,6 +555,20 @@ pub fn epoch_key(base: &str, server: &Server) -> String {
     format!("{base}:tl{}:s{}", server.timeline.id, server.started_us)
 }
 
+/// The epoch of the stream `key` of `base` ([`epoch_key`] read back), on
+/// the database system `system` (which `base` names).
+pub fn epoch_of(base: &str, key: &str, system: u64) -> Option<Server> {
+    let rest = key.strip_prefix(base)?.strip_prefix(":tl")?;
+    let (id, start) = rest.split_once(":s")?;
+    Some(Server {
+        timeline: super::Timeline {
+            system,
+            id: id.parse().ok()?,
+        },
+        started_us: start.parse().ok()?,
+    })
+}
+
 /// The stream's key without its timeline (see "The stream"): the
 /// cluster's system identifier (the server's address and port where the
 /// role may not read it), the database, and a fingerprint of the watched
@@ -578,4 +627,25 @@ pub fn whoami() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
     format!("{host}:{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::feed::Timeline;
+
+    #[test]
+    fn an_epoch_key_reads_back_as_its_epoch() {
+        let base = "bg:7:db:f00";
+        for (id, started_us) in [(1, 0), (7, 1_733_000_000_123_456), (u32::MAX, -42)] {
+            let s = Server {
+                timeline: Timeline { system: 7, id },
+                started_us,
+            };
+            assert_eq!(epoch_of(base, &epoch_key(base, &s), 7), Some(s));
+        }
+        assert_eq!(epoch_of(base, "bg:7:db:f00:epochs", 7), None);
+        assert_eq!(epoch_of(base, "other:tl1:s2", 7), None);
+        assert_eq!(epoch_of(base, "bg:7:db:f00:tlx:s2", 7), None);
+    }
 }

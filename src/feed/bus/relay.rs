@@ -16,6 +16,10 @@
 //! everything) has nobody relying on it: its consumers scan only once
 //! they have seen its first entry, so a slot created for it is no gap,
 //! and the fleet does not rebuild a second time at start-up.
+//! Unless it continues the stream of the epoch before a promotion the
+//! slot survived: then the feed judges that promotion, and the stream
+//! opens with the fork (see "A promotion the slot survived" in
+//! [`super`]).
 //!
 //! What the feed delivers becomes entries: commits once they are visible
 //! (their `Received` delivery is skipped), in batches, resyncs, coverage
@@ -45,7 +49,7 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Appended, Bus, Entry, Status, primary, primary_where_the_address_leads};
+use super::{Appended, Bus, Entry, Forked, Status, primary, primary_where_the_address_leads};
 use crate::feed::probes::{Gap, Probes};
 use crate::feed::{
     Event, FeedState, HEARTBEAT_EVERY, Health, Lsn, Phase, Position, Resync, Scope, Watch, wal,
@@ -131,14 +135,12 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
                 continue;
             }
         };
-        // The streams of earlier epochs go a while later ("Epochs" in
-        // `redis`); a bus that does not answer this is one the term's
-        // first append finds out about.
-        if let Err(e) = bus.retire_others().await {
-            tracing::debug!(error = %e, "bus relay: could not retire the streams of other epochs");
-        }
         let start = Position::new(server.timeline, Lsn(head.lsn));
         let fresh = head == super::EntryId::START;
+        let before = match fresh {
+            true => continues(&mut bus, server).await,
+            false => None,
+        };
         // The term's readings on a pool of its own, opened now: the
         // relay's pool may hold connections to a server the address has
         // moved away from (a cut-over that leaves the old one up), whose
@@ -152,6 +154,7 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
             server,
             start,
             fresh,
+            before,
             &refusals,
             &mut shutdown,
         )
@@ -209,6 +212,20 @@ async fn gather(
         }
     }
     batch
+}
+
+/// The stream a new epoch's stream may continue (see "A promotion the
+/// slot survived" in [`super`]): the epoch before it, on another
+/// timeline, and its newest entry. Another start of the same timeline (a
+/// restart, a restore) is no promotion, and an empty stream holds nothing
+/// to continue.
+async fn continues<B: Bus>(
+    bus: &mut B,
+    now: crate::feed::Server,
+) -> Option<(crate::feed::Server, super::EntryId)> {
+    let (before, head) = bus.previous().await.ok().flatten()?;
+    (before.timeline.id != now.timeline.id && head != super::EntryId::START)
+        .then_some((before, head))
 }
 
 /// Whether nobody holds `slot` (or it does not exist yet).
@@ -271,6 +288,7 @@ async fn term<B: Bus>(
     server: crate::feed::Server,
     head: Position,
     fresh: bool,
+    before: Option<(crate::feed::Server, super::EntryId)>,
     refusals: &LogThrottle,
     shutdown: &mut Shutdown,
 ) -> bool {
@@ -284,7 +302,14 @@ async fn term<B: Bus>(
     // A stream that holds nothing yet has no reader to owe a gap to: its
     // consumers wait for its first entry before they scan (`consumer`).
     // Any other is a position the new slot must not start past.
-    wal_opts.start_position = (!fresh).then_some(head);
+    // A stream that continues another epoch's: the feed judges the
+    // promotion from that stream's newest position, as a feed that had
+    // applied it would (see `wal::fork`).
+    wal_opts.start_position = match before {
+        Some((server, at)) => Some(Position::new(server.timeline, Lsn(at.lsn))),
+        None => (!fresh).then_some(head),
+    };
+    wal_opts.start_server = before.map(|(server, _)| server);
     wal_opts.idle_confirm_applied = true;
     let feed = tokio::spawn(wal::run(
         wal_opts,
@@ -315,6 +340,7 @@ async fn term<B: Bus>(
     // first thing handled after the batch is appended.
     let mut next: Option<Event> = None;
     let mut ended_refused = false;
+    let mut retired = false;
     let why_ended: String = loop {
         let ev = if let Some(ev) = next.take() {
             ev
@@ -415,19 +441,23 @@ async fn term<B: Bus>(
                 r.upto = r.upto.filter(|p| p.timeline == epoch);
                 (Entry::Resync(r), None)
             }
-            // Not sent to a relay: each term's feed starts with no server
-            // before it, so it never judges a promotion (a new epoch is a
-            // new stream, and a gap for every consumer: see "Epochs").
-            // Should one come, it is what the relay makes of any new
-            // server.
-            Event::Fork(f) => (
-                Entry::Resync(Resync {
-                    reason: format!("the primary was promoted from timeline {}", f.from.id),
-                    scope: Scope::All,
-                    upto: None,
-                }),
-                None,
-            ),
+            // The promotion proven from the stream this one continues:
+            // the new stream's first entry, where the two meet. Any other
+            // is what the relay makes of any new server: a gap.
+            Event::Fork(fork) => match before {
+                Some((from, at)) if fork.from == from.timeline && fork.to == epoch => {
+                    let kept = fork.at.min(Lsn(at.lsn));
+                    (Entry::Fork(Forked { from, fork, kept }), Some(kept))
+                }
+                _ => (
+                    Entry::Resync(Resync {
+                        reason: format!("the primary was promoted from timeline {}", fork.from.id),
+                        scope: Scope::All,
+                        upto: None,
+                    }),
+                    None,
+                ),
+            },
             Event::Coverage(c) => (Entry::Coverage(c), None),
             Event::Barrier(done) => {
                 let _ = done.send(());
@@ -466,6 +496,15 @@ async fn term<B: Bus>(
                 other => break other,
             }
         };
+        // The streams of other epochs go a while later ("Epochs" in
+        // `redis`), once this one holds an entry: until then a term that
+        // starts it over finds the stream it continues.
+        if appended.is_ok() && !retired {
+            retired = true;
+            if let Err(e) = bus.retire_others().await {
+                tracing::debug!(error = %e, "bus relay: could not retire the streams of other epochs");
+            }
+        }
         match appended {
             Ok(Appended::At(_)) => Status::count(&opts.status.appended),
             Ok(Appended::Already) => Status::count(&opts.status.duplicates),

@@ -232,6 +232,12 @@ pub struct WalOptions {
     /// newest position, so a slot someone else advanced is a gap of the bus.
     /// A position on another timeline than the server's is a gap too.
     pub start_position: Option<Position>,
+    /// The server `start_position` was applied from, when it is not this
+    /// process's own last stream: the bus's relay, continuing the stream
+    /// of the epoch before a promotion, passes that epoch's server, so
+    /// that the first session judges the promotion as a feed that had
+    /// streamed from it would (see `fork`). `None`: nothing before.
+    pub start_server: Option<Server>,
     /// Confirm a position received while idle only as far as `applied`
     /// reaches, not as soon as every commit received is applied. The relay
     /// sets it: its `applied` is what the bus holds, heartbeats included,
@@ -260,6 +266,7 @@ impl std::fmt::Debug for WalOptions {
             .field("silence_limit", &self.silence_limit)
             .field("install", &self.install)
             .field("start_position", &self.start_position)
+            .field("start_server", &self.start_server)
             .finish_non_exhaustive()
     }
 }
@@ -343,7 +350,7 @@ pub async fn run(
     ready: oneshot::Sender<Result<(), String>>,
     mut shutdown: Shutdown,
 ) {
-    let position = opts.start_position;
+    let (position, server) = (opts.start_position, opts.start_server);
     let shapes = super::tracker::Shapes::new(&watch);
     let mut feed = Feed {
         opts,
@@ -352,7 +359,7 @@ pub async fn run(
         stats,
         health,
         position,
-        server: None,
+        server,
         changed: None,
         kept_slot: None,
         history: None,

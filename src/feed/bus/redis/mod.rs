@@ -56,11 +56,13 @@
 //!
 //! # Epochs
 //! One stream per epoch of the primary: its system identifier, timeline
-//! and postmaster start time ([`epoch_key`]). A relay that starts a term
-//! on an epoch marks the streams of every other epoch of the same base to
-//! expire ([`Bus::retire_others`]): their consumers have moved on (each
-//! reads the primary every 100 ms), and a stream nobody appends to would
-//! otherwise stay for good.
+//! and postmaster start time ([`epoch_key`]). A relay whose term has
+//! appended to an epoch's stream marks the streams of every other epoch of
+//! the same base to expire ([`Bus::retire_others`]): their consumers have
+//! moved on (each reads the primary every 100 ms), and a stream nobody
+//! appends to would otherwise stay for good. Until then the one before
+//! stays in the set, where a relay finds the stream it continues
+//! ([`Bus::previous`]: see "A promotion the slot survived" in [`super`]).
 //!
 //! The rest lives in rooms of its own: [`sentinel`] (connections to the
 //! primary the sentinels name), [`tls`] (`rediss://` and its files),
@@ -84,7 +86,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Script, Value};
 
-use super::{Appended, Bus, BusError, Entry, EntryId, Read, epoch_key};
+use super::{Appended, Bus, BusError, Entry, EntryId, Read, epoch_key, epoch_of};
 use crate::feed::Server;
 use sentinel::SentinelTarget;
 use tls::{install_ring_provider, tls_problem};
@@ -513,6 +515,25 @@ impl Bus for RedisBus {
             .invoke_async(&mut conn)
             .await;
         self.forget_on_error(r)
+    }
+
+    async fn previous(&mut self) -> Result<Option<(Server, EntryId)>, BusError> {
+        let mut conn = self.conn(Duration::ZERO).await?;
+        let r: Result<Vec<String>, _> = redis::cmd("SMEMBERS")
+            .arg(&self.epochs_key)
+            .query_async(&mut conn)
+            .await;
+        let members = self.forget_on_error(r)?;
+        let mut others = members.into_iter().filter(|k| *k != self.stream);
+        let (Some(key), None) = (others.next(), others.next()) else {
+            return Ok(None);
+        };
+        let Some(before) = epoch_of(&self.base, &key, self.epoch.timeline.system) else {
+            return Ok(None);
+        };
+        let r: Result<String, _> = self.head.key(&key).invoke_async(&mut conn).await;
+        let id = self.forget_on_error(r)?;
+        Ok(EntryId::parse(&id).map(|head| (before, head)))
     }
 
     fn stream(&self) -> &str {
