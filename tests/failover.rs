@@ -1009,6 +1009,29 @@ async fn switch_over_keeping_the_filter(
     assert_eq!(name_of(gw, 7777).await.0, StatusCode::NOT_FOUND);
 }
 
+/// The polled WAL feed keeps the filter across a switchover the slot
+/// survived, as the streamed one does: it has no replication connection
+/// for `TIMELINE_HISTORY`, and reads the new timeline's history file over
+/// SQL (`pg_read_file`, which the test's superuser may run).
+#[tokio::test]
+async fn a_polled_feed_keeps_the_filter_across_a_switchover_that_kept_the_slot() {
+    let primary = Server::primary(&[]);
+    let primary_pool = primary.create_db(DB, 10).await;
+    let gw = started(wal_config_url(
+        &primary.url(DB),
+        "slot = \"bg_kept\"\nwal_poll_interval = \"50ms\"",
+    ))
+    .await;
+    let mut standby = primary.standby();
+    cluster::keep_the_slot_on(&primary, &primary_pool, &standby, "bg_kept", DB).await;
+    vouched(&gw, "users").await;
+    for _ in 0..2 {
+        assert_eq!(name_of(&gw, 1).await.0, StatusCode::OK);
+    }
+    switch_over_keeping_the_filter(&primary, primary_pool, &mut standby, &gw).await;
+    gw.stop();
+}
+
 /// A filter scanned on a read replica survives a switchover the permanent
 /// slot survived, as one scanned on the primary does: its scan's bound is
 /// the replica's replay position, read in the scan's transaction (the

@@ -147,6 +147,8 @@ struct Shared {
     flagged: Mutex<HashSet<(usize, String)>>,
     checks: AtomicU64,
     unavailable: AtomicU64,
+    /// Filters kept across a promotion by gateways no longer running.
+    kept: AtomicU64,
     /// Until when a start-up refused for `users`' replica identity is the
     /// documented refusal, not a violation: `Duration::MAX` while the
     /// fault is open, `WATCHED` past its repair after (the gateway checks
@@ -454,6 +456,7 @@ impl World {
             flagged: Mutex::new(HashSet::new()),
             checks: AtomicU64::new(0),
             unavailable: AtomicU64::new(0),
+            kept: AtomicU64::new(0),
             identity_excuse: Mutex::new(None),
             publication_excuse: Mutex::new(None),
             stop: AtomicBool::new(false),
@@ -674,13 +677,20 @@ impl World {
         g
     }
 
-    fn retire(&self, g: &Arc<Gw>) {
+    /// Takes `g` out of the running gateways, its count of filters kept
+    /// across a promotion into the history's.
+    fn leave(&self, g: &Arc<Gw>) {
         g.retired.store(true, Ordering::SeqCst);
         self.shared
             .gws
             .write()
             .unwrap()
             .retain(|x| !Arc::ptr_eq(x, g));
+        self.shared.kept.fetch_add(kept(g), Ordering::Relaxed);
+    }
+
+    fn retire(&self, g: &Arc<Gw>) {
+        self.leave(g);
         if let Some(t) = g.start.lock().unwrap().take() {
             t.abort();
         }
@@ -708,12 +718,7 @@ impl World {
     /// connections closes their sockets, as the kernel closes a killed
     /// process's. Only gateways with a runtime of their own (the bus).
     fn kill(&self, g: &Arc<Gw>) {
-        g.retired.store(true, Ordering::SeqCst);
-        self.shared
-            .gws
-            .write()
-            .unwrap()
-            .retain(|x| !Arc::ptr_eq(x, g));
+        self.leave(g);
         let rt = g.rt.lock().unwrap().take();
         rt.expect("kill: a gateway on a runtime of its own")
             .shutdown_background();
@@ -1349,19 +1354,27 @@ impl World {
         let mut report = std::mem::take(&mut self.report);
         report.checks = self.shared.checks.load(Ordering::Relaxed);
         report.unavailable = self.shared.unavailable.load(Ordering::Relaxed);
-        report.kept = self
-            .shared
-            .gws
-            .read()
-            .unwrap()
-            .iter()
-            .flat_map(|g| g.gw.resources.iter())
-            .map(|r| r.stats.kept_across_failover.load(Ordering::Relaxed))
-            .sum();
+        report.kept = self.shared.kept.load(Ordering::Relaxed)
+            + self
+                .shared
+                .gws
+                .read()
+                .unwrap()
+                .iter()
+                .map(kept)
+                .sum::<u64>();
         report.violations = std::mem::take(&mut *self.shared.violations.lock().unwrap());
         report.journal = std::mem::take(&mut *self.shared.journal.lock().unwrap());
         report
     }
+}
+
+/// The filters `g`'s resources kept across a promotion.
+fn kept(g: &Arc<Gw>) -> u64 {
+    g.gw.resources
+        .iter()
+        .map(|r| r.stats.kept_across_failover.load(Ordering::Relaxed))
+        .sum()
 }
 
 /// Whether a bus history runs on Redis Sentinel, and if so the stream it

@@ -238,7 +238,8 @@
 //! them when the fault is selected alone) copy the slot onto the standby
 //! first, as Patroni's permanent slots keep it. On the WAL feeds the
 //! gateways may then keep their filters across the promotion
-//! (`feed::wal::fork`; polled, they fall back); on the bus the relay's
+//! (`feed::wal::fork`; polled, from the history file read over SQL); on
+//! the bus the relay's
 //! next term judges the promotion from the stream before, and the fleet
 //! keeps its filters (see "A promotion the slot survived" in
 //! `feed::bus`). The stream

@@ -8,7 +8,8 @@
 //! # What is proven here
 //! Let `T` be the timeline the last stream followed, `A` the position this
 //! process applied on it, `T'` the new server's timeline, `F` the position
-//! where `T'` forked from `T` (its history file, `TIMELINE_HISTORY`), and
+//! where `T'` forked from `T` (its history file: `TIMELINE_HISTORY`, or
+//! over SQL for the polled feed), and
 //! `S` the slot's confirmed position on the new server. The new history is
 //! `T` up to `F`, then `T'`. The feed's side of the proof ([`judge`]):
 //! - the same database system (a restore elsewhere, another cluster: no);

@@ -455,6 +455,17 @@ pub(super) struct Polled {
     proven: bool,
 }
 
+/// The history file of timeline `id` (`pg_wal/0000000N.history`, what
+/// `TIMELINE_HISTORY` sends), read over SQL: `pg_read_file` runs for a
+/// superuser, a member of `pg_read_server_files`, or a role granted it.
+/// `None`: no such file.
+async fn history_file(conn: &mut PgConnection, id: u32) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_read_file($1, 0, 1048576, true)")
+        .bind(format!("pg_wal/{id:08X}.history"))
+        .fetch_one(conn)
+        .await
+}
+
 impl Polled {
     pub(super) async fn open(
         feed: &mut Feed,
@@ -465,6 +476,31 @@ impl Polled {
     ) -> Result<(Transport, Lsn, bool), SessionError> {
         let timeline = server.timeline;
         let limit = feed.opts.silence_limit;
+        // A promotion since the last stream, as `Streamed::open` reads it,
+        // but with no replication connection: the history file itself.
+        if let Some(before) = feed.server
+            && before.timeline.system == timeline.system
+            && before.timeline.id != timeline.id
+        {
+            match bounded(limit, async {
+                history_file(conn, timeline.id)
+                    .await
+                    .map_err(SessionError::from)
+            })
+            .await
+            {
+                Ok(Some(h)) => feed.history = Some(h),
+                Ok(None) => {
+                    tracing::warn!(
+                        timeline = timeline.id,
+                        "the new timeline's history file is not in pg_wal; the promotion is a gap"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the new timeline's history file (pg_read_file needs pg_read_server_files or its own grant); the promotion is a gap");
+                }
+            }
+        }
         let (slot_name, start, gap) = match feed.opts.slot.clone() {
             // Temporary: dropped when this connection ends.
             None => {
