@@ -45,7 +45,7 @@ use super::live_filter::{Scanned, Swapped};
 use crate::filter::FilterKey;
 use crate::key::Key;
 use crate::snapshot::{
-    self, BuildKey, Lease, MAX_CHUNKS, Manifest, Mark, Opened, Stats, Store, Stored,
+    self, BuildKey, Lease, MAX_CHUNKS, Manifest, Mark, Opened, SnapshotError, Stats, Store, Stored,
 };
 
 /// How often a waiting rebuild looks for the snapshot or a free slot.
@@ -221,7 +221,7 @@ impl Resource {
         // before it.
         let Some(mark) = store.mark() else {
             return self
-                .scan_without_bus(&*store, "this gateway is off the bus")
+                .scan_without_bus(&*store, &"this gateway is off the bus")
                 .await;
         };
         // Whatever this rebuild swaps in is complete at the mark.
@@ -297,7 +297,7 @@ impl Resource {
         store: &dyn Store,
         mark: &Mark,
         catalog: &str,
-    ) -> Result<Option<(Scanned, Origin)>, String> {
+    ) -> Result<Option<(Scanned, Origin)>, SnapshotError> {
         // Never one published before this filter was built: it cannot be
         // better than the filter it would replace (a rebuild that restores
         // precision would load the same deleted keys again), and a
@@ -336,7 +336,7 @@ impl Resource {
     async fn scan_without_bus(
         &self,
         store: &dyn Store,
-        why: &str,
+        why: &(dyn std::fmt::Display + Sync),
     ) -> Result<(Scanned, Origin), RebuildError> {
         Stats::count(&store.stats().scans_without_bus);
         tracing::warn!(resource = %self.name(), why = %why, "snapshots: not on the bus; scanning");
@@ -418,7 +418,7 @@ impl Resource {
         f: &ForFleet,
         swapped: &Swapped,
         gaps_before: u64,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, SnapshotError> {
         // Up to the head first (see the `snapshot` module doc, step 2).
         if let Ok(head) = store.head(&f.mark.stream).await {
             let until = Instant::now() + CATCH_UP;
@@ -426,15 +426,18 @@ impl Resource {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
-        let at = store
-            .settled()
-            .await
-            .ok_or("the consumer left the bus, or its queue did not drain")?;
+        let at = store.settled().await.ok_or(SnapshotError::NotSettled(
+            "the consumer left the bus, or its queue did not drain",
+        ))?;
         if at.stream != f.mark.stream {
-            return Err("the primary's epoch changed during the rebuild".into());
+            return Err(SnapshotError::NotSettled(
+                "the primary's epoch changed during the rebuild",
+            ));
         }
         if self.vouch.gaps_opened() > gaps_before || self.vouch.has_problem() {
-            return Err("changes may have been missed during the rebuild".into());
+            return Err(SnapshotError::NotSettled(
+                "changes may have been missed during the rebuild",
+            ));
         }
         let manifest = Manifest {
             format: snapshot::FORMAT,
@@ -461,7 +464,7 @@ impl Resource {
             snapshot::publishable(&fleet, &key, manifest, &set)
         })
         .await
-        .map_err(|_| "encoding the snapshot panicked")?;
+        .map_err(|_| SnapshotError::Panicked("encoding the snapshot"))?;
         let bytes = stored.chunks.iter().map(|c| c.len() as u64).sum::<u64>();
         store.put(self.name(), &stored).await?;
         tracing::info!(resource = %self.name(), bytes, "snapshot published for the fleet");
@@ -478,7 +481,7 @@ impl Resource {
         &self,
         store: &dyn Store,
         stream: &str,
-    ) -> Result<Vec<(Vec<u8>, Manifest)>, String> {
+    ) -> Result<Vec<(Vec<u8>, Manifest)>, SnapshotError> {
         let Some(fleet) = self.fleet() else {
             return Ok(Vec::new());
         };
@@ -515,7 +518,7 @@ impl Resource {
         stream: &str,
         bytes: Vec<u8>,
         m: &Manifest,
-    ) -> Result<Option<Opened>, String> {
+    ) -> Result<Option<Opened>, SnapshotError> {
         let refuse = || {
             if let Some(f) = self.fleet() {
                 f.refuse(&m.nonce);
@@ -539,7 +542,7 @@ impl Resource {
         let opened =
             tokio::task::spawn_blocking(move || snapshot::open(&fleet, stored, &name, &shape))
                 .await
-                .map_err(|_| "opening a snapshot panicked".to_string())?;
+                .map_err(|_| SnapshotError::Panicked("opening a snapshot"))?;
         match opened {
             Ok(o) => Ok(Some(o)),
             Err(e) => {
@@ -601,7 +604,7 @@ impl Resource {
         store: &dyn Store,
         table: &str,
         head: &Mark,
-    ) -> Result<Option<Opened>, String> {
+    ) -> Result<Option<Opened>, SnapshotError> {
         let catalog = store.catalog(table).await?;
         for (bytes, m) in self.manifests(store, &head.stream).await? {
             if !head.reaches(&m.at) {

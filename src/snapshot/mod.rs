@@ -156,6 +156,34 @@ pub enum Unusable {
     Filter(String),
 }
 
+/// Why a snapshot was not stored, found or published; safe to log (no URL,
+/// password, token or key). Each is a scan instead, never a wrong filter.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The store (the bus's Redis) did not answer, refused, or answered
+    /// what it should not.
+    #[error("{0}")]
+    Store(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("reading the catalog: {0}")]
+    Catalog(#[source] sqlx::Error),
+    #[error("reading the catalog timed out")]
+    CatalogTimedOut,
+    #[error("the table does not exist")]
+    NoTable,
+    #[error("not a watched table")]
+    NotWatched,
+    /// A snapshot handed to [`Store::put`] that does not read back.
+    #[error("{0}")]
+    Unusable(#[from] Unusable),
+    /// What a snapshot would stand for is not known (see the module doc,
+    /// step 2): not published.
+    #[error("{0}")]
+    NotSettled(&'static str),
+    /// Encoding or opening it on a blocking thread panicked.
+    #[error("{0} panicked")]
+    Panicked(&'static str),
+}
+
 /// The key definition's fingerprint: the table, and each key column with
 /// its type and how it compares. Two gateways whose definitions differ
 /// would hash different bytes for one key.
@@ -273,13 +301,13 @@ pub trait Store: Send + Sync + 'static {
         &'a self,
         resource: &'a str,
         stored: &'a Stored,
-    ) -> BoxFuture<'a, Result<(), String>>;
+    ) -> BoxFuture<'a, Result<(), SnapshotError>>;
     /// The manifests of `resource` on `stream`, newest first.
     fn manifests<'a>(
         &'a self,
         stream: &'a str,
         resource: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, String>>;
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, SnapshotError>>;
     /// The chunks of the snapshot `nonce` (`n` of them); `None` if it is
     /// gone (deleted since its manifest was read).
     fn chunks<'a>(
@@ -288,7 +316,7 @@ pub trait Store: Send + Sync + 'static {
         resource: &'a str,
         nonce: &'a str,
         n: u32,
-    ) -> BoxFuture<'a, Result<Option<Vec<Vec<u8>>>, String>>;
+    ) -> BoxFuture<'a, Result<Option<Vec<Vec<u8>>>, SnapshotError>>;
     /// Takes slot `slot` of `resource`'s scans on `stream` for `ttl`:
     /// `Some(token)` when it was free.
     fn lease<'a>(
@@ -297,9 +325,13 @@ pub trait Store: Send + Sync + 'static {
         resource: &'a str,
         slot: u32,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<String>, String>>;
+    ) -> BoxFuture<'a, Result<Option<String>, SnapshotError>>;
     /// Extends a lease held (`false`: it was lost).
-    fn renew<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> BoxFuture<'a, Result<bool, String>>;
+    fn renew<'a>(
+        &'a self,
+        lease: &'a Lease,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, SnapshotError>>;
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, ()>;
     /// The catalog state of the watched table `table` now: its storage
     /// (the `relfilenode` of the table or of each leaf partition), its
@@ -309,12 +341,12 @@ pub trait Store: Send + Sync + 'static {
     /// changes rows no stream entry names; such a change between a
     /// snapshot's scan and its use makes the snapshot wrong, and this is
     /// how it is seen, whether or not any feed was running to see it.
-    fn catalog<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<String, String>>;
+    fn catalog<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<String, SnapshotError>>;
     /// The newest place of `stream`.
-    fn head<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Mark, String>>;
+    fn head<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Mark, SnapshotError>>;
     /// Whether the stream continues from `at`: its next entry names `at`
     /// as its predecessor, or `at` is the newest.
-    fn continues<'a>(&'a self, at: &'a Mark) -> BoxFuture<'a, Result<bool, String>>;
+    fn continues<'a>(&'a self, at: &'a Mark) -> BoxFuture<'a, Result<bool, SnapshotError>>;
 }
 
 /// A slot of a resource's scans, held.

@@ -30,10 +30,10 @@ use sqlx::PgPool;
 
 use super::{RedisBus, items, parse_entry, text};
 use crate::feed::Watch;
-use crate::feed::bus::EntryId;
 use crate::feed::bus::cursor::Cursor;
+use crate::feed::bus::{BusError, EntryId};
 use crate::feed::tracker::{self, Shapes};
-use crate::snapshot::{FleetKey, Lease, Mark, Settings, Stats, Store, Stored};
+use crate::snapshot::{FleetKey, Lease, Mark, Settings, SnapshotError, Stats, Store, Stored};
 
 /// How long a snapshot outlives its last write.
 pub const SNAPSHOT_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -98,11 +98,11 @@ impl RedisSnapshots {
         }
     }
 
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, String> {
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, SnapshotError> {
         let mut bus = self.bus.lock().await;
-        let mut conn = bus.conn(Duration::ZERO).await.map_err(|e| e.0)?;
+        let mut conn = bus.conn(Duration::ZERO).await?;
         let r = cmd.query_async(&mut conn).await;
-        bus.forget_on_error(r).map_err(|e| e.0)
+        Ok(bus.forget_on_error(r)?)
     }
 
     async fn script<T: redis::FromRedisValue>(
@@ -110,9 +110,9 @@ impl RedisSnapshots {
         script: &Script,
         keys: &[&str],
         args: &[String],
-    ) -> Result<T, String> {
+    ) -> Result<T, SnapshotError> {
         let mut bus = self.bus.lock().await;
-        let mut conn = bus.conn(Duration::ZERO).await.map_err(|e| e.0)?;
+        let mut conn = bus.conn(Duration::ZERO).await?;
         let mut inv = script.prepare_invoke();
         for k in keys {
             inv.key(*k);
@@ -121,14 +121,14 @@ impl RedisSnapshots {
             inv.arg(a);
         }
         let r = inv.invoke_async(&mut conn).await;
-        bus.forget_on_error(r).map_err(|e| e.0)
+        Ok(bus.forget_on_error(r)?)
     }
 }
 
 impl RedisSnapshots {
     /// The snapshot's hash: the manifest and its time to live first, then
     /// chunk by chunk (one command moves at most a chunk).
-    async fn write_hash(&self, key: &str, stored: &Stored) -> Result<(), String> {
+    async fn write_hash(&self, key: &str, stored: &Stored) -> Result<(), SnapshotError> {
         let mut first = redis::pipe();
         first
             .atomic()
@@ -143,9 +143,9 @@ impl RedisSnapshots {
             .ignore();
         {
             let mut bus = self.bus.lock().await;
-            let mut conn = bus.conn(Duration::ZERO).await.map_err(|e| e.0)?;
+            let mut conn = bus.conn(Duration::ZERO).await?;
             let r: Result<(), _> = first.query_async(&mut conn).await;
-            bus.forget_on_error(r).map_err(|e| e.0)?;
+            bus.forget_on_error(r)?;
         }
         for (i, c) in stored.chunks.iter().enumerate() {
             self.query::<()>(redis::cmd("HSET").arg(key).arg(i).arg(c.as_slice()))
@@ -153,6 +153,17 @@ impl RedisSnapshots {
         }
         Ok(())
     }
+}
+
+impl From<BusError> for SnapshotError {
+    fn from(e: BusError) -> Self {
+        SnapshotError::Store(Box::new(e))
+    }
+}
+
+/// The store answered what the bus never writes.
+fn unexpected(what: &str) -> SnapshotError {
+    SnapshotError::Store(Box::new(BusError(what.to_string())))
 }
 
 fn list_key(stream: &str, resource: &str) -> String {
@@ -200,9 +211,9 @@ impl Store for RedisSnapshots {
         &'a self,
         resource: &'a str,
         stored: &'a Stored,
-    ) -> BoxFuture<'a, Result<(), String>> {
+    ) -> BoxFuture<'a, Result<(), SnapshotError>> {
         async move {
-            let m = crate::snapshot::manifest(&stored.manifest).map_err(|e| e.to_string())?;
+            let m = crate::snapshot::manifest(&stored.manifest)?;
             let stream = &m.at.stream;
             let key = hash_key(stream, resource, &m.nonce);
             if let Err(e) = self.write_hash(&key, stored).await {
@@ -232,7 +243,7 @@ impl Store for RedisSnapshots {
         &'a self,
         stream: &'a str,
         resource: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, String>> {
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>, SnapshotError>> {
         async move {
             let nonces: Vec<String> = self
                 .query(
@@ -264,7 +275,7 @@ impl Store for RedisSnapshots {
         resource: &'a str,
         nonce: &'a str,
         n: u32,
-    ) -> BoxFuture<'a, Result<Option<Vec<Vec<u8>>>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Vec<Vec<u8>>>, SnapshotError>> {
         async move {
             let key = hash_key(stream, resource, nonce);
             // `n` is the manifest's word, not yet authenticated: bounded
@@ -288,7 +299,7 @@ impl Store for RedisSnapshots {
         resource: &'a str,
         slot: u32,
         ttl: Duration,
-    ) -> BoxFuture<'a, Result<Option<String>, String>> {
+    ) -> BoxFuture<'a, Result<Option<String>, SnapshotError>> {
         async move {
             let token = crate::snapshot::Nonce::random().hex();
             let set: Option<String> = self
@@ -306,7 +317,11 @@ impl Store for RedisSnapshots {
         .boxed()
     }
 
-    fn renew<'a>(&'a self, lease: &'a Lease, ttl: Duration) -> BoxFuture<'a, Result<bool, String>> {
+    fn renew<'a>(
+        &'a self,
+        lease: &'a Lease,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, SnapshotError>> {
         async move {
             let key = lease_key(&lease.stream, &lease.resource, lease.slot);
             let held: i64 = self
@@ -328,14 +343,14 @@ impl Store for RedisSnapshots {
         .boxed()
     }
 
-    fn catalog<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<String, String>> {
+    fn catalog<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<String, SnapshotError>> {
         async move {
             let i = self
                 .watch
                 .tables
                 .iter()
                 .position(|t| &*t.name == table)
-                .ok_or("not a watched table")?;
+                .ok_or(SnapshotError::NotWatched)?;
             let shapes = Shapes::new(&self.watch);
             let read = async {
                 let mut conn = self.pool.acquire().await?;
@@ -350,10 +365,10 @@ impl Store for RedisSnapshots {
             };
             let (now, seen) = tokio::time::timeout(Duration::from_secs(5), read)
                 .await
-                .map_err(|_| "reading the catalog timed out".to_string())?
-                .map_err(|e| format!("reading the catalog: {e}"))?;
+                .map_err(|_| SnapshotError::CatalogTimedOut)?
+                .map_err(SnapshotError::Catalog)?;
             let (Some(Some(shape)), Some(seen)) = (now.get(i), seen.get(i)) else {
-                return Err("the table does not exist".into());
+                return Err(SnapshotError::NoTable);
             };
             Ok(format!(
                 "{shape}|{:?}|{:?}|{}",
@@ -363,14 +378,14 @@ impl Store for RedisSnapshots {
         .boxed()
     }
 
-    fn head<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Mark, String>> {
+    fn head<'a>(&'a self, stream: &'a str) -> BoxFuture<'a, Result<Mark, SnapshotError>> {
         async move {
             let head: Value = self
                 .query(redis::cmd("EVAL").arg(super::HEAD).arg(1).arg(stream))
                 .await?;
             let id = text(&head)
                 .and_then(|h| EntryId::parse(&h))
-                .ok_or("Redis: an unexpected answer for the stream's head")?;
+                .ok_or_else(|| unexpected("Redis: an unexpected answer for the stream's head"))?;
             Ok(Mark {
                 stream: stream.to_string(),
                 lsn: id.lsn,
@@ -380,7 +395,7 @@ impl Store for RedisSnapshots {
         .boxed()
     }
 
-    fn continues<'a>(&'a self, at: &'a Mark) -> BoxFuture<'a, Result<bool, String>> {
+    fn continues<'a>(&'a self, at: &'a Mark) -> BoxFuture<'a, Result<bool, SnapshotError>> {
         async move {
             let id = EntryId {
                 lsn: at.lsn,
@@ -399,7 +414,8 @@ impl Store for RedisSnapshots {
             let timeline = self.bus.lock().await.epoch.timeline;
             match items(&next).and_then(|e| e.first()) {
                 Some(e) => {
-                    let read = parse_entry(e, timeline).ok_or("an entry not in the bus's form")?;
+                    let read = parse_entry(e, timeline)
+                        .ok_or_else(|| unexpected("Redis: an entry not in the bus's form"))?;
                     Ok(read.prev == id)
                 }
                 // Nothing after it: it must be the newest position.
