@@ -88,7 +88,7 @@ pub use crate::feed::supervisor::wal_delivery;
 #[derive(Debug, Default)]
 pub struct GatewayStats {
     pub traffic: Arc<Traffic>,
-    pub feed: Arc<notify::Counters>,
+    pub feed: Arc<notify::Stats>,
     pub progress: Arc<feed::stats::Progress>,
 }
 

@@ -82,9 +82,10 @@ use crate::telemetry::LogThrottle;
 
 pub use crate::db::triggers::CHANNEL;
 
-/// Counters of the source, shared with whoever reports them.
+/// The source's counters, live (see `NotifySnapshot` for their reading
+/// at one moment), shared with whoever reports them.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub struct Stats {
     /// Notifications received on the channel (junk included).
     pub notifications: AtomicU64,
     /// Times the connection was lost and `LISTEN` re-established.
@@ -93,7 +94,7 @@ pub struct Counters {
     pub last_notification_lag_us: AtomicU64,
 }
 
-impl Counters {
+impl Stats {
     /// The counters as of now.
     pub fn snapshot(&self) -> NotifySnapshot {
         NotifySnapshot {
@@ -118,7 +119,7 @@ pub struct NotifySnapshot {
 pub struct NotifyOptions {
     /// Where to listen: the primary (a standby cannot `LISTEN`).
     pub connect: PgConnectOptions,
-    pub counters: Arc<Counters>,
+    pub counters: Arc<Stats>,
     pub health: Arc<Health>,
     /// `database.install_triggers`: a check that finds a trigger missing or
     /// outdated installs it (and rescans its table).
@@ -391,7 +392,7 @@ async fn listen_again(pool: &PgPool) -> (PgListener, Server) {
 fn received(
     watch: &Watch,
     payload: &str,
-    counters: &Counters,
+    counters: &Stats,
     ignored: &LogThrottle,
     events: &mut Vec<Event>,
 ) {
@@ -450,7 +451,7 @@ async fn connect(pool: &PgPool) -> Result<(PgListener, Server), NotifyError> {
 }
 
 /// Changes may have been missed while the connection was down.
-fn reconnected(counters: &Counters, why: &str) -> Event {
+fn reconnected(counters: &Stats, why: &str) -> Event {
     counters.listener_reconnects.fetch_add(1, Ordering::Relaxed);
     tracing::warn!(
         reason = why,
@@ -465,7 +466,7 @@ fn reconnected(counters: &Counters, why: &str) -> Event {
 pub(super) fn parse(
     watch: &Watch,
     payload: &str,
-    counters: &Counters,
+    counters: &Stats,
 ) -> Result<Option<Event>, String> {
     let p: Payload = serde_json::from_str(payload).map_err(|e| format!("not a payload: {e}"))?;
     let Some(watched) = watch.tables.iter().find(|t| *t.name == *p.table) else {
@@ -568,7 +569,7 @@ mod tests {
     }
 
     fn event(payload: &str) -> Result<Option<Event>, String> {
-        parse(&watch(), payload, &Counters::default())
+        parse(&watch(), payload, &Stats::default())
     }
 
     #[test]

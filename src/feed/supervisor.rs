@@ -38,7 +38,7 @@ pub struct Supervisor {
     pub health: Arc<Health>,
     pub wal_stats: Arc<wal::Stats>,
     /// The notify and queue feeds' counters (they count the same things).
-    pub notify_counters: Arc<notify::Counters>,
+    pub notify_counters: Arc<notify::Stats>,
     /// With `bus.url`: the bus and what it says of itself.
     pub bus: Option<BusSetup>,
 }
@@ -90,7 +90,7 @@ impl Supervisor {
         bus_cfg: &BusConfig,
         watch: &Watch,
         wal_stats: Arc<wal::Stats>,
-        notify_counters: Arc<notify::Counters>,
+        notify_counters: Arc<notify::Stats>,
     ) -> Result<Self, PrepareError> {
         let pool = db.pool();
         let freshness = choose(pool, cfg, watch).await?;

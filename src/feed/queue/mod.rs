@@ -110,7 +110,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgConnectOptions;
 use tokio::sync::{mpsc, oneshot};
 
-use super::notify::Counters;
+use super::notify::Stats;
 use super::tracker::{Shapes, Tracker, check_triggers};
 use super::{CHECK_EVERY, Event, Health, Watch};
 use crate::db::identity::Identity;
@@ -133,7 +133,7 @@ pub struct QueueOptions {
     pub connect: PgConnectOptions,
     /// Shared with `notify`'s meaning: `notifications` counts change rows
     /// read, `listener_reconnects` failed polls.
-    pub counters: Arc<Counters>,
+    pub counters: Arc<Stats>,
     /// `database.queue_poll_interval`.
     pub interval: Duration,
     /// `database.queue_retention`.

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use super::position::{Position, xmin};
 use super::statement::{Failure, timed};
 use crate::db::position::Server;
-use crate::feed::notify::{self, Counters};
+use crate::feed::notify::{self, Stats};
 use crate::feed::tracker::Shapes;
 use crate::feed::{Event, Watch};
 use crate::telemetry::LogThrottle;
@@ -57,7 +57,7 @@ pub(super) async fn poll(
     at: &Position,
     watch: &Watch,
     tx: &mpsc::Sender<Event>,
-    counters: &Counters,
+    counters: &Stats,
     ignored: &LogThrottle,
     shapes: &Shapes,
 ) -> Result<Polled, Failure> {

@@ -7,7 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::feed::notify::Counters;
+use crate::feed::notify::Stats;
 use crate::telemetry::LogThrottle;
 
 /// Longest any of the feed's statements may take before its connection is
@@ -36,7 +36,7 @@ pub(super) async fn timed<T>(
 /// error when retrying cannot fix it), retried with capped back-off from
 /// the same snapshot.
 pub(super) fn failed(
-    counters: &Counters,
+    counters: &Stats,
     log: &LogThrottle,
     e: &Failure,
     delay: Duration,
