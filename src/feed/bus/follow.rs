@@ -435,9 +435,10 @@ impl<'a, B: Bus> Following<'a, B> {
                 Ok(Entry::Resync(r)) => Event::Resync(r),
                 Ok(Entry::Coverage(c)) => Event::Coverage(c),
                 Ok(Entry::Interrupted(why)) => Event::Interrupted(format!("bus relay: {why}")),
-                // Met only as a stream's first entry, where `continued`
-                // reads it: anywhere else it says nothing this consumer
-                // can use, and nothing it must do.
+                // Used only as a stream's first entry, where `continued`
+                // reads it; a consumer that came to the stream otherwise
+                // (a resync, a start) starts after it, so one met here
+                // says nothing it can use and nothing it must do.
                 Ok(Entry::Fork(_)) => continue,
                 Err(e) => {
                     Status::count(&self.opts.status.breaks);

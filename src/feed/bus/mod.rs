@@ -90,9 +90,12 @@
 //! PostgreSQL 17's failover slots), the fleet keeps its filters, as a
 //! direct feed does (see `wal::fork`). A relay whose new epoch's stream
 //! is empty asks the bus which stream was in use before it
-//! ([`Bus::previous`]: the other stream not yet retired; the streams of
-//! other epochs are retired only once the new one holds an entry). If it
-//! is of another timeline, its term's WAL feed starts as though it had
+//! ([`Bus::previous`]: the one other stream not yet retired). Every term
+//! counts its stream among the epochs' as it starts ([`Bus::enter`]), and
+//! retires the others only once its stream holds an entry: so a stream
+//! of an epoch that never got an entry (a restart in place, promoted away
+//! from before its relay appended) still counts, and two candidates are
+//! no answer. If it is of another timeline, its term's WAL feed starts as though it had
 //! applied that stream, up to its newest position `A`, from that epoch's
 //! server: the feed judges the promotion with the slot it kept and the
 //! new timeline's history. Proven, the stream's first entry is an
@@ -100,7 +103,11 @@
 //! `K = min(A, F)`, where it is placed. Every commit of the new history
 //! up to `K` is in the old stream, and the new stream brings every one
 //! after it (the slot stood at or before `K`). Not proven, the first entry
-//! is a resync, as for any new server.
+//! is a resync, as for any new server. An event the feed's first check
+//! of its dependencies sends (a table it cannot follow, a publication it
+//! repaired) comes before the fork, which is then not first: the fleet
+//! resyncs. A consumer waits for the new stream's first entry up to
+//! `bus.max_lag`, then follows the WAL itself (a gap).
 //!
 //! A consumer that moves to the new epoch reads that first entry: a
 //! `Fork` from the epoch it read, then it reads the old stream to its end
@@ -250,6 +257,10 @@ pub trait Bus: Send + 'static {
     /// The stream in use is the epoch's: the streams of other epochs of
     /// the same key expire a while later (the relay, as it starts a term).
     fn retire_others(&mut self) -> impl Future<Output = Result<(), BusError>> + Send;
+    /// Counts the stream in use among the epochs' streams (a relay, as its
+    /// term starts), retiring none: a stream it may continue is then the
+    /// only other one not retired.
+    fn enter(&mut self) -> impl Future<Output = Result<(), BusError>> + Send;
     /// The epoch whose stream was in use before this one's, and its newest
     /// entry: the one other stream not yet retired. `None` when there is
     /// none, or more than one (see "A promotion the slot survived").

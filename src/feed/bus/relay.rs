@@ -141,6 +141,15 @@ pub async fn run<B: Bus>(mut bus: B, opts: RelayOptions, watch: Watch, mut shutd
             true => continues(&mut bus, server).await,
             false => None,
         };
+        // Counted among the epochs' before anything is appended: a relay
+        // after a promotion from this epoch finds two streams to continue,
+        // not the one before it (see "A promotion the slot survived").
+        if let Err(e) = bus.enter().await {
+            if let Some(not_logged) = throttle.permit() {
+                tracing::warn!(error = %e, not_logged, "bus relay: the bus is unreachable; not taking the slot");
+            }
+            continue;
+        }
         // The term's readings on a pool of its own, opened now: the
         // relay's pool may hold connections to a server the address has
         // moved away from (a cut-over that leaves the old one up), whose

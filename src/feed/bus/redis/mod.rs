@@ -58,7 +58,8 @@
 //! One stream per epoch of the primary: its system identifier, timeline
 //! and postmaster start time ([`epoch_key`]). A relay whose term has
 //! appended to an epoch's stream marks the streams of every other epoch of
-//! the same base to expire ([`Bus::retire_others`]): their consumers have
+//! the same base to expire ([`Bus::retire_others`]; the term counted its
+//! stream among the epochs' as it started, [`Bus::enter`]): their consumers have
 //! moved on (each reads the primary every 100 ms), and a stream nobody
 //! appends to would otherwise stay for good. Until then the one before
 //! stays in the set, where a relay finds the stream it continues
@@ -513,6 +514,16 @@ impl Bus for RedisBus {
             .key(&self.stream)
             .arg(RETIRE_AFTER.as_millis() as u64)
             .invoke_async(&mut conn)
+            .await;
+        self.forget_on_error(r)
+    }
+
+    async fn enter(&mut self) -> Result<(), BusError> {
+        let mut conn = self.conn(Duration::ZERO).await?;
+        let r: Result<(), _> = redis::cmd("SADD")
+            .arg(&self.epochs_key)
+            .arg(&self.stream)
+            .query_async(&mut conn)
             .await;
         self.forget_on_error(r)
     }
