@@ -49,7 +49,9 @@ pub struct Forked {
     /// `min(A, F)`: `A` the old stream's newest position when the relay
     /// started, `F` the fork. Every commit of the new history up to it is
     /// in the old stream; every one after it is in the new stream. The
-    /// entry is placed there.
+    /// entry is placed there. At or before the fork, it names the same
+    /// point of both timelines' histories: an LSN of `from`'s stream and
+    /// of the new one compare with it alike.
     pub kept: Lsn,
 }
 

@@ -239,7 +239,9 @@ impl<'a, B: Bus> Following<'a, B> {
             r = self.bus.read(self.last, READ_WAIT, BATCH) => r,
         };
         match read {
-            Ok(entries) => self.take(entries).await?,
+            Ok(entries) => {
+                self.take(entries).await?;
+            }
             Err(e) => self.failed(e.to_string()).await?,
         }
         self.prove().await
@@ -382,20 +384,21 @@ impl<'a, B: Bus> Following<'a, B> {
         let Ok(end) = self.bus.head().await else {
             return Ok(false);
         };
-        let opts = self.opts;
-        let breaks = &opts.status.breaks;
-        let broken = breaks.load(Ordering::Relaxed);
+        let mut whole = true;
         while self.last < end {
             match self.bus.read(self.last, READ_WAIT, BATCH).await {
-                Ok(read) if !read.is_empty() => self.take(read).await?,
+                Ok(read) if !read.is_empty() => whole &= self.take(read).await?,
                 _ => return Ok(false),
             }
         }
-        Ok(breaks.load(Ordering::Relaxed) == broken)
+        Ok(whole)
     }
 
     /// Entries read: each checked against its predecessor, passed on.
-    async fn take(&mut self, entries: Vec<Read>) -> Result<(), Ended> {
+    /// Whether every one continued the one before and decoded (else a
+    /// resync was passed on).
+    async fn take(&mut self, entries: Vec<Read>) -> Result<bool, Ended> {
+        let mut whole = true;
         self.opts.status.set_reading(self.bus.node());
         // Read before anything is passed on: a break among them is a
         // resync whose rebuild needs a snapshot from past it (`cursor`).
@@ -410,6 +413,7 @@ impl<'a, B: Bus> Following<'a, B> {
             Status::count(&self.opts.status.read);
             if r.prev != self.last {
                 Status::count(&self.opts.status.breaks);
+                whole = false;
                 tracing::warn!(expected = %self.last, found = %r.prev, at = %r.at, "bus: the stream no longer holds every entry after this gateway's position (trimmed, or lost by Redis); every filter is rebuilt");
                 self.send(Resync::all("bus: entries missing from the stream"))
                     .await?;
@@ -442,6 +446,7 @@ impl<'a, B: Bus> Following<'a, B> {
                 Ok(Entry::Fork(_)) => continue,
                 Err(e) => {
                     Status::count(&self.opts.status.breaks);
+                    whole = false;
                     tracing::warn!(error = %e, at = %r.at, "bus: an entry that does not decode; every filter is rebuilt");
                     Resync::all("bus: an entry that does not decode")
                 }
@@ -449,7 +454,7 @@ impl<'a, B: Bus> Following<'a, B> {
             self.send(ev).await?;
         }
         self.opts.cursor.set(self.bus.stream(), self.last, self.tx);
-        Ok(())
+        Ok(whole)
     }
 
     /// A read that failed: said once, and the mode ends once the bus has
