@@ -1,6 +1,6 @@
 # Build stage: compile the release binary (migrations are embedded in it).
 # It copies what Cargo.toml's `include` lists, the files building the crate
-# reads (tests/deploy.rs holds the two together).
+# reads (tests/it/deploy.rs holds the two together).
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src
 # The commit for bloomgate_build_info (build.rs; the context has no .git):

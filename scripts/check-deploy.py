@@ -7,7 +7,7 @@ gives the gateway: each probe's port is `server.listen`'s, each container
 port one of the config's listeners, no startupProbe, and Prometheus'
 annotations name `admin.metrics_listen`'s port (the admin listener's
 /metrics needs a bearer token: a plain scrape there gets 401). With
-`--facts` it prints instead, as JSON, what tests/deploy.rs needs to try
+`--facts` it prints instead, as JSON, what tests/it/deploy.rs needs to try
 the same against the running binary (the ConfigMap's config, the probes,
 the scraped port). docker-compose.yml: every dependency names a service
 (with a health check where it waits for health, and in a profile the
@@ -21,7 +21,7 @@ manifest is also validated, strictly (no unknown field), against the
 OpenAPI schemas of the oldest and newest Kubernetes versions it ships:
 the field checks above only look for what the book promises, the schema
 catches a misspelt or misplaced field Kubernetes would reject or ignore.
-Run by tests/operations.rs; no cluster needed."""
+Run by tests/it/operations.rs; no cluster needed."""
 import glob
 import json
 import os
@@ -110,7 +110,7 @@ def container_port(c, port):
 
 
 def facts(c, dep, cfg, toml):
-    """What the running binary is tried against (tests/deploy.rs)."""
+    """What the running binary is tried against (tests/it/deploy.rs)."""
     probes = []
     for kind in ("readinessProbe", "livenessProbe", "startupProbe"):
         get = c.get(kind, {}).get("httpGet")

@@ -4,11 +4,13 @@
 #
 #   scripts/flakes.sh N [TARGET...]
 #
-# A TARGET is a test binary (`wal_feed`), `lib` (the unit tests),
-# `freshness@MODE` (tests/freshness.rs with BLOOMGATE_TEST_FRESHNESS=MODE,
+# A TARGET is a test binary (`memory`), a module of the one that holds
+# the rest (`it/feed::wal`: tests/it/feed/wal.rs and below), `lib` (the unit tests),
+# `freshness@MODE` (tests/it/feed/freshness.rs with BLOOMGATE_TEST_FRESHNESS=MODE,
 # `least-MODE` for the least-privilege role: as scripts/test.sh runs it),
 # or `truth@seeds` (the checker's CI seeds, its ignored tests). Without
-# targets: `lib`, every binary under tests/, every freshness variant
+# targets: `lib`, every binary under tests/ (tests/it/ by its top-level
+# modules), every freshness variant
 # scripts/test.sh runs, and `truth@seeds`.
 #
 #   FLAKES_LOAD=1   keeps one core busy with a CPU hog for the whole hunt
@@ -28,6 +30,10 @@ if [ ${#targets[@]} -eq 0 ]; then
   for f in tests/*.rs tests/*/main.rs; do
     [ -e "$f" ] || continue
     case "$f" in
+      tests/it/main.rs)
+        for m in tests/it/*.rs; do
+          [ "$m" = tests/it/main.rs ] || targets+=("it/$(basename "$m" .rs)")
+        done ;;
       */main.rs) targets+=("$(basename "$(dirname "$f")")") ;;
       *) targets+=("$(basename "$f" .rs)") ;;
     esac
@@ -59,8 +65,9 @@ for t in "${targets[@]}"; do
     truth@seeds) args=(--test truth -- --ignored) ;;
     freshness@least-*) env=(BLOOMGATE_TEST_ROLE=least); mode=${t#freshness@least-}
       [ "$mode" = notify ] || env+=(BLOOMGATE_TEST_FRESHNESS="$mode")
-      args=(--test freshness) ;;
-    freshness@*) env=(BLOOMGATE_TEST_FRESHNESS="${t#freshness@}"); args=(--test freshness) ;;
+      args=(--test it -- feed::freshness::) ;;
+    freshness@*) env=(BLOOMGATE_TEST_FRESHNESS="${t#freshness@}"); args=(--test it -- feed::freshness::) ;;
+    it/*) args=(--test it -- "${t#it/}::") ;;
     *) args=(--test "$t") ;;
   esac
   failed_runs=0

@@ -168,7 +168,7 @@ stop_throwaway_postgres() {
 }
 
 # A throwaway primary with one streaming replica, from the local binaries,
-# for tests/replicas.rs and the fleet benchmarks: the primary on
+# for tests/it/db/replicas.rs and the fleet benchmarks: the primary on
 # 127.0.0.1:${BLOOMGATE_PRIMARY_PORT:-54332} (wal_level = logical, so either
 # change feed works), the replica on ${BLOOMGATE_REPLICA_PORT:-54333}, made
 # with `pg_basebackup -R` (it streams from the primary and answers read-only
@@ -267,7 +267,7 @@ bg_pg_restart_if_stale() {
 # A second streaming replica of that primary, for tests/truth: its
 # replica fault pauses this one's replay while the gateway also has the
 # first, on which its scans need not wait, as in a deployment with several
-# replicas (the first is tests/replicas.rs', which pauses and stops it). On ${BLOOMGATE_REPLICA2_PORT:-54336}, data in
+# replicas (the first is tests/it/db/replicas.rs', which pauses and stops it). On ${BLOOMGATE_REPLICA2_PORT:-54336}, data in
 # ${BLOOMGATE_REPLICA2_DIR:-/tmp/bloomgate-pg-replica2}; starts the pair
 # first. Idempotent; exports BLOOMGATE_TEST_REPLICA2_URL (no database).
 ensure_second_replica() {
@@ -355,7 +355,7 @@ stop_logical_server() {
   [ -s "$dir/postmaster.pid" ] && "${run[@]}" "$bindir/pg_ctl" -D "$dir" -m fast stop >&2 || true
 }
 
-# A throwaway TLS-only server for tests/tls.rs, from the local binaries:
+# A throwaway TLS-only server for tests/it/db/tls.rs, from the local binaries:
 # 127.0.0.1:${BLOOMGATE_TLS_PORT:-54335}, data in
 # ${BLOOMGATE_TLS_DIR:-/tmp/bloomgate-pg-tls}, `ssl = on` with a
 # self-signed CA and a server certificate it signed (CN localhost, SAN

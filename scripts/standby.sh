@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/standby.sh: a throwaway hot standby for tests/standby.rs, on
+# scripts/standby.sh: a throwaway hot standby for tests/it/db/standby.rs, on
 # 127.0.0.1:${BLOOMGATE_STANDBY_PORT:-54334}, in
 # ${BLOOMGATE_STANDBY_DIR:-/tmp/bloomgate-standby}. Prints its base URL
 # (postgres://postgres@127.0.0.1:PORT).

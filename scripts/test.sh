@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Runs the test suite against a real PostgreSQL (started if none is running).
 # Each test creates its own database and drops it afterwards.
-# Extra arguments go to `cargo test`, e.g. scripts/test.sh --test gateway.
-# Without arguments (the whole suite, as CI runs it) tests/freshness.rs runs
+# Extra arguments go to `cargo test`, e.g. scripts/test.sh --test it -- http::cors::.
+# Without arguments (the whole suite, as CI runs it) tests/it/feed/freshness.rs runs
 # a second time on the WAL feed streamed, a third on it polled, a fourth
 # on the queue feed and three more times as a least-privilege role (wal,
 # notify, queue), two lanes side by side; then the randomized checker
 # (tests/truth) runs its CI seeds, beside the outside checks: Schemathesis
 # and REDbot against the live gateway (scripts/contract.sh), then the book's
 # Getting started page, run as written (scripts/walk.py). Beside the
-# freshness reruns, tests/patroni.rs runs in a lane of its own.
+# freshness reruns, tests/it/db/patroni.rs runs in a lane of its own.
 # BLOOMGATE_SKIP_CONTRACT=1 leaves all of these out (cargo test alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,14 +21,14 @@ ensure_postgres
 find "${TMPDIR:-/tmp}" -maxdepth 1 \( -name 'bloomgate-test-*' -o -name 'bloomgate-keys-*.toml' \
   -o -name 'bloomgate-jwks-*.json' -o -name 'bloomgate-bus_*' \) -mmin +120 \
   -exec rm -rf {} + 2>/dev/null || true
-# tests/replicas.rs: a throwaway primary with a streaming replica.
+# tests/it/db/replicas.rs: a throwaway primary with a streaming replica.
 ensure_replica_pair
 # tests/truth: a second replica of it, the checker's own, whose replay it
 # pauses while the first stays in step.
 ensure_second_replica
-# tests/tls.rs: a throwaway TLS-only server (hostssl) with its own CA.
+# tests/it/db/tls.rs: a throwaway TLS-only server (hostssl) with its own CA.
 ensure_tls_server
-# tests/standby.rs: a cluster in permanent recovery on its fixed port
+# tests/it/db/standby.rs: a cluster in permanent recovery on its fixed port
 # (54334), started here, before any test asks the kernel for a free port:
 # a server a test starts on a port the kernel chose may hold 54334 when the
 # standby's binary runs, and the standby then cannot bind it (seen when two
@@ -42,7 +42,7 @@ if [ -z "${BLOOMGATE_CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; th
   $sudo apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >&2
 fi
-# The rolling-restart test of tests/replicas.rs runs Debian's nginx in front
+# The rolling-restart test of tests/it/db/replicas.rs runs Debian's nginx in front
 # of two gateways.
 if ! command -v nginx >/dev/null 2>&1; then
   echo "test.sh: installing nginx-light for the rolling-restart test" >&2
@@ -53,11 +53,11 @@ if ! command -v nginx >/dev/null 2>&1; then
   # Only the binary is wanted: no service of its own.
   $sudo systemctl disable --now nginx >/dev/null 2>&1 || $sudo service nginx stop >/dev/null 2>&1 || true
 fi
-# tests/patroni.rs: Debian's patroni and etcd-server (a real HA stack on
+# tests/it/db/patroni.rs: Debian's patroni and etcd-server (a real HA stack on
 # throwaway ports, scripts/patroni.sh); only the binaries are wanted, no
 # service of their own.
 if ! scripts/patroni.sh available 2>/dev/null; then
-  echo "test.sh: installing patroni and etcd-server for tests/patroni.rs" >&2
+  echo "test.sh: installing patroni and etcd-server for tests/it/db/patroni.rs" >&2
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq >&2
@@ -92,7 +92,7 @@ if ! "$KUBE_VENV/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUB
   "$KUBE_VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE" >&2
 fi
 export BLOOMGATE_KUBERNETES_VALIDATE="$PWD/$KUBE_VENV/bin/kubernetes-validate"
-# tests/bus.rs starts a redis-server of its own per test, and the checker's
+# tests/it/feed/bus.rs starts a redis-server of its own per test, and the checker's
 # bus feed one per history (Debian's package); without it they fail.
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "test.sh: installing redis-server for the bus tests" >&2
@@ -122,7 +122,7 @@ if [ $# -gt 0 ] || [ -n "${BLOOMGATE_SKIP_CONTRACT:-}" ]; then
 fi
 "$PROMTOOL" check rules deploy/prometheus/bloomgate.rules.yml
 (cd deploy/prometheus && "$PROMTOOL" test rules tests.yml)
-# tests/deploy.rs reads the binary's dep-info (target/debug/bloomgate.d),
+# tests/it/deploy.rs reads the binary's dep-info (target/debug/bloomgate.d),
 # which only `cargo build` writes: `cargo test` builds the binary without it.
 phase "build (the binary)" cargo build --locked --bin bloomgate
 phase "cargo test" cargo test --locked
@@ -140,26 +140,26 @@ phase "cargo test" cargo test --locked
 # not as the superuser.
 wal_reruns() {
   local s=0
-  phase "freshness wal" env BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness || s=1
-  phase "freshness wal-poll" env BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --locked --test freshness || s=1
-  phase "freshness least wal" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test freshness || s=1
+  phase "freshness wal" env BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test it -- feed::freshness:: || s=1
+  phase "freshness wal-poll" env BLOOMGATE_TEST_FRESHNESS=wal-poll cargo test --locked --test it -- feed::freshness:: || s=1
+  phase "freshness least wal" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=wal cargo test --locked --test it -- feed::freshness:: || s=1
   return $s
 }
 # On the triggers writing to the change table (`freshness = "queue"`), and
 # the notify and queue feeds as the least-privilege role.
 other_reruns() {
   local s=0
-  phase "freshness queue" env BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness || s=1
-  phase "freshness least notify" env BLOOMGATE_TEST_ROLE=least cargo test --locked --test freshness || s=1
-  phase "freshness least queue" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test freshness || s=1
+  phase "freshness queue" env BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test it -- feed::freshness:: || s=1
+  phase "freshness least notify" env BLOOMGATE_TEST_ROLE=least cargo test --locked --test it -- feed::freshness:: || s=1
+  phase "freshness least queue" env BLOOMGATE_TEST_ROLE=least BLOOMGATE_TEST_FRESHNESS=queue cargo test --locked --test it -- feed::freshness:: || s=1
   return $s
 }
-# A failover on a real Patroni cluster (tests/patroni.rs, ignored in the
+# A failover on a real Patroni cluster (tests/it/db/patroni.rs, ignored in the
 # run above): one cluster at a time, about three minutes, mostly waiting on
 # Patroni's loop and leader key.
 patroni_lane() {
   local s=0
-  phase "patroni" cargo test --locked --test patroni -- --ignored --test-threads=1 || s=1
+  phase "patroni" cargo test --locked --test it -- --ignored --test-threads=1 db::patroni:: || s=1
   # A test killed mid-run leaves its cluster running (setsid'd daemons):
   # every one this run's tests made goes.
   local d

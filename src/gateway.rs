@@ -601,10 +601,8 @@ impl Gateway {
         self.keep(task);
         match ready.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(StartError::Feed(feed::PrepareError::Refused(e))),
-            Err(_) => Err(StartError::Feed(feed::PrepareError::Refused(
-                "the change feed stopped before it was streaming".into(),
-            ))),
+            Ok(Err(e)) => Err(StartError::Feed(e.into())),
+            Err(_) => Err(StartError::Feed(feed::NotStarted::Stopped.into())),
         }
     }
 

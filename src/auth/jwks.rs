@@ -20,6 +20,40 @@ use serde::Deserialize;
 
 use super::jwt::{Alg, PublicKey};
 
+/// Why a key set was not fetched or not read. Safe to log: no header and
+/// no body is quoted, and the URL is not repeated (the caller names
+/// `auth.jwks_url`).
+#[derive(Debug, thiserror::Error)]
+pub enum JwksError {
+    #[error("no answer within {}s", FETCH_TIMEOUT.as_secs())]
+    TimedOut,
+    #[error("{0}")]
+    Url(#[from] url::ParseError),
+    #[error("no host")]
+    NoHost,
+    #[error("no port")]
+    NoPort,
+    #[error("connect: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("{0}")]
+    Request(#[source] hyper::http::Error),
+    #[error("no TLS configuration")]
+    NoTls,
+    #[error("{0:?} is not a server name")]
+    ServerName(String),
+    #[error("TLS: {0}")]
+    Tls(#[source] std::io::Error),
+    #[error("HTTP: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("status {0}")]
+    Status(hyper::StatusCode),
+    /// Larger than [`MAX_BYTES`], or the body broke off.
+    #[error("body: {0}")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("not a JWK Set: {0}")]
+    NotASet(#[from] serde_json::Error),
+}
+
 /// Most keys kept from one set.
 pub const MAX_KEYS: usize = 64;
 /// Largest key set document read.
@@ -122,8 +156,8 @@ fn key(v: serde_json::Value) -> Result<PublicKey, String> {
 
 /// The usable keys of a JWK Set document, and why each other key was
 /// skipped. An error when the document is not a key set at all.
-pub fn parse(doc: &[u8]) -> Result<(Vec<PublicKey>, Vec<String>), String> {
-    let set: Set = serde_json::from_slice(doc).map_err(|e| format!("not a JWK Set: {e}"))?;
+pub fn parse(doc: &[u8]) -> Result<(Vec<PublicKey>, Vec<String>), JwksError> {
+    let set: Set = serde_json::from_slice(doc)?;
     let mut keys = Vec::new();
     let mut skipped = Vec::new();
     for (i, v) in set.keys.into_iter().enumerate() {
@@ -165,16 +199,19 @@ pub fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
 /// GETs `url` (checked by `config::auth::check_jwks_url`) and returns its body: status 200,
 /// at most [`MAX_BYTES`], within [`FETCH_TIMEOUT`]. Errors are safe to log
 /// (no header or body is quoted).
-pub async fn fetch(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Bytes, String> {
+pub async fn fetch(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Bytes, JwksError> {
     tokio::time::timeout(FETCH_TIMEOUT, fetch_inner(url, tls))
         .await
-        .map_err(|_| format!("no answer within {}s", FETCH_TIMEOUT.as_secs()))?
+        .map_err(|_| JwksError::TimedOut)?
 }
 
-async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Result<Bytes, String> {
-    let parsed = url::Url::parse(url).map_err(|e| e.to_string())?;
-    let host = parsed.host_str().ok_or("no host")?.to_string();
-    let port = parsed.port_or_known_default().ok_or("no port")?;
+async fn fetch_inner(
+    url: &str,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<Bytes, JwksError> {
+    let parsed = url::Url::parse(url)?;
+    let host = parsed.host_str().ok_or(JwksError::NoHost)?.to_string();
+    let port = parsed.port_or_known_default().ok_or(JwksError::NoPort)?;
     let bare = host
         .trim_start_matches('[')
         .trim_end_matches(']')
@@ -183,7 +220,7 @@ async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Resu
         Ok(ip) => tokio::net::TcpStream::connect((ip, port)).await,
         Err(_) => tokio::net::TcpStream::connect((bare.as_str(), port)).await,
     }
-    .map_err(|e| format!("connect: {e}"))?;
+    .map_err(JwksError::Connect)?;
     let _ = tcp.set_nodelay(true);
     let target = match parsed.query() {
         Some(q) => format!("{}?{q}", parsed.path()),
@@ -204,15 +241,15 @@ async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Resu
             concat!("bloomgate/", env!("CARGO_PKG_VERSION")),
         )
         .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
+        .map_err(JwksError::Request)?;
     if parsed.scheme() == "https" {
-        let tls = tls.ok_or("no TLS configuration")?;
+        let tls = tls.ok_or(JwksError::NoTls)?;
         let name = rustls::pki_types::ServerName::try_from(bare.clone())
-            .map_err(|_| format!("{bare:?} is not a server name"))?;
+            .map_err(|_| JwksError::ServerName(bare.clone()))?;
         let stream = tokio_rustls::TlsConnector::from(tls.clone())
             .connect(name, tcp)
             .await
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(JwksError::Tls)?;
         exchange(TokioIo::new(stream), req).await
     } else {
         exchange(TokioIo::new(tcp), req).await
@@ -224,25 +261,20 @@ async fn fetch_inner(url: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Resu
 /// own: it ends with the exchange (the sender dropped once the body is
 /// read ends it), and the fetch's timeout or the refresher's shutdown,
 /// dropping this future, closes the socket with it.
-async fn exchange<T>(io: TokioIo<T>, req: hyper::Request<Empty<Bytes>>) -> Result<Bytes, String>
+async fn exchange<T>(io: TokioIo<T>, req: hyper::Request<Empty<Bytes>>) -> Result<Bytes, JwksError>
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| format!("HTTP: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
     let body = async move {
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|e| format!("HTTP: {e}"))?;
+        let resp = sender.send_request(req).await?;
         if resp.status() != hyper::StatusCode::OK {
-            return Err(format!("status {}", resp.status()));
+            return Err(JwksError::Status(resp.status()));
         }
         let body = Limited::new(resp.into_body(), MAX_BYTES)
             .collect()
             .await
-            .map_err(|e| format!("body: {e}"))?;
+            .map_err(JwksError::Body)?;
         Ok(body.to_bytes())
     };
     // A connection that fails fails the request too: its error is the

@@ -8,13 +8,14 @@
 //! verification. A fetch that fails keeps the keys of the last good one,
 //! for `auth.jwks_max_stale` only: past it they are dropped, the gateway
 //! is not ready (`Auth::why_not_ready` says why) and their tokens are
-//! answered 503, until a fetch succeeds. Tested in `tests/auth.rs`
+//! answered 503, until a fetch succeeds. Tested in `tests/it/auth/checks.rs`
 //! (`a_rotated_key_set_…`, `an_empty_key_set_revokes_…`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
+use super::jwks::JwksError;
 use super::{Auth, jwks, jwt};
 use crate::config::auth::AuthConfig;
 use crate::telemetry::LogThrottle;
@@ -87,8 +88,7 @@ impl Auth {
     }
 
     /// Fetches `jwks_url` once and installs what it holds.
-    async fn fetch_once(&self) -> Result<usize, String> {
-        let remote = self.remote.as_ref().ok_or("no jwks_url")?;
+    async fn fetch_once(&self, remote: &Remote) -> Result<usize, JwksError> {
         self.stats.jwks_fetches.fetch_add(1, Ordering::Relaxed);
         let body = jwks::fetch(&remote.url, remote.tls.as_ref()).await?;
         let (keys, skipped) = jwks::parse(&body)?;
@@ -151,7 +151,7 @@ impl Auth {
     /// `jwks_max_stale` has passed since the last good fetch: the URL's
     /// keys are no longer trusted. Tokens signed by them are answered as
     /// before the first fetch (503) until a fetch succeeds.
-    fn drop_stale(&self, remote: &Remote, last_error: &str) {
+    fn drop_stale(&self, remote: &Remote, last_error: &JwksError) {
         {
             let mut held = remote.keys.lock().unwrap_or_else(|e| e.into_inner());
             held.clear();
@@ -178,7 +178,7 @@ async fn refresh(auth: Weak<Auth>, mut stop: crate::shutdown::Shutdown) {
             return;
         };
         let began = Instant::now();
-        let next = match a.fetch_once().await {
+        let next = match a.fetch_once(remote).await {
             Ok(_) => {
                 failures = 0;
                 remote.refresh

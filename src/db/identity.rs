@@ -59,7 +59,7 @@
 //!   no change.
 //! - The look at the address records another server as a mismatch (which
 //!   wakes the feed), not as a refusal; the followed server, a standby or
-//!   no answer records nothing (`tests/failover.rs`
+//!   no answer records nothing (`tests/it/db/failover.rs`
 //!   `a_cut_over_no_pool_connection_reaches_is_followed` on real servers).
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -456,7 +456,7 @@ mod tests {
             "one function per table, whichever the sink"
         );
         // Both tables lose every grant (checked on a server in
-        // tests/queue_feed.rs `only_the_triggers_write_the_change_table`).
+        // tests/it/feed/queue.rs `only_the_triggers_write_the_change_table`).
         for t in [
             "'public.bloomgate_changes'",
             "'public.bloomgate_changes_pruned'",

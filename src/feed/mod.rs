@@ -120,6 +120,10 @@ pub enum PrepareError {
     /// feed): start-up stops and says why.
     #[error("{0}")]
     Refused(String),
+    /// The feed started but will never stream: what its [`supervisor::Ready`]
+    /// said.
+    #[error(transparent)]
+    NotStarted(#[from] NotStarted),
     /// A statement that failed: an answer, or a failure of the moment
     /// ([`PrepareError::is_momentary`]) that start-up tries again.
     #[error("{what}: {source}")]
@@ -137,10 +141,25 @@ impl PrepareError {
     /// `statement_timeout`), never a refusal.
     pub fn is_momentary(&self) -> bool {
         match self {
-            PrepareError::Refused(_) => false,
+            PrepareError::Refused(_) | PrepareError::NotStarted(_) => false,
             PrepareError::Db { source, .. } => crate::db::outage::is_momentary(source),
         }
     }
+}
+
+/// Why a feed that was started never streams: the error its
+/// [`supervisor::Ready`] carries. Each feed retries what may pass (the
+/// database out of reach) before it says so; this is what will not.
+#[derive(Debug, thiserror::Error)]
+pub enum NotStarted {
+    #[error(transparent)]
+    Notify(#[from] notify::NotifyError),
+    #[error(transparent)]
+    Queue(#[from] queue::QueueError),
+    /// Its task ended before it said anything (a panic, or the gateway
+    /// stopping meanwhile).
+    #[error("the change feed stopped before it was streaming")]
+    Stopped,
 }
 
 /// A watched column's value in one version of a row.

@@ -28,7 +28,7 @@
 //! without one: a notification that then arrives during a heartbeat's
 //! query is handed to the query, which fails on it, and whether the change
 //! reaches the gateway depends on stray copies. So the listener is built
-//! with sqlx's eager reconnect off and never reused after a loss (`tests/freshness.rs`,
+//! with sqlx's eager reconnect off and never reused after a loss (`tests/it/feed/freshness.rs`,
 //! `a_listener_reconnect_cut_short_loses_no_notification`).
 //!
 //! # Heartbeats and checks
@@ -71,8 +71,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::tracker::{Shapes, Tracker};
 use super::{
-    CHECK_EVERY, Columns, Commit, Event, HEARTBEAT_EVERY, Health, Op, Phase, Resync, RowChange,
-    TableName, Value, Watch,
+    CHECK_EVERY, Columns, Commit, Event, HEARTBEAT_EVERY, Health, NotStarted, Op, Phase, Resync,
+    RowChange, TableName, Value, Watch,
 };
 use crate::db::identity::Identity;
 use crate::db::position::Server;
@@ -159,7 +159,7 @@ pub async fn run(
     opts: NotifyOptions,
     watch: Watch,
     tx: mpsc::Sender<Event>,
-    ready: oneshot::Sender<Result<(), String>>,
+    ready: oneshot::Sender<Result<(), NotStarted>>,
     mut shutdown: Shutdown,
 ) {
     // The listener holds its connection for good; the other is for the
@@ -169,7 +169,7 @@ pub async fn run(
         Ok(l) => l,
         Err(e) => {
             tracing::error!(error = %e, "cannot follow key changes");
-            let _ = ready.send(Err(e.to_string()));
+            let _ = ready.send(Err(e.into()));
             return;
         }
     };

@@ -22,14 +22,14 @@ use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{Event, Health, Position, PrepareError, Watch, bus, notify, queue, wal};
+use super::{Event, Health, NotStarted, Position, PrepareError, Watch, bus, notify, queue, wal};
 use crate::config::{BusConfig, BusReadFrom, DatabaseConfig, Freshness};
 use crate::db::triggers::Sink;
 use crate::db::{Db, DbError, publication};
 use crate::shutdown::Shutdown;
 
 /// Fires once the feed streams, or says why it never will.
-pub type Ready = oneshot::Receiver<Result<(), String>>;
+pub type Ready = oneshot::Receiver<Result<(), NotStarted>>;
 
 /// The feed in force and what it reports.
 pub struct Supervisor {
@@ -290,7 +290,7 @@ impl Supervisor {
         watch: Watch,
         tx: mpsc::Sender<Event>,
         applied: watch::Receiver<Position>,
-        ready: oneshot::Sender<Result<(), String>>,
+        ready: oneshot::Sender<Result<(), NotStarted>>,
         shutdown: Shutdown,
     ) -> JoinHandle<()> {
         let relay = bus::relay::RelayOptions {

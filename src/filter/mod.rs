@@ -12,7 +12,7 @@
 //!   dense ids far smaller than any Bloom filter.
 //!
 //! # Guarantees (tested in this module, its submodules and
-//! `tests/filter_props.rs`)
+//! `tests/it/filter/props.rs`)
 //! * **No false negatives**, ever: an inserted key is reported present by
 //!   every later lookup, including with concurrent inserters and after a
 //!   serialisation round trip. Where a structure cannot represent a key

@@ -2,7 +2,7 @@
 //! `[server.cors]` lists: the front layer asks [`Cors::ask`] before any
 //! other work on a request and [`Cors::apply`] to its answer.
 //!
-//! # Guarantees (tested below and in `tests/cors.rs`)
+//! # Guarantees (tested below and in `tests/it/http/cors.rs`)
 //! - A preflight (`OPTIONS` with `Origin` and
 //!   `Access-Control-Request-Method`) from a listed origin is answered 204
 //!   by the front layer, before any access check: a preflight carries no

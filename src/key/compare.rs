@@ -47,7 +47,7 @@
 //! text to itself under `Bytes`, drops exactly the trailing spaces under
 //! `Blank`, and under `Lower` applies the table code point by code point.
 //! That it agrees with Postgres is tested against Postgres itself
-//! (`tests/key_types.rs`: random spellings of every key type, the
+//! (`tests/it/key/types.rs`: random spellings of every key type, the
 //! gateway's answer against `SELECT … WHERE col = '<spelling>'`).
 
 use std::borrow::Cow;

@@ -103,16 +103,22 @@ pub(super) async fn accept_loop(
                     );
                 }
                 tokio::select! {
+                    // The stop first: a slot freed by the stop itself (a
+                    // connection closed idle) must not take a connection
+                    // through this path once stopped; the backlog's are
+                    // taken below.
+                    biased;
+                    () = &mut stopped => break,
                     slot = slots.clone().acquire_owned() => {
                         slot.expect("the semaphore is never closed")
                     }
-                    () = &mut stopped => break,
                 }
             }
         };
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            biased;
             () = &mut stopped => break,
+            accepted = listener.accept() => accepted,
         };
         match accepted {
             Ok((stream, _)) => {

@@ -69,7 +69,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-pub use seal::{FleetKey, Nonce, SealError};
+pub use seal::{FleetKey, FleetKeyError, Nonce, SealError};
 
 use crate::filter::{FilterKey, KeySet};
 

@@ -80,22 +80,30 @@ impl fmt::Debug for FleetKey {
     }
 }
 
+/// Why `bus.fleet_key_file` holds no usable key. It never quotes the
+/// file (the caller names the config key).
+#[derive(Debug, thiserror::Error)]
+pub enum FleetKeyError {
+    #[error("cannot be read ({})", .0.kind())]
+    Unreadable(#[source] std::io::Error),
+    /// How many bytes it holds, whitespace trimmed.
+    #[error("holds {0} bytes; a fleet key needs at least {MIN_FLEET_KEY} (`openssl rand -hex 32`)")]
+    TooShort(usize),
+}
+
 impl FleetKey {
     /// The key held by `path`: its bytes, surrounding whitespace trimmed
     /// (so `openssl rand -hex 32 > fleet.key` works), at least
-    /// [`MIN_FLEET_KEY`] of them. The error never quotes the file.
-    pub fn from_file(path: &Path) -> Result<Self, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("cannot be read ({})", e.kind()))?;
+    /// [`MIN_FLEET_KEY`] of them.
+    pub fn from_file(path: &Path) -> Result<Self, FleetKeyError> {
+        let bytes = std::fs::read(path).map_err(FleetKeyError::Unreadable)?;
         Self::from_bytes(&bytes)
     }
 
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, String> {
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, FleetKeyError> {
         let trimmed = bytes.trim_ascii();
         if trimmed.len() < MIN_FLEET_KEY {
-            return Err(format!(
-                "holds {} bytes; a fleet key needs at least {MIN_FLEET_KEY} (`openssl rand -hex 32`)",
-                trimmed.len()
-            ));
+            return Err(FleetKeyError::TooShort(trimmed.len()));
         }
         Ok(Self {
             ikm: trimmed.to_vec(),
@@ -296,11 +304,15 @@ mod tests {
 
     #[test]
     fn a_short_or_unreadable_key_file_is_refused() {
-        assert!(FleetKey::from_bytes(b"  short  \n").is_err());
+        assert!(matches!(
+            FleetKey::from_bytes(b"  short  \n"),
+            Err(FleetKeyError::TooShort(5))
+        ));
         assert!(FleetKey::from_bytes(&[b'a'; 31]).is_err());
         assert!(FleetKey::from_bytes(&[b'a'; 32]).is_ok());
         let e = FleetKey::from_file(Path::new("/nonexistent/fleet.key")).unwrap_err();
-        assert!(e.contains("cannot be read"), "{e}");
+        assert_eq!(e.to_string(), "cannot be read (entity not found)");
+        assert!(std::error::Error::source(&e).is_some());
         assert_eq!(format!("{:?}", fleet(1)), "FleetKey(<redacted>)");
     }
 

@@ -1,5 +1,5 @@
-//! What the access-control tests share (`tests/auth.rs`,
-//! `tests/auth_keys.rs`): signing keys made for the run, the resources
+//! What the access-control tests share (`tests/it/auth/checks.rs`,
+//! `tests/it/auth/keys.rs`): signing keys made for the run, the resources
 //! with their rules, the config, a seeded database, a client on a real
 //! socket, a local JWKS endpoint.
 #![allow(dead_code)]

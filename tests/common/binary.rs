@@ -1,7 +1,6 @@
 //! The gateway's binary run as a process: its output collected line by
 //! line, signals, a config file for it, and the helpers that read its log.
-//! Shared by tests/operations.rs and tests/access_log.rs, each including it
-//! by path after `mod common;`.
+//! `crate::binary` of the test binary (tests/it/main.rs).
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};

@@ -40,7 +40,7 @@ pub fn admin_url() -> String {
 
 /// Whether this run's gateways take their changes from the WAL:
 /// `BLOOMGATE_TEST_FRESHNESS=wal` or `wal-poll` (scripts/test.sh runs
-/// tests/freshness.rs without, with `wal` and with `wal-poll`) puts every [`TestDb`] on the
+/// tests/it/feed/freshness.rs without, with `wal` and with `wal-poll`) puts every [`TestDb`] on the
 /// `wal_level = logical` server and every [`config`] on the `wal` feed,
 /// unless the test chose a feed itself.
 pub fn wal_mode() -> bool {
@@ -60,7 +60,7 @@ pub fn queue_mode() -> bool {
 /// marked `-- bloomgate role, as ...: ...`), applied by the superuser; the tables a
 /// test adds later get what `bloomgate preflight` says is missing, applied
 /// the same way (see [`gateway`]). The test's own writes stay the
-/// superuser's. `scripts/test.sh` runs tests/freshness.rs so on the `wal`
+/// superuser's. `scripts/test.sh` runs tests/it/feed/freshness.rs so on the `wal`
 /// and the `notify` feed.
 pub fn least_privilege() -> bool {
     std::env::var("BLOOMGATE_TEST_ROLE").is_ok_and(|m| m == "least")
@@ -243,13 +243,30 @@ pub struct TestDb {
     pub name: String,
     pub url: String,
     pub pool: PgPool,
+    /// The maintenance database of the server it lives on (`postgres`),
+    /// which created it and drops it.
+    pub admin: String,
 }
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Which server each live [`TestDb`] is on (name → [`TestDb::admin`]), so
+/// that [`db_url`] finds a database on any server. Tests of different
+/// files share the process: the server is named per database, never by
+/// setting an environment variable.
+static SERVERS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
 impl TestDb {
-    /// Creates an empty database with the migrations applied.
+    /// Creates an empty database with the migrations applied, on this
+    /// run's server ([`admin_url`]).
     pub async fn new() -> Self {
+        Self::on(&admin_url()).await
+    }
+
+    /// [`TestDb::new`] on the server whose maintenance database `admin`
+    /// names (one `scripts/test.sh` started: the logical primary, the TLS
+    /// server).
+    pub async fn on(admin_of: &str) -> Self {
         let name = format!(
             "bloomgate_test_{}_{}_{:x}",
             std::process::id(),
@@ -258,7 +275,7 @@ impl TestDb {
         );
         let admin = PgPoolOptions::new()
             .max_connections(1)
-            .connect(&admin_url())
+            .connect(admin_of)
             .await
             .expect("cannot reach the test Postgres: run the tests with scripts/test.sh");
         admin
@@ -266,6 +283,10 @@ impl TestDb {
             .await
             .unwrap();
         admin.close().await;
+        SERVERS
+            .lock()
+            .unwrap()
+            .push((name.clone(), admin_of.to_string()));
         let url = db_url(&name);
         let pool = PgPoolOptions::new()
             .max_connections(8)
@@ -286,7 +307,12 @@ impl TestDb {
                     .unwrap_or_else(|e| panic!("the book's {sql:?}: {e}"));
             }
         }
-        Self { name, url, pool }
+        Self {
+            name,
+            url,
+            pool,
+            admin: admin_of.to_string(),
+        }
     }
 
     /// Users 1..=n with deterministic emails.
@@ -346,6 +372,8 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let name = self.name.clone();
+        let admin_url = self.admin.clone();
+        SERVERS.lock().unwrap().retain(|(n, _)| *n != name);
         // Drop runs inside the test's runtime, which cannot block on async
         // work: do it on a thread with its own.
         let _ = std::thread::spawn(move || {
@@ -356,7 +384,7 @@ impl Drop for TestDb {
             rt.block_on(async {
                 if let Ok(admin) = PgPoolOptions::new()
                     .max_connections(1)
-                    .connect(&admin_url())
+                    .connect(&admin_url)
                     .await
                 {
                     // A database with an active logical slot is refused
@@ -398,7 +426,13 @@ impl Drop for TestDb {
 
 /// The admin URL with its database replaced.
 pub fn db_url(name: &str) -> String {
-    let admin = admin_url();
+    let admin = SERVERS
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, a)| a.clone())
+        .unwrap_or_else(admin_url);
     let (base, query) = match admin.split_once('?') {
         Some((b, q)) => (b.to_string(), format!("?{q}")),
         None => (admin.clone(), String::new()),
@@ -409,7 +443,12 @@ pub fn db_url(name: &str) -> String {
 
 /// Host and port of the test server, for the proxy.
 pub fn db_addr() -> SocketAddr {
-    let opts = PgConnectOptions::from_str(&admin_url()).unwrap();
+    addr_of(&admin_url())
+}
+
+/// Host and port of the server `url` names.
+pub fn addr_of(url: &str) -> SocketAddr {
+    let opts = PgConnectOptions::from_str(url).unwrap();
     let host = match opts.get_host() {
         "localhost" => "127.0.0.1",
         h => h,
@@ -779,8 +818,14 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy to this run's server ([`admin_url`]).
     pub async fn start() -> Self {
         Self::start_to(db_addr()).await
+    }
+
+    /// A proxy to the server `db` lives on.
+    pub async fn start_for(db: &TestDb) -> Self {
+        Self::start_to(addr_of(&db.admin)).await
     }
 
     /// A proxy to `upstream` (a server the test started).
@@ -1059,7 +1104,7 @@ pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
     // #3611). A sibling test without a subscriber that reaches a callsite
     // first (another test's failing row load) then caches `never` for it,
     // and this capture misses every later event of it: 2 runs in 10 of
-    // `tests/hostile.rs` under load. A second dispatcher, kept for the
+    // `tests/it/http/hostile.rs` under load. A second dispatcher, kept for the
     // life of the process, sends tracing down its general path, which asks
     // every registered dispatcher; this one wants every callsite, so none
     // is ever cached as `never`.
@@ -1141,8 +1186,7 @@ pub async fn vouched(gw: &Gateway, resource: &str) {
 pub async fn logical_db(n: i64) -> TestDb {
     let primary = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")
         .expect("run with scripts/test.sh, which starts a server with wal_level = logical");
-    unsafe { std::env::set_var("BLOOMGATE_TEST_DATABASE_URL", format!("{primary}/postgres")) };
-    let db = TestDb::new().await;
+    let db = TestDb::on(&format!("{primary}/postgres")).await;
     if n > 0 {
         db.seed_users(n).await;
     }

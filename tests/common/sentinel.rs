@@ -1,7 +1,7 @@
 //! Redis Sentinel for the bus's tests: a primary, a replica and three
 //! sentinels (`redis-server --sentinel`) on free ports. The data nodes have
 //! no default user, only an ACL user with a password; the sentinels have a
-//! password of their own. tests/bus_sentinel.rs fails it over once; the
+//! password of their own. tests/it/feed/bus/sentinel.rs fails it over once; the
 //! checker (tests/truth, `redis-failover`) again and again, which is why a
 //! killed primary can come back as the new primary's replica
 //! ([`Site::rejoin`]) and the roles are swapped: `primary` is always the

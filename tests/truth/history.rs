@@ -268,7 +268,14 @@ impl World {
             let name = format!("truth_life_{}_{}", std::process::id(), opts.seed);
             let (life, pool) = Life::start(opts.seed, &name).await;
             let url = life.gateway_url(&name);
-            (TestDb { name, url, pool }, Some(life))
+            let admin = life.gateway_url("postgres");
+            let db = TestDb {
+                name,
+                url,
+                pool,
+                admin,
+            };
+            (db, Some(life))
         } else {
             (TestDb::new().await, None)
         };
@@ -540,7 +547,7 @@ impl World {
         if let Some(url) = w.replica_dbs.last() {
             // The last one is paused by the replica fault: the second
             // replica is the checker's alone, the first is shared with
-            // tests/replicas.rs, which pauses and stops it itself.
+            // tests/it/db/replicas.rs, which pauses and stops it itself.
             let admin = url.rsplit_once('/').unwrap().0.to_string() + "/postgres";
             let pool = PgPoolOptions::new()
                 .max_connections(1)

@@ -3,7 +3,7 @@
 //! same port, empty, with everything it had, or with an older copy of its
 //! data (a stream that lost its tail, as after a failover to a lagging
 //! replica), and that `redis-refuses` makes refuse writes for a while.
-//! The minimum of tests/bus.rs's `Redis`, plus persistence.
+//! The minimum of tests/it/feed/bus.rs's `Redis`, plus persistence.
 //!
 //! It always runs with an append-only file fsynced at every write
 //! (`appendfsync always`), so "with everything" is every write it

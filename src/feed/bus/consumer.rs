@@ -31,7 +31,7 @@ use super::fallback::Ticket;
 pub use super::follow::ConsumerOptions;
 use super::follow::{Ended, follow};
 use super::{Bus, EntryId, Follows, Status, primary_through_the_pool};
-use crate::feed::{CHECK_EVERY, Event, Position, Resync, Watch, wal};
+use crate::feed::{CHECK_EVERY, Event, NotStarted, Position, Resync, Watch, wal};
 use crate::shutdown::{self, Shutdown};
 use crate::telemetry::LogThrottle;
 
@@ -43,7 +43,7 @@ pub async fn run<B: Bus>(
     watch: Watch,
     tx: mpsc::Sender<Event>,
     applied: watch::Receiver<Position>,
-    ready: oneshot::Sender<Result<(), String>>,
+    ready: oneshot::Sender<Result<(), NotStarted>>,
     mut shutdown: Shutdown,
 ) {
     let mut ready = Some(ready);
@@ -115,7 +115,7 @@ async fn direct<B: Bus>(
     watch: &Watch,
     tx: &mpsc::Sender<Event>,
     applied: &watch::Receiver<Position>,
-    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
+    ready: &mut Option<oneshot::Sender<Result<(), NotStarted>>>,
     shutdown: &mut Shutdown,
 ) -> bool {
     let mut feed: Option<Direct> = None;
@@ -224,7 +224,7 @@ async fn direct<B: Bus>(
 struct Direct {
     task: tokio::task::JoinHandle<()>,
     stop: shutdown::Trigger,
-    streams: oneshot::Receiver<Result<(), String>>,
+    streams: oneshot::Receiver<Result<(), NotStarted>>,
     streaming: bool,
 }
 
@@ -267,7 +267,7 @@ impl Direct {
     }
 
     /// Whether its stream started, once (`None`: not yet, or told already).
-    fn started(&mut self) -> Option<Result<(), String>> {
+    fn started(&mut self) -> Option<Result<(), NotStarted>> {
         if self.streaming {
             return None;
         }

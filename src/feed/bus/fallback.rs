@@ -13,7 +13,7 @@
 //! `filter.verify_budget` for keys the filter rejects), and it tries again
 //! for a ticket, and the bus, every second.
 //!
-//! # Guarantees (tested in `tests/bus.rs`)
+//! # Guarantees (tested in `tests/it/feed/bus.rs`)
 //! - At most `max` tickets are held at once, whatever the number of
 //!   gateways asking (the lock manager's, per key).
 //! - A ticket is held exactly as long as its [`Ticket`] lives: dropped, its

@@ -24,7 +24,9 @@ use super::{
 use crate::db::identity::Identity;
 use crate::feed::probes::{Gap, Probes};
 use crate::feed::tracker::Shapes;
-use crate::feed::{CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, Resync, Server, Watch, wal};
+use crate::feed::{
+    CHECK_EVERY, Event, HEARTBEAT_EVERY, Health, Lsn, NotStarted, Resync, Server, Watch, wal,
+};
 use crate::shutdown::Shutdown;
 use crate::snapshot::Mark;
 
@@ -77,7 +79,7 @@ pub(super) async fn follow<B: Bus>(
     watch: &Watch,
     tx: &mpsc::Sender<Event>,
     back: bool,
-    ready: &mut Option<oneshot::Sender<Result<(), String>>>,
+    ready: &mut Option<oneshot::Sender<Result<(), NotStarted>>>,
     shutdown: &mut Shutdown,
 ) -> Ended {
     let mut f = match Following::start(bus, opts, watch, tx, back, ready, shutdown).await {
@@ -131,7 +133,7 @@ impl<'a, B: Bus> Following<'a, B> {
         watch: &'a Watch,
         tx: &'a mpsc::Sender<Event>,
         back: bool,
-        ready: &mut Option<oneshot::Sender<Result<(), String>>>,
+        ready: &mut Option<oneshot::Sender<Result<(), NotStarted>>>,
         shutdown: &'a mut Shutdown,
     ) -> Result<Self, Ended> {
         let began = Instant::now();

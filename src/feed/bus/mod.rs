@@ -118,10 +118,10 @@
 //! kept where its build saw nothing past `F`) and reads the new stream
 //! after that entry. Anything else (another first entry, a stream it
 //! cannot read to `K`, a break) is the resync of "Epochs". Tested in
-//! `tests/bus.rs` for a switchover and for a failover that lost a tail.
+//! `tests/it/feed/bus.rs` for a switchover and for a failover that lost a tail.
 //!
-//! # Guarantees (tested in `tests/bus.rs`; reading Redis replicas, in
-//! `tests/bus_replicas.rs`)
+//! # Guarantees (tested in `tests/it/feed/bus.rs`; reading Redis replicas, in
+//! `tests/it/feed/bus/replicas.rs`)
 //! - **Nothing lost at a failover.** The relay's WAL feed confirms the
 //!   slot only up to what the bus acknowledged ([`relay`]), so a new relay
 //!   starts at or before the stream's newest entry: what it decodes again

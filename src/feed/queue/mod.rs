@@ -112,7 +112,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::notify::Stats;
 use super::tracker::{Shapes, Tracker, check_triggers};
-use super::{CHECK_EVERY, Event, Health, Watch};
+use super::{CHECK_EVERY, Event, Health, NotStarted, Watch};
 use crate::db::identity::Identity;
 use crate::db::triggers::Sink;
 use crate::shutdown::Shutdown;
@@ -171,7 +171,7 @@ pub async fn run(
     opts: QueueOptions,
     watch: Watch,
     tx: mpsc::Sender<Event>,
-    ready: oneshot::Sender<Result<(), String>>,
+    ready: oneshot::Sender<Result<(), NotStarted>>,
     mut shutdown: Shutdown,
 ) {
     // Its own pool: polls must not wait for the request path's
@@ -183,7 +183,7 @@ pub async fn run(
         Ok(p) => p,
         Err(e) => {
             tracing::error!(error = %e, "cannot follow key changes");
-            let _ = ready.send(Err(e.to_string()));
+            let _ = ready.send(Err(e.into()));
             return;
         }
     };

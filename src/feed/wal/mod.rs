@@ -71,7 +71,7 @@
 //! four authentication methods, two commands, three frame types), adds no
 //! crate the build did not already compile for sqlx (hmac, sha2, md-5,
 //! base64, stringprep), and is tested against a real server
-//! (tests/wal_events.rs) and against RFC 7677's SCRAM example.
+//! (tests/it/feed/wal/events.rs) and against RFC 7677's SCRAM example.
 //!
 //! # No gap, in LSNs
 //! The slot's consistent point `C` is fixed when the slot is created, and it
@@ -201,7 +201,7 @@ use sqlx::{Connection, Row};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::tracker::Tracker;
-use super::{Event, Health, Lsn, Position, PrepareError, Server, Watch};
+use super::{Event, Health, Lsn, NotStarted, Position, PrepareError, Server, Watch};
 use crate::db::publication;
 use crate::shutdown::Shutdown;
 use crate::telemetry::LogThrottle;
@@ -347,7 +347,7 @@ pub async fn run(
     mut applied: watch::Receiver<Position>,
     stats: Arc<Stats>,
     health: Arc<Health>,
-    ready: oneshot::Sender<Result<(), String>>,
+    ready: oneshot::Sender<Result<(), NotStarted>>,
     mut shutdown: Shutdown,
 ) {
     let (position, server) = (opts.start_position, opts.start_server);
@@ -458,7 +458,7 @@ struct Feed {
     /// The permanent slot's confirmed position when this session opened it
     /// (what [`BrokenSlot`] marks, with the stream's own).
     slot_seen: Option<Position>,
-    ready: Option<oneshot::Sender<Result<(), String>>>,
+    ready: Option<oneshot::Sender<Result<(), NotStarted>>>,
     /// "Not streaming" and "cannot repair" at most once per interval.
     throttle: LogThrottle,
 }

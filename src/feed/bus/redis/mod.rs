@@ -49,7 +49,7 @@
 //! without a break. So the sequence steps by a number drawn at random per
 //! append (1 to 2^32): a later such entry on the same LSN lands on the
 //! lost one's ID with odds of about 2^-32, and otherwise the consumer sees
-//! a break whichever comes first (tested in `tests/bus.rs`). IDs still
+//! a break whichever comes first (tested in `tests/it/feed/bus.rs`). IDs still
 //! increase and consumers need nothing new; relays do: an older relay
 //! steps by one, so during a rolling upgrade the guarantee holds where
 //! the relay after the failover runs this code.

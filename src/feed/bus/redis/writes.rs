@@ -8,7 +8,7 @@
 //! any key (`allkeys-*`) may drop the stream itself, and every consumer's
 //! continuity with it (a rescan of every table on every gateway).
 //!
-//! # Guarantees (tested below and in `tests/bus.rs`)
+//! # Guarantees (tested below and in `tests/it/feed/bus.rs`)
 //! - [`RedisBus::try_append`] runs the relay's own append script, as the
 //!   configured user, on the probe's scratch stream, then deletes it.
 //! - [`Memory::problem`] refuses an `allkeys-*` policy, and names a Redis

@@ -1,0 +1,3 @@
+//! `access`: the access log.
+
+mod log;

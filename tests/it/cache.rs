@@ -1,0 +1,3 @@
+//! `cache`: loads that outlive the request that started them.
+
+mod detached_loads;

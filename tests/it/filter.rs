@@ -1,0 +1,3 @@
+//! `filter`: the membership filter's properties from the outside.
+
+mod props;

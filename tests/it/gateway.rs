@@ -1,0 +1,3 @@
+//! `gateway`: the gateway end to end.
+
+mod end_to_end;

@@ -1,0 +1,3 @@
+//! `key`: every key column type.
+
+mod types;

@@ -1,0 +1,4 @@
+//! `server`: connections and a rolling restart.
+
+mod connections;
+mod rolling;
