@@ -31,6 +31,9 @@ if [ ${#targets[@]} -eq 0 ]; then
     [ -e "$f" ] || continue
     case "$f" in
       tests/it/main.rs)
+        # The whole binary (its modules side by side, as CI runs them),
+        # then each top-level module alone.
+        targets+=(it)
         for m in tests/it/*.rs; do
           [ "$m" = tests/it/main.rs ] || targets+=("it/$(basename "$m" .rs)")
         done ;;

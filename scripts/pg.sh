@@ -177,7 +177,7 @@ stop_throwaway_postgres() {
 ensure_replica_pair() {
   local bindir run=() pport=${BLOOMGATE_PRIMARY_PORT:-54332} rport=${BLOOMGATE_REPLICA_PORT:-54333}
   local pdir=${BLOOMGATE_PRIMARY_DIR:-/tmp/bloomgate-pg-primary} rdir=${BLOOMGATE_REPLICA_DIR:-/tmp/bloomgate-pg-replica}
-  # max_prepared_transactions: tests/truth.rs commits with PREPARE
+  # max_prepared_transactions: tests/truth commits with PREPARE
   # TRANSACTION / COMMIT PREPARED; the replica must allow as many.
   local popts="-p $pport -c listen_addresses=127.0.0.1 -k $pdir -c max_connections=300 -c fsync=off -c wal_level=logical -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby_feedback=on -c wal_keep_size=256MB -c max_prepared_transactions=20"
   local ropts="-p $rport -c listen_addresses=127.0.0.1 -k $rdir -c max_connections=300 -c fsync=off -c max_wal_senders=20 -c max_replication_slots=20 -c hot_standby=on -c hot_standby_feedback=on -c max_prepared_transactions=20"
@@ -205,7 +205,7 @@ ensure_replica_pair() {
     bg_pg_up "$bindir" "$pdir" "$popts" bg_pg_make_primary "${run[@]}" || return 1
   fi
   # Three roles that must give a password, one per method the WAL feed's
-  # replication client speaks (tests/replication_auth.rs); every other role
+  # replication client speaks (tests/it/feed/wal/events.rs, tests/it/operations.rs); every other role
   # keeps trust. Added once, in front of initdb's lines (first match wins).
   if [ -f "$pdir/pg_hba.conf" ] && ! grep -q bloomgate_scram "$pdir/pg_hba.conf"; then
     local hba
@@ -236,7 +236,7 @@ ensure_replica_pair() {
     bg_pg_up "$bindir" "$rdir" "$ropts" bg_pg_make_replica "${run[@]}" || return 1
   fi
   # A pair an older version of this script started may run without
-  # max_prepared_transactions (tests/truth.rs commits with PREPARE
+  # max_prepared_transactions (tests/truth commits with PREPARE
   # TRANSACTION) or with fsync on: restarted with today's options, the
   # replica first, since a standby must allow at least as many prepared
   # transactions as its primary or it stops replaying. Only servers whose

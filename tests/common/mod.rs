@@ -238,6 +238,13 @@ pub const THINGS: &str = r#"
     columns = ["code", "label"]
 "#;
 
+/// Held by every test that streams from or counts on the shared logical
+/// primary (`BLOOMGATE_TEST_PRIMARY_URL`: its walsenders and slots, 20 of
+/// each, two held by its replicas; preflight counts them server-wide), so
+/// that such tests of different modules run one at a time, as they did
+/// when each module was a binary of its own and held a lock of its own.
+pub static ON_THE_PRIMARY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A database that exists for one test and is dropped with this value.
 pub struct TestDb {
     pub name: String,

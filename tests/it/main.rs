@@ -4,10 +4,14 @@
 //! (`deploy`) and `scripts/pg.sh` (`throwaway_servers`).
 //!
 //! Tests of different modules run at once, so none may rely on process-wide
-//! state: a test names the server its databases live on
-//! (`TestDb::on`) rather than setting an environment variable, counts only
-//! its own database's walsenders and slots, and kills only servers it
-//! started. Serializing within a file (`ONE_AT_A_TIME`) is that file's own.
+//! state: a test names the server its databases live on (`TestDb::on`)
+//! rather than setting an environment variable, and stops only servers it
+//! started (`db::replicas` stops the shared replica, under the lock below).
+//! The tests that stream from the shared logical primary, or count its
+//! walsenders and slots (preflight counts them server-wide), hold one lock
+//! across modules, `common::ON_THE_PRIMARY`, so that they run one at a
+//! time as they did when each module was a binary of its own; a file's
+//! other serializing (`ONE_AT_A_TIME`) is that file's own.
 //!
 //! Alone, each in a binary of its own: the allocator-counting tests
 //! (`access_alloc`, `auth_alloc`, `memory`: a counting global allocator

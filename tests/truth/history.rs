@@ -268,7 +268,8 @@ impl World {
             let name = format!("truth_life_{}_{}", std::process::id(), opts.seed);
             let (life, pool) = Life::start(opts.seed, &name).await;
             let url = life.gateway_url(&name);
-            let admin = life.gateway_url("postgres");
+            // Not through the gateway's proxy, which a fault may have cut.
+            let admin = life.writer_url("postgres");
             let db = TestDb {
                 name,
                 url,

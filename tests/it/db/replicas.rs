@@ -17,7 +17,7 @@ use sqlx::{Executor, PgPool};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::common::ON_THE_PRIMARY as ONE_AT_A_TIME;
 
 fn pair() -> (String, String) {
     let p = std::env::var("BLOOMGATE_TEST_PRIMARY_URL")

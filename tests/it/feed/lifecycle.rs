@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 use bloomgate::gateway::Gateway;
 use common::*;
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use crate::common::ON_THE_PRIMARY as ONE_AT_A_TIME;
 
 /// A slot name of this test's own (dropped by [`drop_slot`], and by
 /// [`SlotGuard`] if the test fails first).

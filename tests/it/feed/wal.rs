@@ -12,8 +12,8 @@ use bloomgate::config::Freshness;
 use common::*;
 use sqlx::{Connection, Executor};
 
-/// Tests that kill the feed's backend must not kill another test's.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+// Tests that kill the feed's backend must not kill another test's.
+use crate::common::ON_THE_PRIMARY as ONE_AT_A_TIME;
 
 #[tokio::test]
 async fn the_wal_feed_keeps_two_resources_on_one_table_fresh() {

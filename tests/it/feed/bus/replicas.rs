@@ -15,8 +15,8 @@ use bloomgate::gateway::Gateway;
 use common::redis_server::*;
 use common::*;
 
-/// Tests that count walsenders and Redis commands run one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+// Tests that count walsenders and Redis commands run one at a time.
+use crate::common::ON_THE_PRIMARY as ONE_AT_A_TIME;
 
 /// A primary and its replica, in sync; with `certs`, TLS only (the
 /// replication link too).

@@ -17,8 +17,8 @@ use common::redis_server::*;
 use common::sentinel::*;
 use common::*;
 
-/// Tests that kill servers and count walsenders run one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+// Tests that kill servers and count walsenders run one at a time.
+use crate::common::ON_THE_PRIMARY as ONE_AT_A_TIME;
 
 /// The newest entry ID of the stream on `redis`.
 async fn last_id(redis: &Redis, stream: &str) -> String {
