@@ -294,7 +294,7 @@ impl TestDb {
             .lock()
             .unwrap()
             .push((name.clone(), admin_of.to_string()));
-        let url = db_url(&name);
+        let url = url_on(admin_of, &name);
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .connect(&url)
@@ -431,7 +431,8 @@ impl Drop for TestDb {
     }
 }
 
-/// The admin URL with its database replaced.
+/// The URL of the database `name`: on the server its [`TestDb`] lives on,
+/// else on this run's ([`admin_url`]).
 pub fn db_url(name: &str) -> String {
     let admin = SERVERS
         .lock()
@@ -440,9 +441,15 @@ pub fn db_url(name: &str) -> String {
         .find(|(n, _)| n == name)
         .map(|(_, a)| a.clone())
         .unwrap_or_else(admin_url);
+    url_on(&admin, name)
+}
+
+/// `admin` (a server's maintenance database URL) with its database
+/// replaced by `name`.
+fn url_on(admin: &str, name: &str) -> String {
     let (base, query) = match admin.split_once('?') {
         Some((b, q)) => (b.to_string(), format!("?{q}")),
-        None => (admin.clone(), String::new()),
+        None => (admin.to_string(), String::new()),
     };
     let base = base.rsplit_once('/').map(|(b, _)| b.to_string()).unwrap();
     format!("{base}/{name}{query}")
